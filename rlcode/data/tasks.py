@@ -1,0 +1,116 @@
+"""The task type every reward and data source shares, and the tfds plumbing for it.
+
+A task is a plain frozen dataclass. Datasets are tfds builders that write
+array_record files (tfds builds and reads them without TensorFlow); every builder
+here yields `Task`s and stores them with one fixed feature set, so any task source
+loads through `load_tasks` the same way. This module must not know any particular
+source (HumanEval, git history, documents): those are subclasses elsewhere.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+import tensorflow_datasets as tfds
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+  """One unit of work for the policy.
+
+  Attributes:
+    id: stable, unique within its dataset.
+    prompt: the text the policy is conditioned on.
+    kind: what rewards understand it: "code" (tests), "diff" (SWE-RL), "section".
+    reference: a reference answer (solution, oracle section); may be empty.
+    tests: test code for "code" tasks, run in the sandbox against the completion.
+    entry_point: the function the tests call, for "code" tasks.
+    extra: JSON-serialisable payload of the kind (for example the context files
+      and the oracle files of a diff task). Treated as read-only.
+  """
+
+  id: str
+  prompt: str
+  kind: str = "code"
+  reference: str = ""
+  tests: str = ""
+  entry_point: str = ""
+  extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+  def to_example(self) -> dict[str, str]:
+    return {
+        "id": self.id, "prompt": self.prompt, "kind": self.kind,
+        "reference": self.reference, "tests": self.tests,
+        "entry_point": self.entry_point,
+        "extra": json.dumps(dict(self.extra), sort_keys=True),
+    }
+
+  @classmethod
+  def from_example(cls, ex: Mapping[str, Any]) -> Task:
+    def text(v):
+      return v.decode("utf-8") if isinstance(v, bytes) else str(v)
+    fields = {k: text(ex[k]) for k in
+              ("id", "prompt", "kind", "reference", "tests", "entry_point")}
+    return cls(**fields, extra=json.loads(text(ex["extra"])))
+
+
+_TEXT_FEATURES = ("id", "prompt", "kind", "reference", "tests", "entry_point", "extra")
+
+
+class TaskBuilder(tfds.core.GeneratorBasedBuilder):
+  """Base tfds builder for datasets of `Task`s.
+
+  Subclasses set VERSION and implement `_split_tasks()` returning
+  {split_name: iterable of Task}. Splits must be deterministic functions of the
+  source and the builder's arguments.
+  """
+
+  VERSION = tfds.core.Version("1.0.0")
+  # tfds looks for metadata files next to the builder's module; ours has none.
+  pkg_dir_path = None
+
+  def __init__(self, *, data_dir: str, **kwargs):
+    kwargs.setdefault("file_format", "array_record")
+    super().__init__(data_dir=data_dir, **kwargs)
+
+  def _info(self) -> tfds.core.DatasetInfo:
+    return tfds.core.DatasetInfo(
+        builder=self,
+        description=(type(self).__doc__ or "").strip(),
+        features=tfds.features.FeaturesDict(
+            {k: tfds.features.Text() for k in _TEXT_FEATURES}),
+    )
+
+  def _split_tasks(self) -> Mapping[str, Any]:
+    raise NotImplementedError(f"{type(self).__name__} must implement _split_tasks")
+
+  def _split_generators(self, dl_manager):
+    del dl_manager  # sources are local or read through epath/gcsfs by subclasses
+    return {name: self._generate_examples(tasks)
+            for name, tasks in self._split_tasks().items()}
+
+  def _generate_examples(self, tasks) -> Iterator[tuple[str, dict[str, str]]]:
+    seen = set()
+    for task in tasks:
+      if task.id in seen:
+        raise ValueError(f"{type(self).__name__}: duplicate task id {task.id!r}")
+      seen.add(task.id)
+      yield task.id, task.to_example()
+
+
+def load_tasks(builder: TaskBuilder, split: str) -> list[Task]:
+  """Prepares `builder` if needed and returns `split` as Tasks, sorted by id.
+
+  tfds stores examples in hash order; sorting by id makes the order a property
+  of the data, not of the file layout.
+  """
+  builder.download_and_prepare()
+  if split not in builder.info.splits:
+    raise KeyError(f"{builder.name}: no split {split!r}; "
+                   f"splits are {sorted(builder.info.splits)}")
+  source = builder.as_data_source(split=split)
+  tasks = [Task.from_example(source[i]) for i in range(len(source))]
+  return sorted(tasks, key=lambda t: t.id)
