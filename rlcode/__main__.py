@@ -1,0 +1,5 @@
+import sys
+
+from rlcode.cli import main
+
+sys.exit(main())

@@ -1,0 +1,242 @@
+"""Hugging Face checkpoints in and out: config.json + safetensors (single or sharded).
+
+Loading reads one tensor at a time into host memory (memory-mapped), converts
+it to our layout and places it straight into its mesh sharding with
+`jax.make_array_from_callback`, so no device holds a full copy of a sharded
+parameter. Every tensor the model needs must be present with the shape the
+config implies, and every tensor in the checkpoint must be used: a mismatch is
+an error naming the file and the tensor, never a silent skip.
+
+This module must not know about training or sampling.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import struct
+from collections.abc import Callable, Mapping
+from typing import Any
+
+import jax
+import ml_dtypes
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+from safetensors.numpy import save_file
+
+from rlcode import sharding
+from rlcode.models.config import ModelConfig, from_hf_config, read_hf_config, to_hf_config
+from rlcode.models.decoder import Decoder
+
+CONFIG = "config.json"
+SINGLE = "model.safetensors"
+INDEX = "model.safetensors.index.json"
+# Buffers some exporters write that carry no parameters (recomputed from the config).
+_IGNORED_SUFFIXES = (".rotary_emb.inv_freq",)
+
+_ST_DTYPES = {"F64": np.float64, "F32": np.float32, "F16": np.float16,
+              "BF16": ml_dtypes.bfloat16, "I64": np.int64, "I32": np.int32,
+              "I16": np.int16, "I8": np.int8, "U8": np.uint8, "BOOL": np.bool_}
+
+
+class SafetensorsFile:
+  """Memory-mapped reader for one .safetensors file (bfloat16 included)."""
+
+  def __init__(self, path: str):
+    self.path = path
+    with open(path, "rb") as f:
+      head = f.read(8)
+      if len(head) != 8:
+        raise ValueError(f"{path}: not a safetensors file (shorter than its 8-byte header size)")
+      (n,) = struct.unpack("<Q", head)
+      try:
+        self.header = json.loads(f.read(n))
+      except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise ValueError(f"{path}: corrupt safetensors header: {e}") from e
+    self.header.pop("__metadata__", None)
+    self._offset = 8 + n
+    self._data = np.memmap(path, dtype=np.uint8, mode="r")
+
+  def keys(self):
+    return self.header.keys()
+
+  def get(self, name: str) -> np.ndarray:
+    info = self.header[name]
+    if info["dtype"] not in _ST_DTYPES:
+      raise ValueError(f"{self.path}: tensor {name} has unsupported dtype {info['dtype']}")
+    start, end = info["data_offsets"]
+    raw = self._data[self._offset + start:self._offset + end]
+    if raw.size != end - start:
+      raise ValueError(f"{self.path}: tensor {name} is truncated (file too short)")
+    return raw.view(_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
+
+
+# One entry per parameter: (our path, HF name, HF shape from ours, HF -> ours, ours -> HF).
+_Entry = tuple[tuple[Any, ...], str, Callable, Callable, Callable]
+
+
+def _mapping(cfg: ModelConfig) -> list[_Entry]:
+  e, h, k, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  same = lambda x: x
+  t = lambda x: x.T
+  entries: list[_Entry] = [
+      (("embed",), "model.embed_tokens.weight", same, same, same),
+      (("final_norm", "scale"), "model.norm.weight", same, same, same)]
+  if not cfg.tie_embeddings:
+    entries.append((("lm_head",), "lm_head.weight", lambda s: s[::-1], t, t))
+
+  def proj_in(heads):  # HF [heads*D, E] <-> ours [E, heads, D]
+    return (lambda s: (s[1] * s[2], s[0]),
+            lambda x: x.T.reshape(e, heads, d), lambda x: x.reshape(e, heads * d).T)
+
+  def bias(heads):  # HF [heads*D] <-> ours [heads, D]
+    return (lambda s: (s[0] * s[1],), lambda x: x.reshape(heads, d),
+            lambda x: x.reshape(heads * d))
+
+  for i in range(cfg.num_layers):
+    p, hp = ("layers", i), f"model.layers.{i}."
+    entries += [
+        (p + ("attn_norm", "scale"), hp + "input_layernorm.weight", same, same, same),
+        (p + ("mlp_norm", "scale"), hp + "post_attention_layernorm.weight", same, same, same),
+        (p + ("attn", "q"), hp + "self_attn.q_proj.weight", *proj_in(h)),
+        (p + ("attn", "k"), hp + "self_attn.k_proj.weight", *proj_in(k)),
+        (p + ("attn", "v"), hp + "self_attn.v_proj.weight", *proj_in(k)),
+        (p + ("attn", "o"), hp + "self_attn.o_proj.weight",
+         lambda s: (s[2], s[0] * s[1]), lambda x: x.T.reshape(h, d, e),
+         lambda x: x.reshape(h * d, e).T),
+        (p + ("mlp", "gate"), hp + "mlp.gate_proj.weight", lambda s: s[::-1], t, t),
+        (p + ("mlp", "up"), hp + "mlp.up_proj.weight", lambda s: s[::-1], t, t),
+        (p + ("mlp", "down"), hp + "mlp.down_proj.weight", lambda s: s[::-1], t, t)]
+    if cfg.qkv_bias:
+      entries += [
+          (p + ("attn", "q_bias"), hp + "self_attn.q_proj.bias", *bias(h)),
+          (p + ("attn", "k_bias"), hp + "self_attn.k_proj.bias", *bias(k)),
+          (p + ("attn", "v_bias"), hp + "self_attn.v_proj.bias", *bias(k))]
+  return entries
+
+
+def _weight_files(path: str) -> dict[str, str]:
+  """HF tensor name -> file holding it."""
+  single, index = os.path.join(path, SINGLE), os.path.join(path, INDEX)
+  if os.path.isfile(index):
+    with open(index) as f:
+      try:
+        weight_map = json.load(f)["weight_map"]
+      except (json.JSONDecodeError, KeyError) as e:
+        raise ValueError(f"{index}: not a safetensors index (needs a 'weight_map'): {e}") from e
+    files = {name: os.path.join(path, fname) for name, fname in weight_map.items()}
+    missing = sorted({f for f in files.values() if not os.path.isfile(f)})
+    if missing:
+      raise FileNotFoundError(f"{index} names shard files that are missing: {missing}")
+    return files
+  if os.path.isfile(single):
+    return {name: single for name in SafetensorsFile(single).keys()}
+  raise FileNotFoundError(f"{path}: no {SINGLE} and no {INDEX}; not a complete "
+                          "Hugging Face checkpoint directory")
+
+
+def load_hf(path: str, *, mesh: Mesh | None = None, **config_overrides
+            ) -> tuple[Decoder, ModelConfig]:
+  """Loads a local Hugging Face Qwen2/Llama checkpoint directory.
+
+  Args:
+    path: directory with config.json and model.safetensors (or a sharded
+      model.safetensors.index.json and its shard files).
+    mesh: place each parameter in its sharding on this mesh; default: the
+      default device.
+    **config_overrides: ModelConfig fields to change, e.g. dtype="bfloat16".
+
+  Returns:
+    (model, config).
+  """
+  if not os.path.isdir(path):
+    raise FileNotFoundError(f"checkpoint directory {path!r} does not exist")
+  config_path = os.path.join(path, CONFIG)
+  if not os.path.isfile(config_path):
+    raise FileNotFoundError(f"{path}: missing {CONFIG}")
+  cfg = from_hf_config(read_hf_config(config_path), source=config_path, **config_overrides)
+  files = _weight_files(path)
+  abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+  graphdef, abstract_state = nnx.split(abstract)
+  flat = dict(nnx.to_flat_state(abstract_state))
+  shardings = (dict(nnx.to_flat_state(sharding.state_shardings(abstract_state, mesh)))
+               if mesh is not None else None)
+
+  entries = _mapping(cfg)
+  missing = [hf_name for _, hf_name, *_ in entries if hf_name not in files]
+  if missing:
+    raise ValueError(f"{path}: checkpoint lacks tensors the config needs: {missing[:8]}"
+                     + (f" (+{len(missing) - 8} more)" if len(missing) > 8 else ""))
+  used = {hf_name for _, hf_name, *_ in entries}
+  unexpected = sorted(n for n in files if n not in used and not n.endswith(_IGNORED_SUFFIXES))
+  if unexpected:
+    raise ValueError(f"{path}: checkpoint has tensors this architecture does not use "
+                     f"(config mismatch?): {unexpected[:8]}")
+
+  readers: dict[str, SafetensorsFile] = {}
+  values = []
+  for ours, hf_name, hf_shape, to_ours, _ in entries:
+    var = flat[ours]
+    fname = files[hf_name]
+    reader = readers.setdefault(fname, SafetensorsFile(fname))
+    if hf_name not in reader.header:
+      raise ValueError(f"{fname}: the index says it holds {hf_name}, but it does not")
+    raw = reader.get(hf_name)
+    want = tuple(hf_shape(var.get_value().shape))
+    if tuple(raw.shape) != want:
+      raise ValueError(f"{fname}: tensor {hf_name} has shape {tuple(raw.shape)}, "
+                       f"but the config implies {want}")
+    host = np.ascontiguousarray(to_ours(raw).astype(var.get_value().dtype))
+    if shardings is None:
+      array = jax.device_put(host)
+    else:
+      array = jax.make_array_from_callback(host.shape, shardings[ours].get_value(),
+                                           lambda idx, host=host: host[idx])
+    values.append((ours, var.replace(array)))
+  state = nnx.from_flat_state(values)
+  return nnx.merge(graphdef, state), cfg
+
+
+def hf_tensors(model: Decoder) -> dict[str, np.ndarray]:
+  """The model's parameters as Hugging Face named host arrays."""
+  flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
+  return {hf_name: np.ascontiguousarray(to_hf(np.asarray(jax.device_get(flat[ours].get_value()))))
+          for ours, hf_name, _, _, to_hf in _mapping(model.cfg)}
+
+
+def save_hf(model: Decoder, path: str, *, base_config: Mapping[str, Any] | None = None,
+            max_shard_bytes: int | None = None) -> None:
+  """Writes config.json and safetensors that transformers (and load_hf) read.
+
+  Args:
+    model: the decoder.
+    path: output directory (created).
+    base_config: a config.json dict whose fields we do not model are kept
+      (for example the one the model was loaded from).
+    max_shard_bytes: split the weights into shards of at most this size with a
+      model.safetensors.index.json, as transformers does; default one file.
+  """
+  os.makedirs(path, exist_ok=True)
+  with open(os.path.join(path, CONFIG), "w") as f:
+    json.dump(to_hf_config(model.cfg, base_config), f, indent=2, sort_keys=True)
+  tensors = hf_tensors(model)
+  if max_shard_bytes is None:
+    save_file(tensors, os.path.join(path, SINGLE), metadata={"format": "pt"})
+    return
+  shards: list[dict[str, np.ndarray]] = [{}]
+  size = 0
+  for name, arr in tensors.items():
+    if shards[-1] and size + arr.nbytes > max_shard_bytes:
+      shards.append({})
+      size = 0
+    shards[-1][name] = arr
+    size += arr.nbytes
+  weight_map = {}
+  for i, shard in enumerate(shards):
+    fname = f"model-{i + 1:05d}-of-{len(shards):05d}.safetensors"
+    save_file(shard, os.path.join(path, fname), metadata={"format": "pt"})
+    weight_map.update({name: fname for name in shard})
+  with open(os.path.join(path, INDEX), "w") as f:
+    json.dump({"metadata": {"total_size": sum(a.nbytes for a in tensors.values())},
+               "weight_map": weight_map}, f, indent=2, sort_keys=True)

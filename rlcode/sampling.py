@@ -1,0 +1,211 @@
+"""Generation: prefill, then decode in one compiled loop over a KV cache.
+
+`generate` pads prompts on the right into a few bucketed shapes (powers of
+two), so a stream of prompts of varying lengths compiles a handful of programs,
+not one per length. Inside one jit: a prefill over each prompt once, then a
+`lax.while_loop` of single-token decode steps that stops when every row has
+emitted a stop token or the budget is spent. Each of the G samples of a prompt
+continues from that prompt's single prefill.
+
+Randomness is keyed by (seed, step, row) where the row is the sample's global
+index p * G + g, so a sample does not depend on how the batch was padded or
+laid out.
+
+This module must not know about rewards or training.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import functools
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import Mesh
+
+from rlcode import sharding
+from rlcode.models.decoder import Decoder, KVCache
+
+MIN_PROMPT_BUCKET = 16
+
+
+@dataclasses.dataclass(frozen=True)
+class Generation:
+  """What `generate` returns; rows are prompt-major: (p0, g0), (p0, g1), ...
+
+  Attributes:
+    tokens: [N, max_new_tokens] int32 completion tokens; pad_id after the end.
+    logprobs: [N, max_new_tokens] float32 log-probabilities of the tokens under
+      the distribution they were sampled from (after temperature, top-k and
+      top-p); at temperature 0, under the model's own distribution. 0 after
+      the end.
+    lengths: [N] generated tokens per row, the stop token included.
+    finished: [N] True where the row ended with a stop token.
+    prompt_index: [N] the prompt each row continues.
+  """
+
+  tokens: np.ndarray
+  logprobs: np.ndarray
+  lengths: np.ndarray
+  finished: np.ndarray
+  prompt_index: np.ndarray
+
+  def completions(self) -> list[list[int]]:
+    return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths)]
+
+
+def bucket(n: int, minimum: int = 1) -> int:
+  """The smallest power of two >= max(n, minimum)."""
+  return 1 << (max(n, minimum) - 1).bit_length()
+
+
+def sample_logits(logits_bv: jax.Array, keys_b: jax.Array, *, temperature: float,
+                  top_k: int = 0, top_p: float = 1.0) -> tuple[jax.Array, jax.Array]:
+  """One token per row and its log-probability under the sampling distribution."""
+  logits_bv = logits_bv.astype(jnp.float32)
+  if temperature == 0.0:
+    tok = jnp.argmax(logits_bv, axis=-1)
+    logp = jax.nn.log_softmax(logits_bv, axis=-1)
+    return tok.astype(jnp.int32), jnp.take_along_axis(logp, tok[:, None], -1)[:, 0]
+  scaled = logits_bv / temperature
+  if top_k > 0:
+    kth = jax.lax.top_k(scaled, top_k)[0][:, -1:]
+    scaled = jnp.where(scaled < kth, -jnp.inf, scaled)
+  if top_p < 1.0:
+    desc = jnp.sort(scaled, axis=-1)[:, ::-1]
+    probs = jax.nn.softmax(desc, axis=-1)
+    # Keep the smallest prefix whose mass reaches top_p (the first token always).
+    keep = (jnp.cumsum(probs, axis=-1) - probs) < top_p
+    threshold = jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)
+    scaled = jnp.where(scaled < threshold, -jnp.inf, scaled)
+  logp = jax.nn.log_softmax(scaled, axis=-1)
+  tok = jax.vmap(jax.random.categorical)(keys_b, scaled).astype(jnp.int32)
+  return tok, jnp.take_along_axis(logp, tok[:, None], -1)[:, 0]
+
+
+def _row_keys(key, step, rows_b):
+  step_key = jax.random.fold_in(key, step)
+  return jax.vmap(lambda r: jax.random.fold_in(step_key, r))(rows_b)
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "graphdef", "group_size", "max_new_tokens", "temperature", "top_k", "top_p",
+    "stop_tokens", "pad_id", "mesh"))
+def _generate(state, prompt_tokens_pt, prompt_lengths_p, key, *, graphdef, group_size,
+              max_new_tokens, temperature, top_k, top_p, stop_tokens, pad_id, mesh):
+  with sharding.activate(mesh) if mesh is not None else contextlib.nullcontext():
+    model: Decoder = nnx.merge(graphdef, state)
+    p, tp = prompt_tokens_pt.shape
+    g = group_size
+    b = p * g
+    h, kvs = model.hidden(prompt_tokens_pt)
+    last_h = jnp.take_along_axis(h, (prompt_lengths_p - 1)[:, None, None], axis=1)
+    first_logits = jnp.repeat(model.logits(last_h)[:, 0], g, axis=0)
+
+    size = tp + max_new_tokens
+    def expand(x_ptkd):  # the prompt's KV, shared by its G samples, into a cache
+      x = jnp.repeat(x_ptkd, g, axis=0)
+      return jnp.pad(x, ((0, 0), (0, size - tp), (0, 0), (0, 0)))
+    cache = KVCache(k=tuple(expand(k) for k, _ in kvs), v=tuple(expand(v) for _, v in kvs),
+                    lengths=jnp.repeat(prompt_lengths_p, g))
+    rows = jnp.arange(b, dtype=jnp.int32)
+    stops = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
+
+    def record(carry, step, tok, lp):
+      out_tok, out_lp, done, n = carry
+      live = ~done
+      out_tok = out_tok.at[:, step].set(jnp.where(live, tok, pad_id))
+      out_lp = out_lp.at[:, step].set(jnp.where(live, lp, 0.0))
+      n = n + live.astype(jnp.int32)
+      done = done | (live & jnp.any(tok[:, None] == stops[None, :], axis=-1))
+      return out_tok, out_lp, done, n
+
+    sample = functools.partial(sample_logits, temperature=temperature, top_k=top_k, top_p=top_p)
+    tok, lp = sample(first_logits, _row_keys(key, 0, rows))
+    out = record((jnp.full((b, max_new_tokens), pad_id, jnp.int32),
+                  jnp.zeros((b, max_new_tokens), jnp.float32),
+                  jnp.zeros((b,), bool), jnp.zeros((b,), jnp.int32)), 0, tok, lp)
+
+    def cond(loop):
+      step, _, _, (_, _, done, _) = loop
+      return (step < max_new_tokens) & ~jnp.all(done)
+
+    def body(loop):
+      step, tok, cache, out = loop
+      h, cache = model.hidden(tok[:, None], cache=cache)
+      tok, lp = sample(model.logits(h)[:, 0], _row_keys(key, step, rows))
+      return step + 1, tok, cache, record(out, step, tok, lp)
+
+    _, _, _, (out_tok, out_lp, done, n) = jax.lax.while_loop(
+        cond, body, (jnp.int32(1), tok, cache, out))
+    return out_tok, out_lp, n, done
+
+
+def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
+             temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
+             group_size: int = 1, stop_tokens: Sequence[int] = (), seed: int = 0,
+             pad_id: int = 0, mesh: Mesh | None = None) -> Generation:
+  """Samples `group_size` completions for each prompt.
+
+  Args:
+    model: the decoder.
+    prompts: token id lists, of any lengths (at least one token each).
+    max_new_tokens: the budget per completion.
+    temperature: 0 is greedy.
+    top_p, top_k: nucleus and top-k truncation (1.0 and 0 turn them off).
+    group_size: samples per prompt, G.
+    stop_tokens: a row ends after emitting any of these.
+    seed: the sampling seed.
+    pad_id: the token written after a row's end (and in prompt padding).
+    mesh: shard the batch over this mesh (default: the active one, if any).
+
+  Returns:
+    A Generation with P * group_size rows, prompt-major.
+  """
+  cfg = model.cfg
+  if not prompts:
+    raise ValueError("generate: no prompts")
+  if max_new_tokens < 1:
+    raise ValueError(f"generate: max_new_tokens={max_new_tokens} must be at least 1")
+  if group_size < 1:
+    raise ValueError(f"generate: group_size={group_size} must be at least 1")
+  if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+    raise ValueError(f"generate: temperature={temperature} top_p={top_p} top_k={top_k} "
+                     "must satisfy temperature >= 0, 0 < top_p <= 1, top_k >= 0")
+  lengths = [len(p) for p in prompts]
+  for i, n in enumerate(lengths):
+    if n == 0:
+      raise ValueError(f"generate: prompt {i} is empty")
+    if n + max_new_tokens > cfg.max_seq_len:
+      raise ValueError(f"generate: prompt {i} has {n} tokens; with max_new_tokens="
+                       f"{max_new_tokens} that exceeds the model's context of "
+                       f"{cfg.max_seq_len} tokens")
+  mesh = mesh if mesh is not None else sharding.active_mesh()
+  dp = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+  p = len(prompts)
+  p_pad = max(bucket(p), dp)
+  t_pad = bucket(max(lengths), MIN_PROMPT_BUCKET)
+  tokens = np.full((p_pad, t_pad), pad_id, np.int32)
+  for i, prompt in enumerate(prompts):
+    tokens[i, :lengths[i]] = prompt
+  prompt_lengths = np.ones((p_pad,), np.int32)
+  prompt_lengths[:p] = lengths
+  tokens, prompt_lengths = jnp.asarray(tokens), jnp.asarray(prompt_lengths)
+  if mesh is not None:
+    with sharding.activate(mesh):
+      tokens = jax.device_put(tokens, sharding.logical_sharding(("batch", "length")))
+      prompt_lengths = jax.device_put(prompt_lengths, sharding.logical_sharding(("batch",)))
+  graphdef, state = nnx.split(model)
+  out_tok, out_lp, n, done = _generate(
+      state, tokens, prompt_lengths, jax.random.key(seed), graphdef=graphdef,
+      group_size=group_size, max_new_tokens=max_new_tokens, temperature=float(temperature),
+      top_k=int(top_k), top_p=float(top_p), stop_tokens=tuple(int(s) for s in stop_tokens),
+      pad_id=int(pad_id), mesh=mesh)
+  keep = p * group_size
+  return Generation(tokens=np.asarray(out_tok)[:keep], logprobs=np.asarray(out_lp)[:keep],
+                    lengths=np.asarray(n)[:keep], finished=np.asarray(done)[:keep],
+                    prompt_index=np.repeat(np.arange(p), group_size))

@@ -1,0 +1,94 @@
+"""Config files, overrides and the command line."""
+
+import json
+import os
+import subprocess
+import sys
+
+import ml_collections
+import pytest
+
+from rlcode import config_lib
+from rlcode.models import ByteTokenizer, HFTokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+SAMPLE = os.path.join(ROOT, "configs", "sample_tiny.py")
+
+
+def test_overrides_parse_as_the_type_they_replace():
+  cfg = config_lib.load_config(SAMPLE, [
+      "--config.sampling.temperature=0", "--config.sampling.max_new_tokens=8",
+      "--config.model.arch.qkv_bias=false", "--config.workdir=/tmp/x",
+      "--config.prompts=('a', 'b')"])
+  assert cfg.sampling.temperature == 0.0 and isinstance(cfg.sampling.temperature, float)
+  assert cfg.sampling.max_new_tokens == 8
+  assert cfg.model.arch.qkv_bias is False
+  assert cfg.workdir == "/tmp/x" and cfg.prompts == ("a", "b")
+
+
+def test_unknown_key_names_the_valid_keys():
+  with pytest.raises(KeyError, match=r"sampling has no key 'temprature'; valid keys: "
+                                     r"\['group_size', 'max_new_tokens', 'temperature'"):
+    config_lib.load_config(SAMPLE, ["--config.sampling.temprature=0.5"])
+  with pytest.raises(KeyError, match="config has no key 'nope'"):
+    config_lib.load_config(SAMPLE, ["--config.nope=1"])
+
+
+def test_wrong_types_and_shapes_fail():
+  with pytest.raises(ValueError, match="cannot parse as int"):
+    config_lib.load_config(SAMPLE, ["--config.sampling.max_new_tokens=abc"])
+  with pytest.raises(ValueError, match="expected a boolean"):
+    config_lib.load_config(SAMPLE, ["--config.model.arch.qkv_bias=maybe"])
+  with pytest.raises(KeyError, match="is a group of keys"):
+    config_lib.load_config(SAMPLE, ["--config.sampling=1"])
+  with pytest.raises(FileNotFoundError):
+    config_lib.load_config("configs/none.py")
+
+
+def test_config_is_locked():
+  cfg = config_lib.load_config(SAMPLE)
+  with pytest.raises(AttributeError):
+    cfg.new_key = 1
+  assert isinstance(cfg, ml_collections.ConfigDict)
+
+
+def test_cli_sample_runs_and_writes_jsonl(tmp_path):
+  env = dict(os.environ, XLA_FLAGS="", PYTHONPATH=ROOT)
+  proc = subprocess.run(
+      [sys.executable, "-m", "rlcode", "sample", "--config", SAMPLE,
+       f"--config.workdir={tmp_path}", "--config.sampling.max_new_tokens=8",
+       "--config.sampling.group_size=2"],
+      capture_output=True, text=True, cwd=ROOT, env=env, timeout=300)
+  assert proc.returncode == 0, proc.stderr
+  rows = [json.loads(line) for line in open(tmp_path / "samples.jsonl")]
+  assert len(rows) == 6 and all(len(r["tokens"]) <= 8 for r in rows)
+  bad = subprocess.run([sys.executable, "-m", "rlcode", "sample", "--config", SAMPLE,
+                        "--config.sampling.nope=1"], capture_output=True, text=True,
+                       cwd=ROOT, env=env, timeout=300)
+  assert bad.returncode != 0 and "valid keys" in bad.stderr
+
+
+def test_byte_tokenizer_round_trips():
+  tok = ByteTokenizer()
+  text = "def f(x):\n    return 'héllo' + x  # ✓"
+  ids = tok.encode(text)
+  assert ids[0] == tok.bos_id and max(ids) < tok.vocab_size
+  assert tok.decode(ids) == text
+
+
+def test_hf_tokenizer_from_tokenizer_json(tmp_path):
+  from tokenizers import Tokenizer, models, pre_tokenizers, trainers, decoders
+  tok = Tokenizer(models.BPE(unk_token="<unk>"))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+  tok.decoder = decoders.ByteLevel()
+  trainer = trainers.BpeTrainer(vocab_size=300, special_tokens=["<unk>", "<eos>"],
+                                initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+  tok.train_from_iterator(["def add(a, b):\n    return a + b\n"] * 20, trainer)
+  tok.save(str(tmp_path / "tokenizer.json"))
+  json.dump({"eos_token_id": 1}, open(tmp_path / "generation_config.json", "w"))
+  hf = HFTokenizer(str(tmp_path))
+  text = "def add(x, y):\n    return x + y\n"
+  assert hf.decode(hf.encode(text)) == text
+  assert hf.eos_ids == (1,) and hf.pad_id == 1
+  with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
+    HFTokenizer(str(tmp_path / "missing"))
