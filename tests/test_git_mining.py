@@ -338,6 +338,26 @@ def test_language_filter_and_related_files(tmp_path):
   _check_oracle_applies(repo, [task])
 
 
+def test_more_skip_reasons(tmp_path):
+  repo = Repo(tmp_path / "r")
+  repo.commit("Start", {"a.py": "a = 1\n" * 60})
+  (repo.path / os.fsdecode(b"caf\xe9.py")).write_text("x = 1\n")
+  repo.time += 100
+  repo.git("add", "-A")
+  repo.git("commit", "-q", "-m", "Latin-1 file name")                  # non_utf8_path
+  repo.time += 100
+  repo.git("commit", "-q", "--allow-empty", "--allow-empty-message", "-m", "")
+  result = mine(MiningConfig(source=str(repo.path), test_fraction=0.0))
+  assert result.report["commits_skipped"] == {"non_utf8_path": 1,
+                                              "empty_message": 1}
+  assert result.report["commits_kept"] == 1
+  # The 360-byte a.py, and the only commit that adds a file.
+  assert mine(MiningConfig(source=str(repo.path), max_file_bytes=200)
+              ).report["commits_skipped"]["file_too_large"] == 1
+  assert mine(MiningConfig(source=str(repo.path), allow_added_files=False)
+              ).report["commits_skipped"]["added_file"] == 1
+
+
 def test_builder_writes_array_record_and_report(tmp_path):
   repo = _linear_repo(tmp_path / "lin", 4)
   mining = MiningConfig(source=str(repo.path), test_fraction=0.25)

@@ -13,7 +13,7 @@ Decisions worth knowing:
   Files are first filtered by path (excluded globs, languages); those drops are
   counted per file in `files_excluded`, and a commit left with no file is
   skipped. A change that cannot be a text edit of existing or new files
-  (binary, non-UTF-8, rename, deletion, submodule, symlink, type change) skips
+  (binary, non-UTF-8, rename, deletion, submodule, symlink) skips
   the whole commit: dropping part of a change would make the request lie.
 - Added files are part of the task: their context content is "" and the prompt
   says they do not exist yet (`allow_added_files=False` skips such commits).
@@ -21,8 +21,9 @@ Decisions worth knowing:
   final newline or of CR/LF is invisible to SWE-RL's splitlines-based diff, so
   such files are dropped), and is always expressible in the task's edit format:
   the reference answer is rendered and applied back while mining, and a unit
-  whose answer does not reproduce the oracle is dropped ("=======" lines can
-  make a SEARCH/REPLACE block ambiguous).
+  whose answer does not reproduce the oracle is dropped: a "=======" line can
+  cut a SEARCH/REPLACE block short, and text containing <think> or <solution>
+  breaks the one-tag-each rule of every answer.
 - Decomposition: a file task of a commit touching A and B shows B already in
   its post-change state, A in its pre-change state, and the part already made
   as a unified diff in the prompt; a hunk task does the same with the other
@@ -71,7 +72,7 @@ GRANULARITIES = ("commit", "file", "hunk")
 SKIP_REASONS = (
     "merge", "shallow_boundary", "non_utf8_message", "empty_message",
     "empty_change", "non_utf8_path", "all_files_filtered", "submodule",
-    "symlink", "type_change", "rename", "copy", "deletion", "added_file",
+    "symlink", "rename", "deletion", "added_file",
     "too_many_files", "missing_object", "file_too_large", "binary", "non_utf8",
     "generated", "no_visible_change", "too_many_lines", "duplicate",
     "invisible_change", "oracle_not_expressible", "git_error",
@@ -356,7 +357,10 @@ class _Git:
       if not token.startswith(b":"):
         raise GitError(f"unexpected git diff-tree output {token[:100]!r}")
       old_mode, new_mode, old_sha, new_sha, status = token[1:].decode().split()
-      if status[0] in "RC":
+      # -M without -C: added, modified, deleted, renamed or type-changed.
+      if status[0] not in "AMDRT":
+        raise GitError(f"unexpected git diff-tree status {status!r}")
+      if status[0] == "R":
         old_path, path = tokens[i], tokens[i + 1]
         i += 2
       else:
@@ -585,9 +589,7 @@ class _Miner:
     checks = (
         ("submodule", lambda e: _SUBMODULE in (e.old_mode, e.new_mode)),
         ("symlink", lambda e: _SYMLINK in (e.old_mode, e.new_mode)),
-        ("type_change", lambda e: e.status == "T"),
         ("rename", lambda e: e.status == "R"),
-        ("copy", lambda e: e.status == "C"),
         ("deletion", lambda e: e.status == "D"),
         ("added_file", lambda e: e.status == "A" and not config.allow_added_files),
     )
