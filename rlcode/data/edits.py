@@ -1,0 +1,588 @@
+"""Edit formats of diff tasks: the prompt, parsing a completion, applying it.
+
+A diff task shows the policy a change request and some files; the policy
+answers with a reasoning block and a solution block (SWE-RL's format):
+
+  <think>
+  ...
+  </think>
+  <solution>
+  ```python
+  ### path/to/file.py
+  <<<<<<< SEARCH
+  old lines
+  =======
+  new lines
+  >>>>>>> REPLACE
+  ```
+  </solution>
+
+or, with `edit_format="unified_diff"`, a unified diff inside the solution block.
+This module turns a completion into new file contents (`apply_completion`),
+raising `FormatError` for anything that cannot apply; renders an oracle answer
+in either format (`oracle_completion`, used as a task's reference and to prove
+every mined oracle is expressible); and writes the prompt (`build_prompt`).
+`normalized_patch` is the per-file diff text the SWE-RL reward compares; it is
+here because the miner must use the very same definition to reject changes the
+reward cannot see. This module must not score (rlcode.rewards.diffs does) nor
+know where tasks come from (rlcode.data.git_mining).
+
+Search/replace semantics follow facebookresearch/swe-rl (src/swerl/core/
+reward.py) exactly: exactly one of each tag, a non-empty thought, blocks matched
+by the same pattern, a path absent from the files is an empty (new) file, each
+SEARCH must occur at a line start ("\\n" + search in "\\n" + content), and every
+occurrence is replaced.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import difflib
+import posixpath
+import re
+from collections.abc import Iterable, Mapping, Sequence
+
+EDIT_FORMATS = ("search_replace", "unified_diff")
+
+THINK_START, THINK_END = "<think>", "</think>"
+SOLUTION_START, SOLUTION_END = "<solution>", "</solution>"
+
+# One SEARCH/REPLACE block; the same language as SWE-RL's SEARCH_REPLACE_REGEX:
+# a fence line, "### path", then lazily matched search and replace texts.
+_BLOCK_RE = re.compile(
+    r"```.*?\n### (.*)\n<<<<<<< SEARCH\n([\s\S]*?)\n=======\n([\s\S]*?)"
+    r"\n>>>>>>> REPLACE\n```")
+# A fence whose closing line is exactly ``` (diff lines always carry a prefix).
+_FENCE_RE = re.compile(r"^```[^\n]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
+_HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+
+_LANGUAGE_TAGS = {
+    ".py": "python", ".pyi": "python", ".js": "javascript", ".jsx": "javascript",
+    ".ts": "typescript", ".tsx": "typescript", ".go": "go", ".rs": "rust",
+    ".java": "java", ".c": "c", ".h": "c", ".cc": "cpp", ".cpp": "cpp",
+    ".hpp": "cpp", ".rb": "ruby", ".sh": "bash", ".md": "markdown",
+}
+
+
+class FormatError(ValueError):
+  """A completion that does not parse or does not apply to its files.
+
+  Attributes:
+    code: a short reason, stable for aggregation ("tag_count", "empty_thought",
+      "no_edits", "search_not_found", "search_equals_replace", "bad_hunk",
+      "hunk_does_not_apply", "deletion").
+  """
+
+  def __init__(self, code: str, message: str):
+    super().__init__(f"{code}: {message}")
+    self.code = code
+
+
+# ---------------------------------------------------------------------------
+# The reward's view of a change.
+
+def normalized_patch(old: str, new: str) -> str:
+  """SWE-RL's per-file diff text: unified, 3 context lines, headers removed.
+
+  Lines are split with `str.splitlines`, as SWE-RL does, so a change that only
+  touches line terminators (a final newline, CR/LF) is invisible: "".
+  """
+  lines = difflib.unified_diff(old.splitlines(), new.splitlines(),
+                               fromfile="old", tofile="new", lineterm="", n=3)
+  return "\n".join(list(lines)[2:])
+
+
+# ---------------------------------------------------------------------------
+# Completion -> solution text.
+
+def extract_thought_solution(completion: str) -> tuple[str, str]:
+  """Returns the stripped (thought, solution) of a completion.
+
+  Raises:
+    FormatError: a tag does not occur exactly once, or the thought is empty.
+  """
+  for tag in (THINK_START, THINK_END, SOLUTION_START, SOLUTION_END):
+    n = completion.count(tag)
+    if n != 1:
+      raise FormatError("tag_count", f"{tag} occurs {n} times, expected once")
+  thought = completion.split(THINK_START)[1].split(THINK_END)[0].strip()
+  solution = completion.split(SOLUTION_START)[1].split(SOLUTION_END)[0].strip()
+  if not thought:
+    raise FormatError("empty_thought", "the <think> block is empty")
+  return thought, solution
+
+
+# ---------------------------------------------------------------------------
+# SEARCH/REPLACE.
+
+def parse_search_replace(solution: str) -> dict[str, list[tuple[str, str]]]:
+  """path -> [(search, replace), ...] in the order the blocks appear."""
+  edits: dict[str, list[tuple[str, str]]] = {}
+  for path, search, replace in _BLOCK_RE.findall(solution):
+    edits.setdefault(path, []).append((search, replace))
+  return edits
+
+
+def apply_search_replace(files: Mapping[str, str],
+                         edits: Mapping[str, Sequence[tuple[str, str]]]
+                         ) -> dict[str, str]:
+  """New contents of every edited file.
+
+  Raises:
+    FormatError: a block's SEARCH equals its REPLACE, or SEARCH does not occur
+      at a line start of the file as edited by the blocks before it.
+  """
+  out = {}
+  for path, pairs in edits.items():
+    # The leading newline anchors every search at a line start.
+    content = "\n" + files.get(path, "")
+    for search, replace in pairs:
+      if search == replace:
+        raise FormatError("search_equals_replace",
+                          f"{path}: a SEARCH block equals its REPLACE block")
+      if "\n" + search not in content:
+        raise FormatError("search_not_found",
+                          f"{path}: SEARCH text not found: {search[:200]!r}")
+      content = content.replace("\n" + search, "\n" + replace)
+    out[path] = content[1:]
+  return out
+
+
+# ---------------------------------------------------------------------------
+# Unified diff.
+
+@dataclasses.dataclass
+class _Hunk:
+  old_start: int
+  body: list[tuple[str, str]]  # (op in " -+", line text without terminator)
+  new_missing_eol: bool        # "\ No newline at end of file" on the new side
+
+
+def _split_lines(text: str) -> tuple[list[str], bool]:
+  """Lines without terminators, and whether the text ends with a newline."""
+  if not text:
+    return [], True
+  lines = text.split("\n")
+  if lines[-1] == "":
+    return lines[:-1], True
+  return lines, False
+
+
+def _join_lines(lines: list[str], eol: bool) -> str:
+  return "\n".join(lines) + ("\n" if eol and lines else "")
+
+
+def _diff_text(solution: str) -> str:
+  # Each fence's text ends with the newline before its closing ```.
+  fenced = [f[:-1] if f.endswith("\n") else f
+            for f in _FENCE_RE.findall(solution)]
+  return "\n".join(fenced) if fenced else solution
+
+
+def _header_path(line: str, prefix: str) -> str:
+  path = line[4:].split("\t")[0].rstrip("\r")
+  if path != "/dev/null" and path.startswith(prefix):
+    path = path[len(prefix):]
+  return path
+
+
+def parse_unified_diff(solution: str) -> list[tuple[str, list[_Hunk]]]:
+  """[(path, hunks), ...] of the unified diff in a solution.
+
+  The diff is the text of the solution's ``` fences when it has any, else the
+  whole solution. Lines outside file sections ("diff --git", "index", prose)
+  are ignored; hunk bodies must have exactly the line counts their headers
+  give, as `git apply` requires. An empty line inside a hunk is read as an
+  empty context line.
+
+  Raises:
+    FormatError: a malformed or truncated hunk, a hunk outside a file section,
+      or a file deletion (tasks never delete files).
+  """
+  lines = _diff_text(solution).split("\n")
+  files: list[tuple[str, list[_Hunk]]] = []
+  i = 0
+  while i < len(lines):
+    line = lines[i]
+    if (line.startswith("--- ") and i + 1 < len(lines)
+        and lines[i + 1].startswith("+++ ")):
+      path = _header_path(lines[i + 1], "b/")
+      if path == "/dev/null":
+        raise FormatError("deletion", f"{_header_path(line, 'a/')}: the diff "
+                          "deletes a file; tasks only edit or create files")
+      files.append((path, []))
+      i += 2
+      continue
+    m = _HUNK_RE.match(line)
+    if m is None:
+      if files and files[-1][1] and line[:1] in ("+", "-"):
+        raise FormatError("bad_hunk", f"line {i + 1} is outside any hunk "
+                          f"(hunk header counts too small?): {line[:80]!r}")
+      i += 1
+      continue
+    if not files:
+      raise FormatError("bad_hunk", f"hunk at line {i + 1} has no ---/+++ "
+                        "file header before it")
+    old_n = int(m.group(2)) if m.group(2) is not None else 1
+    new_n = int(m.group(4)) if m.group(4) is not None else 1
+    hunk = _Hunk(int(m.group(1)), [], False)
+    seen_old = seen_new = 0
+    i += 1
+    while seen_old < old_n or seen_new < new_n:
+      if i >= len(lines):
+        raise FormatError("bad_hunk", f"{files[-1][0]}: hunk ends after "
+                          f"{seen_old}/{old_n} old and {seen_new}/{new_n} new "
+                          "lines")
+      body_line = lines[i]
+      op, text = (body_line[:1] or " "), body_line[1:]
+      if op == "\\":
+        if hunk.body and hunk.body[-1][0] in " +":
+          hunk.new_missing_eol = True
+        i += 1
+        continue
+      if op not in " -+":
+        raise FormatError("bad_hunk", f"{files[-1][0]}: line {i + 1} inside a "
+                          f"hunk starts with {op!r}: {body_line[:80]!r}")
+      seen_old += op in " -"
+      seen_new += op in " +"
+      if seen_old > old_n or seen_new > new_n:
+        raise FormatError("bad_hunk", f"{files[-1][0]}: the hunk "
+                          f"{m.group(0)!r} has more lines than it says")
+      hunk.body.append((op, text))
+      i += 1
+    if i < len(lines) and lines[i].startswith("\\"):
+      if hunk.body and hunk.body[-1][0] in " +":
+        hunk.new_missing_eol = True
+      i += 1
+    files[-1][1].append(hunk)
+  return [(path, hunks) for path, hunks in files if hunks]
+
+
+def _find_block(lines: list[str], block: list[str], expected: int,
+                lowest: int) -> int:
+  """The start nearest to `expected`, at or after `lowest`, where `block` is."""
+  last = len(lines) - len(block)
+  for distance in range(max(expected - lowest, last - expected, 0) + 1):
+    for start in (expected - distance, expected + distance):
+      if lowest <= start <= last and lines[start:start + len(block)] == block:
+        return start
+  return -1
+
+
+def apply_unified_diff(files: Mapping[str, str],
+                       patches: Sequence[tuple[str, list[_Hunk]]]
+                       ) -> dict[str, str]:
+  """New contents of every file the diff touches.
+
+  Hunks apply in order; each one's old lines must match the file exactly,
+  searched from its stated line outwards (line offsets are tolerated, no fuzz).
+  "\\ No newline" on the new side of a hunk that reaches the end of the file
+  removes the final newline; the old side's marker is not checked, because the
+  reward (`normalized_patch`) cannot see final newlines anyway.
+
+  Raises:
+    FormatError: a hunk whose old lines are not in the file.
+  """
+  out: dict[str, str] = {}
+  for path, hunks in patches:
+    lines, eol = _split_lines(out.get(path, files.get(path, "")))
+    lowest = delta = 0
+    for hunk in hunks:
+      old = [t for op, t in hunk.body if op in " -"]
+      new = [t for op, t in hunk.body if op in " +"]
+      # A hunk that removes no line names the line it inserts after.
+      expected = hunk.old_start - (1 if old else 0) + delta
+      if old:
+        start = _find_block(lines, old, expected, lowest)
+      else:
+        start = expected if lowest <= expected <= len(lines) else -1
+      if start < 0:
+        raise FormatError("hunk_does_not_apply", f"{path}: the hunk at old "
+                          f"line {hunk.old_start} does not match the file")
+      if start + len(old) == len(lines):
+        eol = not hunk.new_missing_eol
+      lines[start:start + len(old)] = new
+      lowest = start + len(new)
+      delta += len(new) - len(old)
+    out[path] = _join_lines(lines, eol)
+  return out
+
+
+# ---------------------------------------------------------------------------
+# Completion -> new contents.
+
+def apply_completion(completion: str, files: Mapping[str, str],
+                     edit_format: str = "search_replace") -> dict[str, str]:
+  """path -> new content for every file the completion edits.
+
+  Raises:
+    FormatError: anything that keeps the completion from applying.
+    ValueError: an unknown edit format.
+  """
+  if edit_format not in EDIT_FORMATS:
+    raise ValueError(f"edit_format={edit_format!r}; expected one of "
+                     f"{EDIT_FORMATS}")
+  _, solution = extract_thought_solution(completion)
+  if edit_format == "search_replace":
+    edits = parse_search_replace(solution)
+    if not edits:
+      raise FormatError("no_edits", "no SEARCH/REPLACE block in the solution")
+    return apply_search_replace(files, edits)
+  patches = parse_unified_diff(solution)
+  if not patches:
+    raise FormatError("no_edits", "no unified diff hunk in the solution")
+  return apply_unified_diff(files, patches)
+
+
+# ---------------------------------------------------------------------------
+# Oracle answers.
+
+def line_hunks(old: str, new: str
+               ) -> tuple[list[str], list[str], list[tuple[int, int, int, int]]]:
+  """The hunks (3 context lines) that take `old` to `new`.
+
+  Returns (old lines, new lines, [(i1, i2, j1, j2), ...]): hunk k replaces
+  old lines [i1, i2) by new lines [j1, j2); hunks are ordered and disjoint.
+
+  Lines are split on "\\n" only (not `str.splitlines`), and keep it, so a
+  change of the final newline is a change of the last line and rendering the
+  hunks reproduces the text byte for byte.
+  """
+  a, b = split_keepends(old), split_keepends(new)
+  groups = difflib.SequenceMatcher(None, a, b).get_grouped_opcodes(3)
+  return a, b, [(g[0][1], g[-1][2], g[0][3], g[-1][4]) for g in groups]
+
+
+def split_keepends(text: str) -> list[str]:
+  """`text` split after each "\\n"; "".join() of the result is `text`."""
+  parts = text.split("\n")
+  lines = [p + "\n" for p in parts[:-1]]
+  return lines + [parts[-1]] if parts[-1] else lines
+
+
+def _render_block(path: str, search: str, replace: str) -> str:
+  tag = _LANGUAGE_TAGS.get(posixpath.splitext(path)[1], "")
+  return (f"```{tag}\n### {path}\n<<<<<<< SEARCH\n{search}\n=======\n"
+          f"{replace}\n>>>>>>> REPLACE\n```")
+
+
+def _search_replace_pairs(before: list[str], after: list[str]
+                          ) -> list[tuple[str, str]]:
+  """(search, replace) texts for replacing lines `before` by `after`.
+
+  The block syntax puts a newline after each text, so a final newline both
+  sides share can be left out; keeping it makes the search more specific (it
+  then must end a line), which the caller may need for uniqueness.
+  """
+  s, r = "".join(before), "".join(after)
+  if s.endswith("\n") and r.endswith("\n"):
+    return [(s[:-1], r[:-1]), (s, r)]
+  return [(s, r)]
+
+
+def _unique_at_line_start(content: str, search: str) -> bool:
+  haystack, needle = "\n" + content, "\n" + search
+  first = haystack.find(needle)
+  return first >= 0 and haystack.find(needle, first + 1) < 0
+
+
+def _file_blocks(path: str, old: str, new: str) -> list[str]:
+  """SEARCH/REPLACE blocks taking `old` to `new`, each unique when applied."""
+  a, b, groups = line_hunks(old, new)
+  current = list(a)
+  blocks = []
+  shift = 0
+  for i1, i2, j1, j2 in groups:
+    lo, hi = i1 + shift, i2 + shift
+    new_lines = b[j1:j2]
+    text = "".join(current)
+    while True:
+      pairs = _search_replace_pairs(current[lo:hi],
+                                    current[lo:i1 + shift] + new_lines
+                                    + current[i2 + shift:hi])
+      unique = [p for p in pairs if _unique_at_line_start(text, p[0])]
+      if unique or (lo == 0 and hi == len(current)):
+        s, r = (unique or pairs)[0]
+        break
+      lo, hi = max(lo - 1, 0), min(hi + 1, len(current))
+    blocks.append(_render_block(path, s, r))
+    current[i1 + shift:i2 + shift] = new_lines
+    shift += (j2 - j1) - (i2 - i1)
+  return blocks
+
+
+def _render_unified_diff(path: str, old: str, new: str) -> str:
+  a, b, groups = line_hunks(old, new)
+  # As git writes it for a new file; an existing empty file reads the same.
+  out = [f"--- a/{path}" if old else "--- /dev/null", f"+++ b/{path}"]
+
+  def emit(prefix, line):
+    out.append(prefix + line.rstrip("\n") if line.endswith("\n")
+               else prefix + line)
+    if not line.endswith("\n"):
+      out.append("\\ No newline at end of file")
+
+  for i1, i2, j1, j2 in groups:
+    out.append(f"@@ -{_range(i1, i2)} +{_range(j1, j2)} @@")
+    for tag, k1, k2, l1, l2 in difflib.SequenceMatcher(
+        None, a[i1:i2], b[j1:j2]).get_opcodes():
+      if tag == "equal":
+        for line in a[i1 + k1:i1 + k2]:
+          emit(" ", line)
+        continue
+      for line in a[i1 + k1:i1 + k2]:
+        emit("-", line)
+      for line in b[j1 + l1:j1 + l2]:
+        emit("+", line)
+  return "\n".join(out)
+
+
+def _range(start: int, stop: int) -> str:
+  n = stop - start
+  return f"{start + 1 if n else start},{n}"
+
+
+def oracle_completion(files: Mapping[str, str], oracle: Mapping[str, str],
+                      edit_format: str = "search_replace",
+                      thought: str = "The change follows the request.") -> str:
+  """A completion in `edit_format` that takes `files` to `oracle` exactly.
+
+  Raises:
+    ValueError: the format cannot express the change (for example a SEARCH
+      text containing a line "=======" cuts the block short); the message
+      names the file.
+  """
+  if edit_format not in EDIT_FORMATS:
+    raise ValueError(f"edit_format={edit_format!r}; expected one of "
+                     f"{EDIT_FORMATS}")
+  parts = []
+  for path in sorted(oracle):
+    old, new = files.get(path, ""), oracle[path]
+    if old == new:
+      continue
+    if edit_format == "search_replace":
+      parts.extend(_file_blocks(path, old, new))
+    else:
+      parts.append("```diff\n" + _render_unified_diff(path, old, new) + "\n```")
+  completion = (f"{THINK_START}\n{thought}\n{THINK_END}\n{SOLUTION_START}\n"
+                + "\n\n".join(parts) + f"\n{SOLUTION_END}")
+  try:
+    applied = apply_completion(completion, files, edit_format)
+  except FormatError as e:
+    raise ValueError(f"the oracle cannot be written as {edit_format}: {e}") from e
+  for path in sorted(set(applied) | set(oracle)):
+    want = oracle.get(path, files.get(path, ""))
+    if applied.get(path, files.get(path, "")) != want:
+      raise ValueError(f"the oracle cannot be written as {edit_format}: "
+                       f"{path} comes out different")
+  return completion
+
+
+# ---------------------------------------------------------------------------
+# The prompt.
+
+_THINKING = f"""\
+Answer in two parts. First think the problem through inside {THINK_START} \
+{THINK_END}: as long and as informal as you need. Then give the final answer \
+inside {SOLUTION_START} {SOLUTION_END}:
+{THINK_START}
+your reasoning
+{THINK_END}
+{SOLUTION_START}
+your edits
+{SOLUTION_END}"""
+
+_SEARCH_REPLACE_HOWTO = """\
+Write the change as *SEARCH/REPLACE* edits. Each edit is one fenced code block \
+holding, in this order:
+1. a line "### " followed by the file path
+2. the line <<<<<<< SEARCH
+3. a contiguous run of whole lines copied exactly from the current file
+4. the line =======
+5. the lines that replace them
+6. the line >>>>>>> REPLACE
+
+For example, to make `total` round its result:
+
+```python
+### shop/cart.py
+<<<<<<< SEARCH
+def total(prices):
+    return sum(prices)
+=======
+def total(prices):
+    return round(sum(prices), 2)
+>>>>>>> REPLACE
+```
+
+Indentation matters: copy the search lines with every leading space. To create \
+a new file, leave the SEARCH part empty. Use one fenced block per edit."""
+
+_UNIFIED_DIFF_HOWTO = """\
+Write the change as a unified diff (the output of `git diff`), inside a \
+```diff fenced block: for each file a "--- a/PATH" and a "+++ b/PATH" line, \
+then hunks "@@ -OLD_START,OLD_COUNT +NEW_START,NEW_COUNT @@" whose lines start \
+with " " (unchanged), "-" (removed) or "+" (added). The counts must match the \
+hunk's lines. For example, to make `total` round its result:
+
+```diff
+--- a/shop/cart.py
++++ b/shop/cart.py
+@@ -1,2 +1,2 @@
+ def total(prices):
+-    return sum(prices)
++    return round(sum(prices), 2)
+```
+
+To create a new file, use "--- /dev/null" and a hunk "@@ -0,0 +1,N @@"."""
+
+
+def build_prompt(request: str, files: Mapping[str, str],
+                 edit_format: str = "search_replace",
+                 new_files: Iterable[str] = (),
+                 applied_diff: str = "") -> str:
+  """The prompt of a diff task.
+
+  Args:
+    request: what to change (a commit message).
+    files: path -> current content, shown in sorted path order.
+    edit_format: "search_replace" or "unified_diff"; names the answer format.
+    new_files: paths of `files` that do not exist yet (content "").
+    applied_diff: for a task that is part of a larger change, the rest of the
+      change as a unified diff; the files already include it.
+  """
+  if edit_format not in EDIT_FORMATS:
+    raise ValueError(f"edit_format={edit_format!r}; expected one of "
+                     f"{EDIT_FORMATS}")
+  new_files = set(new_files)
+  parts = [_THINKING, "",
+           "Here is a change request for a repository:",
+           "--- BEGIN REQUEST ---", request.strip(), "--- END REQUEST ---", ""]
+  if applied_diff:
+    parts += ["Part of this change has already been made (the files below "
+              "include it); write only the rest. The part already made:",
+              "--- BEGIN APPLIED CHANGES ---", applied_diff.rstrip("\n"),
+              "--- END APPLIED CHANGES ---", ""]
+  parts.append("The relevant files, as they are now:")
+  for path in sorted(files):
+    parts.append("--- BEGIN FILE ---")
+    parts.append(f"### {path}")
+    if path in new_files:
+      parts.append("(this file does not exist yet)")
+    else:
+      parts.append(files[path].rstrip("\n"))
+    parts.append("--- END FILE ---")
+  parts += ["", "Make the requested change. "
+            + (_SEARCH_REPLACE_HOWTO if edit_format == "search_replace"
+               else _UNIFIED_DIFF_HOWTO)]
+  return "\n".join(parts)
+
+
+def unified_diff_text(before: Mapping[str, str], after: Mapping[str, str]) -> str:
+  """A git-style unified diff of every path whose content differs."""
+  out = []
+  for path in sorted(after):
+    old, new = before.get(path, ""), after[path]
+    if old != new:
+      out.append(_render_unified_diff(path, old, new))
+  return "\n".join(out)

@@ -1,0 +1,129 @@
+"""The SWE-RL diff-similarity reward (Wei et al. 2025, arXiv 2502.18449).
+
+A completion is applied to the task's context files (rlcode.data.edits); any
+format error scores -1. Otherwise the score is the mean, over every file that
+the prediction or the oracle changes, of
+`difflib.SequenceMatcher(None, pred, oracle, autojunk=False).ratio()` between
+the two normalized per-file patches (unified diffs with 3 context lines and
+the two header lines removed); a file only one side changes scores 0.
+
+This follows facebookresearch/swe-rl, src/swerl/core/reward.py
+(`calculate_search_replace_reward`, `calculate_reward`) step for step. The
+deliberate differences:
+- The unified-diff answer format is applied to the files like SEARCH/REPLACE
+  edits and then scored by the same path, so only the diff's effect counts.
+  SWE-RL's `calculate_reward_unidiff` instead compares the diff texts as
+  written (parsed by `unidiff`) and never checks that they apply.
+- An oracle that changes nothing is a data error here (ValueError); SWE-RL
+  returns 1.0 when neither side changes anything. The miner never emits one.
+- Files are visited in sorted order (SWE-RL iterates a set), so the float sum
+  is deterministic.
+
+This module must not build prompts or mine tasks; it reads a task's `extra`:
+"files" (path -> context content), "oracle" (path -> content after the
+change) and "edit_format". A diff task may also carry `tests`; mixing in the
+tests reward is the registry's weighted sum, nothing here.
+"""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rlcode.data import edits
+from rlcode.data.tasks import Task
+from rlcode.rewards.registry import RewardOutput, register
+
+FORMAT_ERROR_SCORE = -1.0
+# A completion whose similarity reaches this counts as a success in metrics.
+SUCCESS_THRESHOLD = 0.9
+
+
+def _patches(files: Mapping[str, str], new: Mapping[str, str]) -> dict[str, str]:
+  out = {}
+  for path in sorted(new):
+    patch = edits.normalized_patch(files.get(path, ""), new[path])
+    if patch:
+      out[path] = patch
+  return out
+
+
+def similarities(files: Mapping[str, str], oracle: Mapping[str, str],
+                 predicted: Mapping[str, str]) -> dict[str, float]:
+  """path -> similarity over the files either side changes.
+
+  Raises:
+    ValueError: the oracle changes nothing the reward can see.
+  """
+  oracle_patches = _patches(files, oracle)
+  if not oracle_patches:
+    raise ValueError("the oracle changes nothing: every oracle file's "
+                     "normalized patch against its context file is empty")
+  pred_patches = _patches(files, predicted)
+  out = {}
+  for path in sorted(set(oracle_patches) | set(pred_patches)):
+    pred, want = pred_patches.get(path, ""), oracle_patches.get(path, "")
+    out[path] = (difflib.SequenceMatcher(None, pred, want, autojunk=False).ratio()
+                 if pred and want else 0.0)
+  return out
+
+
+def score_details(completion: str, files: Mapping[str, str],
+                  oracle: Mapping[str, str],
+                  edit_format: str = "search_replace") -> tuple[float, dict[str, Any]]:
+  """The reward and why: {"error", "message"} or {"similarities"}."""
+  try:
+    predicted = edits.apply_completion(completion, files, edit_format)
+  except edits.FormatError as e:
+    return FORMAT_ERROR_SCORE, {"error": e.code, "message": str(e)}
+  sims = similarities(files, oracle, predicted)
+  return sum(sims.values()) / len(sims), {"similarities": sims}
+
+
+def score(completion: str, files: Mapping[str, str], oracle: Mapping[str, str],
+          edit_format: str = "search_replace") -> float:
+  """SWE-RL's reward of `completion` on context `files` against `oracle`.
+
+  Args:
+    completion: the policy's text (<think>...</think><solution>...</solution>).
+    files: path -> content the completion edits.
+    oracle: path -> content after the true change (changed files only, or all).
+    edit_format: "search_replace" or "unified_diff".
+
+  Returns:
+    -1.0 on a format error, else the mean per-file similarity in [0, 1].
+  """
+  return score_details(completion, files, oracle, edit_format)[0]
+
+
+@register("diff")
+def diff_reward(tasks: Sequence[Task], completions: Sequence[str]) -> RewardOutput:
+  """`score` for each (task, completion) of a batch of diff tasks."""
+  if len(tasks) != len(completions):
+    raise ValueError(f"{len(tasks)} tasks but {len(completions)} completions")
+  scores = np.zeros(len(completions), np.float32)
+  details = []
+  for i, (task, completion) in enumerate(zip(tasks, completions)):
+    if task.kind != "diff":
+      raise ValueError(f"task {task.id!r} has kind {task.kind!r}; the diff "
+                       "reward needs kind 'diff'")
+    for key in ("files", "oracle"):
+      if key not in task.extra:
+        raise ValueError(f"task {task.id!r}: extra has no {key!r}")
+    s, detail = score_details(completion, task.extra["files"],
+                              task.extra["oracle"],
+                              task.extra.get("edit_format", "search_replace"))
+    scores[i] = s
+    details.append(detail)
+  valid = scores[scores != FORMAT_ERROR_SCORE]
+  n = max(len(scores), 1)
+  metrics = {
+      "format_error_rate": float(np.sum(scores == FORMAT_ERROR_SCORE)) / n,
+      "exact_rate": float(np.sum(scores == 1.0)) / n,
+      "success_rate": float(np.sum(scores >= SUCCESS_THRESHOLD)) / n,
+      "similarity": float(valid.mean()) if len(valid) else 0.0,
+  }
+  return RewardOutput(scores, metrics, details)

@@ -1,0 +1,223 @@
+"""The SWE-RL diff reward on hand-written cases, and the answer formats.
+
+Expected values are worked out by hand (the SequenceMatcher ratio of a small
+case is counted character by character in a comment) or are the values
+facebookresearch/swe-rl's own tests (tests/test_reward.py) assert for the
+same inputs.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from rlcode import rewards
+from rlcode.data import edits
+from rlcode.data.tasks import Task
+from rlcode.rewards import diffs
+
+FILE_A = "def add(a, b):\n    return a + b\n\ndef subtract(a, b):\n    return a - b"
+FILE_A_ORACLE = ("def add(a: int, b: int) -> int:\n    return a + b\n\n"
+                 "def subtract(a: float, b: float) -> float:\n    return a - b")
+FILE_B = "def sort_list(lst):\n    return sorted(lst)"
+FILE_B_ORACLE = "def sort_list(lst: list[int]) -> list[int]:\n    return sorted(lst)"
+FILES = {"a.py": FILE_A, "b.py": FILE_B}
+ORACLE = {"a.py": FILE_A_ORACLE, "b.py": FILE_B_ORACLE}
+
+
+def block(path, search, replace, fence="```python"):
+  return (f"{fence}\n### {path}\n<<<<<<< SEARCH\n{search}\n=======\n{replace}\n"
+          ">>>>>>> REPLACE\n```")
+
+
+def answer(*blocks, thought="dummy"):
+  return (f"<think>\n{thought}\n</think>\n<solution>\n" + "\n\n".join(blocks)
+          + "\n</solution>\n")
+
+
+ADD = block("a.py", "def add(a, b):", "def add(a: int, b: int) -> int:", "```")
+SUB = block("a.py", "def subtract(a, b):",
+            "def subtract(a: float, b: float) -> float:")
+SORT = block("b.py", "def sort_list(lst):",
+             "def sort_list(lst: list[int]) -> list[int]:")
+
+# (name, completion, expected reward, expected error code or None)
+CASES = [
+    # swe-rl tests/test_reward.py::test_multifile_edit
+    ("exact multi-file", answer(ADD, SUB, SORT), 1.0, None),
+    # ::test_zero_reward: only a new file the oracle does not touch; the mean
+    # over {a.py, b.py, c.py} of 0, 0, 0.
+    ("only a new file", answer(block("c.py", "", "# dummy", "```")), 0.0, None),
+    # ::test_new_file: c.py made then edited, b.py exact: (0 + 1 + 0) / 3.
+    ("new file and b", answer(block("c.py", "", "# dummy", "```"),
+                              block("c.py", "# dummy", 'print("hello")', "```"),
+                              block("b.py", "def sort_list(lst):",
+                                    "def sort_list(lst: list[int]) -> list[int]:",
+                                    "```")), 1 / 3, None),
+    # b.py exact, a.py untouched by the prediction: (0 + 1) / 2.
+    ("one of two files", answer(SORT), 0.5, None),
+    # ::test_failed_parse, first output: no </solution>.
+    ("truncated", "\n<think>\ndummy\n</think>\n<solution>\n", -1.0, "tag_count"),
+    # ::test_failed_parse, second output: no >>>>>>> REPLACE, so no block.
+    ("no replace marker", "<think>\ndummy\n</think>\n<solution>\n```\n### a.py\n"
+     "<<<<<<< SEARCH\nreturn a + b\n=======\nreturn a - b\n```\n</solution>",
+     -1.0, "no_edits"),
+    ("two thoughts", "<think>x</think>" + answer(SORT), -1.0, "tag_count"),
+    ("no think", answer(SORT).replace("<think>", ""), -1.0, "tag_count"),
+    ("empty thought", answer(SORT, thought="  "), -1.0, "empty_thought"),
+    ("no block", answer("I would change sort_list."), -1.0, "no_edits"),
+    ("search not found", answer(block("b.py", "def sort(lst):", "x")), -1.0,
+     "search_not_found"),
+    # A SEARCH must start at a line start: the indentation is part of it.
+    ("search without indentation",
+     answer(block("b.py", "return sorted(lst)", "return lst")), -1.0,
+     "search_not_found"),
+    ("search equals replace",
+     answer(SORT, block("a.py", "def add(a, b):", "def add(a, b):")), -1.0,
+     "search_equals_replace"),
+]
+
+
+@pytest.mark.parametrize("name,completion,expected,error", CASES,
+                         ids=[c[0] for c in CASES])
+def test_reward_table(name, completion, expected, error):
+  del name
+  reward, details = diffs.score_details(completion, FILES, ORACLE)
+  assert reward == pytest.approx(expected, abs=1e-12)
+  assert details.get("error") == error
+  assert diffs.score(completion, FILES, ORACLE) == reward
+
+
+def test_hand_computed_ratio():
+  # Normalized patches, 17 characters each:
+  #   pred   "@@ -1 +1 @@\n-a\n+b"
+  #   oracle "@@ -1 +1 @@\n-a\n+c"
+  # The longest common block is the first 16 characters and nothing else
+  # matches, so ratio = 2 * 16 / (17 + 17) = 16 / 17.
+  files, oracle = {"f.py": "a\n"}, {"f.py": "c\n"}
+  assert edits.normalized_patch("a\n", "b\n") == "@@ -1 +1 @@\n-a\n+b"
+  reward, details = diffs.score_details(answer(block("f.py", "a", "b")),
+                                        files, oracle)
+  assert reward == 16 / 17
+  assert details == {"similarities": {"f.py": 16 / 17}}
+
+
+def test_two_file_mean_of_ratios():
+  # f.py exact (1.0), g.py predicted "b" for oracle "c" (16/17): the mean.
+  files = {"f.py": "x\n", "g.py": "a\n"}
+  oracle = {"f.py": "y\n", "g.py": "c\n"}
+  completion = answer(block("f.py", "x", "y"), block("g.py", "a", "b"))
+  assert diffs.score(completion, files, oracle) == (1 + 16 / 17) / 2
+
+
+def test_every_occurrence_is_replaced():
+  # SWE-RL replaces all occurrences of a SEARCH text, not only the first.
+  new = edits.apply_search_replace({"f.py": "x = 1\ny\nx = 1\n"},
+                                   {"f.py": [("x = 1", "x = 2")]})
+  assert new == {"f.py": "x = 2\ny\nx = 2\n"}
+
+
+def test_final_newline_and_crlf_changes_are_invisible():
+  assert edits.normalized_patch("a\nb", "a\nb\n") == ""
+  assert edits.normalized_patch("a\nb\n", "a\r\nb\r\n") == ""
+  with pytest.raises(ValueError, match="changes nothing"):
+    diffs.score(answer(block("f.py", "a", "b")), {"f.py": "a"}, {"f.py": "a\n"})
+
+
+# ---------------------------------------------------------------------------
+# The unified-diff answer format.
+
+def diff_answer(text):
+  return answer("```diff\n" + text + "\n```")
+
+
+def test_unified_diff_exact_and_hand_computed():
+  files, oracle = {"f.py": "a\n"}, {"f.py": "c\n"}
+  exact = diff_answer("--- a/f.py\n+++ b/f.py\n@@ -1 +1 @@\n-a\n+c")
+  assert diffs.score(exact, files, oracle, "unified_diff") == 1.0
+  near = diff_answer("--- a/f.py\n+++ b/f.py\n@@ -1,1 +1,1 @@\n-a\n+b")
+  assert diffs.score(near, files, oracle, "unified_diff") == 16 / 17
+
+
+def test_unified_diff_scores_the_effect_not_the_text():
+  # Wrong line numbers, no context and no a/ b/ prefixes: the same effect as
+  # the oracle, so the same score as an exact SEARCH/REPLACE answer.
+  files = {"m.py": "".join(f"l{i}\n" for i in range(10))}
+  oracle = {"m.py": files["m.py"].replace("l7\n", "seven\n")}
+  text = "--- m.py\n+++ m.py\n@@ -3,1 +3,1 @@\n-l7\n+seven"
+  assert diffs.score(diff_answer(text), files, oracle, "unified_diff") == 1.0
+
+
+def test_unified_diff_new_file_and_no_newline_marker():
+  files = {"f.py": "a\nb"}
+  oracle = {"f.py": "a\nB\n", "new.py": "x = 1\n"}
+  text = ("--- a/f.py\n+++ b/f.py\n@@ -1,2 +1,2 @@\n a\n-b\n"
+          "\\ No newline at end of file\n+B\n"
+          "--- /dev/null\n+++ b/new.py\n@@ -0,0 +1 @@\n+x = 1")
+  assert edits.apply_completion(diff_answer(text), files, "unified_diff") == oracle
+
+
+@pytest.mark.parametrize("text,code", [
+    ("--- a/f.py\n+++ b/f.py\n@@ -1 +1 @@\n-zzz\n+c", "hunk_does_not_apply"),
+    ("--- a/f.py\n+++ b/f.py\n@@ -1,2 +1,1 @@\n-a\n+c", "bad_hunk"),
+    ("--- a/f.py\n+++ b/f.py\n@@ -1 +1 @@\n-a\n+c\n+d", "bad_hunk"),
+    ("@@ -1 +1 @@\n-a\n+c", "bad_hunk"),
+    ("--- a/f.py\n+++ /dev/null\n@@ -1 +0,0 @@\n-a", "deletion"),
+    ("I would replace a by c.", "no_edits"),
+])
+def test_unified_diff_format_errors(text, code):
+  reward, details = diffs.score_details(diff_answer(text), {"f.py": "a\n"},
+                                        {"f.py": "c\n"}, "unified_diff")
+  assert (reward, details["error"]) == (-1.0, code)
+
+
+@pytest.mark.parametrize("edit_format", edits.EDIT_FORMATS)
+def test_oracle_completion_round_trips(edit_format):
+  files = {"a.py": FILE_A, "b.py": FILE_B, "c.py": ""}
+  oracle = {**ORACLE, "c.py": "import a\n"}
+  completion = edits.oracle_completion(files, oracle, edit_format)
+  assert edits.apply_completion(completion, files, edit_format) == oracle
+  assert diffs.score(completion, files, oracle, edit_format) == 1.0
+
+
+def test_oracle_completion_refuses_an_ambiguous_block():
+  # A SEARCH text with a "=======" line ends the block early.
+  files = {"d.rst": "Title\n=======\n\nbody\n"}
+  oracle = {"d.rst": "Title\n=======\n\nnew body\n"}
+  with pytest.raises(ValueError, match="cannot be written as search_replace"):
+    edits.oracle_completion(files, oracle, "search_replace")
+  assert edits.oracle_completion(files, oracle, "unified_diff")
+
+
+# ---------------------------------------------------------------------------
+# The registered batch reward.
+
+def _task(task_id, files, oracle, edit_format="search_replace", tests=""):
+  return Task(id=task_id, prompt="p", kind="diff", tests=tests,
+              extra={"files": files, "oracle": oracle, "edit_format": edit_format})
+
+
+def test_registered_batch_reward():
+  sr = _task("t1", FILES, ORACLE)
+  ud = _task("t2", {"f.py": "a\n"}, {"f.py": "c\n"}, "unified_diff",
+             tests="assert True")
+  # A task with tests survives storage with its files and oracle.
+  assert Task.from_example(ud.to_example()) == ud
+  completions = [answer(ADD, SUB, SORT), answer(SORT), "no tags",
+                 diff_answer("--- a/f.py\n+++ b/f.py\n@@ -1 +1 @@\n-a\n+b")]
+  out = rewards.get("diff")([sr, sr, sr, ud], completions)
+  np.testing.assert_array_equal(
+      out.scores, np.array([1.0, 0.5, -1.0, 16 / 17], np.float32))
+  assert out.details[1] == {"similarities": {"a.py": 0.0, "b.py": 1.0}}
+  assert out.details[2]["error"] == "tag_count"
+  assert out.metrics == {"format_error_rate": 0.25, "exact_rate": 0.25,
+                         "success_rate": 0.50,
+                         "similarity": pytest.approx((1 + 0.5 + 16 / 17) / 3)}
+  mixed = rewards.compute({"diff": 2.0}, [sr, sr], completions[:2])
+  np.testing.assert_array_equal(mixed.scores, np.array([2.0, 1.0], np.float32))
+  assert mixed.metrics["diff/mean"] == 0.75
+
+
+def test_batch_reward_rejects_other_task_kinds():
+  with pytest.raises(ValueError, match="kind 'code'"):
+    rewards.get("diff")([Task(id="c", prompt="p")], ["x"])
