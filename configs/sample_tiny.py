@@ -12,20 +12,7 @@ few completions and the decode throughput.
 
 import ml_collections
 
-
-def tiny_model() -> ml_collections.ConfigDict:
-  """A ~1M-parameter Qwen2-style decoder over bytes."""
-  model = ml_collections.ConfigDict()
-  model.hf_path = ""
-  model.tokenizer = "bytes"
-  model.param_dtype = "float32"
-  model.dtype = "float32"
-  model.attn_impl = "auto"
-  model.arch = ml_collections.ConfigDict(dict(
-      vocab_size=264, hidden_size=128, intermediate_size=352, num_layers=4,
-      num_heads=4, num_kv_heads=2, head_dim=32, rope_theta=10000.0, rms_norm_eps=1e-6,
-      qkv_bias=True, tie_embeddings=True, max_seq_len=512))
-  return model
+from common import tiny_model
 
 
 def get_config():

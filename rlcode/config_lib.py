@@ -1,7 +1,8 @@
 """Loading `configs/*.py` files and applying `--config.a.b=value` overrides.
 
 A config file defines `get_config(arg=None)` returning an ml_collections
-ConfigDict; `path.py:arg` passes `arg`. The loaded config is locked, so an
+ConfigDict; `path.py:arg` passes `arg`. Config files may import modules next to
+them (configs/common.py). The loaded config is locked, so an
 override of a key that does not exist fails, naming the keys that do.
 """
 
@@ -10,6 +11,7 @@ from __future__ import annotations
 import ast
 import importlib.util
 import os
+import sys
 from collections.abc import Sequence
 
 import ml_collections
@@ -25,7 +27,12 @@ def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.Conf
   module_spec = importlib.util.spec_from_file_location(
       f"rlcode_config_{abs(hash(os.path.abspath(path)))}", path)
   module = importlib.util.module_from_spec(module_spec)
-  module_spec.loader.exec_module(module)
+  # Config files import their siblings (`from common import tiny_model`).
+  sys.path.insert(0, os.path.dirname(os.path.abspath(path)))
+  try:
+    module_spec.loader.exec_module(module)
+  finally:
+    sys.path.pop(0)
   if not hasattr(module, "get_config"):
     raise AttributeError(f"{path}: a config file must define get_config()")
   config = module.get_config(arg) if arg else module.get_config()

@@ -45,7 +45,7 @@ def test_greedy_generation_matches_transformers(tiny, ref):
 
 def test_bfloat16_compute_stays_close(tiny, ref):
   model, _ = load_hf(TINY, dtype="bfloat16")
-  assert model.layers[0].mlp.up[...].dtype == jnp.float32
+  assert model.layers[0].mlp.gate_up[...].dtype == jnp.float32
   logits = np.asarray(model(jnp.asarray(ref["input_ids"], jnp.int32)))
   # bfloat16 activations carry ~3 significant digits; logits here are O(1).
   np.testing.assert_allclose(logits, np.asarray(ref["logits"]), atol=0.1)

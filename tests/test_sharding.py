@@ -49,12 +49,13 @@ def test_sharded_init_places_every_parameter_and_matches_one_device():
   mesh = sharding.make_mesh(2, 2, 2)
   model = sharding.init_sharded(lambda: Decoder(CFG, rngs=nnx.Rngs(3)), mesh)
   attn = model.layers[0].attn
-  assert attn.q[...].sharding.spec == P("fsdp", "tensor", None)
+  assert attn.qkv[...].sharding.spec == P("fsdp", "tensor", None, None)
   assert model.embed[...].sharding.spec == P("tensor", "fsdp")
   assert model.layers[0].mlp.down[...].sharding.spec == P("tensor", "fsdp")
   # No device holds a whole sharded parameter: each shard is a quarter of it.
-  shard = attn.q[...].addressable_shards[0].data
-  assert shard.shape == (CFG.hidden_size // 2, CFG.num_heads // 2, CFG.head_dim)
+  shard = attn.qkv[...].addressable_shards[0].data
+  groups = CFG.num_heads // CFG.num_kv_heads + 2
+  assert shard.shape == (CFG.hidden_size // 2, CFG.num_kv_heads // 2, groups, CFG.head_dim)
   # Sharding changes where numbers live, not the numbers (threefry is partitionable).
   plain = sharding.init_sharded(lambda: Decoder(CFG, rngs=nnx.Rngs(3)), sharding.make_mesh(1, 1, 1))
   for (path, a), (_, b) in zip(nnx.to_flat_state(nnx.state(model)),
@@ -66,9 +67,10 @@ def test_sharded_init_places_every_parameter_and_matches_one_device():
 def test_load_hf_lands_in_mesh_shardings():
   mesh = sharding.make_mesh(2, 2, 2)
   model, cfg = load_hf(TINY, mesh=mesh)
-  up = model.layers[1].mlp.up[...]
-  assert up.sharding.spec == P("fsdp", "tensor")
-  assert up.addressable_shards[0].data.shape == (cfg.hidden_size // 2, cfg.intermediate_size // 2)
+  gate_up = model.layers[1].mlp.gate_up[...]
+  assert gate_up.sharding.spec == P("fsdp", None, "tensor")
+  assert gate_up.addressable_shards[0].data.shape == (cfg.hidden_size // 2, 2,
+                                                       cfg.intermediate_size // 2)
   ref, _ = load_hf(TINY)
   tokens = jnp.arange(64, dtype=jnp.int32).reshape(4, 16)
   logits, _ = _forward_and_loss(model, tokens, mesh)

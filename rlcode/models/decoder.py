@@ -71,15 +71,19 @@ def rope_frequencies(cfg: ModelConfig) -> jax.Array:
   return jnp.where(medium, smoothed, scaled)
 
 
-def apply_rope(x_bthd: jax.Array, positions_bt: jax.Array, inv_freq: jax.Array) -> jax.Array:
-  """Rotary embedding, rotate-half convention (Llama, Qwen2), computed in float32."""
+def rope_table(positions_bt: jax.Array, inv_freq: jax.Array) -> tuple[jax.Array, jax.Array]:
+  """cos and sin [B, T, 1, D] for the positions; computed once per forward, shared by layers."""
   angles = positions_bt.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
-  cos = jnp.cos(jnp.concatenate([angles, angles], -1))[:, :, None, :]
-  sin = jnp.sin(jnp.concatenate([angles, angles], -1))[:, :, None, :]
+  angles = jnp.concatenate([angles, angles], -1)[:, :, None, :]
+  return jnp.cos(angles), jnp.sin(angles)
+
+
+def apply_rope(x_bthd: jax.Array, rope: tuple[jax.Array, jax.Array]) -> jax.Array:
+  """Rotary embedding, rotate-half convention (Llama, Qwen2), computed in float32."""
+  cos, sin = rope
   x = x_bthd.astype(jnp.float32)
   x1, x2 = jnp.split(x, 2, axis=-1)
-  rotated = jnp.concatenate([-x2, x1], -1)
-  return (x * cos + rotated * sin).astype(x_bthd.dtype)
+  return (x * cos + jnp.concatenate([-x2, x1], -1) * sin).astype(x_bthd.dtype)
 
 
 def dense(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
@@ -113,48 +117,51 @@ class RMSNorm(nnx.Module):
 
 
 class Attention(nnx.Module):
-  """Grouped-query self-attention with RoPE."""
+  """Grouped-query self-attention with RoPE.
+
+  The q, k and v projections are one parameter `qkv` [E, K, G + 2, D], grouped
+  by KV head: for KV head k, slots 0..G-1 are its G query heads (query head
+  k * G + g, the Hugging Face order), slot G its key and slot G + 1 its value.
+  One matmul computes all three, and tensor parallelism over kv_heads keeps
+  each group's queries with their key and value.
+  """
 
   def __init__(self, cfg: ModelConfig, spec: kernels.AttentionSpec, *, rngs: nnx.Rngs):
     e, h, k, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+    g = h // k
     pd = cfg.jnp_param_dtype
     self.cfg, self.spec = cfg, spec
-    self.q = _param(rngs, (e, h, d), ("embed", "heads", "head_dim"), pd)
-    self.k = _param(rngs, (e, k, d), ("embed", "kv_heads", "head_dim"), pd)
-    self.v = _param(rngs, (e, k, d), ("embed", "kv_heads", "head_dim"), pd)
+    self.qkv = _param(rngs, (e, k, g + 2, d), ("embed", "kv_heads", None, "head_dim"), pd)
     self.o = _param(rngs, (h, d, e), ("heads", "head_dim", "embed"), pd)
     if cfg.qkv_bias:
-      self.q_bias = nnx.Param(jnp.zeros((h, d), pd), axes=("heads", "head_dim"))
-      self.k_bias = nnx.Param(jnp.zeros((k, d), pd), axes=("kv_heads", "head_dim"))
-      self.v_bias = nnx.Param(jnp.zeros((k, d), pd), axes=("kv_heads", "head_dim"))
+      self.qkv_bias = nnx.Param(jnp.zeros((k, g + 2, d), pd), axes=("kv_heads", None, "head_dim"))
 
-  def project_qkv(self, x_btd, positions_bt, inv_freq):
-    dt = self.cfg.jnp_dtype
-    q = dense(x_btd, self.q[...].astype(dt))
-    k = dense(x_btd, self.k[...].astype(dt))
-    v = dense(x_btd, self.v[...].astype(dt))
-    if self.cfg.qkv_bias:
-      q = q + self.q_bias[...].astype(dt)
-      k = k + self.k_bias[...].astype(dt)
-      v = v + self.v_bias[...].astype(dt)
-    q = sharding.constrain(apply_rope(q, positions_bt, inv_freq),
-                           ("batch", "length", "heads", "head_dim"))
-    k = sharding.constrain(apply_rope(k, positions_bt, inv_freq),
+  def project_qkv(self, x_btd, rope):
+    cfg = self.cfg
+    dt = cfg.jnp_dtype
+    g = cfg.num_heads // cfg.num_kv_heads
+    qkv = dense(x_btd, self.qkv[...].astype(dt))  # [B, T, K, G + 2, D]
+    if cfg.qkv_bias:
+      qkv = qkv + self.qkv_bias[...].astype(dt)
+    b, t = x_btd.shape[:2]
+    q = qkv[:, :, :, :g].reshape(b, t, cfg.num_heads, cfg.head_dim)
+    q = sharding.constrain(apply_rope(q, rope), ("batch", "length", "heads", "head_dim"))
+    k = sharding.constrain(apply_rope(qkv[:, :, :, g], rope),
                            ("batch", "length", "kv_heads", "head_dim"))
-    v = sharding.constrain(v, ("batch", "length", "kv_heads", "head_dim"))
+    v = sharding.constrain(qkv[:, :, :, g + 1], ("batch", "length", "kv_heads", "head_dim"))
     return q, k, v
 
   def output(self, attn_bthd):
     y = dense(attn_bthd, self.o[...].astype(self.cfg.jnp_dtype), contract=2)
     return sharding.constrain(y, ("batch", "length", "embed"))
 
-  def __call__(self, x_btd, positions_bt, inv_freq, *, cache_kv=None, cache_lengths=None):
+  def __call__(self, x_btd, rope, *, cache_kv=None, cache_lengths=None):
     """Self-attention over x, or (with a cache) over the cache plus x.
 
     Returns the output and the layer's keys/values: those of x alone
     [B, T, K, D] without a cache (the prefill's), the updated cache otherwise.
     """
-    q, k, v = self.project_qkv(x_btd, positions_bt, inv_freq)
+    q, k, v = self.project_qkv(x_btd, rope)
     if cache_kv is None:
       out = kernels.attention(q, k, v, self.spec, impl=self.cfg.attn_impl)
       return self.output(out), (k, v)
@@ -168,20 +175,18 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-  """SwiGLU: down(silu(gate(x)) * up(x))."""
+  """SwiGLU: down(silu(gate(x)) * up(x)), gate and up as one parameter [E, 2, F]."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs):
     e, f, pd = cfg.hidden_size, cfg.intermediate_size, cfg.jnp_param_dtype
     self.dtype = cfg.jnp_dtype
-    self.gate = _param(rngs, (e, f), ("embed", "mlp"), pd)
-    self.up = _param(rngs, (e, f), ("embed", "mlp"), pd)
+    self.gate_up = _param(rngs, (e, 2, f), ("embed", None, "mlp"), pd)
     self.down = _param(rngs, (f, e), ("mlp", "embed"), pd)
 
   def __call__(self, x_btd):
     dt = self.dtype
-    g = dense(x_btd, self.gate[...].astype(dt))
-    u = dense(x_btd, self.up[...].astype(dt))
-    h = sharding.constrain(jax.nn.silu(g) * u, ("batch", "length", "mlp"))
+    gu = dense(x_btd, self.gate_up[...].astype(dt))
+    h = sharding.constrain(jax.nn.silu(gu[..., 0, :]) * gu[..., 1, :], ("batch", "length", "mlp"))
     return sharding.constrain(dense(h, self.down[...].astype(dt)),
                               ("batch", "length", "embed"))
 
@@ -194,9 +199,8 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x, positions, inv_freq, *, cache_kv=None, cache_lengths=None):
-    a, kv = self.attn(self.attn_norm(x), positions, inv_freq, cache_kv=cache_kv,
-                      cache_lengths=cache_lengths)
+  def __call__(self, x, rope, *, cache_kv=None, cache_lengths=None):
+    a, kv = self.attn(self.attn_norm(x), rope, cache_kv=cache_kv, cache_lengths=cache_lengths)
     x = x + a
     return x + self.mlp(self.mlp_norm(x)), kv
 
@@ -237,11 +241,11 @@ class Decoder(nnx.Module):
       positions_bt = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
     x = jnp.take(self.embed[...], tokens_bt, axis=0).astype(self.cfg.jnp_dtype)
     x = sharding.constrain(x, ("batch", "length", "embed"))
-    inv_freq = rope_frequencies(self.cfg)
+    rope = rope_table(positions_bt, rope_frequencies(self.cfg))
     kvs = []
     for i, layer in enumerate(self.layers):
       cache_kv = None if cache is None else (cache.k[i], cache.v[i])
-      x, kv = layer(x, positions_bt, inv_freq, cache_kv=cache_kv,
+      x, kv = layer(x, rope, cache_kv=cache_kv,
                     cache_lengths=None if cache is None else cache.lengths)
       kvs.append(kv)
     h = self.final_norm(x)

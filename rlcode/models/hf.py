@@ -12,6 +12,7 @@ This module must not know about training or sampling.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 import struct
@@ -72,47 +73,71 @@ class SafetensorsFile:
     return raw.view(_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
 
 
-# One entry per parameter: (our path, HF name, HF shape from ours, HF -> ours, ours -> HF).
-_Entry = tuple[tuple[Any, ...], str, Callable, Callable, Callable]
+@dataclasses.dataclass(frozen=True)
+class _Entry:
+  """How one of our parameters is made of Hugging Face tensors.
+
+  hf_shapes(our_shape) gives the HF tensors' shapes, to_ours(*hf_arrays) builds
+  ours, to_hf(ours) gives the HF arrays back (exact inverses).
+  """
+
+  ours: tuple[Any, ...]
+  hf_names: tuple[str, ...]
+  hf_shapes: Callable
+  to_ours: Callable
+  to_hf: Callable
 
 
 def _mapping(cfg: ModelConfig) -> list[_Entry]:
-  e, h, k, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  e, h, k, d, f = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
+                   cfg.intermediate_size)
+  g = h // k
+  one = lambda x: (x,)
   same = lambda x: x
-  t = lambda x: x.T
-  entries: list[_Entry] = [
-      (("embed",), "model.embed_tokens.weight", same, same, same),
-      (("final_norm", "scale"), "model.norm.weight", same, same, same)]
+  entries = [
+      _Entry(("embed",), ("model.embed_tokens.weight",), one, same, one),
+      _Entry(("final_norm", "scale"), ("model.norm.weight",), one, same, one)]
   if not cfg.tie_embeddings:
-    entries.append((("lm_head",), "lm_head.weight", lambda s: s[::-1], t, t))
+    entries.append(_Entry(("lm_head",), ("lm_head.weight",), lambda s: (s[::-1],),
+                          lambda w: w.T, lambda x: (x.T,)))
 
-  def proj_in(heads):  # HF [heads*D, E] <-> ours [E, heads, D]
-    return (lambda s: (s[1] * s[2], s[0]),
-            lambda x: x.T.reshape(e, heads, d), lambda x: x.reshape(e, heads * d).T)
+  # q_proj [H*D, E], k_proj, v_proj [K*D, E] <-> qkv [E, K, G + 2, D].
+  def qkv_to_ours(q, k_, v):
+    return np.concatenate([q.T.reshape(e, k, g, d), k_.T.reshape(e, k, 1, d),
+                           v.T.reshape(e, k, 1, d)], axis=2)
 
-  def bias(heads):  # HF [heads*D] <-> ours [heads, D]
-    return (lambda s: (s[0] * s[1],), lambda x: x.reshape(heads, d),
-            lambda x: x.reshape(heads * d))
+  def qkv_to_hf(x):
+    return (x[:, :, :g].reshape(e, h * d).T, x[:, :, g].reshape(e, k * d).T,
+            x[:, :, g + 1].reshape(e, k * d).T)
+
+  # biases [H*D], [K*D], [K*D] <-> qkv_bias [K, G + 2, D].
+  def bias_to_ours(q, k_, v):
+    return np.concatenate([q.reshape(k, g, d), k_.reshape(k, 1, d), v.reshape(k, 1, d)], 1)
+
+  def bias_to_hf(x):
+    return x[:, :g].reshape(h * d), x[:, g].reshape(k * d), x[:, g + 1].reshape(k * d)
 
   for i in range(cfg.num_layers):
     p, hp = ("layers", i), f"model.layers.{i}."
+    attn = tuple(hp + f"self_attn.{n}_proj" for n in "qkv")
     entries += [
-        (p + ("attn_norm", "scale"), hp + "input_layernorm.weight", same, same, same),
-        (p + ("mlp_norm", "scale"), hp + "post_attention_layernorm.weight", same, same, same),
-        (p + ("attn", "q"), hp + "self_attn.q_proj.weight", *proj_in(h)),
-        (p + ("attn", "k"), hp + "self_attn.k_proj.weight", *proj_in(k)),
-        (p + ("attn", "v"), hp + "self_attn.v_proj.weight", *proj_in(k)),
-        (p + ("attn", "o"), hp + "self_attn.o_proj.weight",
-         lambda s: (s[2], s[0] * s[1]), lambda x: x.T.reshape(h, d, e),
-         lambda x: x.reshape(h * d, e).T),
-        (p + ("mlp", "gate"), hp + "mlp.gate_proj.weight", lambda s: s[::-1], t, t),
-        (p + ("mlp", "up"), hp + "mlp.up_proj.weight", lambda s: s[::-1], t, t),
-        (p + ("mlp", "down"), hp + "mlp.down_proj.weight", lambda s: s[::-1], t, t)]
+        _Entry(p + ("attn_norm", "scale"), (hp + "input_layernorm.weight",), one, same, one),
+        _Entry(p + ("mlp_norm", "scale"), (hp + "post_attention_layernorm.weight",), one,
+               same, one),
+        _Entry(p + ("attn", "qkv"), tuple(n + ".weight" for n in attn),
+               lambda s: ((h * d, e), (k * d, e), (k * d, e)), qkv_to_ours, qkv_to_hf),
+        _Entry(p + ("attn", "o"), (hp + "self_attn.o_proj.weight",),
+               lambda s: ((e, h * d),), lambda w: w.T.reshape(h, d, e),
+               lambda x: (x.reshape(h * d, e).T,)),
+        # gate_proj, up_proj [F, E] <-> gate_up [E, 2, F].
+        _Entry(p + ("mlp", "gate_up"), (hp + "mlp.gate_proj.weight", hp + "mlp.up_proj.weight"),
+               lambda s: ((f, e), (f, e)), lambda gw, uw: np.stack([gw.T, uw.T], axis=1),
+               lambda x: (x[:, 0].T, x[:, 1].T)),
+        _Entry(p + ("mlp", "down"), (hp + "mlp.down_proj.weight",), lambda s: ((e, f),),
+               lambda w: w.T, lambda x: (x.T,))]
     if cfg.qkv_bias:
-      entries += [
-          (p + ("attn", "q_bias"), hp + "self_attn.q_proj.bias", *bias(h)),
-          (p + ("attn", "k_bias"), hp + "self_attn.k_proj.bias", *bias(k)),
-          (p + ("attn", "v_bias"), hp + "self_attn.v_proj.bias", *bias(k))]
+      entries.append(_Entry(p + ("attn", "qkv_bias"), tuple(n + ".bias" for n in attn),
+                            lambda s: ((h * d,), (k * d,), (k * d,)), bias_to_ours, bias_to_hf))
   return entries
 
 
@@ -164,11 +189,11 @@ def load_hf(path: str, *, mesh: Mesh | None = None, **config_overrides
                if mesh is not None else None)
 
   entries = _mapping(cfg)
-  missing = [hf_name for _, hf_name, *_ in entries if hf_name not in files]
+  missing = [n for entry in entries for n in entry.hf_names if n not in files]
   if missing:
     raise ValueError(f"{path}: checkpoint lacks tensors the config needs: {missing[:8]}"
                      + (f" (+{len(missing) - 8} more)" if len(missing) > 8 else ""))
-  used = {hf_name for _, hf_name, *_ in entries}
+  used = {n for entry in entries for n in entry.hf_names}
   unexpected = sorted(n for n in files if n not in used and not n.endswith(_IGNORED_SUFFIXES))
   if unexpected:
     raise ValueError(f"{path}: checkpoint has tensors this architecture does not use "
@@ -176,18 +201,21 @@ def load_hf(path: str, *, mesh: Mesh | None = None, **config_overrides
 
   readers: dict[str, SafetensorsFile] = {}
   values = []
-  for ours, hf_name, hf_shape, to_ours, _ in entries:
-    var = flat[ours]
-    fname = files[hf_name]
-    reader = readers.setdefault(fname, SafetensorsFile(fname))
-    if hf_name not in reader.header:
-      raise ValueError(f"{fname}: the index says it holds {hf_name}, but it does not")
-    raw = reader.get(hf_name)
-    want = tuple(hf_shape(var.get_value().shape))
-    if tuple(raw.shape) != want:
-      raise ValueError(f"{fname}: tensor {hf_name} has shape {tuple(raw.shape)}, "
-                       f"but the config implies {want}")
-    host = np.ascontiguousarray(to_ours(raw).astype(var.get_value().dtype))
+  for entry in entries:
+    var = flat[entry.ours]
+    raws = []
+    for hf_name, want in zip(entry.hf_names, entry.hf_shapes(var.get_value().shape)):
+      fname = files[hf_name]
+      reader = readers.setdefault(fname, SafetensorsFile(fname))
+      if hf_name not in reader.header:
+        raise ValueError(f"{fname}: the index says it holds {hf_name}, but it does not")
+      raw = reader.get(hf_name)
+      if tuple(raw.shape) != tuple(want):
+        raise ValueError(f"{fname}: tensor {hf_name} has shape {tuple(raw.shape)}, "
+                         f"but the config implies {tuple(want)}")
+      raws.append(raw)
+    host = np.ascontiguousarray(entry.to_ours(*raws).astype(var.get_value().dtype))
+    ours = entry.ours
     if shardings is None:
       array = jax.device_put(host)
     else:
@@ -201,8 +229,11 @@ def load_hf(path: str, *, mesh: Mesh | None = None, **config_overrides
 def hf_tensors(model: Decoder) -> dict[str, np.ndarray]:
   """The model's parameters as Hugging Face named host arrays."""
   flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
-  return {hf_name: np.ascontiguousarray(to_hf(np.asarray(jax.device_get(flat[ours].get_value()))))
-          for ours, hf_name, _, _, to_hf in _mapping(model.cfg)}
+  out = {}
+  for entry in _mapping(model.cfg):
+    arrays = entry.to_hf(np.asarray(jax.device_get(flat[entry.ours].get_value())))
+    out.update({n: np.ascontiguousarray(a) for n, a in zip(entry.hf_names, arrays)})
+  return out
 
 
 def save_hf(model: Decoder, path: str, *, base_config: Mapping[str, Any] | None = None,

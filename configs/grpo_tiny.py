@@ -1,0 +1,52 @@
+"""GRPO on unit-test rewards with a tiny byte-level policy, on CPU.
+
+    rlcode train --config configs/grpo_tiny.py
+
+The policy (configs/sample_tiny.py's ~1M-parameter decoder) starts from scratch,
+gets a short supervised warm start on the training split's reference solutions,
+then trains with GRPO on the embedded problem set (data/tiny_tasks.jsonl: small
+functions in families such as "add k", "filter a list above k", "count a
+letter"), with every completion run against its tests in the bubblewrap
+sandbox. Evaluation: held-out problems (new constants and names of the trained
+families), EVAL_SAMPLES samples each at the rollout temperature, pass@1 by the
+unbiased estimator.
+
+Expected result: see README.md ("Configs"), measured with this file unchanged.
+"""
+
+import ml_collections
+
+from common import optimizer, tiny_model
+
+
+def get_config():
+  config = ml_collections.ConfigDict()
+  config.workdir = "workdirs/grpo_tiny"
+  config.seed = 0
+  config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1))
+  config.model = tiny_model()
+
+  config.data = ml_collections.ConfigDict(dict(
+      source="tiny", path="data/tiny_tasks.jsonl", data_dir="",
+      train_split="train", eval_split="held_out", max_eval_tasks=0))
+
+  config.rewards = ml_collections.ConfigDict({"tests": 1.0, "format": 0.0})
+  config.reward_options = ml_collections.ConfigDict({
+      "tests": {"mode": "all"}, "format": {}})
+
+  config.rl = ml_collections.ConfigDict(dict(
+      group_size=8, prompts_per_step=16, temperature=1.0, top_p=1.0, top_k=0,
+      max_new_tokens=40, num_passes=1, advantage="grpo",
+      loss_aggregation="seq_mean_token_mean", clip_eps_low=0.2, clip_eps_high=0.28,
+      beta=0.0))
+  config.optimizer = optimizer(lr=3e-4, warmup=5, decay=100)
+
+  config.warmstart = ml_collections.ConfigDict(dict(
+      steps=300, batch_size=32, optimizer=optimizer(lr=3e-3, warmup=20, decay=300)))
+
+  config.train = ml_collections.ConfigDict(dict(
+      steps=80, checkpoint_every=20, eval_every=20, keep_checkpoints=2,
+      on_nonfinite="skip", progress_bar=True))
+  config.eval = ml_collections.ConfigDict(dict(
+      num_samples=8, temperature=1.0, max_new_tokens=40, ks=(1, 8), batch_prompts=32))
+  return config

@@ -1,0 +1,58 @@
+"""Orbax checkpoints of everything a run needs to resume to the same numbers.
+
+One checkpoint holds the train state (params, optimizer state, step), the
+frozen reference params when the KL term uses them, and a JSON record of the
+loop's position: the RL step, how many tasks the data stream has consumed, and
+the seeds every random draw derives from. Restoring places each array straight
+into the sharding of the abstract state it is given.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import jax
+import orbax.checkpoint as ocp
+from etils import epath
+
+
+class Checkpointer:
+  """A CheckpointManager over `directory` (local or gs://) keeping the last `keep`."""
+
+  def __init__(self, directory: str, keep: int = 2):
+    self.directory = epath.Path(directory)
+    self._manager = ocp.CheckpointManager(
+        self.directory,
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
+                                             cleanup_tmp_directories=True),
+        item_names=("state", "meta"))
+
+  def latest_step(self) -> int | None:
+    return self._manager.latest_step()
+
+  def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
+    self._manager.save(step, args=ocp.args.Composite(
+        state=ocp.args.StandardSave(state), meta=ocp.args.JsonSave(meta)))
+
+  def restore(self, abstract_state: Any, step: int | None = None) -> tuple[Any, dict, int]:
+    """(state, meta, step) of `step` (default: the latest); arrays land in the
+    shardings of `abstract_state` (a pytree of jax.ShapeDtypeStruct with sharding)."""
+    step = self.latest_step() if step is None else step
+    if step is None:
+      raise FileNotFoundError(f"no checkpoint in {self.directory}")
+    restored = self._manager.restore(step, args=ocp.args.Composite(
+        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+    return restored["state"], dict(restored["meta"]), step
+
+  def wait(self) -> None:
+    self._manager.wait_until_finished()
+
+  def close(self) -> None:
+    self._manager.close()
+
+
+def abstract_like(tree: Any) -> Any:
+  """ShapeDtypeStructs (with shardings) of a concrete pytree, for `restore`."""
+  return jax.tree.map(
+      lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
+      tree)

@@ -1,0 +1,269 @@
+"""GRPO: group-relative advantages, the clipped policy loss, and the jitted update.
+
+Algorithms are configuration plus functions: advantage estimators and loss
+aggregations are registered by name and chosen in the config (`rl.advantage`,
+`rl.loss_aggregation`). The update step is one `jax.jit` (forward, backward,
+clipping, optimiser) with explicit input and output shardings.
+
+Batches arrive as `SequenceBatch`: every row is a prompt followed by its
+completion, right-padded; `mask` marks the target positions that are
+completion tokens. (rlcode.shared_prefix holds the layout where a group's
+prompt is computed once.) This module must not know where rewards come from.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
+
+from rlcode import losses, sharding
+
+# --------------------------------------------------------------------------- advantages
+
+
+def _grpo(rewards_n, group_size, eps):
+  r = rewards_n.reshape(-1, group_size)
+  centred = r - r.mean(axis=1, keepdims=True)
+  return (centred / (r.std(axis=1, keepdims=True) + eps)).reshape(-1)
+
+
+def _dr_grpo(rewards_n, group_size, eps):
+  del eps  # Dr.GRPO drops the std scaling, which over-weights near-uniform groups
+  r = rewards_n.reshape(-1, group_size)
+  return (r - r.mean(axis=1, keepdims=True)).reshape(-1)
+
+
+ADVANTAGES: dict[str, Callable] = {"grpo": _grpo, "dr_grpo": _dr_grpo}
+
+
+def group_advantages(rewards_n, group_size: int, estimator: str = "grpo", eps: float = 1e-6):
+  """Advantages [N] for rewards [N] laid out prompt-major in groups of group_size."""
+  if estimator not in ADVANTAGES:
+    raise KeyError(f"rl.advantage={estimator!r}; known: {sorted(ADVANTAGES)}")
+  rewards_n = np.asarray(rewards_n, np.float32)
+  if rewards_n.ndim != 1 or rewards_n.shape[0] % group_size:
+    raise ValueError(f"{rewards_n.shape[0]} rewards do not split into groups of {group_size}")
+  return ADVANTAGES[estimator](rewards_n, group_size, eps).astype(np.float32)
+
+
+# --------------------------------------------------------------------------- losses
+
+
+def _seq_mean_token_mean(loss_nt, mask_nt, max_len):
+  del max_len  # the original GRPO: each sequence's mean, then the mean over sequences
+  per_seq = jnp.sum(loss_nt * mask_nt, 1) / jnp.maximum(jnp.sum(mask_nt, 1), 1.0)
+  has = (jnp.sum(mask_nt, 1) > 0).astype(loss_nt.dtype)
+  return jnp.sum(per_seq * has) / jnp.maximum(jnp.sum(has), 1.0)
+
+
+def _token_mean(loss_nt, mask_nt, max_len):
+  del max_len  # DAPO: every token of the batch weighs the same
+  return jnp.sum(loss_nt * mask_nt) / jnp.maximum(jnp.sum(mask_nt), 1.0)
+
+
+def _seq_mean_token_sum_norm(loss_nt, mask_nt, max_len):
+  # Dr.GRPO: token sums divided by one constant (the generation budget), no
+  # per-sequence length normalisation, so long wrong answers are not favoured.
+  return jnp.sum(loss_nt * mask_nt) / (loss_nt.shape[0] * max_len)
+
+
+AGGREGATIONS: dict[str, Callable] = {
+    "seq_mean_token_mean": _seq_mean_token_mean,
+    "token_mean": _token_mean,
+    "seq_mean_token_sum_norm": _seq_mean_token_sum_norm,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+  """The policy-loss hyperparameters (hashable: a jit static argument)."""
+
+  clip_eps_low: float = 0.2
+  clip_eps_high: float = 0.2
+  beta: float = 0.0
+  aggregation: str = "seq_mean_token_mean"
+  max_completion_len: int = 1
+  temperature: float = 1.0
+
+  def __post_init__(self):
+    if self.aggregation not in AGGREGATIONS:
+      raise KeyError(f"rl.loss_aggregation={self.aggregation!r}; known: {sorted(AGGREGATIONS)}")
+
+  @classmethod
+  def from_config(cls, rl, max_completion_len: int) -> LossConfig:
+    return cls(clip_eps_low=rl.clip_eps_low, clip_eps_high=rl.clip_eps_high, beta=rl.beta,
+               aggregation=rl.loss_aggregation, max_completion_len=max_completion_len,
+               temperature=rl.temperature)
+
+
+def policy_loss(logp_nt, old_logp_nt, adv_n, mask_nt, cfg: LossConfig, ref_logp_nt=None):
+  """The clipped surrogate plus beta * KL(policy || reference), aggregated by name.
+
+  Per token: -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A) with
+  r = exp(logp - old_logp), plus beta * k3 where
+  k3 = exp(ref - logp) - (ref - logp) - 1 (Schulman's unbiased, positive estimator).
+  Returns (loss, metrics).
+  """
+  mask = mask_nt.astype(jnp.float32)
+  ratio = jnp.exp(logp_nt - old_logp_nt)
+  adv = adv_n[:, None]
+  clipped = jnp.clip(ratio, 1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high)
+  pg_nt = -jnp.minimum(ratio * adv, clipped * adv)
+  aggregate = functools.partial(AGGREGATIONS[cfg.aggregation], mask_nt=mask,
+                                max_len=cfg.max_completion_len)
+  token_mean = lambda x: jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+  metrics = {"pg_loss": aggregate(pg_nt),
+             "clip_frac": token_mean((jnp.abs(ratio - clipped) > 0).astype(jnp.float32)),
+             "ratio": token_mean(ratio)}
+  loss_nt = pg_nt
+  if cfg.beta > 0:
+    if ref_logp_nt is None:
+      raise ValueError("rl.beta > 0 needs reference log-probabilities")
+    d = ref_logp_nt - logp_nt
+    kl_nt = jnp.exp(d) - d - 1.0
+    loss_nt = pg_nt + cfg.beta * kl_nt
+    metrics["kl"] = token_mean(kl_nt)
+  loss = aggregate(loss_nt)
+  metrics["loss"] = loss
+  return loss, metrics
+
+
+# --------------------------------------------------------------------------- batches and state
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class SequenceBatch:
+  """Rows of prompt + completion, right-padded to one length L.
+
+  tokens: [N, L] int32. mask: [N, L-1], 1 where tokens[:, t+1] is a completion
+  token (the target of position t). old_logp, ref_logp: [N, L-1] behaviour and
+  reference log-probabilities of those targets (0 elsewhere). adv: [N].
+  """
+
+  tokens: jax.Array
+  mask: jax.Array
+  old_logp: jax.Array
+  ref_logp: jax.Array
+  adv: jax.Array
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class TrainState:
+  params: nnx.State
+  opt_state: optax.OptState
+  step: jax.Array
+
+
+def make_optimizer(opt) -> optax.GradientTransformation:
+  """AdamW with linear warmup and cosine decay, after global-norm clipping."""
+  schedule = optax.warmup_cosine_decay_schedule(
+      init_value=0.0, peak_value=opt.learning_rate, warmup_steps=max(opt.warmup_steps, 1),
+      decay_steps=max(opt.decay_steps, opt.warmup_steps + 1),
+      end_value=opt.learning_rate * opt.end_lr_fraction)
+  # optax counts from 0, where warmup gives a zero rate: the first update would be lost.
+  shifted = lambda count: schedule(count + 1)
+  return optax.chain(
+      optax.clip_by_global_norm(opt.grad_clip),
+      optax.adamw(shifted, b1=opt.b1, b2=opt.b2, weight_decay=opt.weight_decay))
+
+
+def init_state(model: nnx.Module, optimizer: optax.GradientTransformation,
+               mesh: Mesh) -> TrainState:
+  """The model's params, fresh optimiser state (moments sharded like their params,
+  scalars replicated over the mesh) and step 0."""
+  params = nnx.state(model, nnx.Param)
+  replicated = NamedSharding(mesh, P())
+  on_mesh = lambda x: (x if len(x.sharding.device_set) == mesh.size
+                       else jax.device_put(x, replicated))
+  opt_state = jax.tree.map(on_mesh, jax.jit(optimizer.init)(params))
+  return TrainState(params=params, opt_state=opt_state,
+                    step=jax.device_put(jnp.zeros((), jnp.int32), replicated))
+
+
+def batch_shardings(mesh: Mesh, example) -> object:
+  """Row-sharded over the batch axes, whatever the leaf's rank."""
+  def one(x):
+    return NamedSharding(mesh, sharding.logical_to_spec(
+        ("batch",) + (None,) * (x.ndim - 1), x.shape, mesh=mesh, what="batch"))
+  return jax.tree.map(one, example)
+
+
+def state_shardings(state: TrainState, mesh: Mesh):
+  """Shardings of a TrainState: params by their axes, optimiser moments likewise."""
+  return jax.tree.map(lambda x: getattr(x, "sharding", NamedSharding(mesh, P())), state)
+
+
+def sequence_logprobs(model, tokens_nl, temperature: float):
+  """Log-probabilities [N, L-1] of tokens[:, 1:] and the token entropies, one forward."""
+  logits = model(tokens_nl[:, :-1]).astype(jnp.float32) / temperature
+  logz = jax.nn.logsumexp(logits, axis=-1)
+  logp = jnp.take_along_axis(logits, tokens_nl[:, 1:, None], -1)[..., 0] - logz
+  probs = jax.nn.softmax(logits, axis=-1)
+  entropy = logz - jnp.sum(probs * logits, axis=-1)
+  return logp, entropy
+
+
+def make_update_step(graphdef, optimizer: optax.GradientTransformation, cfg: LossConfig,
+                     mesh: Mesh, state: TrainState, example_batch: SequenceBatch,
+                     logprob_fn=None):
+  """The jitted update: (state, batch) -> (state, metrics).
+
+  A non-finite loss or gradient leaves the state unchanged and reports
+  metrics["skipped"] = 1; the caller decides whether to go on.
+
+  logprob_fn(model, batch) -> (logp [N, L-1], entropy [N, L-1]) computes the
+  policy's log-probabilities of the batch's targets; the default runs every row
+  in full (sequence_logprobs). rlcode.shared_prefix passes one that runs each
+  group's prompt once.
+  """
+  if logprob_fn is None:
+    logprob_fn = lambda model, batch: sequence_logprobs(model, batch.tokens, cfg.temperature)
+
+  def loss_fn(params, batch):
+    with sharding.activate(mesh):
+      model = nnx.merge(graphdef, params)
+      logp, entropy = logprob_fn(model, batch)
+    loss, metrics = policy_loss(logp, batch.old_logp, batch.adv, batch.mask, cfg,
+                                ref_logp_nt=batch.ref_logp if cfg.beta > 0 else None)
+    mask = batch.mask.astype(jnp.float32)
+    metrics["entropy"] = jnp.sum(entropy * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    return loss, metrics
+
+  def step(state: TrainState, batch: SequenceBatch):
+    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+    grad_norm = optax.global_norm(grads)
+    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+    params = optax.apply_updates(state.params, updates)
+    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+    new_state = TrainState(params=keep(params, state.params),
+                           opt_state=keep(opt_state, state.opt_state),
+                           step=state.step + ok.astype(jnp.int32))
+    metrics.update(grad_norm=grad_norm, skipped=1.0 - ok.astype(jnp.float32))
+    return new_state, metrics
+
+  state_sh = state_shardings(state, mesh)
+  return jax.jit(step, in_shardings=(state_sh, batch_shardings(mesh, example_batch)),
+                 out_shardings=(state_sh, None), donate_argnums=(0,))
+
+
+def make_logprob_fn(graphdef, mesh: Mesh, temperature: float, logprob_fn=None):
+  """Jitted log-probabilities of a batch's targets under given params (for the reference)."""
+  if logprob_fn is None:
+    logprob_fn = lambda model, batch: sequence_logprobs(model, batch.tokens, temperature)
+
+  @jax.jit
+  def run(params, batch):
+    with sharding.activate(mesh):
+      return logprob_fn(nnx.merge(graphdef, params), batch)[0]
+  return run

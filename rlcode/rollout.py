@@ -1,0 +1,134 @@
+"""Rollouts: tasks in, sampled completions, rewards and training batches out.
+
+Everything here runs on the host between jitted calls: tokenising prompts,
+decoding completions, scoring them through the reward registry, and laying
+rows out for the update. Lengths are bucketed to powers of two so the update
+compiles for a handful of shapes.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+import numpy as np
+
+from rlcode import grpo, rewards
+from rlcode.data.tasks import Task
+from rlcode.models.tokenizer import Tokenizer
+from rlcode.sampling import Generation, bucket, generate
+
+
+class TaskStream:
+  """An endless, seeded, resumable stream of task batches.
+
+  Epoch e visits the tasks in the permutation drawn from (seed, e). The stream's
+  whole state is `position`, the number of tasks handed out so far.
+  """
+
+  def __init__(self, tasks: Sequence[Task], batch_size: int, seed: int, position: int = 0):
+    if not tasks:
+      raise ValueError("TaskStream: no tasks")
+    self.tasks, self.batch_size, self.seed, self.position = list(tasks), batch_size, seed, position
+
+  def _order(self, epoch: int) -> np.ndarray:
+    return np.random.default_rng([self.seed, epoch]).permutation(len(self.tasks))
+
+  def next(self) -> list[Task]:
+    out = []
+    for i in range(self.position, self.position + self.batch_size):
+      epoch, offset = divmod(i, len(self.tasks))
+      out.append(self.tasks[self._order(epoch)[offset]])
+    self.position += self.batch_size
+    return out
+
+
+@dataclasses.dataclass
+class Rollout:
+  """One step's samples: P tasks, G completions each, prompt-major."""
+
+  tasks: list[Task]
+  prompts: list[list[int]]
+  generation: Generation
+  texts: list[str]
+  seconds: float
+  reward: rewards.RewardOutput | None = None
+
+  @property
+  def group_size(self) -> int:
+    return len(self.texts) // len(self.tasks)
+
+  def row_tasks(self) -> list[Task]:
+    return [t for t in self.tasks for _ in range(self.group_size)]
+
+
+def encode_prompts(tokenizer: Tokenizer, tasks: Sequence[Task]) -> list[list[int]]:
+  return [tokenizer.encode(t.prompt) for t in tasks]
+
+
+def sample(model, tokenizer: Tokenizer, tasks: Sequence[Task], *, group_size: int,
+           max_new_tokens: int, temperature: float, seed: int, mesh=None,
+           top_p: float = 1.0, top_k: int = 0) -> Rollout:
+  prompts = encode_prompts(tokenizer, tasks)
+  start = time.perf_counter()
+  gen = generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
+                 top_p=top_p, top_k=top_k, group_size=group_size,
+                 stop_tokens=tokenizer.eos_ids, seed=seed, pad_id=tokenizer.pad_id, mesh=mesh)
+  seconds = time.perf_counter() - start
+  texts = [tokenizer.decode([t for t in c if t not in tokenizer.eos_ids])
+           for c in gen.completions()]
+  return Rollout(list(tasks), prompts, gen, texts, seconds)
+
+
+def score(rollout: Rollout, weights: Mapping[str, float],
+          options: Mapping[str, Mapping[str, Any]] | None = None) -> rewards.RewardOutput:
+  rollout.reward = rewards.compute(weights, rollout.row_tasks(), rollout.texts, options)
+  return rollout.reward
+
+
+def sequence_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                   prompt_index: Sequence[int], *, pad_id: int, old_logp=None,
+                   adv=None, min_len: int = 16) -> grpo.SequenceBatch:
+  """Host arrays of prompt + completion rows, right-padded to a power-of-two length.
+
+  old_logp[i] holds the behaviour log-probabilities of completion i's tokens
+  (its first len(completions[i]) entries are used).
+  """
+  n = len(completions)
+  lengths = [len(prompts[p]) + len(c) for p, c in zip(prompt_index, completions)]
+  seq_len = bucket(max(lengths), min_len)
+  tokens = np.full((n, seq_len), pad_id, np.int32)
+  mask = np.zeros((n, seq_len - 1), np.float32)
+  old = np.zeros((n, seq_len - 1), np.float32)
+  for i, (p, c) in enumerate(zip(prompt_index, completions)):
+    prompt = prompts[p]
+    tokens[i, :len(prompt)] = prompt
+    tokens[i, len(prompt):len(prompt) + len(c)] = c
+    # Target t is tokens[t + 1]: completion tokens are targets len(prompt)-1 onwards.
+    mask[i, len(prompt) - 1:len(prompt) - 1 + len(c)] = 1.0
+    if old_logp is not None:
+      old[i, len(prompt) - 1:len(prompt) - 1 + len(c)] = old_logp[i][:len(c)]
+  adv = np.zeros((n,), np.float32) if adv is None else np.asarray(adv, np.float32)
+  return grpo.SequenceBatch(tokens=tokens, mask=mask, old_logp=old, ref_logp=np.zeros_like(old),
+                            adv=adv)
+
+
+def rl_batch(rollout: Rollout, adv: np.ndarray, pad_id: int) -> grpo.SequenceBatch:
+  gen = rollout.generation
+  return sequence_batch(rollout.prompts, gen.completions(), gen.prompt_index, pad_id=pad_id,
+                        old_logp=gen.logprobs, adv=adv)
+
+
+def sft_batch(tokenizer: Tokenizer, tasks: Sequence[Task]) -> grpo.SequenceBatch:
+  """Prompt + reference solution + end-of-sequence, for supervised warm starts."""
+  prompts = encode_prompts(tokenizer, tasks)
+  eos = list(tokenizer.eos_ids[:1])
+  targets = [tokenizer.encode(t.reference)[_bos_len(tokenizer):] + eos for t in tasks]
+  return sequence_batch(prompts, targets, range(len(tasks)), pad_id=tokenizer.pad_id)
+
+
+def _bos_len(tokenizer: Tokenizer) -> int:
+  """How many tokens encode() prepends on its own (a BOS), which a continuation must drop."""
+  return len(tokenizer.encode(""))

@@ -1,0 +1,177 @@
+"""The GRPO training loop, top to bottom.
+
+    rlcode train --config configs/grpo_tiny.py
+
+Sections: mesh -> data -> model, optimiser and checkpoint -> sampler -> loop
+(rollout, reward, update, log) with periodic evaluation -> save. Re-running the
+same command in the same workdir resumes from the latest checkpoint, and the
+metrics of the remaining steps equal those of an uninterrupted run.
+
+An experiment that needs a different loop copies this file into experiments/
+rather than growing flags here.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+from tqdm import tqdm
+
+from rlcode import checkpoint, evaluate, grpo, rollout, sft, sharding
+from rlcode.data import sources
+from rlcode.metrics import MetricsWriter
+from rlcode.models.build import build_model
+
+
+def train(config) -> list[dict]:
+  """Runs config.train.steps GRPO steps; returns the rows written to metrics.jsonl."""
+  rows: list[dict] = []
+  rl, ev = config.rl, config.eval
+
+  # ══════════════════════════════════════════════════════════════ 1. mesh
+  mesh = sharding.mesh_from_config(config.mesh)
+  n_rows = rl.prompts_per_step * rl.group_size
+  dp = mesh.shape["data"] * mesh.shape["fsdp"]
+  if n_rows % dp:
+    raise ValueError(f"rl.prompts_per_step * rl.group_size = {n_rows} rows do not split "
+                     f"over the {dp} data-parallel devices of the mesh")
+  if rl.top_p != 1.0 or rl.top_k != 0:
+    raise ValueError("rl.top_p and rl.top_k must be off (1.0, 0): the update's log-ratio "
+                     "assumes samples from the full tempered policy")
+
+  # ══════════════════════════════════════════════════════════════ 2. data
+  train_tasks = sources.load(config.data, config.data.train_split)
+  eval_tasks = sources.load(config.data, config.data.eval_split)
+  if config.data.max_eval_tasks:
+    eval_tasks = eval_tasks[:config.data.max_eval_tasks]
+
+  # ══════════════════════════════════════════════════════════════ 3. model, optimiser, checkpoint
+  model, tokenizer = build_model(config.model, mesh, config.seed)
+  graphdef, params = nnx.split(model, nnx.Param)
+  policy = lambda params: nnx.merge(graphdef, params)
+  optimizer = grpo.make_optimizer(config.optimizer)
+  ckpt = checkpoint.Checkpointer(os.path.join(config.workdir, "checkpoints"),
+                                 keep=config.train.keep_checkpoints)
+  start_step, position = 0, 0
+  if ckpt.latest_step() is None:
+    metrics = MetricsWriter(config.workdir)
+    if config.warmstart.steps > 0:
+      params = warm_start(config, graphdef, params, train_tasks, tokenizer, mesh, metrics)
+    with sharding.activate(mesh):
+      state = grpo.init_state(policy(params), optimizer, mesh)
+    ref_params = jax.tree.map(lambda x: x.copy(), params) if rl.beta > 0 else {}
+  else:
+    with sharding.activate(mesh):
+      abstract = {"state": checkpoint.abstract_like(grpo.init_state(policy(params), optimizer, mesh)),
+                  "ref": checkpoint.abstract_like(params) if rl.beta > 0 else {}}
+    restored, meta, start_step = ckpt.restore(abstract)
+    if meta["seed"] != config.seed:
+      raise ValueError(f"{ckpt.directory} was written with seed {meta['seed']}, "
+                       f"not config.seed={config.seed}; use another workdir")
+    state, ref_params, position = restored["state"], restored["ref"], meta["data_position"]
+    metrics = MetricsWriter(config.workdir, resume_step=start_step)
+
+  # ══════════════════════════════════════════════════════════════ 4. sampler and update
+  stream = rollout.TaskStream(train_tasks, rl.prompts_per_step, config.seed, position)
+  loss_cfg = grpo.LossConfig.from_config(rl, rl.max_new_tokens)
+  update, ref_logprobs = None, None
+
+  def run_eval(step, params):
+    result = evaluate.evaluate_policy(
+        policy(params), tokenizer, eval_tasks, num_samples=ev.num_samples,
+        temperature=ev.temperature, max_new_tokens=ev.max_new_tokens, ks=tuple(ev.ks),
+        seed=config.seed + 7919, batch_prompts=ev.batch_prompts, mesh=mesh,
+        reward_options=dict(config.reward_options).get("tests", {}))
+    rows.append(metrics.write(step, {f"eval/{k}": v for k, v in result.items()}))
+
+  # ══════════════════════════════════════════════════════════════ 5. loop
+  if start_step == 0 and config.train.eval_every:
+    run_eval(0, state.params)
+  bar = tqdm(range(start_step, config.train.steps), initial=start_step,
+             total=config.train.steps, desc="grpo", disable=not config.train.progress_bar)
+  for step in bar:
+    tasks = stream.next()
+    ro = rollout.sample(policy(state.params), tokenizer, tasks, group_size=rl.group_size,
+                        max_new_tokens=rl.max_new_tokens, temperature=rl.temperature,
+                        seed=config.seed * 1_000_003 + step, mesh=mesh)
+    reward = rollout.score(ro, dict(config.rewards), _options(config))
+    adv = grpo.group_advantages(reward.scores, rl.group_size, rl.advantage)
+    batch = rollout.rl_batch(ro, adv, tokenizer.pad_id)
+    if update is None:
+      update = grpo.make_update_step(graphdef, optimizer, loss_cfg, mesh, state, batch)
+      if rl.beta > 0:
+        ref_logprobs = grpo.make_logprob_fn(graphdef, mesh, rl.temperature)
+    if ref_logprobs is not None:
+      batch.ref_logp = np.asarray(ref_logprobs(ref_params, batch))
+
+    start = time.perf_counter()
+    for _ in range(rl.num_passes):
+      state, m = update(state, batch)
+    m = jax.device_get(m)
+    update_s = time.perf_counter() - start
+    if m["skipped"] and config.train.on_nonfinite == "stop":
+      raise FloatingPointError(f"step {step}: non-finite loss or gradient "
+                               f"(loss={m['loss']}, grad_norm={m['grad_norm']})")
+
+    gen = ro.generation
+    n_tokens = int(gen.lengths.sum())
+    row = {k: float(v) for k, v in m.items()}
+    row.update(
+        reward_mean=float(reward.scores.mean()), reward_std=float(reward.scores.std()),
+        pass_rate=float(np.mean([_passed(d) for d in reward.details])) if reward.details else 0.0,
+        groups_with_signal=float(np.mean(np.abs(adv.reshape(-1, rl.group_size)).max(1) > 0)),
+        completion_len=float(gen.lengths.mean()),
+        rollout_tokens_per_s=n_tokens / ro.seconds,
+        update_tokens_per_s=batch.tokens.size * rl.num_passes / update_s,
+        tokens_per_s=n_tokens / (ro.seconds + update_s),
+        **{f"reward/{k}": v for k, v in reward.metrics.items()})
+    rows.append(metrics.write(step + 1, row))
+    bar.set_postfix(reward=f"{row['reward_mean']:.3f}", loss=f"{row['loss']:.3f}")
+
+    done = step + 1
+    if config.train.eval_every and (done % config.train.eval_every == 0
+                                    or done == config.train.steps):
+      run_eval(done, state.params)
+    if done % config.train.checkpoint_every == 0 or done == config.train.steps:
+      ckpt.save(done, {"state": state, "ref": ref_params},
+                {"data_position": stream.position, "seed": config.seed, "step": done})
+
+  # ══════════════════════════════════════════════════════════════ 6. save
+  ckpt.wait()
+  ckpt.close()
+  metrics.close()
+  return rows
+
+
+def warm_start(config, graphdef, params, tasks, tokenizer, mesh, metrics):
+  """Supervised steps on reference solutions; returns the params (logs one step-0 row)."""
+  ws = config.warmstart
+  optimizer = grpo.make_optimizer(ws.optimizer)
+  with sharding.activate(mesh):
+    state = grpo.init_state(nnx.merge(graphdef, params), optimizer, mesh)
+  stream = rollout.TaskStream(tasks, ws.batch_size, config.seed + 1)
+  step_fn = None
+  losses = []
+  for i in tqdm(range(ws.steps), desc="warm start", disable=not config.train.progress_bar):
+    batch = rollout.sft_batch(tokenizer, stream.next())
+    if step_fn is None:
+      step_fn = sft.make_sft_step(graphdef, optimizer, mesh, state, batch)
+    state, m = step_fn(state, batch)
+    losses.append(m["sft_loss"])
+  losses = [float(x) for x in jax.device_get(losses)]
+  metrics.write(0, {"sft_loss_first": losses[0], "sft_loss_last": losses[-1],
+                    "sft_steps": ws.steps})
+  return state.params
+
+
+def _options(config) -> dict:
+  return {name: dict(opts) for name, opts in config.reward_options.items()}
+
+
+def _passed(detail: dict) -> bool:
+  tests = detail.get("tests")
+  return bool(tests and tests.get("status") == "passed")

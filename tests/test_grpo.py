@@ -1,0 +1,147 @@
+"""GRPO's pieces against hand-computed numpy, and the jitted update's behaviour."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rlcode import grpo, sharding
+from rlcode.models import Decoder, ModelConfig
+
+# Three completions, four target positions; row 2 has a single token.
+LOGP = np.array([[-1.0, -0.5, -2.0, -0.1],
+                 [-0.3, -1.2, -0.7, -0.9],
+                 [-2.5, -0.2, -0.4, -1.1]], np.float32)
+OLD = np.array([[-1.1, -0.5, -1.5, -0.1],
+                [-0.3, -1.0, -0.9, -0.9],
+                [-2.0, -0.2, -0.4, -1.1]], np.float32)
+REF = np.array([[-0.9, -0.6, -2.2, -0.2],
+                [-0.4, -1.1, -0.6, -1.0],
+                [-2.4, -0.3, -0.5, -1.0]], np.float32)
+MASK = np.array([[1, 1, 1, 0],
+                 [1, 1, 1, 1],
+                 [1, 0, 0, 0]], np.float32)
+ADV = np.array([1.5, -0.5, 2.0], np.float32)
+
+
+def _per_token_numpy(eps_low, eps_high, beta):
+  """The GRPO objective written out one token at a time."""
+  out = np.zeros_like(LOGP)
+  for i in range(3):
+    for t in range(4):
+      r = np.exp(LOGP[i, t] - OLD[i, t])
+      c = min(max(r, 1 - eps_low), 1 + eps_high)
+      pg = -min(r * ADV[i], c * ADV[i])
+      d = REF[i, t] - LOGP[i, t]
+      out[i, t] = pg + beta * (np.exp(d) - d - 1)
+  return out
+
+
+@pytest.mark.parametrize("aggregation", sorted(grpo.AGGREGATIONS))
+@pytest.mark.parametrize("eps_low,eps_high,beta", [(0.2, 0.2, 0.0), (0.1, 0.28, 0.04)])
+def test_policy_loss_matches_numpy(aggregation, eps_low, eps_high, beta):
+  cfg = grpo.LossConfig(clip_eps_low=eps_low, clip_eps_high=eps_high, beta=beta,
+                        aggregation=aggregation, max_completion_len=6)
+  loss, metrics = grpo.policy_loss(jnp.asarray(LOGP), jnp.asarray(OLD), jnp.asarray(ADV),
+                                   jnp.asarray(MASK), cfg, ref_logp_nt=jnp.asarray(REF))
+  per_tok = _per_token_numpy(eps_low, eps_high, beta)
+  if aggregation == "seq_mean_token_mean":
+    expect = np.mean([sum(per_tok[i, t] * MASK[i, t] for t in range(4)) / MASK[i].sum()
+                      for i in range(3)])
+  elif aggregation == "token_mean":
+    expect = sum(per_tok[i, t] * MASK[i, t] for i in range(3) for t in range(4)) / MASK.sum()
+  else:  # Dr.GRPO: token sums over one constant, the generation budget (6), per sequence
+    expect = sum(per_tok[i, t] * MASK[i, t] for i in range(3) for t in range(4)) / (3 * 6)
+  np.testing.assert_allclose(float(loss), expect, rtol=1e-6, atol=1e-7)
+  if beta:
+    kl = [np.exp(REF[i, t] - LOGP[i, t]) - (REF[i, t] - LOGP[i, t]) - 1
+          for i in range(3) for t in range(4) if MASK[i, t]]
+    np.testing.assert_allclose(float(metrics["kl"]), np.mean(kl), rtol=1e-5)  # float32 sums
+  ratios = np.exp(LOGP - OLD)[MASK > 0]
+  clipped = (ratios < 1 - eps_low) | (ratios > 1 + eps_high)
+  np.testing.assert_allclose(float(metrics["clip_frac"]), clipped.mean(), rtol=1e-6)
+
+
+def test_advantages_match_numpy():
+  rewards = np.array([1, 0, 0, 1, 0, 0, 0, 0, 0.5, 1.0, 0.0, 0.25], np.float32)
+  got = grpo.group_advantages(rewards, 4, "grpo")
+  got_dr = grpo.group_advantages(rewards, 4, "dr_grpo")
+  for g in range(3):
+    r = rewards[4 * g:4 * g + 4]
+    mean = sum(r) / 4
+    std = np.sqrt(sum((x - mean) ** 2 for x in r) / 4)
+    np.testing.assert_allclose(got[4 * g:4 * g + 4], (r - mean) / (std + 1e-6), rtol=1e-5)
+    np.testing.assert_allclose(got_dr[4 * g:4 * g + 4], r - mean, rtol=1e-6)
+  assert np.all(got[4:8] == 0)  # a group that all failed carries no signal
+  with pytest.raises(ValueError, match="groups of 5"):
+    grpo.group_advantages(rewards, 5)
+  with pytest.raises(KeyError, match="known"):
+    grpo.group_advantages(rewards, 4, "ppo")
+
+
+def test_unknown_aggregation_names_the_known_ones():
+  with pytest.raises(KeyError, match="seq_mean_token_mean"):
+    grpo.LossConfig(aggregation="mean")
+
+
+CFG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=1,
+                  num_heads=2, num_kv_heads=1, max_seq_len=32)
+
+
+def _setup(mesh, lr=1e-2):
+  model = sharding.init_sharded(lambda: Decoder(CFG, rngs=nnx.Rngs(0)), mesh)
+  graphdef, params = nnx.split(model, nnx.Param)
+  opt_cfg = type("O", (), dict(learning_rate=lr, warmup_steps=1, decay_steps=10,
+                               end_lr_fraction=0.1, grad_clip=1.0, b1=0.9, b2=0.99,
+                               weight_decay=0.0))
+  optimizer = grpo.make_optimizer(opt_cfg)
+  state = grpo.init_state(model, optimizer, mesh)
+  rng = np.random.default_rng(0)
+  tokens = rng.integers(0, 32, (8, 12)).astype(np.int32)
+  mask = np.zeros((8, 11), np.float32)
+  mask[:, 5:] = 1
+  batch = grpo.SequenceBatch(tokens=tokens, mask=mask, old_logp=np.zeros_like(mask),
+                             ref_logp=np.zeros_like(mask),
+                             adv=np.array([1, -1] * 4, np.float32))
+  cfg = grpo.LossConfig(max_completion_len=6)
+  update = grpo.make_update_step(graphdef, optimizer, cfg, mesh, state, batch)
+  return graphdef, state, batch, update, cfg
+
+
+def test_update_is_one_jit_and_old_logp_makes_ratio_one():
+  mesh = sharding.make_mesh(1, 1, 1)
+  graphdef, state, batch, update, cfg = _setup(mesh)
+  logp, _ = jax.jit(lambda p, t: grpo.sequence_logprobs(nnx.merge(graphdef, p), t, 1.0))(
+      state.params, batch.tokens)
+  batch.old_logp = np.asarray(logp) * batch.mask
+  before = jax.tree.map(np.asarray, state.params)
+  state, m = update(state, batch)
+  assert float(m["skipped"]) == 0 and int(state.step) == 1
+  np.testing.assert_allclose(float(m["ratio"]), 1.0, rtol=1e-5)
+  np.testing.assert_allclose(float(m["clip_frac"]), 0.0)
+  moved = jax.tree.map(lambda a, b: float(np.abs(np.asarray(a) - b).max()), state.params, before)
+  assert max(jax.tree.leaves(moved)) > 0
+
+
+def test_nonfinite_loss_skips_the_update():
+  mesh = sharding.make_mesh(1, 1, 1)
+  _, state, batch, update, _ = _setup(mesh)
+  batch.old_logp = np.full_like(batch.old_logp, np.nan)
+  before = jax.tree.map(np.asarray, state.params)
+  state, m = update(state, batch)
+  assert float(m["skipped"]) == 1 and int(state.step) == 0
+  for a, b in zip(jax.tree.leaves(state.params), jax.tree.leaves(before)):
+    np.testing.assert_array_equal(np.asarray(a), b)
+
+
+def test_update_on_eight_devices_matches_one():
+  losses = []
+  for mesh in (sharding.make_mesh(1, 1, 1), sharding.make_mesh(2, 2, 2)):
+    _, state, batch, update, _ = _setup(mesh)
+    out = []
+    for _ in range(3):
+      state, m = update(state, batch)
+      out.append(float(m["loss"]))
+    losses.append(out)
+  np.testing.assert_allclose(losses[1], losses[0], atol=1e-5)
