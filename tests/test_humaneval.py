@@ -15,7 +15,8 @@ def test_humaneval_tasks_fields():
   assert [t.id for t in tasks] == [f"HumanEval/{i}" for i in range(164)]
   first = tasks[0]
   assert first.entry_point == "has_close_elements" and first.kind == "code"
-  assert first.prompt.startswith("from typing import List") and "def check(candidate)" in first.tests
+  assert first.prompt.startswith("from typing import List")
+  assert "def check(candidate)" in first.tests
   assert first.reference.strip().startswith("for idx, elem in enumerate(numbers)")
   assert all(t.extra == {"assemble": "prompt+completion"} for t in tasks)
 

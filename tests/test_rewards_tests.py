@@ -42,7 +42,8 @@ def test_extract_code(text, code, stray):
 def test_assemble_both_styles():
   assert rt.assemble_program(ADD, "    return a + b\n\n\nif __name__ == '__main__':\n    x()") == (
       ADD.prompt + "    return a + b\n\n")
-  assert rt.assemble_program(ADD, "    return a+b\n", stop_sequences=()) == ADD.prompt + "    return a+b\n"
+  assert rt.assemble_program(ADD, "    return a+b\n", stop_sequences=()) == (
+      ADD.prompt + "    return a+b\n")
   assert rt.assemble_program(WHOLE, "Here:\n```python\ndef add(a, b):\n    return a + b\n```") == (
       "def add(a, b):\n    return a + b\n")
   with pytest.raises(ValueError, match="assemble"):
@@ -76,7 +77,8 @@ def test_tests_reward_whole_program_style_and_limits():
 
 def test_mix_through_the_registry():
   out = rewards.compute({"tests": 1.0, "format": 0.5}, [ADD, ADD],
-                        ["    return a + b\n", "    return a + b if a != 5 else 0\n\nprint('hi')\n"],
+                        ["    return a + b\n",
+                         "    return a + b if a != 5 else 0\n\nprint('hi')\n"],
                         options={"tests": {"mode": "fraction"}})
   np.testing.assert_allclose(out.scores, [1.5, 2 / 3], rtol=1e-6)
   assert out.details[1]["format"]["no_stray_text"] is False

@@ -118,7 +118,8 @@ HOSTILE = {
         "crash", "invalid report", None),
     "read_job_fd_for_nonce": (
         "import os\nfound = []\nfor fd in range(0, 256):\n    try:\n"
-        "        data = os.pread(fd, 1 << 16, 0)\n        found.append((fd, b'\"nonce\"' in data))\n"
+        "        data = os.pread(fd, 1 << 16, 0)\n"
+        "        found.append((fd, b'\"nonce\"' in data))\n"
         "    except OSError:\n        pass\n"
         "print('FOUND', [f for f, has in found if has])\n"
         + WRONG_ADD, "failed", "AssertionError", lambda out: "FOUND []" in out),
@@ -157,7 +158,8 @@ HOSTILE = {
         "for _ in range(4):\n    threading.Thread(target=spin).start()\n" + WRONG_ADD,
         "failed", "AssertionError", None),
     "nested_namespace": (
-        "import ctypes\nlibc = ctypes.CDLL(None)\nprint('unshare', libc.unshare(0x10000000), flush=True)\n"
+        "import ctypes\nlibc = ctypes.CDLL(None)\n"
+        "print('unshare', libc.unshare(0x10000000), flush=True)\n"
         + WRONG_ADD, "failed", "AssertionError", lambda out: "unshare -1" in out),
     "syntax_error": ("def add(a, b:\n    return a + b\n", "syntax_error", "SyntaxError", None),
     "null_bytes": ("x = 1\x00\n", "syntax_error", "null bytes", None),
@@ -306,7 +308,8 @@ def test_plan_splits_humaneval_style_check():
   assert plan.format == "generator" and plan.n_tests == 2
   assert plan.labels == ("assert candidate(1) == 1", "for i in range(3):")
   compile(plan.source, "<plan>", "exec")
-  no_asserts = "def check(candidate):\n    x = candidate(1)\n    if x != 1:\n        raise ValueError\n"
+  no_asserts = ("def check(candidate):\n    x = candidate(1)\n"
+                "    if x != 1:\n        raise ValueError\n")
   assert sb.plan_tests(no_asserts, "f").n_tests == 1
 
 
