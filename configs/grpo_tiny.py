@@ -27,7 +27,7 @@ def get_config():
   config.model = tiny_model()
 
   config.data = ml_collections.ConfigDict(dict(
-      source="tiny", path="data/tiny_tasks.jsonl", data_dir="",
+      source="jsonl", path="data/tiny_tasks.jsonl", data_dir="",
       train_split="train", eval_split="held_out", max_eval_tasks=0))
 
   config.rewards = ml_collections.ConfigDict({"tests": 1.0, "format": 0.0})
@@ -42,7 +42,7 @@ def get_config():
   config.optimizer = optimizer(lr=3e-4, warmup=5, decay=100)
 
   config.warmstart = ml_collections.ConfigDict(dict(
-      steps=300, batch_size=32, optimizer=optimizer(lr=3e-3, warmup=20, decay=300)))
+      steps=120, batch_size=32, optimizer=optimizer(lr=3e-3, warmup=20, decay=120)))
 
   config.train = ml_collections.ConfigDict(dict(
       steps=80, checkpoint_every=20, eval_every=20, keep_checkpoints=2,

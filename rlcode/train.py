@@ -61,14 +61,11 @@ def train(config) -> list[dict]:
     metrics = MetricsWriter(config.workdir)
     if config.warmstart.steps > 0:
       params = warm_start(config, graphdef, params, train_tasks, tokenizer, mesh, metrics)
-    with sharding.activate(mesh):
-      state = grpo.init_state(policy(params), optimizer, mesh)
+    state = grpo.init_state(policy(params), optimizer, mesh)
     ref_params = jax.tree.map(lambda x: x.copy(), params) if rl.beta > 0 else {}
   else:
-    with sharding.activate(mesh):
-      abstract = {"state": checkpoint.abstract_like(grpo.init_state(policy(params), optimizer, mesh)),
-                  "ref": checkpoint.abstract_like(params) if rl.beta > 0 else {}}
-    restored, meta, start_step = ckpt.restore(abstract)
+    restored, meta, start_step = ckpt.restore(
+        _abstract_bundle(policy(params), optimizer, mesh, rl.beta > 0))
     if meta["seed"] != config.seed:
       raise ValueError(f"{ckpt.directory} was written with seed {meta['seed']}, "
                        f"not config.seed={config.seed}; use another workdir")
@@ -98,7 +95,9 @@ def train(config) -> list[dict]:
     ro = rollout.sample(policy(state.params), tokenizer, tasks, group_size=rl.group_size,
                         max_new_tokens=rl.max_new_tokens, temperature=rl.temperature,
                         seed=config.seed * 1_000_003 + step, mesh=mesh)
+    start = time.perf_counter()
     reward = rollout.score(ro, dict(config.rewards), _options(config))
+    reward_s = time.perf_counter() - start
     adv = grpo.group_advantages(reward.scores, rl.group_size, rl.advantage)
     batch = rollout.rl_batch(ro, adv, tokenizer.pad_id)
     if update is None:
@@ -128,6 +127,7 @@ def train(config) -> list[dict]:
         rollout_tokens_per_s=n_tokens / ro.seconds,
         update_tokens_per_s=batch.tokens.size * rl.num_passes / update_s,
         tokens_per_s=n_tokens / (ro.seconds + update_s),
+        rollout_seconds=ro.seconds, reward_seconds=reward_s, update_seconds=update_s,
         **{f"reward/{k}": v for k, v in reward.metrics.items()})
     rows.append(metrics.write(step + 1, row))
     bar.set_postfix(reward=f"{row['reward_mean']:.3f}", loss=f"{row['loss']:.3f}")
@@ -151,8 +151,7 @@ def warm_start(config, graphdef, params, tasks, tokenizer, mesh, metrics):
   """Supervised steps on reference solutions; returns the params (logs one step-0 row)."""
   ws = config.warmstart
   optimizer = grpo.make_optimizer(ws.optimizer)
-  with sharding.activate(mesh):
-    state = grpo.init_state(nnx.merge(graphdef, params), optimizer, mesh)
+  state = grpo.init_state(nnx.merge(graphdef, params), optimizer, mesh)
   stream = rollout.TaskStream(tasks, ws.batch_size, config.seed + 1)
   step_fn = None
   losses = []
@@ -166,6 +165,39 @@ def warm_start(config, graphdef, params, tasks, tokenizer, mesh, metrics):
   metrics.write(0, {"sft_loss_first": losses[0], "sft_loss_last": losses[-1],
                     "sft_steps": ws.steps})
   return state.params
+
+
+def _abstract_bundle(model, optimizer, mesh, with_ref: bool) -> dict:
+  """The shapes and shardings of what a checkpoint holds, for restoring into."""
+  state = grpo.init_state(model, optimizer, mesh)
+  return {"state": checkpoint.abstract_like(state),
+          "ref": checkpoint.abstract_like(state.params) if with_ref else {}}
+
+
+def evaluate_checkpoint(config, path: str, ks=(1,)) -> dict:
+  """Held-out evaluation (config.eval, config.data.eval_split) of a saved policy.
+
+  `path` is a workdir or its checkpoints/ directory; the latest step is used.
+  """
+  directory = path if os.path.basename(os.path.normpath(path)) == "checkpoints" else (
+      os.path.join(path, "checkpoints"))
+  ckpt = checkpoint.Checkpointer(directory)
+  if ckpt.latest_step() is None:
+    raise FileNotFoundError(f"no checkpoint under {directory}")
+  mesh = sharding.mesh_from_config(config.mesh)
+  model, tokenizer = build_model(config.model, mesh, config.seed)
+  graphdef, _ = nnx.split(model, nnx.Param)
+  restored, _, step = ckpt.restore(_abstract_bundle(
+      model, grpo.make_optimizer(config.optimizer), mesh, config.rl.beta > 0))
+  ckpt.close()
+  eval_tasks = sources.load(config.data, config.data.eval_split)
+  ev = config.eval
+  result = evaluate.evaluate_policy(
+      nnx.merge(graphdef, restored["state"].params), tokenizer, eval_tasks,
+      num_samples=ev.num_samples, temperature=ev.temperature, max_new_tokens=ev.max_new_tokens,
+      ks=tuple(ks), seed=config.seed + 7919, batch_prompts=ev.batch_prompts, mesh=mesh,
+      reward_options=dict(config.reward_options).get("tests", {}))
+  return {"step": step, "checkpoint": directory, **result}
 
 
 def _options(config) -> dict:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from rlcode import evaluate
+from rlcode import cli, evaluate
 from rlcode.data.humaneval import N_PROBLEMS, HumanEval, humaneval_tasks
 from rlcode.data.tasks import load_tasks
 
@@ -34,16 +34,25 @@ def _write(path, rows):
   return path
 
 
-def test_references_pass_and_empty_completions_fail(tmp_path):
-  """The issue's acceptance check: pass@1 = 1.0 on references, 0.0 on empty completions."""
+def _cli_eval(tmp_path, name, completions, capsys):
+  path = _write(tmp_path / f"{name}.jsonl", completions)
+  out = tmp_path / name
+  assert cli.main(["eval", "--tasks", "humaneval", "--completions", str(path),
+                   "--out", str(out), "--workers", "2"]) == 0
+  assert "pass@1" in capsys.readouterr().out
+  return json.loads((out / evaluate.REPORT_NAME).read_text())
+
+
+def test_references_pass_and_empty_completions_fail(tmp_path, capsys):
+  """The issue's acceptance check, through the CLI: `rlcode eval --tasks humaneval`
+  gives pass@1 = 1.0 on the references and 0.0 on empty completions."""
   tasks = humaneval_tasks()
-  refs = _write(tmp_path / "refs.jsonl",
-                [{"task_id": t.id, "completion": t.reference} for t in tasks])
-  report = evaluate.evaluate_completions_file(tasks, refs, out_dir=tmp_path / "refs", workers=2)
+  report = _cli_eval(tmp_path, "refs", [{"task_id": t.id, "completion": t.reference}
+                                        for t in tasks], capsys)
   assert report["pass_at_k"] == {"pass@1": 1.0}
   assert report["k_skipped"] == [10, 100]
   assert report["status_counts"] == {"passed": 164}
-  empty = _write(tmp_path / "empty.jsonl", [{"task_id": t.id, "completion": ""} for t in tasks])
-  report = evaluate.evaluate_completions_file(tasks, empty, out_dir=tmp_path / "empty", workers=2)
+  report = _cli_eval(tmp_path, "empty", [{"task_id": t.id, "completion": ""} for t in tasks],
+                     capsys)
   assert report["pass_at_k"] == {"pass@1": 0.0}
   assert report["status_counts"] == {"failed": 164}

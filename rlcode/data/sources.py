@@ -1,0 +1,62 @@
+"""From the `data` section of a config to a tfds builder and its tasks.
+
+    config.data.source = "jsonl"       # config.data.path: a problems file (data/tiny_tasks.jsonl)
+    config.data.source = "humaneval"   # the 164 HumanEval problems (split "test")
+    config.data.source = "git"         # config.data.repo: mined commits (rlcode.data.git_mining)
+    config.data.source = "sections"    # config.data.sources: documents (rlcode.data.sections)
+
+Prepared datasets live under config.data.data_dir, else $TFDS_DATA_DIR, else
+~/.cache/rlcode/tfds. Relative paths are tried against the working directory,
+then the project root.
+"""
+
+from __future__ import annotations
+
+import os
+
+from rlcode.data.tasks import Task, TaskBuilder, load_tasks
+
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+SOURCES = ("jsonl", "humaneval", "git", "sections")
+
+
+def resolve(path: str) -> str:
+  if "://" in path or os.path.isabs(path) or os.path.exists(path):
+    return path
+  candidate = os.path.join(PROJECT_ROOT, path)
+  return candidate if os.path.exists(candidate) else path
+
+
+def data_dir(data_cfg) -> str:
+  return (data_cfg.get("data_dir") or os.environ.get("TFDS_DATA_DIR")
+          or os.path.expanduser("~/.cache/rlcode/tfds"))
+
+
+def builder(data_cfg) -> TaskBuilder:
+  source = data_cfg.source
+  root = data_dir(data_cfg)
+  if source == "jsonl":
+    from rlcode.data.jsonl import JsonlTasks
+    path = resolve(data_cfg.path)
+    if not os.path.isfile(path):
+      raise FileNotFoundError(f"config.data.path={data_cfg.path!r}: no such file")
+    return JsonlTasks(data_dir=root, path=path)
+  if source == "humaneval":
+    from rlcode.data.humaneval import HumanEval
+    return HumanEval(data_dir=root)
+  if source == "git":
+    from rlcode.data.git_mining import GitDiffs, MiningConfig
+    mining = MiningConfig(**{k: (tuple(v) if isinstance(v, list) else v)
+                             for k, v in dict(data_cfg.mining).items()})
+    return GitDiffs(data_dir=root, mining=mining)
+  if source == "sections":
+    from rlcode.data.sections import SectionOptions, SectionTasks
+    return SectionTasks(data_dir=root, sources=tuple(resolve(s) for s in data_cfg.sources),
+                        options=SectionOptions(**dict(data_cfg.options)))
+  raise ValueError(f"config.data.source={source!r}; expected one of {SOURCES}")
+
+
+def load(data_cfg, split: str) -> list[Task]:
+  import tensorflow_datasets as tfds
+  tfds.disable_progress_bar()
+  return load_tasks(builder(data_cfg), split)

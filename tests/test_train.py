@@ -1,0 +1,121 @@
+"""The training loop end to end: metrics, resume after SIGKILL, 1 vs 8 devices."""
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import numpy as np
+import pytest
+
+from rlcode import config_lib, train
+from rlcode.metrics import read_metrics
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "configs", "grpo_tiny.py")
+# A small, fast version of the default job: the same code path end to end.
+SMALL = [
+    "--config.model.arch.hidden_size=32", "--config.model.arch.intermediate_size=64",
+    "--config.model.arch.num_layers=1", "--config.model.arch.num_heads=2",
+    "--config.model.arch.num_kv_heads=1", "--config.model.arch.head_dim=16",
+    "--config.rl.prompts_per_step=4", "--config.rl.group_size=4",
+    "--config.rl.max_new_tokens=12", "--config.eval.max_new_tokens=12",
+    "--config.eval.num_samples=2", "--config.eval.ks=(1, 2)", "--config.data.max_eval_tasks=6",
+    "--config.warmstart.steps=3", "--config.warmstart.batch_size=8",
+    "--config.train.steps=4", "--config.train.checkpoint_every=2",
+    "--config.train.eval_every=2", "--config.train.progress_bar=false",
+    "--config.rl.beta=0.02",
+]
+TIMING = ("tokens_per_s", "seconds")
+
+
+def _config(workdir, *extra):
+  return config_lib.load_config(CONFIG, SMALL + [f"--config.workdir={workdir}", *extra])
+
+
+def _comparable(rows):
+  return [{k: v for k, v in r.items() if not any(t in k for t in TIMING)} for r in rows]
+
+
+def _assert_same_rows(a, b, atol):
+  assert [sorted(r) for r in a] == [sorted(r) for r in b]
+  for ra, rb in zip(a, b):
+    for key in ra:
+      if isinstance(ra[key], float):
+        assert abs(ra[key] - rb[key]) <= atol, (ra["step"], key, ra[key], rb[key])
+      else:
+        assert ra[key] == rb[key], (ra["step"], key)
+
+
+def _command(workdir):
+  return [sys.executable, "-m", "rlcode", "train", "--config", CONFIG, *SMALL,
+          f"--config.workdir={workdir}"]
+
+
+# The runs that are compared all run as the same command in the same environment
+# (one CPU device), as a user would re-run it.
+ENV = dict(os.environ, XLA_FLAGS="", PYTHONPATH=ROOT)
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+  workdir = tmp_path_factory.mktemp("uninterrupted")
+  done = subprocess.run(_command(workdir), cwd=ROOT, env=ENV, capture_output=True, text=True,
+                        timeout=600)
+  assert done.returncode == 0, done.stderr[-2000:]
+  return workdir
+
+
+def test_metrics_rows_and_plot(uninterrupted):
+  rows = read_metrics(str(uninterrupted))
+  steps = [r for r in rows if "loss" in r]
+  evals = [r for r in rows if "eval/pass@1" in r]
+  assert [r["step"] for r in steps] == [1, 2, 3, 4]
+  assert [r["step"] for r in evals] == [0, 2, 4]
+  for key in ("loss", "reward_mean", "pass_rate", "kl", "entropy", "tokens_per_s",
+              "rollout_tokens_per_s", "update_tokens_per_s"):
+    assert all(np.isfinite(r[key]) for r in steps), key
+  assert rows[0]["sft_steps"] == 3
+  assert os.path.isdir(uninterrupted / "tensorboard")
+  from rlcode import cli
+  assert cli.main(["plot", str(uninterrupted)]) == 0
+  assert os.path.getsize(uninterrupted / "metrics.png") > 1000
+
+
+def test_sigkill_then_rerun_gives_the_same_metrics(uninterrupted, tmp_path):
+  workdir = tmp_path / "killed"
+  cmd = _command(workdir)
+  proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.PIPE, start_new_session=True)
+  deadline = time.time() + 300
+  while not (workdir / "checkpoints" / "2").is_dir():
+    assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+    assert time.time() < deadline, "no checkpoint at step 2 within 300 s"
+    time.sleep(0.2)
+  os.killpg(proc.pid, signal.SIGKILL)
+  proc.wait()
+  assert (workdir / "checkpoints" / "4").exists() is False
+  resumed = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+  assert resumed.returncode == 0, resumed.stderr[-2000:]
+  _assert_same_rows(_comparable(read_metrics(str(workdir))),
+                    _comparable(read_metrics(str(uninterrupted))), atol=0.0)
+
+
+def test_eight_devices_log_the_same_loss(uninterrupted, tmp_path):
+  eight = train.train(_config(tmp_path, "--config.mesh.data=2", "--config.mesh.fsdp=2",
+                              "--config.mesh.tensor=2", "--config.train.steps=2",
+                              "--config.train.eval_every=0"))
+  one = {r["step"]: r for r in read_metrics(str(uninterrupted)) if "loss" in r}
+  rows = [r for r in eight if "loss" in r]
+  assert [r["step"] for r in rows] == [1, 2]
+  for r in rows:
+    assert abs(r["loss"] - one[r["step"]]["loss"]) < 1e-4
+    assert abs(r["kl"] - one[r["step"]]["kl"]) < 1e-4
+    assert r["reward_mean"] == one[r["step"]]["reward_mean"]
+
+
+def test_seed_mismatch_on_resume_is_an_error(uninterrupted):
+  with pytest.raises(ValueError, match="written with seed 0"):
+    train.train(_config(uninterrupted, "--config.seed=1"))
