@@ -241,7 +241,7 @@ def make_update_step(graphdef, optimizer: optax.GradientTransformation, cfg: Los
 
   def step(state: TrainState, batch: SequenceBatch):
     (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
-    grad_norm = optax.global_norm(grads)
+    grad_norm = optax.tree.norm(grads)
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     params = optax.apply_updates(state.params, updates)
     ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)

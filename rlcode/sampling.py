@@ -5,7 +5,9 @@ two), so a stream of prompts of varying lengths compiles a handful of programs,
 not one per length. Inside one jit: a prefill over each prompt once, then a
 `lax.while_loop` of single-token decode steps that stops when every row has
 emitted a stop token or the budget is spent. Each of the G samples of a prompt
-continues from that prompt's single prefill.
+continues from that prompt's single prefill, and (by default) reads that one
+copy of the prompt's KV as a shared prefix instead of a private copy, so the
+prompt's KV memory does not grow with G.
 
 Randomness is keyed by (seed, step, row) where the row is the sample's global
 index p * G + g, so a sample does not depend on how the batch was padded or
@@ -28,7 +30,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rlcode import sharding
-from rlcode.models.decoder import Decoder, KVCache
+from rlcode.models.decoder import Decoder, KVCache, Prefix
 
 MIN_PROMPT_BUCKET = 16
 
@@ -94,9 +96,10 @@ def _row_keys(key, step, rows_b):
 
 @functools.partial(jax.jit, static_argnames=(
     "graphdef", "group_size", "max_new_tokens", "temperature", "top_k", "top_p",
-    "stop_tokens", "pad_id", "mesh"))
+    "stop_tokens", "pad_id", "mesh", "share_prompt"))
 def _generate(state, prompt_tokens_pt, prompt_lengths_p, key, *, graphdef, group_size,
-              max_new_tokens, temperature, top_k, top_p, stop_tokens, pad_id, mesh):
+              max_new_tokens, temperature, top_k, top_p, stop_tokens, pad_id, mesh,
+              share_prompt):
   with sharding.activate(mesh) if mesh is not None else contextlib.nullcontext():
     model: Decoder = nnx.merge(graphdef, state)
     p, tp = prompt_tokens_pt.shape
@@ -106,12 +109,20 @@ def _generate(state, prompt_tokens_pt, prompt_lengths_p, key, *, graphdef, group
     last_h = jnp.take_along_axis(h, (prompt_lengths_p - 1)[:, None, None], axis=1)
     first_logits = jnp.repeat(model.logits(last_h)[:, 0], g, axis=0)
 
-    size = tp + max_new_tokens
-    def expand(x_ptkd):  # the prompt's KV, shared by its G samples, into a cache
-      x = jnp.repeat(x_ptkd, g, axis=0)
-      return jnp.pad(x, ((0, 0), (0, size - tp), (0, 0), (0, 0)))
-    cache = KVCache(k=tuple(expand(k) for k, _ in kvs), v=tuple(expand(v) for _, v in kvs),
-                    lengths=jnp.repeat(prompt_lengths_p, g))
+    if share_prompt:
+      # One copy of each prompt's KV; the G rows of a group read it as a prefix
+      # and keep only their own tokens in the cache.
+      prefix = Prefix(k=tuple(k for k, _ in kvs), v=tuple(v for _, v in kvs),
+                      lengths=prompt_lengths_p)
+      cache = KVCache.zeros(model.cfg, b, max_new_tokens, dtype=kvs[0][0].dtype)
+    else:
+      prefix = None
+      size = tp + max_new_tokens
+      def expand(x_ptkd):  # each row's own copy of its prompt's KV
+        x = jnp.repeat(x_ptkd, g, axis=0)
+        return jnp.pad(x, ((0, 0), (0, size - tp), (0, 0), (0, 0)))
+      cache = KVCache(k=tuple(expand(k) for k, _ in kvs), v=tuple(expand(v) for _, v in kvs),
+                      lengths=jnp.repeat(prompt_lengths_p, g))
     rows = jnp.arange(b, dtype=jnp.int32)
     stops = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
 
@@ -136,7 +147,7 @@ def _generate(state, prompt_tokens_pt, prompt_lengths_p, key, *, graphdef, group
 
     def body(loop):
       step, tok, cache, out = loop
-      h, cache = model.hidden(tok[:, None], cache=cache)
+      h, cache = model.hidden(tok[:, None], cache=cache, prefix=prefix)
       tok, lp = sample(model.logits(h)[:, 0], _row_keys(key, step, rows))
       return step + 1, tok, cache, record(out, step, tok, lp)
 
@@ -148,7 +159,8 @@ def _generate(state, prompt_tokens_pt, prompt_lengths_p, key, *, graphdef, group
 def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
              group_size: int = 1, stop_tokens: Sequence[int] = (), seed: int = 0,
-             pad_id: int = 0, mesh: Mesh | None = None) -> Generation:
+             pad_id: int = 0, mesh: Mesh | None = None, share_prompt: bool = True
+             ) -> Generation:
   """Samples `group_size` completions for each prompt.
 
   Args:
@@ -162,6 +174,9 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
     seed: the sampling seed.
     pad_id: the token written after a row's end (and in prompt padding).
     mesh: shard the batch over this mesh (default: the active one, if any).
+    share_prompt: keep one copy of each prompt's KV that its G rows read as a
+      shared prefix (decode attention merges prefix and own-token parts by
+      log-sum-exp); False gives every row its own copy. Same samples either way.
 
   Returns:
     A Generation with P * group_size rows, prompt-major.
@@ -204,7 +219,7 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
       state, tokens, prompt_lengths, jax.random.key(seed), graphdef=graphdef,
       group_size=group_size, max_new_tokens=max_new_tokens, temperature=float(temperature),
       top_k=int(top_k), top_p=float(top_p), stop_tokens=tuple(int(s) for s in stop_tokens),
-      pad_id=int(pad_id), mesh=mesh)
+      pad_id=int(pad_id), mesh=mesh, share_prompt=bool(share_prompt))
   keep = p * group_size
   return Generation(tokens=np.asarray(out_tok)[:keep], logprobs=np.asarray(out_lp)[:keep],
                     lengths=np.asarray(n)[:keep], finished=np.asarray(done)[:keep],

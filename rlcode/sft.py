@@ -30,7 +30,7 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation, mesh: Mesh,
     updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
     return (grpo.TrainState(optax.apply_updates(state.params, updates), opt_state,
                             state.step + 1),
-            {"sft_loss": loss, "grad_norm": optax.global_norm(grads)})
+            {"sft_loss": loss, "grad_norm": optax.tree.norm(grads)})
 
   state_sh = grpo.state_shardings(state, mesh)
   return jax.jit(step, in_shardings=(state_sh, grpo.batch_shardings(mesh, example_batch)),

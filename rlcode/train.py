@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from rlcode import checkpoint, evaluate, grpo, rollout, sft, sharding
+from rlcode import checkpoint, evaluate, grpo, rollout, sft, sharding, shared_prefix
 from rlcode.data import sources
 from rlcode.metrics import MetricsWriter
 from rlcode.models.build import build_model
@@ -75,6 +75,8 @@ def train(config) -> list[dict]:
   # ══════════════════════════════════════════════════════════════ 4. sampler and update
   stream = rollout.TaskStream(train_tasks, rl.prompts_per_step, config.seed, position)
   loss_cfg = grpo.LossConfig.from_config(rl, rl.max_new_tokens)
+  # rl.shared_prefix: each group's prompt runs once in the update (rlcode.shared_prefix).
+  logprob_fn = shared_prefix.logprob_fn(rl.temperature) if rl.shared_prefix else None
   update, ref_logprobs = None, None
 
   def run_eval(step, params):
@@ -99,11 +101,15 @@ def train(config) -> list[dict]:
     reward = rollout.score(ro, dict(config.rewards), _options(config))
     reward_s = time.perf_counter() - start
     adv = grpo.group_advantages(reward.scores, rl.group_size, rl.advantage)
-    batch = rollout.rl_batch(ro, adv, tokenizer.pad_id)
+    if rl.shared_prefix:
+      batch = shared_prefix.rl_batch(ro, adv, tokenizer.pad_id, rl.max_new_tokens)
+    else:
+      batch = rollout.rl_batch(ro, adv, tokenizer.pad_id)
     if update is None:
-      update = grpo.make_update_step(graphdef, optimizer, loss_cfg, mesh, state, batch)
+      update = grpo.make_update_step(graphdef, optimizer, loss_cfg, mesh, state, batch,
+                                     logprob_fn=logprob_fn)
       if rl.beta > 0:
-        ref_logprobs = grpo.make_logprob_fn(graphdef, mesh, rl.temperature)
+        ref_logprobs = grpo.make_logprob_fn(graphdef, mesh, rl.temperature, logprob_fn)
     if ref_logprobs is not None:
       batch.ref_logp = np.asarray(ref_logprobs(ref_params, batch))
 
@@ -125,7 +131,7 @@ def train(config) -> list[dict]:
         groups_with_signal=float(np.mean(np.abs(adv.reshape(-1, rl.group_size)).max(1) > 0)),
         completion_len=float(gen.lengths.mean()),
         rollout_tokens_per_s=n_tokens / ro.seconds,
-        update_tokens_per_s=batch.tokens.size * rl.num_passes / update_s,
+        update_tokens_per_s=_batch_tokens(batch) * rl.num_passes / update_s,
         tokens_per_s=n_tokens / (ro.seconds + update_s),
         rollout_seconds=ro.seconds, reward_seconds=reward_s, update_seconds=update_s,
         **{f"reward/{k}": v for k, v in reward.metrics.items()})
@@ -198,6 +204,13 @@ def evaluate_checkpoint(config, path: str, ks=(1,)) -> dict:
       ks=tuple(ks), seed=config.seed + 7919, batch_prompts=ev.batch_prompts, mesh=mesh,
       reward_options=dict(config.reward_options).get("tests", {}))
   return {"step": step, "checkpoint": directory, **result}
+
+
+def _batch_tokens(batch) -> int:
+  """Token positions the update computes (each group's prompt once when shared)."""
+  if isinstance(batch, shared_prefix.GroupedBatch):
+    return batch.prompt_tokens.size + batch.completion_tokens.size
+  return batch.tokens.size
 
 
 def _options(config) -> dict:

@@ -134,3 +134,14 @@ def test_bad_input(model):
     generate(model, [[]], max_new_tokens=8)
   with pytest.raises(ValueError, match="group_size=0"):
     generate(model, [[1]], max_new_tokens=8, group_size=0)
+
+
+@pytest.mark.parametrize("temperature", [0.0, 1.0])
+def test_shared_prompt_sampler_equals_unshared(model, temperature):
+  kwargs = dict(max_new_tokens=10, temperature=temperature, group_size=3, seed=4,
+                stop_tokens=[7])
+  shared = generate(model, PROMPTS, share_prompt=True, **kwargs)
+  private = generate(model, PROMPTS, share_prompt=False, **kwargs)
+  np.testing.assert_array_equal(shared.tokens, private.tokens)
+  np.testing.assert_array_equal(shared.lengths, private.lengths)
+  np.testing.assert_allclose(shared.logprobs, private.logprobs, atol=1e-5)

@@ -54,6 +54,29 @@ class KVCache:
     return self.k[0].shape[1]
 
 
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Prefix:
+  """Keys/values of prefixes that groups of rows share (a GRPO group's prompt,
+  a set of cached documents).
+
+  k[i], v[i]: [P, S, K, D] for layer i; lengths [P] valid positions. With N
+  rows of tokens, row r continues prefix r // (N // P): each of P prefixes is
+  shared by G = N / P consecutive rows, and is stored (and read) once.
+  """
+
+  k: tuple[jax.Array, ...]
+  v: tuple[jax.Array, ...]
+  lengths: jax.Array
+
+  @property
+  def num(self) -> int:
+    return self.lengths.shape[0]
+
+
+NONCAUSAL = kernels.AttentionSpec(causal=False)
+
+
 def rope_frequencies(cfg: ModelConfig) -> jax.Array:
   """Inverse frequencies [D/2], with Llama-3 scaling when configured."""
   d = cfg.head_dim
@@ -155,23 +178,47 @@ class Attention(nnx.Module):
     y = dense(attn_bthd, self.o[...].astype(self.cfg.jnp_dtype), contract=2)
     return sharding.constrain(y, ("batch", "length", "embed"))
 
-  def __call__(self, x_btd, rope, *, cache_kv=None, cache_lengths=None):
-    """Self-attention over x, or (with a cache) over the cache plus x.
+  def __call__(self, x_btd, rope, *, cache_kv=None, cache_lengths=None, prefix_kv=None):
+    """Self-attention over x, or (with a cache) over the cache plus x; with a
+    prefix, also over the row's shared prefix.
 
     Returns the output and the layer's keys/values: those of x alone
     [B, T, K, D] without a cache (the prefill's), the updated cache otherwise.
+    The prefix (k, v, lengths) is read, never written.
     """
     q, k, v = self.project_qkv(x_btd, rope)
+    impl = self.cfg.attn_impl
     if cache_kv is None:
-      out = kernels.attention(q, k, v, self.spec, impl=self.cfg.attn_impl)
-      return self.output(out), (k, v)
-    k_cache, v_cache = cache_kv
-    write = jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (i, 0, 0)))
-    k_cache = write(k_cache, k.astype(k_cache.dtype), cache_lengths)
-    v_cache = write(v_cache, v.astype(v_cache.dtype), cache_lengths)
-    out = kernels.decode_attention(q, k_cache, v_cache, cache_lengths + q.shape[1],
-                                   spec=self.spec, impl=self.cfg.attn_impl)
-    return self.output(out), (k_cache, v_cache)
+      own = kernels.attention(q, k, v, self.spec, impl=impl, return_lse=prefix_kv is not None)
+      new_kv = (k, v)
+    else:
+      k_cache, v_cache = cache_kv
+      write = jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (i, 0, 0)))
+      new_kv = (write(k_cache, k.astype(k_cache.dtype), cache_lengths),
+                write(v_cache, v.astype(v_cache.dtype), cache_lengths))
+      own = kernels.decode_attention(q, *new_kv, cache_lengths + q.shape[1], spec=self.spec,
+                                     impl=impl, return_lse=prefix_kv is not None)
+    if prefix_kv is None:
+      return self.output(own), new_kv
+    out, _ = kernels.merge(*zip(own, self._prefix_attention(q, *prefix_kv)))
+    return self.output(out), new_kv
+
+  def _prefix_attention(self, q_nthd, k_pskd, v_pskd, lengths_p):
+    """Attention of each row's queries over its group's prefix (Hydragen).
+
+    The G rows of a group are one block of G*T queries against the one stored
+    copy of their prefix: every query sees the whole prefix (it precedes them
+    all), so the block is non-causal and the prefix is never repeated.
+    """
+    if self.spec.kind != "dense" or not self.spec.causal:
+      raise NotImplementedError(
+          f"a shared prefix is implemented for dense causal layers, not {self.spec}")
+    n, t, h, d = q_nthd.shape
+    p = k_pskd.shape[0]
+    out, lse = kernels.attention(q_nthd.reshape(p, (n // p) * t, h, d), k_pskd, v_pskd,
+                                 NONCAUSAL, impl=self.cfg.attn_impl, kv_lengths=lengths_p,
+                                 return_lse=True)
+    return out.reshape(n, t, h, d), lse.reshape(n, t, h)
 
 
 class MLP(nnx.Module):
@@ -199,8 +246,9 @@ class Block(nnx.Module):
     self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x, rope, *, cache_kv=None, cache_lengths=None):
-    a, kv = self.attn(self.attn_norm(x), rope, cache_kv=cache_kv, cache_lengths=cache_lengths)
+  def __call__(self, x, rope, *, cache_kv=None, cache_lengths=None, prefix_kv=None):
+    a, kv = self.attn(self.attn_norm(x), rope, cache_kv=cache_kv, cache_lengths=cache_lengths,
+                      prefix_kv=prefix_kv)
     x = x + a
     return x + self.mlp(self.mlp_norm(x)), kv
 
@@ -226,18 +274,25 @@ class Decoder(nnx.Module):
     if positions_bt is not None and positions_bt.shape != tokens_bt.shape:
       raise ValueError(f"positions {positions_bt.shape} must match tokens {tokens_bt.shape}")
 
-  def hidden(self, tokens_bt, positions_bt=None, *, cache: KVCache | None = None):
+  def hidden(self, tokens_bt, positions_bt=None, *, cache: KVCache | None = None,
+             prefix: Prefix | None = None):
     """Final hidden states [B, T, E] and the keys/values.
 
     Without a cache: causal self-attention over the tokens; returns the
     per-layer (k, v) of the tokens, [B, T, K, D] each (what a prefill stores).
     With a cache: the tokens continue each row at cache.lengths; returns the
     updated cache.
+    With a prefix: every row also attends to its group's prefix, which comes
+    before the row (and before its cache); positions then start after it.
     """
     self._check_tokens(tokens_bt, positions_bt)
-    t = tokens_bt.shape[1]
+    b, t = tokens_bt.shape
+    if prefix is not None and b % prefix.num:
+      raise ValueError(f"{b} rows do not split into groups over {prefix.num} prefixes")
     if positions_bt is None:
-      start = jnp.zeros((tokens_bt.shape[0],), jnp.int32) if cache is None else cache.lengths
+      start = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
+      if prefix is not None:
+        start = start + jnp.repeat(prefix.lengths, b // prefix.num)
       positions_bt = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
     x = jnp.take(self.embed[...], tokens_bt, axis=0).astype(self.cfg.jnp_dtype)
     x = sharding.constrain(x, ("batch", "length", "embed"))
@@ -245,7 +300,8 @@ class Decoder(nnx.Module):
     kvs = []
     for i, layer in enumerate(self.layers):
       cache_kv = None if cache is None else (cache.k[i], cache.v[i])
-      x, kv = layer(x, rope, cache_kv=cache_kv,
+      prefix_kv = None if prefix is None else (prefix.k[i], prefix.v[i], prefix.lengths)
+      x, kv = layer(x, rope, cache_kv=cache_kv, prefix_kv=prefix_kv,
                     cache_lengths=None if cache is None else cache.lengths)
       kvs.append(kv)
     h = self.final_norm(x)

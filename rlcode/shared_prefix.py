@@ -1,0 +1,132 @@
+"""GRPO with each group's prompt computed once, forward and backward.
+
+A GRPO group is G completions of one prompt. The naive update runs
+prompt + completion for every row, so the prompt's forward and backward run G
+times. Here the prompt runs once per group (batch P), its per-layer keys and
+values become a `Prefix`, and the P*G completions run against it: each
+completion's attention is the log-sum-exp merge of non-causal attention over
+the shared prompt (all G completions of a prompt as one query block, as in
+Hydragen) and causal attention over its own tokens. Gradients reach the prompt
+through its keys and values, once.
+
+The first completion token is predicted from the prompt's last position, which
+also runs once per group. Losses and gradients equal the naive
+repeated-prompt computation (tests/test_shared_prefix.py).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlcode import grpo
+from rlcode.models.decoder import Prefix
+
+PROMPT_MULTIPLE = 32
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class GroupedBatch:
+  """P prompts and their P*G completions, prompt-major.
+
+  prompt_tokens: [P, Tp] right-padded; prompt_lengths: [P].
+  completion_tokens: [N, Tc] right-padded. mask, old_logp, ref_logp: [N, Tc],
+  aligned with the completion tokens (mask 1 on real tokens). adv: [N].
+  """
+
+  prompt_tokens: jax.Array
+  prompt_lengths: jax.Array
+  completion_tokens: jax.Array
+  mask: jax.Array
+  old_logp: jax.Array
+  ref_logp: jax.Array
+  adv: jax.Array
+
+
+def prompt_prefix(model, prompt_tokens_pt, prompt_lengths_p):
+  """The prompts' final hidden states [P, Tp, E] and their per-layer keys/values."""
+  h, kvs = model.hidden(prompt_tokens_pt)
+  return h, Prefix(k=tuple(k for k, _ in kvs), v=tuple(v for _, v in kvs),
+                   lengths=prompt_lengths_p)
+
+
+def grouped_logprobs(model, batch: GroupedBatch, temperature: float):
+  """Log-probabilities and entropies [N, Tc] of the completion tokens."""
+  p = batch.prompt_tokens.shape[0]
+  n = batch.completion_tokens.shape[0]
+  h_prompt, prefix = prompt_prefix(model, batch.prompt_tokens, batch.prompt_lengths)
+  h_comp, _ = model.hidden(batch.completion_tokens, prefix=prefix)
+  last = jnp.take_along_axis(h_prompt, (batch.prompt_lengths - 1)[:, None, None], axis=1)
+  # Position t predicts completion token t: the prompt's last state, then the
+  # completion's own states shifted by one.
+  h = jnp.concatenate([jnp.repeat(last, n // p, axis=0), h_comp[:, :-1]], axis=1)
+  logits = model.logits(h).astype(jnp.float32) / temperature
+  logz = jax.nn.logsumexp(logits, axis=-1)
+  logp = jnp.take_along_axis(logits, batch.completion_tokens[..., None], -1)[..., 0] - logz
+  entropy = logz - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
+  return logp, entropy
+
+
+def logprob_fn(temperature: float):
+  """For grpo.make_update_step / make_logprob_fn."""
+  return lambda model, batch: grouped_logprobs(model, batch, temperature)
+
+
+def grouped_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
+                  pad_id: int, completion_len: int, old_logp=None, adv=None,
+                  padding_side: str = "right") -> GroupedBatch:
+  """Host arrays for the shared-prefix update.
+
+  prompts: P token lists; completions: P*G token lists, prompt-major.
+  completion_len: the padded completion length (the sampling budget, so one shape).
+  padding_side: how `prompts` arrive when they are arrays padded to one length
+  with pad_id: "right" (as given) or "left" (the pads are stripped here; the
+  device layout is always right-padded).
+  """
+  if padding_side not in ("left", "right"):
+    raise ValueError(f"padding_side={padding_side!r}: expected 'left' or 'right'")
+  if padding_side == "left":
+    prompts = [list(np.asarray(p)[np.argmax(np.asarray(p) != pad_id):]) for p in prompts]
+  p, n = len(prompts), len(completions)
+  if n % p:
+    raise ValueError(f"{n} completions do not split into groups over {p} prompts")
+  lengths = np.array([len(x) for x in prompts], np.int32)
+  if lengths.min() < 1:
+    raise ValueError("grouped_batch: a prompt is empty")
+  longest = max(len(c) for c in completions)
+  if longest > completion_len:
+    raise ValueError(f"a completion has {longest} tokens, more than completion_len="
+                     f"{completion_len}")
+  tp = -(-int(lengths.max()) // PROMPT_MULTIPLE) * PROMPT_MULTIPLE
+  prompt_tokens = np.full((p, tp), pad_id, np.int32)
+  for i, x in enumerate(prompts):
+    prompt_tokens[i, :len(x)] = x
+  tokens = np.full((n, completion_len), pad_id, np.int32)
+  mask = np.zeros((n, completion_len), np.float32)
+  old = np.zeros((n, completion_len), np.float32)
+  for i, c in enumerate(completions):
+    tokens[i, :len(c)] = c
+    mask[i, :len(c)] = 1.0
+    if old_logp is not None:
+      old[i, :len(c)] = old_logp[i][:len(c)]
+  adv = np.zeros((n,), np.float32) if adv is None else np.asarray(adv, np.float32)
+  return GroupedBatch(prompt_tokens=prompt_tokens, prompt_lengths=lengths,
+                      completion_tokens=tokens, mask=mask, old_logp=old,
+                      ref_logp=np.zeros_like(old), adv=adv)
+
+
+def rl_batch(rollout, adv: np.ndarray, pad_id: int, completion_len: int) -> GroupedBatch:
+  gen = rollout.generation
+  return grouped_batch(rollout.prompts, gen.completions(), pad_id=pad_id,
+                       completion_len=completion_len, old_logp=gen.logprobs, adv=adv)
+
+
+def update_step(graphdef, optimizer, cfg: grpo.LossConfig, mesh, state, example: GroupedBatch):
+  """grpo.make_update_step with the shared-prefix forward."""
+  return grpo.make_update_step(graphdef, optimizer, cfg, mesh, state, example,
+                               logprob_fn=logprob_fn(cfg.temperature))

@@ -1,0 +1,135 @@
+"""The shared-prefix update equals the naive repeated-prompt update."""
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rlcode import grpo, rollout, sharding, shared_prefix
+from rlcode.models import Decoder, ModelConfig
+
+CFG = ModelConfig(vocab_size=40, hidden_size=32, intermediate_size=48, num_layers=2,
+                  num_heads=4, num_kv_heads=2, qkv_bias=True, max_seq_len=128)
+G = 3
+PAD = 0
+
+
+def _data(seed, longest_first):
+  rng = np.random.default_rng(seed)
+  lengths = [9, 4, 13] if longest_first else [4, 9, 13]
+  prompts = [rng.integers(1, 40, n).tolist() for n in lengths]
+  completions = [rng.integers(1, 40, int(rng.integers(1, 7))).tolist()
+                 for _ in range(len(prompts) * G)]
+  old = [(-rng.random(8) * 2).astype(np.float32) for _ in completions]
+  ref = [(-rng.random(8) * 2).astype(np.float32) for _ in completions]
+  adv = rng.normal(size=len(completions)).astype(np.float32)
+  return prompts, completions, old, ref, adv
+
+
+def _naive(prompts, completions, old, ref, adv):
+  batch = rollout.sequence_batch(prompts, completions, np.repeat(np.arange(len(prompts)), G),
+                                 pad_id=PAD, old_logp=old, adv=adv)
+  ref_b = rollout.sequence_batch(prompts, completions, np.repeat(np.arange(len(prompts)), G),
+                                 pad_id=PAD, old_logp=ref)
+  batch.ref_logp = ref_b.old_logp
+  return batch
+
+
+def _grouped(prompts, completions, old, ref, adv, padding_side):
+  if padding_side == "left":  # the same prompts, arriving left-padded in one array
+    width = max(map(len, prompts)) + 2
+    prompts = [[PAD] * (width - len(p)) + p for p in prompts]
+  batch = shared_prefix.grouped_batch(prompts, completions, pad_id=PAD, completion_len=8,
+                                      old_logp=old, adv=adv, padding_side=padding_side)
+  batch.ref_logp = shared_prefix.grouped_batch(prompts, completions, pad_id=PAD,
+                                               completion_len=8, old_logp=ref,
+                                               padding_side=padding_side).old_logp
+  return batch
+
+
+def _losses_and_grads(graphdef, params, batch, logprob_fn):
+  """{aggregation: (loss, grads)} for every loss aggregation, in one compiled program."""
+  def loss(params, cfg):
+    logp, _ = logprob_fn(nnx.merge(graphdef, params), batch)
+    return grpo.policy_loss(logp, batch.old_logp, batch.adv, batch.mask, cfg,
+                            ref_logp_nt=batch.ref_logp)[0]
+
+  @jax.jit
+  def run(params):
+    return {name: jax.value_and_grad(loss)(params, grpo.LossConfig(
+        aggregation=name, beta=0.05, clip_eps_low=0.2, clip_eps_high=0.28,
+        max_completion_len=8)) for name in grpo.AGGREGATIONS}
+  return run(params)
+
+
+@pytest.fixture(scope="module")
+def model():
+  return nnx.split(Decoder(CFG, rngs=nnx.Rngs(1)), nnx.Param)
+
+
+@pytest.mark.parametrize("longest_first,padding_side", [(True, "right"), (False, "left")])
+def test_loss_and_grads_equal_repeated_prompt(model, longest_first, padding_side):
+  graphdef, params = model
+  data = _data(0, longest_first)
+  naive_fn = lambda m, b: grpo.sequence_logprobs(m, b.tokens, 1.0)
+  naive = _losses_and_grads(graphdef, params, _naive(*data), naive_fn)
+  shared = _losses_and_grads(graphdef, params, _grouped(*data, padding_side),
+                             shared_prefix.logprob_fn(1.0))
+  for name in grpo.AGGREGATIONS:
+    (loss_a, grads_a), (loss_b, grads_b) = naive[name], shared[name]
+    np.testing.assert_allclose(float(loss_b), float(loss_a), rtol=1e-5, atol=1e-6,
+                               err_msg=name)
+    flat_a = dict(nnx.to_flat_state(grads_a))
+    for path, g in nnx.to_flat_state(grads_b):
+      np.testing.assert_allclose(np.asarray(g.get_value()),
+                                 np.asarray(flat_a[path].get_value()),
+                                 rtol=1e-4, atol=1e-6, err_msg=f"{name} {path}")
+
+
+def test_logprobs_equal_per_token(model):
+  graphdef, params = model
+  data = _data(3, True)
+  m = nnx.merge(graphdef, params)
+  naive = _naive(*data)
+  grouped = _grouped(*data, "right")
+  logp_a, ent_a = jax.jit(lambda t: grpo.sequence_logprobs(m, t, 0.7))(naive.tokens)
+  logp_b, ent_b = jax.jit(lambda b: shared_prefix.grouped_logprobs(m, b, 0.7))(grouped)
+  prompts, completions = data[0], data[1]
+  for i, c in enumerate(completions):
+    start = len(prompts[i // G]) - 1
+    np.testing.assert_allclose(np.asarray(logp_b[i, :len(c)]),
+                               np.asarray(logp_a[i, start:start + len(c)]), atol=2e-5)
+    np.testing.assert_allclose(np.asarray(ent_b[i, :len(c)]),
+                               np.asarray(ent_a[i, start:start + len(c)]), atol=2e-5)
+
+
+def test_update_step_runs_sharded(model):
+  mesh = sharding.make_mesh(2, 1, 2)
+  graphdef, params = model
+  m = sharding.shard_module(nnx.merge(graphdef, params), mesh)
+  opt_cfg = type("O", (), dict(learning_rate=1e-3, warmup_steps=1, decay_steps=10,
+                               end_lr_fraction=0.1, grad_clip=1.0, b1=0.9, b2=0.99,
+                               weight_decay=0.0))
+  optimizer = grpo.make_optimizer(opt_cfg)
+  data = _data(5, True)
+  prompts = data[0] + data[0][:1]  # 4 prompts: divisible by the data axis
+  completions = data[1] + data[1][:G]
+  batch = shared_prefix.grouped_batch(prompts, completions, pad_id=PAD, completion_len=8,
+                                      old_logp=data[2] + data[2][:G],
+                                      adv=np.concatenate([data[4], data[4][:G]]))
+  state = grpo.init_state(m, optimizer, mesh)
+  cfg = grpo.LossConfig(max_completion_len=8)
+  update = shared_prefix.update_step(nnx.split(m, nnx.Param)[0], optimizer, cfg, mesh, state,
+                                     batch)
+  state, metrics = update(state, batch)
+  assert float(metrics["skipped"]) == 0 and np.isfinite(float(metrics["loss"]))
+
+
+def test_bad_input():
+  with pytest.raises(ValueError, match="do not split into groups"):
+    shared_prefix.grouped_batch([[1, 2], [3]], [[1]] * 3, pad_id=0, completion_len=4)
+  with pytest.raises(ValueError, match="more than completion_len=2"):
+    shared_prefix.grouped_batch([[1, 2]], [[1, 2, 3]], pad_id=0, completion_len=2)
+  with pytest.raises(ValueError, match="padding_side"):
+    shared_prefix.grouped_batch([[1]], [[1]], pad_id=0, completion_len=2, padding_side="up")
