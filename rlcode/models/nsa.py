@@ -88,11 +88,11 @@ class NSAAttention(nnx.Module):
     """phi: [B, T, K, D] -> [B, nc, K, D], one vector per block of l keys (stride d)."""
     dt = self.dtype
     blocks = nsa_kernels.compression_windows(x_btkd, self.cfg)  # [B, nc, l, K, D]
-    blocks = blocks + self.cmp_pos[...][which].astype(dt)[None, None, :, None, :]
-    hidden = jnp.einsum("bclkd,ldm->bckm", blocks, self.cmp_w1[...][which].astype(dt))
-    hidden = jax.nn.gelu(hidden + self.cmp_b1[...][which].astype(dt))
-    out = jnp.einsum("bckm,md->bckd", hidden, self.cmp_w2[...][which].astype(dt))
-    return out + self.cmp_b2[...][which].astype(dt)
+    blocks = blocks + self.cmp_pos[which].astype(dt)[None, None, :, None, :]
+    hidden = jnp.einsum("bclkd,ldm->bckm", blocks, self.cmp_w1[which].astype(dt))
+    hidden = jax.nn.gelu(hidden + self.cmp_b1[which].astype(dt))
+    out = jnp.einsum("bckm,md->bckd", hidden, self.cmp_w2[which].astype(dt))
+    return out + self.cmp_b2[which].astype(dt)
 
   def __call__(self, x_btd: jax.Array, positions_bt: jax.Array) -> jax.Array:
     """x [B, T, E], positions [B, T] (RoPE positions) -> [B, T, E]."""
