@@ -40,7 +40,7 @@ from kernels.spec import AttentionSpec, NSAConfig
 
 F32 = jnp.float32
 # Query tiles of the blockwise XLA passes; key tiles of the compressed branch.
-_XLA_TILES = {"compressed": (512, 512), "select": 256, "selected": 32}
+_XLA_TILES = {"compressed": (512, 512), "select": 256, "selected": 4}
 
 
 def _check_nsa(fn: str, q, k, v):
