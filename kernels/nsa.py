@@ -39,12 +39,11 @@ from kernels import api, blockwise, pallas_flash, reference, tiling
 from kernels.spec import AttentionSpec, NSAConfig
 
 F32 = jnp.float32
-# Query tiles of the blockwise XLA passes; key tiles of the compressed branch.
-_XLA_TILES = {"compressed": (512, 512), "select": 256, "selected": 4}
-
-
-def _check_nsa(fn: str, q, k, v):
-  api.check_qkv(fn, q, k, v)
+# Query tiles of the blockwise XLA passes (and key tiles of the compressed
+# branch), measured on CPU at T=8192: the scoring pass holds [tile, nc]
+# probabilities and the selected branch gathers n*l' keys per query, so both
+# want small tiles whose data stays in cache.
+_XLA_TILES = {"compressed": (128, 128), "select": 32, "selected": 4}
 
 
 def compressed_positions(cfg: NSAConfig, nc: int) -> jax.Array:
@@ -72,7 +71,7 @@ def compressed_attention(q, k_cmp, v_cmp, cfg: NSAConfig, *, impl: str = "auto",
 
   Queries before the end of the first compressed block see nothing: out 0, lse -inf.
   """
-  _check_nsa("compressed_attention", q, k_cmp, v_cmp)
+  api.check_qkv("compressed_attention", q, k_cmp, v_cmp)
   if k_cmp.shape[1] != cfg.num_compressed(q.shape[1]):
     raise ValueError(f"compressed_attention: k_cmp has {k_cmp.shape[1]} compressed tokens; "
                      f"T={q.shape[1]} with block_cmp={cfg.block_cmp}, stride_cmp="
@@ -192,7 +191,7 @@ _take = jax.vmap(jax.vmap(lambda blocks, ix: blocks[ix]))  # over B and K
 def _selected_tile(qh, kvb, ix, i, bq, block, s, scale):
   """Recomputed pieces of one query tile.
 
-  Returns q [B, K, bq, G, D] (scaled), gathered k and v [B, K, bq, n*l', D],
+  Returns q [B, K, bq, G, D] (scaled), the gathered k|v rows [B, K, bq, n*l', 2D],
   visibility [B, K, bq, 1, n*l'] and logits [B, K, bq, G, n*l'].
   """
   d = qh.shape[-1]
@@ -200,13 +199,15 @@ def _selected_tile(qh, kvb, ix, i, bq, block, s, scale):
   ii = lax.dynamic_slice_in_dim(ix, i * bq, bq, axis=2)  # [B, K, bq, n]
   b, kh, _, n = ii.shape
   kvg = _take(kvb, jnp.maximum(ii, 0)).astype(F32).reshape(b, kh, bq, n * block, 2 * d)
-  kg, vg = kvg[..., :d], kvg[..., d:]
   kpos = ii[..., None] * block + jnp.arange(block)
   qpos = (i * bq + jnp.arange(bq))[:, None, None]
   ok = (ii[..., None] >= 0) & (kpos <= qpos) & (kpos < s)
   ok = ok.reshape(b, kh, bq, 1, n * block)
-  logits = jnp.einsum("bkqgd,bkqsd->bkqgs", qi, kg)
-  return qi, kg, vg, ok, logits
+  # Contract against the whole k|v rows (q padded with zeros over the v half):
+  # slicing k and v out of the gathered rows would copy them.
+  q_ext = jnp.concatenate([qi, jnp.zeros_like(qi)], axis=-1)
+  logits = jnp.einsum("bkqgd,bkqsd->bkqgs", q_ext, kvg)
+  return qi, kvg, ok, logits
 
 
 def _selected_fwd_xla(q, k, v, idx, block, bq, scale):
@@ -215,14 +216,15 @@ def _selected_fwd_xla(q, k, v, idx, block, bq, scale):
   qh, kvb, ix = _selected_layout(q, k, v, idx, block, bq)
 
   def tile(i):
-    _, _, vg, ok, logits = _selected_tile(qh, kvb, ix, i, bq, block, s, scale)
+    _, kvg, ok, logits = _selected_tile(qh, kvb, ix, i, bq, block, s, scale)
     logits = jnp.where(ok, logits, -jnp.inf)
     m = jnp.max(logits, axis=-1)
     m = jnp.where(jnp.isfinite(m), m, 0.0)
     p = jnp.exp(logits - m[..., None])
     l = jnp.sum(p, axis=-1)
     seen = l > 0
-    out = jnp.einsum("bkqgs,bkqsd->bkqgd", p, vg) / jnp.where(seen, l, 1.0)[..., None]
+    out = jnp.einsum("bkqgs,bkqsd->bkqgd", p, kvg)[..., d:]
+    out = out / jnp.where(seen, l, 1.0)[..., None]
     lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), -jnp.inf)
     return out.astype(q.dtype), lse
 
@@ -247,11 +249,12 @@ def _selected_bwd_xla(q, k, v, idx, out, lse, dout, dlse, block, bq, scale):
   scatter = jax.vmap(jax.vmap(lambda acc, ix_, upd: acc.at[ix_].add(upd)))
 
   def tile(dkvb, i):
-    qi, kg, vg, ok, logits = _selected_tile(qh, kvb, ix, i, bq, block, s, scale)
+    qi, kvg, ok, logits = _selected_tile(qh, kvb, ix, i, bq, block, s, scale)
     doi = lax.dynamic_slice_in_dim(do_h, i * bq, bq, axis=2).astype(F32)
     lse_i = lax.dynamic_slice_in_dim(lse_h, i * bq, bq, axis=2)
     delta_i = lax.dynamic_slice_in_dim(delta, i * bq, bq, axis=2)
     p = jnp.where(ok, jnp.exp(logits - lse_i[..., None]), 0.0)
+    kg, vg = kvg[..., :d], kvg[..., d:]
     ds = p * (jnp.einsum("bkqgd,bkqsd->bkqgs", doi, vg) - delta_i[..., None])
     dq = jnp.einsum("bkqgs,bkqsd->bkqgd", ds, kg) * scale
     dkv = jnp.concatenate([jnp.einsum("bkqgs,bkqgd->bkqsd", ds, qi),
@@ -365,7 +368,7 @@ def selected_attention(q, k, v, indices, cfg: NSAConfig, *, impl: str = "auto", 
     cfg: NSA sizes (block_sel).
     impl, scale, return_lse: as for `kernels.attention`.
   """
-  _check_nsa("selected_attention", q, k, v)
+  api.check_qkv("selected_attention", q, k, v)
   b, t, h, d = q.shape
   if k.shape[1] != t:
     raise ValueError(f"selected_attention: training-mode NSA needs T == S; got q{q.shape} "

@@ -9,12 +9,13 @@ import dataclasses
 
 KINDS = ("dense", "sliding", "document")
 
-# Tile sizes when a spec leaves them unset. XLA on CPU runs best with large
-# tiles (fewer loop steps, matmuls big enough for the CPU's GEMM), except for
-# sliding windows where a tile much wider than the window visits keys that are
-# all masked. Pallas on GPU (Triton) keeps a tile in registers/shared memory,
-# so its tiles are small.
-_XLA_BLOCKS = {"dense": (512, 512), "sliding": (256, 256), "document": (512, 512)}
+# Tile sizes when a spec leaves them unset. XLA on CPU: measured at T=8192,
+# H=8, K=2, D=64 (experiments/attention_scaling.py), 256 balances loop steps
+# against a tile pair that stays in cache (512 is as fast forward, 1.4x slower
+# backward); sliding windows want narrow query tiles, which visit fewer
+# masked keys. Pallas on GPU (Triton) keeps a tile in registers/shared
+# memory, so its tiles are small.
+_XLA_BLOCKS = {"dense": (256, 256), "sliding": (128, 256), "document": (256, 256)}
 _PALLAS_BLOCKS = (64, 64)
 
 
@@ -85,8 +86,9 @@ class NSAConfig:
       ones just before it).
     window: w of the sliding branch.
     compress_hidden: hidden width of the compression MLP (the model layer's).
-    block_q: queries per tile of the blockwise compressed/selected/scoring
-      passes (None: the implementation's default).
+    block_q: queries per tile of every NSA pass (compressed, scoring,
+      selected); None picks per-pass defaults (on CPU 128, 32 and 4: the
+      selected branch gathers n*l' keys per query and wants small tiles).
   """
 
   block_cmp: int = 32
