@@ -307,7 +307,7 @@ def _selected_fwd_pallas(q, k, v, idx, block, scale, interpret):
   pallas_flash.check_gpu_sizes(interpret, block_sel=block, head_dim=d)
   # One program per (query, KV group): its G heads share the gathered blocks.
   # Triton's matmul needs at least 16 rows, so pad the heads on GPU.
-  rows = g if interpret else max(16, pallas_flash._next_pow2(g))  # pylint: disable=protected-access
+  rows = g if interpret else max(16, pallas_flash.next_pow2(g))
   nb = -(-s // block)
   qg = q.reshape(b, t, kh, g, d).transpose(0, 2, 1, 3, 4)
   qg = tiling.pad_axis(qg, 3, rows)

@@ -40,7 +40,7 @@ def _is_pow2(n: int) -> bool:
   return n > 0 and n & (n - 1) == 0
 
 
-def _next_pow2(n: int) -> int:
+def next_pow2(n: int) -> int:
   return 1 << max(0, (n - 1).bit_length())
 
 
@@ -57,7 +57,7 @@ def tile_sizes(bq: int, bk: int, t: int, s: int, interpret: bool) -> tuple[int, 
   """Tiles no larger than needed; on GPU powers of two of at least 16 (Triton's dot)."""
   if interpret:
     return blockwise.tile_sizes(bq, bk, t, s)
-  return min(bq, max(16, _next_pow2(t))), min(bk, max(16, _next_pow2(s)))
+  return min(bq, max(16, next_pow2(t))), min(bk, max(16, next_pow2(s)))
 
 
 def call(kernel, *, grid, in_specs, out_specs, out_shape, interpret: bool, name: str,
@@ -65,7 +65,9 @@ def call(kernel, *, grid, in_specs, out_specs, out_shape, interpret: bool, name:
   """pl.pallas_call, on the Triton backend when compiled for GPU."""
   params = {}
   if not interpret:
-    from jax.experimental.pallas import triton as pltriton  # pylint: disable=g-import-not-at-top
+    # Imported only when compiling for GPU: the Triton backend is deprecated
+    # from jax 0.11 and the interpreter does not need it.
+    from jax.experimental.pallas import triton as pltriton  # pylint: disable=import-outside-toplevel
     params["compiler_params"] = pltriton.CompilerParams(num_warps=num_warps,
                                                         num_stages=num_stages)
   return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs,
@@ -367,8 +369,8 @@ def decode(q, k, v, mask: tiling.Mask, *, lengths, q_offset, bk: int, interpret:
   g = h // kh
   scale = d ** -0.5 if scale is None else float(scale)
   rows = tq * g
-  rp = rows if interpret else max(16, _next_pow2(rows))
-  bk = min(bk, tiling.round_up(s, 8)) if interpret else min(bk, max(16, _next_pow2(s)))
+  rp = rows if interpret else max(16, next_pow2(rows))
+  bk = min(bk, tiling.round_up(s, 8)) if interpret else min(bk, max(16, next_pow2(s)))
   check_gpu_sizes(interpret, block_k=bk, head_dim=d)
   sp = tiling.round_up(s, bk)
   nk = sp // bk
@@ -380,7 +382,7 @@ def decode(q, k, v, mask: tiling.Mask, *, lengths, q_offset, bk: int, interpret:
   per_split = -(-nk // num_splits)
 
   # The layout of one query tile holding all Tq queries gives the row's key range.
-  lay = tiling.make_layout(mask, b, tq, s, tiling.round_up(tq, 1), bk, q_offset=q_offset,
+  lay = tiling.make_layout(mask, b, tq, s, tq, bk, q_offset=q_offset,
                            kv_lengths=lengths)
   lo, hi = lay.lo[:, 0], lay.hi[:, 0]
   split = jnp.arange(num_splits)[None, :]
