@@ -67,7 +67,7 @@ def call(kernel, *, grid, in_specs, out_specs, out_shape, interpret: bool, name:
   if not interpret:
     # Imported only when compiling for GPU: the Triton backend is deprecated
     # from jax 0.11 and the interpreter does not need it.
-    from jax.experimental.pallas import triton as pltriton  # pylint: disable=import-outside-toplevel
+    from jax.experimental.pallas import triton as pltriton  # pylint: disable=C0415
     params["compiler_params"] = pltriton.CompilerParams(num_warps=num_warps,
                                                         num_stages=num_stages)
   return pl.pallas_call(kernel, grid=grid, in_specs=in_specs, out_specs=out_specs,

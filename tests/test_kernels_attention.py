@@ -133,8 +133,8 @@ def test_reference_dense_matches_softmax_by_hand():
       logits = qn[b, :, h] @ kn[b, :, 0].T / 2.0
       logits[np.triu_indices(5, 1)] = -np.inf
       p = np.exp(logits - logits.max(1, keepdims=True))
-      np.testing.assert_allclose(np.asarray(out[b, :, h]), (p / p.sum(1, keepdims=True)) @ vn[b, :, 0],
-                                 atol=1e-6)
+      want = (p / p.sum(1, keepdims=True)) @ vn[b, :, 0]
+      np.testing.assert_allclose(np.asarray(out[b, :, h]), want, atol=1e-6)
       np.testing.assert_allclose(np.asarray(lse[b, :, h]),
                                  np.log(np.exp(logits).sum(1)), atol=1e-6)
 

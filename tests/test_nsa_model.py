@@ -3,7 +3,6 @@ every parameter, parameters carry logical axis names."""
 
 from __future__ import annotations
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
