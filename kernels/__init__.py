@@ -3,14 +3,16 @@ versions and Pallas kernels.
 
     out = kernels.attention(q, k, v, spec, impl="auto")
     out, lse = kernels.attention(q, k, v, spec, return_lse=True)
+    out = kernels.decode_attention(q, k_cache, v_cache, lengths, spec=spec)
 
 q is [B, T, H, D]; k and v are [B, S, K, D] with H a multiple of K (grouped-query).
 Every implementation returns the log-sum-exp on request so that partial
-attentions over disjoint key sets merge exactly (`merge`).
+attentions over disjoint key sets merge exactly (`merge`). NSA (DeepSeek's
+Native Sparse Attention) branch functions live in `kernels.nsa`.
 """
 
-from kernels.api import IMPLS, attention, decode_attention, merge
-from kernels.spec import DENSE_CAUSAL, KINDS, AttentionSpec
+from kernels.api import IMPLS, attention, decode_attention, merge, resolve_impl
+from kernels.spec import DENSE_CAUSAL, KINDS, AttentionSpec, NSAConfig
 
-__all__ = ["AttentionSpec", "DENSE_CAUSAL", "IMPLS", "KINDS", "attention",
-           "decode_attention", "merge"]
+__all__ = ["AttentionSpec", "DENSE_CAUSAL", "IMPLS", "KINDS", "NSAConfig", "attention",
+           "decode_attention", "merge", "resolve_impl"]

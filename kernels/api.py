@@ -1,4 +1,8 @@
-"""The dispatcher: argument checks, implementation choice, fallbacks with warnings."""
+"""The dispatcher: argument checks, implementation choice, fallbacks with warnings.
+
+No attention math lives here: it only validates, picks an implementation
+(reference, blockwise XLA, Pallas) and forwards.
+"""
 
 from __future__ import annotations
 
@@ -7,32 +11,72 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from kernels import reference
+from kernels import blockwise, pallas_flash, reference, tiling
 from kernels.spec import AttentionSpec
 
 IMPLS = ("auto", "reference", "xla", "pallas", "pallas_interpret")
 
 
-def _check(q, k, v, spec, segment_ids):
+def _check_shape(fn: str, name: str, x, shape) -> None:
+  if x is not None and jnp.shape(x) != tuple(shape):
+    raise ValueError(f"{fn}: {name} has shape {jnp.shape(x)}; expected {tuple(shape)}")
+
+
+def check_qkv(fn: str, q, k, v) -> None:
+  """Rank, matching batch/head_dim, k == v shapes, H a multiple of K."""
   if q.ndim != 4 or k.ndim != 4 or v.ndim != 4:
-    raise ValueError(f"attention: q, k, v must be rank 4 ([B, T, H, D], [B, S, K, D]); "
+    raise ValueError(f"{fn}: q, k, v must be rank 4 ([B, T, H, D], [B, S, K, D]); "
                      f"got q{q.shape} k{k.shape} v{v.shape}")
   if k.shape != v.shape:
-    raise ValueError(f"attention: k{k.shape} and v{v.shape} must have the same shape")
+    raise ValueError(f"{fn}: k{k.shape} and v{v.shape} must have the same shape")
   if q.shape[0] != k.shape[0] or q.shape[3] != k.shape[3]:
-    raise ValueError(f"attention: batch and head_dim of q{q.shape} and k{k.shape} differ")
-  if q.shape[2] % k.shape[2]:
-    raise ValueError(f"attention: query heads H={q.shape[2]} must be a multiple of "
-                     f"KV heads K={k.shape[2]}")
-  if spec.kind == "document" and segment_ids is None:
-    raise ValueError("attention: spec.kind='document' needs segment_ids [B, T]")
+    raise ValueError(f"{fn}: batch and head_dim of q{q.shape} and k{k.shape} differ")
+  if k.shape[2] < 1 or q.shape[2] % k.shape[2]:
+    raise ValueError(f"{fn}: query heads H={q.shape[2]} (q) must be a multiple of "
+                     f"KV heads K={k.shape[2]} (k)")
 
 
-def _resolve(impl: str) -> str:
+def _check(q, k, v, spec, segment_ids, kv_segment_ids, q_offset, kv_lengths):
+  if not isinstance(spec, AttentionSpec):
+    raise TypeError(f"attention: spec must be an AttentionSpec, got {type(spec).__name__}")
+  check_qkv("attention", q, k, v)
+  b, t = q.shape[:2]
+  s = k.shape[1]
+  _check_shape("attention", "kv_lengths", kv_lengths, (b,))
+  if q_offset is not None and jnp.ndim(q_offset) not in (0, 1):
+    raise ValueError(f"attention: q_offset must be an int or [B]; got shape "
+                     f"{jnp.shape(q_offset)}")
+  if q_offset is not None and jnp.ndim(q_offset) == 1:
+    _check_shape("attention", "q_offset", q_offset, (b,))
+  if spec.kind == "document":
+    if segment_ids is None:
+      raise ValueError("attention: spec.kind='document' needs segment_ids [B, T]")
+    _check_shape("attention", "segment_ids", segment_ids, (b, t))
+    if kv_segment_ids is None and t != s:
+      raise ValueError(f"attention: kv_segment_ids [B, S] are needed when T={t} != S={s}")
+    _check_shape("attention", "kv_segment_ids", kv_segment_ids, (b, s))
+    tiling.check_segment_ids("attention: segment_ids", segment_ids)
+    if kv_segment_ids is not None:
+      tiling.check_segment_ids("attention: kv_segment_ids", kv_segment_ids)
+  elif segment_ids is not None or kv_segment_ids is not None:
+    raise ValueError(f"attention: segment_ids are only used by kind='document', "
+                     f"not {spec.kind!r}")
+
+
+def resolve_impl(impl: str, fn: str = "attention") -> str:
+  """The implementation that will run: "auto" resolved, unavailable ones replaced.
+
+  "pallas" needs a GPU; elsewhere it falls back to "xla" with a warning.
+  """
   if impl not in IMPLS:
-    raise ValueError(f"attention: impl={impl!r}; expected one of {IMPLS}")
+    raise ValueError(f"{fn}: impl={impl!r}; expected one of {IMPLS}")
+  on_gpu = jax.default_backend() == "gpu"
   if impl == "auto":
-    return "pallas" if jax.default_backend() == "gpu" else "xla"
+    return "pallas" if on_gpu else "xla"
+  if impl == "pallas" and not on_gpu:
+    warnings.warn(f"{fn}: impl='pallas' needs a GPU (backend is "
+                  f"{jax.default_backend()!r}); falling back to impl='xla'", stacklevel=3)
+    return "xla"
   return impl
 
 
@@ -46,35 +90,84 @@ def attention(q, k, v, spec: AttentionSpec = AttentionSpec(), *, impl: str = "au
     spec: the kind of attention (see AttentionSpec for the masks).
     impl: "auto" (Pallas on GPU, xla elsewhere), "reference", "xla", "pallas",
       "pallas_interpret". One that cannot run here falls back with a warning.
-    segment_ids: [B, T] non-decreasing document ids of the queries (document kind).
+    segment_ids: [B, T] non-decreasing document ids of the queries (document
+      kind). Checked when concrete; under jit they cannot be checked and must
+      be validated by the caller (decreasing ids give undefined results).
     kv_segment_ids: [B, S] ids of the keys; defaults to segment_ids (T == S).
     q_offset: int or [B]: absolute position of query 0 among the keys; default
       S - T, so the last query sits on the last key.
     kv_lengths: [B] number of valid keys per row; keys beyond are padding.
     scale: logit scale, default D ** -0.5.
     return_lse: also return the log-sum-exp [B, T, H] (float32).
+
+  Returns out [B, T, H, D] (q's dtype), and lse when asked. Rows that see no
+  key give out 0 and lse -inf. Every implementation is differentiable in q,
+  k, v, also through lse.
   """
-  _check(q, k, v, spec, segment_ids)
-  impl = _resolve(impl)
-  if impl != "reference":
-    warnings.warn(f"attention impl={impl!r} is not available yet; "
-                  "falling back to the dense reference", stacklevel=2)
-  out, lse = reference.attention(q, k, v, spec, q_offset=q_offset, kv_lengths=kv_lengths,
-                                 segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
-                                 scale=scale)
+  _check(q, k, v, spec, segment_ids, kv_segment_ids, q_offset, kv_lengths)
+  impl = resolve_impl(impl)
+  kwargs = dict(q_offset=q_offset, kv_lengths=kv_lengths, segment_ids=segment_ids,
+                kv_segment_ids=kv_segment_ids, scale=scale)
+  if impl == "reference":
+    out, lse = reference.attention(q, k, v, spec, **kwargs)
+  elif impl == "xla":
+    out, lse = blockwise.attention(q, k, v, spec, **kwargs)
+  else:
+    out, lse = pallas_flash.attention(q, k, v, spec, interpret=impl == "pallas_interpret",
+                                      **kwargs)
   return (out, lse) if return_lse else out
 
 
 def decode_attention(q, k, v, lengths, *, spec: AttentionSpec = AttentionSpec(),
-                     impl: str = "auto", scale=None, return_lse: bool = False):
-  """A few new queries against a KV cache with per-sequence lengths.
+                     impl: str = "auto", scale=None, return_lse: bool = False,
+                     q_offset=None, num_splits: int | None = None):
+  """A few new queries against a KV cache with per-sequence lengths (flash-decoding).
 
-  q: [B, Tq, H, D], the queries at positions lengths-Tq .. lengths-1 (their own
-  keys are already written to the cache). k, v: [B, S, K, D] caches. lengths: [B].
+  Args:
+    q: [B, Tq, H, D], the newest queries.
+    k, v: [B, S, K, D] caches; keys at index >= lengths[b] are not attended.
+    lengths: [B] valid cache entries per row (the queries' own keys included).
+    spec: dense (causal or not), sliding (a window on the cache) or document
+      (decoded tokens belong to the final segment, which sees every earlier
+      key: the same as dense causal).
+    impl: as for `attention`. "xla" runs an online softmax over the key
+      tiles up to the longest row (cost ~ the valid length); Pallas splits the
+      cache into `num_splits` parts computed in parallel, each skipping its
+      tiles beyond its row's length, merged by log-sum-exp.
+    scale: logit scale, default D ** -0.5.
+    return_lse: also return lse [B, Tq, H], so that attentions over KV that
+      arrives in chunks merge exactly with `merge`.
+    q_offset: int or [B], position of query 0 relative to key 0 of this
+      cache; default lengths - Tq (the queries are the last Tq entries). A
+      chunk of a longer cache passes the queries' position minus the chunk's start.
+    num_splits: Pallas only: parts of the key axis (default: up to 16, at
+      least 4 key tiles each).
+
+  Returns out [B, Tq, H, D] and, on request, lse [B, Tq, H].
   """
+  check_qkv("decode_attention", q, k, v)
+  b, tq = q.shape[:2]
   lengths = jnp.asarray(lengths, jnp.int32)
-  return attention(q, k, v, spec, impl=impl, q_offset=lengths - q.shape[1],
-                   kv_lengths=lengths, scale=scale, return_lse=return_lse)
+  _check_shape("decode_attention", "lengths", lengths, (b,))
+  if q_offset is None:
+    q_offset = lengths - tq
+  impl = resolve_impl(impl, "decode_attention")
+  causal = spec.causal or spec.kind != "dense"
+  mask = tiling.Mask(causal=causal, window=spec.window if spec.kind == "sliding" else 0)
+  if impl == "reference":
+    ref_spec = spec if spec.kind != "document" else AttentionSpec()
+    out, lse = reference.attention(q, k, v, ref_spec, q_offset=q_offset,
+                                   kv_lengths=lengths, scale=scale)
+  elif impl == "xla":
+    _, bk = spec.blocks("xla")
+    out, lse = blockwise.masked_flash(q, k, v, mask, bq=tiling.round_up(tq, 8), bk=bk,
+                                      scale=scale, q_offset=q_offset, kv_lengths=lengths)
+  else:
+    _, bk = spec.blocks("pallas")
+    out, lse = pallas_flash.decode(q, k, v, mask, lengths=lengths, q_offset=q_offset, bk=bk,
+                                   interpret=impl == "pallas_interpret", scale=scale,
+                                   num_splits=num_splits)
+  return (out, lse) if return_lse else out
 
 
 def merge(outs, lses):
@@ -83,6 +176,9 @@ def merge(outs, lses):
   outs: sequence of [B, T, H, D]; lses: sequence of [B, T, H]. Returns the merged
   (out, lse). Parts with lse = -inf (no visible key) contribute nothing.
   """
+  if len(outs) != len(lses) or not outs:
+    raise ValueError(f"merge: need as many outs as lses (at least one); got "
+                     f"{len(outs)} and {len(lses)}")
   lse_all = jnp.stack([l.astype(jnp.float32) for l in lses])
   m = jnp.max(lse_all, axis=0)
   m_safe = jnp.where(jnp.isfinite(m), m, 0.0)

@@ -1,0 +1,252 @@
+"""Attention cost versus sequence length: dense, sliding window, NSA and document.
+
+Side by side in one run, batch 1, H=8 query heads, K=2 KV heads, D=64,
+float32, causal:
+  dense     jax.nn.dot_product_attention(is_causal=True) (XLA, materialises T x T)
+  sliding   kernels.attention, AttentionSpec("sliding", window=512)
+  nsa       kernels.nsa.nsa_attention with NSAConfig() (l=32, d=16, l'=64,
+            n=16, w=512): compressed + selection (scores, top-k) + selected +
+            sliding branches and the gates, given already-projected and
+            compressed keys/values (the layer's projections and compression
+            MLP are not timed)
+  document  kernels.attention, AttentionSpec("document"), packed documents of
+            1024 tokens, the last 1024 tokens being the final segment
+impl="auto": the blockwise XLA versions on CPU, the Pallas kernels on GPU.
+
+Each (kind, length, mode) runs in a fresh subprocess: it compiles, reads
+`compiled.memory_analysis()` (XLA's buffer plan: arguments + outputs + temporaries),
+skips the run when that plan exceeds --max-gib (dense runs out of memory
+from 16k on), else runs once to warm up and times the best of up to
+--repeats runs. Peak memory is reported two ways: the subprocess's peak RSS
+(`resource.getrusage(...).ru_maxrss`, which includes the ~0.3 GiB of the JAX
+runtime and the compiler) and XLA's buffer plan. On GPU the RSS is host memory;
+read the buffer plan (and the device's peak_bytes_in_use, also recorded).
+
+    python experiments/attention_scaling.py            # full: 1k..32k (65k blockwise)
+    python experiments/attention_scaling.py --quick    # smoke run: 512 and 1024
+
+Prints a table, writes experiments/out/attention_scaling.json and
+experiments/out/attention_scaling.png (log-log time and memory versus length).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import resource
+import subprocess
+import sys
+import time
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+
+KINDS = ("dense", "sliding", "nsa", "document")
+MODES = ("fwd", "fwd+bwd")
+H, K, D = 8, 2, 64
+DOC = 1024
+
+
+def _problem(kind: str, t: int):
+  """(function, arguments) of one configuration; the function returns a scalar-able pytree."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+  import numpy as np  # pylint: disable=import-outside-toplevel
+
+  import kernels  # pylint: disable=import-outside-toplevel
+  from kernels import nsa  # pylint: disable=import-outside-toplevel
+
+  rng = np.random.default_rng(0)
+  normal = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+  q, k, v = normal(1, t, H, D), normal(1, t, K, D), normal(1, t, K, D)
+  if kind == "dense":
+    return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True), (q, k, v)
+  if kind == "sliding":
+    spec = kernels.AttentionSpec("sliding", window=512)
+    return lambda q, k, v: kernels.attention(q, k, v, spec), (q, k, v)
+  if kind == "document":
+    spec = kernels.AttentionSpec("document")
+    seg = jnp.asarray(np.arange(t) // DOC, jnp.int32)[None]
+    return lambda q, k, v: kernels.attention(q, k, v, spec, segment_ids=seg), (q, k, v)
+  cfg = kernels.NSAConfig()
+  nc = cfg.num_compressed(t)
+  args = (q, normal(1, nc, K, D), normal(1, nc, K, D), k, v, normal(1, t, K, D),
+          normal(1, t, K, D), jax.nn.sigmoid(normal(1, t, H, 3)))
+
+  def fn(q, kc, vc, ks, vs, kw, vw, gates):
+    return nsa.nsa_attention(q, (kc, vc), (ks, vs), (kw, vw), gates, cfg)
+  return fn, args
+
+
+def run_one(kind: str, t: int, mode: str, repeats: int, max_gib: float, budget_s: float):
+  """Measures one configuration in this process; returns a result dict."""
+  import jax  # pylint: disable=import-outside-toplevel
+  import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
+
+  fn, args = _problem(kind, t)
+  if mode == "fwd":
+    step = fn
+  else:
+    def step(*a):
+      def loss(*a):
+        return jnp.sum(fn(*a).astype(jnp.float32) ** 2)
+      return jax.grad(loss, argnums=tuple(range(len(a) - (kind == "nsa"))))(*a)
+  t0 = time.perf_counter()
+  compiled = jax.jit(step).lower(*args).compile()
+  compile_s = time.perf_counter() - t0
+  mem = compiled.memory_analysis()
+  plan = None
+  if mem is not None:
+    plan = (mem.temp_size_in_bytes + mem.argument_size_in_bytes + mem.output_size_in_bytes)
+  result = dict(kind=kind, t=t, mode=mode, compile_s=compile_s, xla_bytes=plan,
+                backend=jax.default_backend())
+  if plan is not None and plan > max_gib * 2 ** 30:
+    result["skipped"] = f"XLA buffer plan {plan / 2 ** 30:.1f} GiB > --max-gib {max_gib}"
+    return result
+  jax.block_until_ready(compiled(*args))
+  times = []
+  while len(times) < repeats and (not times or sum(times) < budget_s):
+    t0 = time.perf_counter()
+    jax.block_until_ready(compiled(*args))
+    times.append(time.perf_counter() - t0)
+  result["seconds"] = min(times)
+  result["runs"] = len(times)
+  result["rss_bytes"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+  stats = jax.devices()[0].memory_stats() or {}
+  if "peak_bytes_in_use" in stats:
+    result["device_peak_bytes"] = stats["peak_bytes_in_use"]
+  return result
+
+
+def _child(args) -> dict:
+  """Runs one configuration in a fresh interpreter, so peak RSS is its own."""
+  cmd = [sys.executable, os.path.abspath(__file__), "--child", args[0], str(args[1]), args[2],
+         "--repeats", str(args[3]), "--max-gib", str(args[4]), "--budget-s", str(args[5])]
+  proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
+  if proc.returncode or not lines:
+    tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
+    return dict(kind=args[0], t=args[1], mode=args[2], error=" | ".join(tail))
+  return json.loads(lines[-1])
+
+
+def _fmt_s(r):
+  if r is None:
+    return "-"
+  if "seconds" in r:
+    return f"{r['seconds'] * 1e3:.0f}"
+  return "oom" if "skipped" in r else "err"
+
+
+def _fmt_mib(x):
+  return "-" if x is None else f"{x / 2 ** 20:.0f}"
+
+
+def table(results) -> str:
+  """Markdown table: one row per (kind, T)."""
+  by = {(r["kind"], r["t"], r["mode"]): r for r in results}
+  rows = ["| kind | T | fwd ms | fwd+bwd ms | peak RSS fwd+bwd MiB | XLA plan fwd+bwd MiB | "
+          "dense/this fwd | dense/this fwd+bwd |",
+          "|---|---:|---:|---:|---:|---:|---:|---:|"]
+  for kind in KINDS:
+    for t in sorted({r["t"] for r in results}):
+      f, b = by.get((kind, t, "fwd")), by.get((kind, t, "fwd+bwd"))
+      if f is None and b is None:
+        continue
+      ratios = []
+      for mode, r in (("fwd", f), ("fwd+bwd", b)):
+        base = by.get(("dense", t, mode))
+        if kind != "dense" and r and base and "seconds" in r and "seconds" in base:
+          ratios.append(f"{base['seconds'] / r['seconds']:.1f}x")
+        else:
+          ratios.append("-")
+      rows.append(f"| {kind} | {t} | {_fmt_s(f)} | {_fmt_s(b)} | "
+                  f"{_fmt_mib(b.get('rss_bytes') if b else None)} | "
+                  f"{_fmt_mib(b.get('xla_bytes') if b else None)} | {ratios[0]} | {ratios[1]} |")
+  return "\n".join(rows)
+
+
+def plot(results, path: str) -> None:
+  import matplotlib  # pylint: disable=import-outside-toplevel
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
+  fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
+  for kind in KINDS:
+    for ax, mode in zip(axes[:2], MODES):
+      pts = sorted((r["t"], r["seconds"]) for r in results
+                   if r["kind"] == kind and r["mode"] == mode and "seconds" in r)
+      if pts:
+        ax.plot(*zip(*pts), marker="o", label=kind)
+    pts = sorted((r["t"], r["xla_bytes"] / 2 ** 20) for r in results
+                 if r["kind"] == kind and r["mode"] == "fwd+bwd" and r.get("xla_bytes"))
+    if pts:
+      axes[2].plot(*zip(*pts), marker="o", label=kind)
+  titles = ("forward time (s)", "forward+backward time (s)",
+            "fwd+bwd XLA buffer plan (MiB)")
+  for ax, title in zip(axes, titles):
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("sequence length T")
+    ax.set_title(title)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend()
+  fig.tight_layout()
+  fig.savefig(path, dpi=120)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--quick", action="store_true", help="smoke run: T in {512, 1024}")
+  parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--max-gib", type=float, default=12.0,
+                      help="skip a configuration whose XLA buffer plan exceeds this")
+  parser.add_argument("--budget-s", type=float, default=20.0,
+                      help="stop repeating a configuration after this many seconds")
+  parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
+                                                    "out"))
+  parser.add_argument("--child", nargs=3, metavar=("KIND", "T", "MODE"), help=argparse.SUPPRESS)
+  args = parser.parse_args()
+  if args.child:
+    kind, t, mode = args.child
+    print(json.dumps(run_one(kind, int(t), mode, args.repeats, args.max_gib, args.budget_s)))
+    return
+
+  lengths = [512, 1024] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768, 65536]
+  repeats = 1 if args.quick else args.repeats
+  results = []
+  for t in lengths:
+    for kind in KINDS:
+      if kind == "dense" and t > 32768:
+        continue  # 65536 is for the blockwise versions only
+      for mode in MODES:
+        r = _child((kind, t, mode, repeats, args.max_gib, args.budget_s))
+        results.append(r)
+        status = (f"{r['seconds']:.3f}s" if "seconds" in r else r.get("skipped") or r.get("error"))
+        print(f"{kind:9s} T={t:6d} {mode:8s} {status}", flush=True)
+
+  os.makedirs(args.out, exist_ok=True)
+  by = {(r["kind"], r["t"], r["mode"]): r for r in results}
+  targets = {}
+  t_target = 8192  # the claim's length; a --quick run has no targets to check
+  for kind, want in (("sliding", 10.0), ("nsa", 4.0)):
+    base, this = by.get(("dense", t_target, "fwd")), by.get((kind, t_target, "fwd"))
+    if base and this and "seconds" in base and "seconds" in this:
+      ratio = base["seconds"] / this["seconds"]
+      targets[f"{kind}_fwd_speedup_at_{t_target}"] = dict(ratio=ratio, target=want,
+                                                          met=ratio >= want)
+  summary = dict(config=dict(batch=1, heads=H, kv_heads=K, head_dim=D, dtype="float32",
+                             window=512, document_length=DOC, quick=args.quick),
+                 results=results, targets=targets)
+  with open(os.path.join(args.out, "attention_scaling.json"), "w") as f:
+    json.dump(summary, f, indent=1)
+  print()
+  print(table(results))
+  print()
+  for name, tgt in targets.items():
+    print(f"{name}: {tgt['ratio']:.1f}x (target {tgt['target']:.0f}x: "
+          f"{'met' if tgt['met'] else 'NOT met'})")
+  plot(results, os.path.join(args.out, "attention_scaling.png"))
+
+
+if __name__ == "__main__":
+  main()
