@@ -120,7 +120,8 @@ def attention(q, k, v, spec: AttentionSpec = AttentionSpec(), *, impl: str = "au
 
 def decode_attention(q, k, v, lengths, *, spec: AttentionSpec = AttentionSpec(),
                      impl: str = "auto", scale=None, return_lse: bool = False,
-                     q_offset=None, num_splits: int | None = None):
+                     q_offset=None, num_splits: int | None = None,
+                     kv_head_major: bool = False):
   """A few new queries against a KV cache with per-sequence lengths (flash-decoding).
 
   Args:
@@ -130,10 +131,12 @@ def decode_attention(q, k, v, lengths, *, spec: AttentionSpec = AttentionSpec(),
     spec: dense (causal or not), sliding (a window on the cache) or document
       (decoded tokens belong to the final segment, which sees every earlier
       key: the same as dense causal).
-    impl: as for `attention`. "xla" runs an online softmax over the key
-      tiles up to the longest row (cost ~ the valid length); Pallas splits the
-      cache into `num_splits` parts computed in parallel, each skipping its
-      tiles beyond its row's length, merged by log-sum-exp.
+    impl: as for `attention`. "xla" computes the [B, H, Tq, S] scores in one
+      piece while they are small (blockwise.DIRECT_DECODE_MAX_SCORES), else
+      runs an online softmax over the key tiles up to the longest row (cost ~
+      the valid length); Pallas splits the cache into `num_splits` parts
+      computed in parallel, each skipping its tiles beyond its row's length,
+      merged by log-sum-exp.
     scale: logit scale, default D ** -0.5.
     return_lse: also return lse [B, Tq, H], so that attentions over KV that
       arrives in chunks merge exactly with `merge`.
@@ -142,9 +145,15 @@ def decode_attention(q, k, v, lengths, *, spec: AttentionSpec = AttentionSpec(),
       chunk of a longer cache passes the queries' position minus the chunk's start.
     num_splits: Pallas only: parts of the key axis (default: up to 16, at
       least 4 key tiles each).
+    kv_head_major: k and v are laid out [B, K, S, D] (how a decode cache is
+      best stored: each head's keys contiguous, so the direct path needs no
+      transpose per step).
 
   Returns out [B, Tq, H, D] and, on request, lse [B, Tq, H].
   """
+  k_in, v_in = k, v
+  if kv_head_major:  # the other paths take [B, S, K, D]; unused swaps vanish under jit
+    k, v = k.swapaxes(1, 2), v.swapaxes(1, 2)
   check_qkv("decode_attention", q, k, v)
   b, tq = q.shape[:2]
   lengths = jnp.asarray(lengths, jnp.int32)
@@ -158,6 +167,9 @@ def decode_attention(q, k, v, lengths, *, spec: AttentionSpec = AttentionSpec(),
     ref_spec = spec if spec.kind != "document" else AttentionSpec()
     out, lse = reference.attention(q, k, v, ref_spec, q_offset=q_offset,
                                    kv_lengths=lengths, scale=scale)
+  elif impl == "xla" and b * q.shape[2] * tq * k.shape[1] <= blockwise.DIRECT_DECODE_MAX_SCORES:
+    out, lse = blockwise.direct_decode(q, k_in, v_in, mask, lengths=lengths, q_offset=q_offset,
+                                       scale=scale, kv_head_major=kv_head_major)
   elif impl == "xla":
     _, bk = spec.blocks("xla")
     out, lse = blockwise.masked_flash(q, k, v, mask, bq=tiling.round_up(tq, 8), bk=bk,

@@ -112,17 +112,15 @@ def _generate(state, prompt_tokens_pt, prompt_lengths_p, key, *, graphdef, group
     if share_prompt:
       # One copy of each prompt's KV; the G rows of a group read it as a prefix
       # and keep only their own tokens in the cache.
-      prefix = Prefix(k=tuple(k for k, _ in kvs), v=tuple(v for _, v in kvs),
-                      lengths=prompt_lengths_p)
+      prefix = Prefix(k=tuple(k.swapaxes(1, 2) for k, _ in kvs),
+                      v=tuple(v.swapaxes(1, 2) for _, v in kvs), lengths=prompt_lengths_p,
+                      head_major=True)
       cache = KVCache.zeros(model.cfg, b, max_new_tokens, dtype=kvs[0][0].dtype)
     else:
       prefix = None
-      size = tp + max_new_tokens
-      def expand(x_ptkd):  # each row's own copy of its prompt's KV
-        x = jnp.repeat(x_ptkd, g, axis=0)
-        return jnp.pad(x, ((0, 0), (0, size - tp), (0, 0), (0, 0)))
-      cache = KVCache(k=tuple(expand(k) for k, _ in kvs), v=tuple(expand(v) for _, v in kvs),
-                      lengths=jnp.repeat(prompt_lengths_p, g))
+      cache = KVCache.from_prefill([(jnp.repeat(k, g, axis=0), jnp.repeat(v, g, axis=0))
+                                    for k, v in kvs], jnp.repeat(prompt_lengths_p, g),
+                                   tp + max_new_tokens)
     rows = jnp.arange(b, dtype=jnp.int32)
     stops = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
 
@@ -174,9 +172,10 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
     seed: the sampling seed.
     pad_id: the token written after a row's end (and in prompt padding).
     mesh: shard the batch over this mesh (default: the active one, if any).
-    share_prompt: keep one copy of each prompt's KV that its G rows read as a
-      shared prefix (decode attention merges prefix and own-token parts by
-      log-sum-exp); False gives every row its own copy. Same samples either way.
+    share_prompt: with group_size > 1, keep one copy of each prompt's KV that
+      its G rows read as a shared prefix (decode attention merges prefix and
+      own-token parts by log-sum-exp); False gives every row its own copy.
+      Same samples either way.
 
   Returns:
     A Generation with P * group_size rows, prompt-major.
@@ -219,7 +218,7 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
       state, tokens, prompt_lengths, jax.random.key(seed), graphdef=graphdef,
       group_size=group_size, max_new_tokens=max_new_tokens, temperature=float(temperature),
       top_k=int(top_k), top_p=float(top_p), stop_tokens=tuple(int(s) for s in stop_tokens),
-      pad_id=int(pad_id), mesh=mesh, share_prompt=bool(share_prompt))
+      pad_id=int(pad_id), mesh=mesh, share_prompt=bool(share_prompt) and group_size > 1)
   keep = p * group_size
   return Generation(tokens=np.asarray(out_tok)[:keep], logprobs=np.asarray(out_lp)[:keep],
                     lengths=np.asarray(n)[:keep], finished=np.asarray(done)[:keep],

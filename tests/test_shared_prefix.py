@@ -36,14 +36,15 @@ def _naive(prompts, completions, old, ref, adv):
   return batch
 
 
-def _grouped(prompts, completions, old, ref, adv, padding_side):
+def _grouped(prompts, completions, old, ref, adv, padding_side, completion_len=8):
   if padding_side == "left":  # the same prompts, arriving left-padded in one array
     width = max(map(len, prompts)) + 2
     prompts = [[PAD] * (width - len(p)) + p for p in prompts]
-  batch = shared_prefix.grouped_batch(prompts, completions, pad_id=PAD, completion_len=8,
-                                      old_logp=old, adv=adv, padding_side=padding_side)
+  batch = shared_prefix.grouped_batch(prompts, completions, pad_id=PAD,
+                                      completion_len=completion_len, old_logp=old, adv=adv,
+                                      padding_side=padding_side)
   batch.ref_logp = shared_prefix.grouped_batch(prompts, completions, pad_id=PAD,
-                                               completion_len=8, old_logp=ref,
+                                               completion_len=completion_len, old_logp=ref,
                                                padding_side=padding_side).old_logp
   return batch
 
@@ -68,13 +69,18 @@ def model():
   return nnx.split(Decoder(CFG, rngs=nnx.Rngs(1)), nnx.Param)
 
 
-@pytest.mark.parametrize("longest_first,padding_side", [(True, "right"), (False, "left")])
-def test_loss_and_grads_equal_repeated_prompt(model, longest_first, padding_side):
+# G * completion_len queries per prompt: 24 run the prefix part through the decode
+# kernel, 96 through the blockwise kernel (DECODE_QUERIES = 64 separates them).
+@pytest.mark.parametrize("longest_first,padding_side,completion_len",
+                         [(True, "right", 8), (False, "left", 32)])
+def test_loss_and_grads_equal_repeated_prompt(model, longest_first, padding_side,
+                                              completion_len):
   graphdef, params = model
   data = _data(0, longest_first)
   naive_fn = lambda m, b: grpo.sequence_logprobs(m, b.tokens, 1.0)
   naive = _losses_and_grads(graphdef, params, _naive(*data), naive_fn)
-  shared = _losses_and_grads(graphdef, params, _grouped(*data, padding_side),
+  shared = _losses_and_grads(graphdef, params,
+                             _grouped(*data, padding_side, completion_len),
                              shared_prefix.logprob_fn(1.0))
   for name in grpo.AGGREGATIONS:
     (loss_a, grads_a), (loss_b, grads_b) = naive[name], shared[name]

@@ -34,7 +34,9 @@ _INIT_STD = 0.02  # Hugging Face's initializer_range for Qwen2 and Llama
 class KVCache:
   """Per-layer key/value caches and the number of valid positions per row.
 
-  k[i], v[i]: [B, S, K, D] for layer i; positions >= lengths[b] are free.
+  k[i], v[i]: [B, K, S, D] for layer i, head-major (each head's keys are
+  contiguous, the layout decode attention reads without a transpose);
+  positions >= lengths[b] are free.
   """
 
   k: tuple[jax.Array, ...]
@@ -43,15 +45,24 @@ class KVCache:
 
   @classmethod
   def zeros(cls, cfg: ModelConfig, batch: int, size: int, dtype=None) -> KVCache:
-    shape = (batch, size, cfg.num_kv_heads, cfg.head_dim)
+    shape = (batch, cfg.num_kv_heads, size, cfg.head_dim)
     dtype = dtype or cfg.jnp_dtype
     return cls(k=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
                v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
                lengths=jnp.zeros((batch,), jnp.int32))
 
+  @classmethod
+  def from_prefill(cls, kvs, lengths, size: int) -> KVCache:
+    """A cache of `size` positions holding a prefill's per-layer (k, v) [B, T, K, D]."""
+    def place(x_btkd):
+      x = x_btkd.swapaxes(1, 2)
+      return jnp.pad(x, ((0, 0), (0, 0), (0, size - x.shape[2]), (0, 0)))
+    return cls(k=tuple(place(k) for k, _ in kvs), v=tuple(place(v) for _, v in kvs),
+               lengths=lengths)
+
   @property
   def size(self) -> int:
-    return self.k[0].shape[1]
+    return self.k[0].shape[2]
 
 
 @jax.tree_util.register_dataclass
@@ -60,14 +71,17 @@ class Prefix:
   """Keys/values of prefixes that groups of rows share (a GRPO group's prompt,
   a set of cached documents).
 
-  k[i], v[i]: [P, S, K, D] for layer i; lengths [P] valid positions. With N
-  rows of tokens, row r continues prefix r // (N // P): each of P prefixes is
-  shared by G = N / P consecutive rows, and is stored (and read) once.
+  k[i], v[i]: [P, S, K, D] for layer i ([P, K, S, D] when head_major, the
+  layout decoding reads without a transpose); lengths [P] valid positions.
+  With N rows of tokens, row r continues prefix r // (N // P): each of P
+  prefixes is shared by G = N / P consecutive rows, and is stored (and read)
+  once.
   """
 
   k: tuple[jax.Array, ...]
   v: tuple[jax.Array, ...]
   lengths: jax.Array
+  head_major: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
   @property
   def num(self) -> int:
@@ -75,6 +89,8 @@ class Prefix:
 
 
 NONCAUSAL = kernels.AttentionSpec(causal=False)
+# Up to this many queries per prefix, prefix attention runs as decoding.
+DECODE_QUERIES = 64
 
 
 def rope_frequencies(cfg: ModelConfig) -> jax.Array:
@@ -193,31 +209,38 @@ class Attention(nnx.Module):
       new_kv = (k, v)
     else:
       k_cache, v_cache = cache_kv
-      write = jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (i, 0, 0)))
-      new_kv = (write(k_cache, k.astype(k_cache.dtype), cache_lengths),
-                write(v_cache, v.astype(v_cache.dtype), cache_lengths))
+      write = jax.vmap(lambda c, x, i: jax.lax.dynamic_update_slice(c, x, (0, i, 0)))
+      new_kv = (write(k_cache, k.swapaxes(1, 2).astype(k_cache.dtype), cache_lengths),
+                write(v_cache, v.swapaxes(1, 2).astype(v_cache.dtype), cache_lengths))
       own = kernels.decode_attention(q, *new_kv, cache_lengths + q.shape[1], spec=self.spec,
-                                     impl=impl, return_lse=prefix_kv is not None)
+                                     impl=impl, return_lse=prefix_kv is not None,
+                                     kv_head_major=True)
     if prefix_kv is None:
       return self.output(own), new_kv
     out, _ = kernels.merge(*zip(own, self._prefix_attention(q, *prefix_kv)))
     return self.output(out), new_kv
 
-  def _prefix_attention(self, q_nthd, k_pskd, v_pskd, lengths_p):
+  def _prefix_attention(self, q_nthd, k_pre, v_pre, lengths_p, head_major):
     """Attention of each row's queries over its group's prefix (Hydragen).
 
     The G rows of a group are one block of G*T queries against the one stored
     copy of their prefix: every query sees the whole prefix (it precedes them
-    all), so the block is non-causal and the prefix is never repeated.
+    all), so the block is non-causal and the prefix is never repeated. A block
+    of a few queries (decoding) goes through the decode kernel.
     """
     if self.spec.kind != "dense" or not self.spec.causal:
       raise NotImplementedError(
           f"a shared prefix is implemented for dense causal layers, not {self.spec}")
     n, t, h, d = q_nthd.shape
-    p = k_pskd.shape[0]
-    out, lse = kernels.attention(q_nthd.reshape(p, (n // p) * t, h, d), k_pskd, v_pskd,
-                                 NONCAUSAL, impl=self.cfg.attn_impl, kv_lengths=lengths_p,
-                                 return_lse=True)
+    p = lengths_p.shape[0]
+    q = q_nthd.reshape(p, (n // p) * t, h, d)
+    if head_major or (n // p) * t <= DECODE_QUERIES:
+      out, lse = kernels.decode_attention(
+          q, k_pre, v_pre, lengths_p, spec=NONCAUSAL, impl=self.cfg.attn_impl,
+          return_lse=True, q_offset=lengths_p, kv_head_major=head_major)
+    else:
+      out, lse = kernels.attention(q, k_pre, v_pre, NONCAUSAL, impl=self.cfg.attn_impl,
+                                   kv_lengths=lengths_p, return_lse=True)
     return out.reshape(n, t, h, d), lse.reshape(n, t, h)
 
 
@@ -300,7 +323,8 @@ class Decoder(nnx.Module):
     kvs = []
     for i, layer in enumerate(self.layers):
       cache_kv = None if cache is None else (cache.k[i], cache.v[i])
-      prefix_kv = None if prefix is None else (prefix.k[i], prefix.v[i], prefix.lengths)
+      prefix_kv = None if prefix is None else (prefix.k[i], prefix.v[i], prefix.lengths,
+                                                prefix.head_major)
       x, kv = layer(x, rope, cache_kv=cache_kv, prefix_kv=prefix_kv,
                     cache_lengths=None if cache is None else cache.lengths)
       kvs.append(kv)
