@@ -181,6 +181,9 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
     A Generation with P * group_size rows, prompt-major.
   """
   cfg = model.cfg
+  if "nsa" in cfg.layer_kinds:
+    raise NotImplementedError("generate: NSA layers run full sequences only: decoding needs "
+                              "NSA's compressed-KV cache, which is not built")
   if not prompts:
     raise ValueError("generate: no prompts")
   if max_new_tokens < 1:

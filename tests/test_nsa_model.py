@@ -9,7 +9,8 @@ import pytest
 from flax import nnx
 
 from kernels.spec import NSAConfig
-from rlcode.models.nsa import NSAAttention, rope
+from rlcode.models import rope as rope_lib
+from rlcode.models.nsa import NSAAttention
 
 CFG = NSAConfig(block_cmp=8, stride_cmp=4, block_sel=16, num_sel=4, window=12,
                 compress_hidden=32, block_q=8)
@@ -70,7 +71,8 @@ def test_sequence_shorter_than_a_compressed_block():
 
 def test_rope_rotates_half_pairs():
   x = jnp.asarray(np.arange(8, dtype=np.float32).reshape(1, 1, 1, 8))
-  got = np.asarray(rope(x, jnp.array([[3]]), 10000.0))[0, 0, 0]
+  table = rope_lib.table(jnp.array([[3]]), rope_lib.frequencies(8, 10000.0))
+  got = np.asarray(rope_lib.apply(x, table))[0, 0, 0]
   inv = 1.0 / 10000.0 ** (np.arange(0, 8, 2) / 8)
   cos, sin = np.cos(3 * inv), np.sin(3 * inv)
   xs = np.arange(8, dtype=np.float64)

@@ -139,3 +139,22 @@ def test_bad_input():
     shared_prefix.grouped_batch([[1, 2]], [[1, 2, 3]], pad_id=0, completion_len=2)
   with pytest.raises(ValueError, match="padding_side"):
     shared_prefix.grouped_batch([[1]], [[1]], pad_id=0, completion_len=2, padding_side="up")
+
+
+def test_sliding_window_layers_equal_repeated_prompt():
+  """Sliding layers read only the prefix's last window-1 keys; still exact."""
+  cfg = ModelConfig(**{**CFG.__dict__, "attention_pattern": ("sliding", "dense"),
+                       "sliding_window": 6})
+  graphdef, params = nnx.split(Decoder(cfg, rngs=nnx.Rngs(2)), nnx.Param)
+  data = _data(1, True)
+  naive_fn = lambda m, b: grpo.sequence_logprobs(m, b.tokens, 1.0)
+  naive = _losses_and_grads(graphdef, params, _naive(*data), naive_fn)
+  shared = _losses_and_grads(graphdef, params, _grouped(*data, "right"),
+                             shared_prefix.logprob_fn(1.0))
+  for name in grpo.AGGREGATIONS:
+    np.testing.assert_allclose(float(shared[name][0]), float(naive[name][0]), rtol=1e-5,
+                               atol=1e-6, err_msg=name)
+    flat = dict(nnx.to_flat_state(naive[name][1]))
+    for path, g in nnx.to_flat_state(shared[name][1]):
+      np.testing.assert_allclose(np.asarray(g.get_value()), np.asarray(flat[path].get_value()),
+                                 rtol=1e-4, atol=1e-6, err_msg=f"{name} {path}")

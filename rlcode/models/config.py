@@ -13,8 +13,11 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from kernels.spec import NSAConfig
+
 # Hugging Face `architectures` entries the decoder implements exactly.
 SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM")
+LAYER_KINDS = ("dense", "sliding", "document", "nsa")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -39,6 +42,17 @@ class ModelConfig:
     max_seq_len: the context length; longer inputs are an error.
     param_dtype, dtype: storage and compute dtypes ("float32", "bfloat16").
     attn_impl: the kernels.attention implementation ("auto", "xla", ...).
+    attention_pattern: the attention kind of each layer, repeated over the
+      layers: "dense", "sliding" (window `sliding_window`), "document" (packed
+      documents by segment ids, the last one the query) or "nsa" (DeepSeek's
+      native sparse attention, sizes `nsa`). ("sliding",) * 3 + ("dense",)
+      is sliding everywhere with a dense layer every 4th.
+    sliding_window: w of the sliding layers: a query sees itself and the w-1
+      tokens before it.
+    nsa: a kernels.NSAConfig (or a dict of its fields) for the NSA layers.
+    document_positions: with segment ids, "restart" counts positions from 0
+      in each document (so a document's keys do not depend on what precedes
+      it, which is what lets its KV be cached alone) or "continue".
   """
 
   vocab_size: int
@@ -57,8 +71,27 @@ class ModelConfig:
   param_dtype: str = "float32"
   dtype: str = "float32"
   attn_impl: str = "auto"
+  attention_pattern: tuple[str, ...] = ("dense",)
+  sliding_window: int = 0
+  nsa: Any = None
+  document_positions: str = "restart"
 
   def __post_init__(self):
+    object.__setattr__(self, "attention_pattern", tuple(self.attention_pattern))
+    if isinstance(self.nsa, Mapping):
+      object.__setattr__(self, "nsa", NSAConfig(**self.nsa))
+    unknown = set(self.attention_pattern) - set(LAYER_KINDS)
+    if not self.attention_pattern or unknown:
+      raise ValueError(f"ModelConfig.attention_pattern={self.attention_pattern}: kinds must be "
+                       f"from {LAYER_KINDS}")
+    if "sliding" in self.attention_pattern and self.sliding_window < 1:
+      raise ValueError("ModelConfig.sliding_window must be >= 1 when a layer is 'sliding'")
+    if "nsa" in self.attention_pattern and not isinstance(self.nsa, NSAConfig):
+      raise ValueError("ModelConfig.nsa must be set (an NSAConfig or its fields) when a layer "
+                       "is 'nsa'")
+    if self.document_positions not in ("restart", "continue"):
+      raise ValueError(f"ModelConfig.document_positions={self.document_positions!r}; "
+                       "expected 'restart' or 'continue'")
     if self.head_dim == 0:
       object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
     if self.rope_scaling is not None:
@@ -82,6 +115,13 @@ class ModelConfig:
   @property
   def jnp_dtype(self):
     return _DTYPES[self.dtype]
+
+  def layer_kind(self, i: int) -> str:
+    return self.attention_pattern[i % len(self.attention_pattern)]
+
+  @property
+  def layer_kinds(self) -> tuple[str, ...]:
+    return tuple(self.layer_kind(i) for i in range(self.num_layers))
 
   def replace(self, **changes) -> ModelConfig:
     return dataclasses.replace(self, **changes)

@@ -24,7 +24,9 @@ from flax import nnx
 
 import kernels
 from rlcode import sharding
+from rlcode.models import rope as rope_lib
 from rlcode.models.config import ModelConfig
+from rlcode.models.nsa import NSAAttention
 
 _INIT_STD = 0.02  # Hugging Face's initializer_range for Qwen2 and Llama
 
@@ -94,35 +96,7 @@ DECODE_QUERIES = 64
 
 
 def rope_frequencies(cfg: ModelConfig) -> jax.Array:
-  """Inverse frequencies [D/2], with Llama-3 scaling when configured."""
-  d = cfg.head_dim
-  inv = 1.0 / (cfg.rope_theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
-  if cfg.rope_scaling is None:
-    return inv
-  s = cfg.rope_scaling
-  factor, low, high = s["factor"], s["low_freq_factor"], s["high_freq_factor"]
-  old = s["original_max_position_embeddings"]
-  wavelen = 2 * math.pi / inv
-  scaled = jnp.where(wavelen > old / low, inv / factor, inv)
-  smooth = (old / wavelen - low) / (high - low)
-  smoothed = (1 - smooth) * scaled / factor + smooth * scaled
-  medium = (wavelen >= old / high) & (wavelen <= old / low)
-  return jnp.where(medium, smoothed, scaled)
-
-
-def rope_table(positions_bt: jax.Array, inv_freq: jax.Array) -> tuple[jax.Array, jax.Array]:
-  """cos and sin [B, T, 1, D] for the positions; computed once per forward, shared by layers."""
-  angles = positions_bt.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
-  angles = jnp.concatenate([angles, angles], -1)[:, :, None, :]
-  return jnp.cos(angles), jnp.sin(angles)
-
-
-def apply_rope(x_bthd: jax.Array, rope: tuple[jax.Array, jax.Array]) -> jax.Array:
-  """Rotary embedding, rotate-half convention (Llama, Qwen2), computed in float32."""
-  cos, sin = rope
-  x = x_bthd.astype(jnp.float32)
-  x1, x2 = jnp.split(x, 2, axis=-1)
-  return (x * cos + jnp.concatenate([-x2, x1], -1) * sin).astype(x_bthd.dtype)
+  return rope_lib.frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
 
 def dense(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
@@ -184,8 +158,8 @@ class Attention(nnx.Module):
       qkv = qkv + self.qkv_bias[...].astype(dt)
     b, t = x_btd.shape[:2]
     q = qkv[:, :, :, :g].reshape(b, t, cfg.num_heads, cfg.head_dim)
-    q = sharding.constrain(apply_rope(q, rope), ("batch", "length", "heads", "head_dim"))
-    k = sharding.constrain(apply_rope(qkv[:, :, :, g], rope),
+    q = sharding.constrain(rope_lib.apply(q, rope), ("batch", "length", "heads", "head_dim"))
+    k = sharding.constrain(rope_lib.apply(qkv[:, :, :, g], rope),
                            ("batch", "length", "kv_heads", "head_dim"))
     v = sharding.constrain(qkv[:, :, :, g + 1], ("batch", "length", "kv_heads", "head_dim"))
     return q, k, v
@@ -194,9 +168,11 @@ class Attention(nnx.Module):
     y = dense(attn_bthd, self.o[...].astype(self.cfg.jnp_dtype), contract=2)
     return sharding.constrain(y, ("batch", "length", "embed"))
 
-  def __call__(self, x_btd, rope, *, cache_kv=None, cache_lengths=None, prefix_kv=None):
+  def __call__(self, x_btd, rope, *, cache_kv=None, cache_lengths=None, prefix_kv=None,
+               segment_ids=None):
     """Self-attention over x, or (with a cache) over the cache plus x; with a
-    prefix, also over the row's shared prefix.
+    prefix, also over the row's shared prefix. segment_ids [B, T] mark the
+    packed documents of a document layer.
 
     Returns the output and the layer's keys/values: those of x alone
     [B, T, K, D] without a cache (the prefill's), the updated cache otherwise.
@@ -205,7 +181,8 @@ class Attention(nnx.Module):
     q, k, v = self.project_qkv(x_btd, rope)
     impl = self.cfg.attn_impl
     if cache_kv is None:
-      own = kernels.attention(q, k, v, self.spec, impl=impl, return_lse=prefix_kv is not None)
+      own = kernels.attention(q, k, v, self.spec, impl=impl, segment_ids=segment_ids,
+                              return_lse=prefix_kv is not None)
       new_kv = (k, v)
     else:
       k_cache, v_cache = cache_kv
@@ -217,31 +194,56 @@ class Attention(nnx.Module):
                                      kv_head_major=True)
     if prefix_kv is None:
       return self.output(own), new_kv
-    out, _ = kernels.merge(*zip(own, self._prefix_attention(q, *prefix_kv)))
+    own_start = jnp.zeros((q.shape[0],), jnp.int32) if cache_lengths is None else cache_lengths
+    out, _ = kernels.merge(*zip(own, self._prefix_attention(q, own_start, *prefix_kv)))
     return self.output(out), new_kv
 
-  def _prefix_attention(self, q_nthd, k_pre, v_pre, lengths_p, head_major):
+  def _prefix_attention(self, q_nthd, own_start_n, k_pre, v_pre, lengths_p, head_major):
     """Attention of each row's queries over its group's prefix (Hydragen).
 
-    The G rows of a group are one block of G*T queries against the one stored
-    copy of their prefix: every query sees the whole prefix (it precedes them
-    all), so the block is non-causal and the prefix is never repeated. A block
-    of a few queries (decoding) goes through the decode kernel.
+    Dense layers: the G rows of a group are one block of G*T queries against
+    the one stored copy of their prefix: every query sees the whole prefix (it
+    precedes them all), so the block is non-causal and the prefix is never
+    repeated. A block of a few queries (decoding) goes through the decode
+    kernel. Sliding layers see only the prefix's last window-1 keys, which
+    each row takes for itself (a window, not the prompt); own_start_n [N] is
+    how many of the row's own tokens precede its first query (its cache).
     """
-    if self.spec.kind != "dense" or not self.spec.causal:
-      raise NotImplementedError(
-          f"a shared prefix is implemented for dense causal layers, not {self.spec}")
     n, t, h, d = q_nthd.shape
     p = lengths_p.shape[0]
+    impl = self.cfg.attn_impl
+    if self.spec.kind == "sliding":
+      return self._prefix_window(q_nthd, own_start_n, k_pre, v_pre, lengths_p, head_major)
+    if self.spec.kind != "dense" or not self.spec.causal:
+      raise NotImplementedError(f"a shared prefix is not implemented for {self.spec}")
     q = q_nthd.reshape(p, (n // p) * t, h, d)
     if head_major or (n // p) * t <= DECODE_QUERIES:
       out, lse = kernels.decode_attention(
-          q, k_pre, v_pre, lengths_p, spec=NONCAUSAL, impl=self.cfg.attn_impl,
-          return_lse=True, q_offset=lengths_p, kv_head_major=head_major)
+          q, k_pre, v_pre, lengths_p, spec=NONCAUSAL, impl=impl, return_lse=True,
+          q_offset=lengths_p, kv_head_major=head_major)
     else:
-      out, lse = kernels.attention(q, k_pre, v_pre, NONCAUSAL, impl=self.cfg.attn_impl,
+      out, lse = kernels.attention(q, k_pre, v_pre, NONCAUSAL, impl=impl,
                                    kv_lengths=lengths_p, return_lse=True)
     return out.reshape(n, t, h, d), lse.reshape(n, t, h)
+
+  def _prefix_window(self, q_nthd, own_start_n, k_pre, v_pre, lengths_p, head_major):
+    n, t, h, _ = q_nthd.shape
+    p = lengths_p.shape[0]
+    seq_axis = 2 if head_major else 1
+    take = min(self.spec.window - 1, k_pre.shape[seq_axis])
+    if take == 0:  # a window of one token never reaches back into the prefix
+      return jnp.zeros_like(q_nthd), jnp.full((n, t, h), -jnp.inf, jnp.float32)
+    start = jnp.maximum(lengths_p - take, 0)
+    cut = jax.vmap(lambda x, s: jax.lax.dynamic_slice_in_dim(x, s, take, seq_axis - 1))
+    k_tail, v_tail = cut(k_pre, start), cut(v_pre, start)
+    if head_major:
+      k_tail, v_tail = k_tail.swapaxes(1, 2), v_tail.swapaxes(1, 2)
+    rows = lambda x: jnp.repeat(x, n // p, axis=0)
+    # Row r's first query follows its prefix and its own earlier tokens.
+    offset = rows(lengths_p - start) + own_start_n
+    return kernels.attention(q_nthd, rows(k_tail), rows(v_tail), self.spec,
+                             impl=self.cfg.attn_impl, q_offset=offset,
+                             kv_lengths=rows(lengths_p - start), return_lse=True)
 
 
 class MLP(nnx.Module):
@@ -261,17 +263,41 @@ class MLP(nnx.Module):
                               ("batch", "length", "embed"))
 
 
-class Block(nnx.Module):
+def attention_spec(cfg: ModelConfig, kind: str) -> kernels.AttentionSpec:
+  if kind == "sliding":
+    return kernels.AttentionSpec(kind="sliding", window=cfg.sliding_window)
+  return kernels.AttentionSpec(kind=kind)
 
-  def __init__(self, cfg: ModelConfig, spec: kernels.AttentionSpec, *, rngs: nnx.Rngs):
+
+class Block(nnx.Module):
+  """Pre-norm attention and SwiGLU with residuals; the attention is of the layer's kind."""
+
+  def __init__(self, cfg: ModelConfig, kind: str, *, rngs: nnx.Rngs):
+    self.kind = kind
     self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
-    self.attn = Attention(cfg, spec, rngs=rngs)
+    if kind == "nsa":
+      self.attn = NSAAttention(
+          hidden_size=cfg.hidden_size, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
+          head_dim=cfg.head_dim, nsa=cfg.nsa, qkv_bias=cfg.qkv_bias, rope_theta=cfg.rope_theta,
+          param_dtype=cfg.jnp_param_dtype, dtype=cfg.jnp_dtype, impl=cfg.attn_impl, rngs=rngs)
+    else:
+      self.attn = Attention(cfg, attention_spec(cfg, kind), rngs=rngs)
     self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x, rope, *, cache_kv=None, cache_lengths=None, prefix_kv=None):
-    a, kv = self.attn(self.attn_norm(x), rope, cache_kv=cache_kv, cache_lengths=cache_lengths,
-                      prefix_kv=prefix_kv)
+  def __call__(self, x, rope, positions, *, segment_ids=None, cache_kv=None,
+               cache_lengths=None, prefix_kv=None):
+    h = self.attn_norm(x)
+    if self.kind == "nsa":
+      if cache_kv is not None or prefix_kv is not None:
+        raise NotImplementedError("NSA layers run full sequences only: decoding (a KV cache) "
+                                  "and shared prefixes need NSA's compressed-KV cache, which "
+                                  "is not built")
+      a, kv = self.attn(h, positions), None
+    else:
+      a, kv = self.attn(h, rope, cache_kv=cache_kv, cache_lengths=cache_lengths,
+                        prefix_kv=prefix_kv,
+                        segment_ids=segment_ids if self.kind == "document" else None)
     x = x + a
     return x + self.mlp(self.mlp_norm(x)), kv
 
@@ -283,8 +309,7 @@ class Decoder(nnx.Module):
     self.cfg = cfg
     pd = cfg.jnp_param_dtype
     self.embed = _param(rngs, (cfg.vocab_size, cfg.hidden_size), ("vocab", "embed"), pd)
-    spec = kernels.AttentionSpec()
-    self.layers = nnx.List([Block(cfg, spec, rngs=rngs) for _ in range(cfg.num_layers)])
+    self.layers = nnx.List([Block(cfg, kind, rngs=rngs) for kind in cfg.layer_kinds])
     self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
     if not cfg.tie_embeddings:
       self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd)
@@ -298,7 +323,7 @@ class Decoder(nnx.Module):
       raise ValueError(f"positions {positions_bt.shape} must match tokens {tokens_bt.shape}")
 
   def hidden(self, tokens_bt, positions_bt=None, *, cache: KVCache | None = None,
-             prefix: Prefix | None = None):
+             prefix: Prefix | None = None, segment_ids=None):
     """Final hidden states [B, T, E] and the keys/values.
 
     Without a cache: causal self-attention over the tokens; returns the
@@ -307,26 +332,34 @@ class Decoder(nnx.Module):
     updated cache.
     With a prefix: every row also attends to its group's prefix, which comes
     before the row (and before its cache); positions then start after it.
+    With segment_ids [B, T] (packed documents, non-decreasing, the last one
+    the query): document layers attend within documents and from the query
+    to everything; positions restart per document or continue
+    (cfg.document_positions).
     """
     self._check_tokens(tokens_bt, positions_bt)
     b, t = tokens_bt.shape
     if prefix is not None and b % prefix.num:
       raise ValueError(f"{b} rows do not split into groups over {prefix.num} prefixes")
+    if segment_ids is not None and (cache is not None or prefix is not None):
+      raise ValueError("segment_ids are for full packed sequences, not with a cache or prefix")
     if positions_bt is None:
       start = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
       if prefix is not None:
         start = start + jnp.repeat(prefix.lengths, b // prefix.num)
       positions_bt = start[:, None] + jnp.arange(t, dtype=jnp.int32)[None, :]
+      if segment_ids is not None and self.cfg.document_positions == "restart":
+        positions_bt = document_positions(segment_ids)
     x = jnp.take(self.embed[...], tokens_bt, axis=0).astype(self.cfg.jnp_dtype)
     x = sharding.constrain(x, ("batch", "length", "embed"))
-    rope = rope_table(positions_bt, rope_frequencies(self.cfg))
+    rope = rope_lib.table(positions_bt, rope_frequencies(self.cfg))
     kvs = []
     for i, layer in enumerate(self.layers):
       cache_kv = None if cache is None else (cache.k[i], cache.v[i])
       prefix_kv = None if prefix is None else (prefix.k[i], prefix.v[i], prefix.lengths,
                                                 prefix.head_major)
-      x, kv = layer(x, rope, cache_kv=cache_kv, prefix_kv=prefix_kv,
-                    cache_lengths=None if cache is None else cache.lengths)
+      x, kv = layer(x, rope, positions_bt, segment_ids=segment_ids, cache_kv=cache_kv,
+                    prefix_kv=prefix_kv, cache_lengths=None if cache is None else cache.lengths)
       kvs.append(kv)
     h = self.final_norm(x)
     if cache is None:
@@ -340,6 +373,15 @@ class Decoder(nnx.Module):
     logits = dense(h_btd, w.astype(dt))
     return sharding.constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
 
-  def __call__(self, tokens_bt, positions_bt=None) -> jax.Array:
-    h, _ = self.hidden(tokens_bt, positions_bt)
+  def __call__(self, tokens_bt, positions_bt=None, segment_ids=None) -> jax.Array:
+    h, _ = self.hidden(tokens_bt, positions_bt, segment_ids=segment_ids)
     return self.logits(h)
+
+
+def document_positions(segment_ids_bt: jax.Array) -> jax.Array:
+  """Positions counted from 0 at the start of each (contiguous) segment."""
+  t = segment_ids_bt.shape[1]
+  idx = jnp.arange(t, dtype=jnp.int32)[None, :]
+  starts = jnp.concatenate([jnp.ones_like(segment_ids_bt[:, :1], bool),
+                            segment_ids_bt[:, 1:] != segment_ids_bt[:, :-1]], axis=1)
+  return idx - jax.lax.cummax(jnp.where(starts, idx, 0), axis=1)

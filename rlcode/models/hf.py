@@ -89,6 +89,9 @@ class _Entry:
 
 
 def _mapping(cfg: ModelConfig) -> list[_Entry]:
+  if set(cfg.layer_kinds) != {"dense"}:
+    raise ValueError(f"Hugging Face Qwen2/Llama checkpoints hold dense-attention layers; this "
+                     f"model's layers are {cfg.layer_kinds}")
   e, h, k, d, f = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                    cfg.intermediate_size)
   g = h // k

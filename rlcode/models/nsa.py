@@ -21,20 +21,9 @@ from flax import nnx
 
 from kernels import nsa as nsa_kernels
 from kernels.spec import NSAConfig
+from rlcode.models import rope as rope_lib
 
 _INIT_STD = 0.02
-
-
-def rope(x_bthd: jax.Array, positions_bt: jax.Array, theta: float) -> jax.Array:
-  """Rotary embedding, rotate-half convention (Llama, Qwen2), computed in float32."""
-  d = x_bthd.shape[-1]
-  inv_freq = 1.0 / (theta ** (jnp.arange(0, d, 2, dtype=jnp.float32) / d))
-  angles = positions_bt.astype(jnp.float32)[..., None] * inv_freq  # [B, T, D/2]
-  cos = jnp.cos(jnp.concatenate([angles, angles], -1))[:, :, None, :]
-  sin = jnp.sin(jnp.concatenate([angles, angles], -1))[:, :, None, :]
-  x = x_bthd.astype(jnp.float32)
-  x1, x2 = jnp.split(x, 2, axis=-1)
-  return (x * cos + jnp.concatenate([-x2, x1], -1) * sin).astype(x_bthd.dtype)
 
 
 def _param(rngs: nnx.Rngs, shape, axes, dtype, std=_INIT_STD) -> nnx.Param:
@@ -106,11 +95,12 @@ class NSAAttention(nnx.Module):
     if self.qkv_bias:
       q = q + self.q_bias[...].astype(dt)
       kv = kv + self.kv_bias[...].astype(dt)
-    q = rope(q, positions_bt, self.rope_theta)
+    table = rope_lib.table(positions_bt, rope_lib.frequencies(q.shape[-1], self.rope_theta))
+    q = rope_lib.apply(q, table)
     k_cmp = self._compress(kv[:, :, 0, 0], 0)
     v_cmp = self._compress(kv[:, :, 0, 1], 1)
-    k_sel = rope(kv[:, :, 1, 0], positions_bt, self.rope_theta)
-    k_win = rope(kv[:, :, 2, 0], positions_bt, self.rope_theta)
+    k_sel = rope_lib.apply(kv[:, :, 1, 0], table)
+    k_win = rope_lib.apply(kv[:, :, 2, 0], table)
     gates = jax.nn.sigmoid(jnp.einsum("bte,ehc->bthc", x, self.gate[...].astype(dt))
                            + self.gate_bias[...].astype(dt))
     out = nsa_kernels.nsa_attention(q, (k_cmp, v_cmp), (k_sel, kv[:, :, 1, 1]),
