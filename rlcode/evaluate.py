@@ -208,3 +208,27 @@ def evaluate_policy(model, tokenizer, tasks: Sequence[Task], *, num_samples: int
       limits=sandbox.Limits(**{k: v for k, v in options.items() if k != "stop_sequences"}),
       stop_sequences=options.get("stop_sequences", HUMANEVAL_STOP))
   return {**report["pass_at_k"], "n_tasks": report["n_tasks"], "n_samples": report["n_samples"]}
+
+
+def evaluate_rewards(model, tokenizer, tasks: Sequence[Task], *, weights: Mapping[str, float],
+                     options: Mapping[str, Mapping] | None = None, num_samples: int,
+                     temperature: float, max_new_tokens: int, seed: int = 0,
+                     batch_prompts: int = 32, mesh=None) -> dict:
+  """Samples `num_samples` completions per task and averages the configured rewards.
+
+  For tasks without unit tests (diffs, sections). Returns {"reward_mean",
+  "reward_std", and each reward's metrics as "<name>/<metric>"}.
+  """
+  from rlcode import rewards, rollout
+  scores, metric_rows, texts, row_tasks = [], [], [], []
+  for start in range(0, len(tasks), batch_prompts):
+    chunk = list(tasks[start:start + batch_prompts])
+    ro = rollout.sample(model, tokenizer, chunk, group_size=num_samples,
+                        max_new_tokens=max_new_tokens, temperature=temperature,
+                        seed=seed + start, mesh=mesh)
+    texts += ro.texts
+    row_tasks += ro.row_tasks()
+  out = rewards.compute(weights, row_tasks, texts, options)
+  scores = np.asarray(out.scores)
+  return {"reward_mean": float(scores.mean()), "reward_std": float(scores.std()),
+          "n_tasks": len(tasks), "n_samples": len(texts), **out.metrics}

@@ -30,7 +30,7 @@ from rlcode.models.build import build_model
 def train(config) -> list[dict]:
   """Runs config.train.steps GRPO steps; returns the rows written to metrics.jsonl."""
   rows: list[dict] = []
-  rl, ev = config.rl, config.eval
+  rl = config.rl
 
   # ══════════════════════════════════════════════════════════════ 1. mesh
   mesh = sharding.mesh_from_config(config.mesh)
@@ -45,9 +45,7 @@ def train(config) -> list[dict]:
 
   # ══════════════════════════════════════════════════════════════ 2. data
   train_tasks = sources.load(config.data, config.data.train_split)
-  eval_tasks = sources.load(config.data, config.data.eval_split)
-  if config.data.max_eval_tasks:
-    eval_tasks = eval_tasks[:config.data.max_eval_tasks]
+  eval_tasks = _eval_tasks(config)
 
   # ══════════════════════════════════════════════════════════════ 3. model, optimiser, checkpoint
   model, tokenizer = build_model(config.model, mesh, config.seed)
@@ -80,11 +78,7 @@ def train(config) -> list[dict]:
   update, ref_logprobs = None, None
 
   def run_eval(step, params):
-    result = evaluate.evaluate_policy(
-        policy(params), tokenizer, eval_tasks, num_samples=ev.num_samples,
-        temperature=ev.temperature, max_new_tokens=ev.max_new_tokens, ks=tuple(ev.ks),
-        seed=config.seed + 7919, batch_prompts=ev.batch_prompts, mesh=mesh,
-        reward_options=dict(config.reward_options).get("tests", {}))
+    result = held_out_eval(config, policy(params), tokenizer, eval_tasks, mesh)
     rows.append(metrics.write(step, {f"eval/{k}": v for k, v in result.items()}))
 
   # ══════════════════════════════════════════════════════════════ 5. loop
@@ -196,14 +190,28 @@ def evaluate_checkpoint(config, path: str, ks=(1,)) -> dict:
   restored, _, step = ckpt.restore(_abstract_bundle(
       model, grpo.make_optimizer(config.optimizer), mesh, config.rl.beta > 0))
   ckpt.close()
-  eval_tasks = sources.load(config.data, config.data.eval_split)
-  ev = config.eval
-  result = evaluate.evaluate_policy(
-      nnx.merge(graphdef, restored["state"].params), tokenizer, eval_tasks,
-      num_samples=ev.num_samples, temperature=ev.temperature, max_new_tokens=ev.max_new_tokens,
-      ks=tuple(ks), seed=config.seed + 7919, batch_prompts=ev.batch_prompts, mesh=mesh,
-      reward_options=dict(config.reward_options).get("tests", {}))
+  eval_tasks = _eval_tasks(config)
+  result = held_out_eval(config, nnx.merge(graphdef, restored["state"].params), tokenizer,
+                         eval_tasks, mesh, ks=ks)
   return {"step": step, "checkpoint": directory, **result}
+
+
+def _eval_tasks(config) -> list:
+  tasks = sources.load(config.data, config.data.eval_split)
+  return tasks[:config.data.max_eval_tasks] if config.data.max_eval_tasks else tasks
+
+
+def held_out_eval(config, model, tokenizer, tasks, mesh, ks=None) -> dict:
+  """pass@k for code tasks with tests; the configured rewards' means otherwise."""
+  ev = config.eval
+  common = dict(num_samples=ev.num_samples, temperature=ev.temperature,
+                max_new_tokens=ev.max_new_tokens, seed=config.seed + 7919,
+                batch_prompts=ev.batch_prompts, mesh=mesh)
+  if all(t.kind == "code" and t.tests for t in tasks):
+    return evaluate.evaluate_policy(model, tokenizer, tasks, ks=tuple(ks or ev.ks),
+                                    reward_options=_options(config).get("tests", {}), **common)
+  return evaluate.evaluate_rewards(model, tokenizer, tasks, weights=dict(config.rewards),
+                                   options=_options(config), **common)
 
 
 def _batch_tokens(batch) -> int:

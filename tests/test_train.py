@@ -119,3 +119,13 @@ def test_eight_devices_log_the_same_loss(uninterrupted, tmp_path):
 def test_seed_mismatch_on_resume_is_an_error(uninterrupted):
   with pytest.raises(ValueError, match="written with seed 0"):
     train.train(_config(uninterrupted, "--config.seed=1"))
+
+
+def test_eval_cli_on_a_checkpoint(uninterrupted, capsys):
+  from rlcode import cli
+  assert cli.main(["eval", "--config", CONFIG, "--checkpoint", str(uninterrupted), "--k", "1,2",
+                   *SMALL]) == 0
+  result = json.loads(capsys.readouterr().out)
+  assert result["step"] == 4 and result["n_tasks"] == 6 and 0 <= result["pass@1"] <= 1
+  last = [r for r in read_metrics(str(uninterrupted)) if "eval/pass@1" in r][-1]
+  assert result["pass@1"] == last["eval/pass@1"]  # same policy, same seed, same samples
