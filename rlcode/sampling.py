@@ -2,8 +2,8 @@
 
 `generate` pads prompts on the right into a few bucketed shapes (powers of
 two), so a stream of prompts of varying lengths compiles a handful of programs,
-not one per length. Inside one jit: a prefill over each prompt once, then a
-`lax.while_loop` of single-token decode steps that stops when every row has
+not one per length. Two jitted programs: a prefill over each prompt once, then
+a `lax.while_loop` of single-token decode steps that stops when every row has
 emitted a stop token or the budget is spent. Each of the G samples of a prompt
 continues from that prompt's single prefill, and (by default) reads that one
 copy of the prompt's KV as a shared prefix instead of a private copy, so the
@@ -94,33 +94,72 @@ def _row_keys(key, step, rows_b):
   return jax.vmap(lambda r: jax.random.fold_in(step_key, r))(rows_b)
 
 
-@functools.partial(jax.jit, static_argnames=(
-    "graphdef", "group_size", "max_new_tokens", "temperature", "top_k", "top_p",
-    "stop_tokens", "pad_id", "mesh", "share_prompt"))
-def _generate(state, prompt_tokens_pt, prompt_lengths_p, key, *, graphdef, group_size,
-              max_new_tokens, temperature, top_k, top_p, stop_tokens, pad_id, mesh,
-              share_prompt):
-  with sharding.activate(mesh) if mesh is not None else contextlib.nullcontext():
+def _context(mesh):
+  return sharding.activate(mesh) if mesh is not None else contextlib.nullcontext()
+
+
+def _prefill_impl(state, prompt_tokens_pt, prompt_lengths_p, *, graphdef, group_size,
+                  max_new_tokens, mesh, share_prompt, offload_kv):
+  """Each prompt once: the first tokens' logits [P*G, V], and the KV to decode from.
+
+  With share_prompt: the prompts' KV as a head-major Prefix, and an empty cache
+  for the rows' own tokens; without: a cache holding each row's copy.
+  """
+  with _context(mesh):
     model: Decoder = nnx.merge(graphdef, state)
-    p, tp = prompt_tokens_pt.shape
     g = group_size
-    b = p * g
+    b = prompt_tokens_pt.shape[0] * g
     h, kvs = model.hidden(prompt_tokens_pt)
     last_h = jnp.take_along_axis(h, (prompt_lengths_p - 1)[:, None, None], axis=1)
     first_logits = jnp.repeat(model.logits(last_h)[:, 0], g, axis=0)
-
     if share_prompt:
-      # One copy of each prompt's KV; the G rows of a group read it as a prefix
-      # and keep only their own tokens in the cache.
       prefix = Prefix(k=tuple(k.swapaxes(1, 2) for k, _ in kvs),
                       v=tuple(v.swapaxes(1, 2) for _, v in kvs), lengths=prompt_lengths_p,
-                      head_major=True)
-      cache = KVCache.zeros(model.cfg, b, max_new_tokens, dtype=kvs[0][0].dtype)
-    else:
-      prefix = None
-      cache = KVCache.from_prefill([(jnp.repeat(k, g, axis=0), jnp.repeat(v, g, axis=0))
-                                    for k, v in kvs], jnp.repeat(prompt_lengths_p, g),
-                                   tp + max_new_tokens)
+                      head_major=True, on_host=offload_kv)
+      return first_logits, prefix, KVCache.zeros(model.cfg, b, max_new_tokens,
+                                                 dtype=kvs[0][0].dtype)
+    cache = KVCache.from_prefill([(jnp.repeat(k, g, axis=0), jnp.repeat(v, g, axis=0))
+                                  for k, v in kvs], jnp.repeat(prompt_lengths_p, g),
+                                 prompt_tokens_pt.shape[1] + max_new_tokens)
+    return first_logits, None, cache
+
+
+_PREFILL_STATIC = ("graphdef", "group_size", "max_new_tokens", "mesh", "share_prompt",
+                   "offload_kv")
+
+
+@functools.lru_cache(maxsize=None)
+def _prefill_fn(mesh: Mesh | None, num_layers: int, offload_kv: bool):
+  """The jitted prefill; with offload_kv its Prefix leaves it in pinned host memory.
+
+  Placing the prefix by out_shardings (rather than inside the program) is what
+  keeps it on the host on every backend, the CPU included.
+  """
+  if not offload_kv:
+    return jax.jit(_prefill_impl, static_argnames=_PREFILL_STATIC)
+  if mesh is None:
+    host = jax.sharding.SingleDeviceSharding(jax.devices()[0], memory_kind="pinned_host")
+    kv = lengths = host
+  else:
+    kv = jax.sharding.NamedSharding(mesh, sharding.logical_to_spec(
+        ("batch", "kv_heads", "length", "head_dim"), mesh=mesh), memory_kind="pinned_host")
+    lengths = jax.sharding.NamedSharding(mesh, sharding.logical_to_spec(("batch",), mesh=mesh),
+                                         memory_kind="pinned_host")
+  prefix = Prefix(k=(kv,) * num_layers, v=(kv,) * num_layers, lengths=lengths,
+                  head_major=True, on_host=True)
+  return jax.jit(_prefill_impl, static_argnames=_PREFILL_STATIC,
+                 out_shardings=(None, prefix, None))
+
+
+@functools.partial(jax.jit, static_argnames=(
+    "graphdef", "max_new_tokens", "temperature", "top_k", "top_p", "stop_tokens", "pad_id",
+    "mesh"))
+def _decode(state, first_logits, prefix, cache, key, *, graphdef, max_new_tokens, temperature,
+            top_k, top_p, stop_tokens, pad_id, mesh):
+  """The decode loop: one token per row per step until all rows stopped."""
+  with _context(mesh):
+    model: Decoder = nnx.merge(graphdef, state)
+    b = first_logits.shape[0]
     rows = jnp.arange(b, dtype=jnp.int32)
     stops = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
 
@@ -157,8 +196,8 @@ def _generate(state, prompt_tokens_pt, prompt_lengths_p, key, *, graphdef, group
 def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
              group_size: int = 1, stop_tokens: Sequence[int] = (), seed: int = 0,
-             pad_id: int = 0, mesh: Mesh | None = None, share_prompt: bool = True
-             ) -> Generation:
+             pad_id: int = 0, mesh: Mesh | None = None, share_prompt: bool = True,
+             offload_kv: bool = False) -> Generation:
   """Samples `group_size` completions for each prompt.
 
   Args:
@@ -176,6 +215,10 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
       its G rows read as a shared prefix (decode attention merges prefix and
       own-token parts by log-sum-exp); False gives every row its own copy.
       Same samples either way.
+    offload_kv: keep the prompts' KV in pinned host memory and bring each
+      layer's part to the device while the layer before it computes (implies
+      the shared-prompt layout). Same samples; on a GPU it trades device
+      memory for host-to-device bandwidth.
 
   Returns:
     A Generation with P * group_size rows, prompt-major.
@@ -217,11 +260,17 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
       tokens = jax.device_put(tokens, sharding.logical_sharding(("batch", "length")))
       prompt_lengths = jax.device_put(prompt_lengths, sharding.logical_sharding(("batch",)))
   graphdef, state = nnx.split(model)
-  out_tok, out_lp, n, done = _generate(
-      state, tokens, prompt_lengths, jax.random.key(seed), graphdef=graphdef,
-      group_size=group_size, max_new_tokens=max_new_tokens, temperature=float(temperature),
-      top_k=int(top_k), top_p=float(top_p), stop_tokens=tuple(int(s) for s in stop_tokens),
-      pad_id=int(pad_id), mesh=mesh, share_prompt=bool(share_prompt) and group_size > 1)
+  share = bool(offload_kv) or (bool(share_prompt) and group_size > 1)
+  prefill = _prefill_fn(mesh, cfg.num_layers, bool(offload_kv))
+  first_logits, prefix, cache = prefill(
+      state, tokens, prompt_lengths, graphdef=graphdef, group_size=group_size,
+      max_new_tokens=max_new_tokens, mesh=mesh, share_prompt=share,
+      offload_kv=bool(offload_kv))
+  out_tok, out_lp, n, done = _decode(
+      state, first_logits, prefix, cache, jax.random.key(seed), graphdef=graphdef,
+      max_new_tokens=max_new_tokens, temperature=float(temperature), top_k=int(top_k),
+      top_p=float(top_p), stop_tokens=tuple(int(s) for s in stop_tokens), pad_id=int(pad_id),
+      mesh=mesh)
   keep = p * group_size
   return Generation(tokens=np.asarray(out_tok)[:keep], logprobs=np.asarray(out_lp)[:keep],
                     lengths=np.asarray(n)[:keep], finished=np.asarray(done)[:keep],

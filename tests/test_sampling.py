@@ -98,10 +98,10 @@ def test_group_samples_differ_and_share_the_prompt(model):
 
 
 def test_prompt_lengths_share_compiled_shapes(model):
-  before = sampling._generate._cache_size()
+  before = sampling._decode._cache_size()
   for n in (2, 5, 9, 16):  # all in the 16-token bucket
     generate(model, [list(range(1, n + 1))], max_new_tokens=4, temperature=0.0)
-  assert sampling._generate._cache_size() - before <= 1
+  assert sampling._decode._cache_size() - before <= 1
 
 
 def test_top_k_one_and_tiny_top_p_are_greedy():
@@ -145,3 +145,19 @@ def test_shared_prompt_sampler_equals_unshared(model, temperature):
   np.testing.assert_array_equal(shared.tokens, private.tokens)
   np.testing.assert_array_equal(shared.lengths, private.lengths)
   np.testing.assert_allclose(shared.logprobs, private.logprobs, atol=1e-5)
+
+
+def test_host_offloaded_prompt_kv_gives_the_same_samples(model):
+  kwargs = dict(max_new_tokens=10, temperature=1.0, group_size=2, seed=6, stop_tokens=[7])
+  device = generate(model, PROMPTS, **kwargs)
+  host = generate(model, PROMPTS, offload_kv=True, **kwargs)
+  np.testing.assert_array_equal(host.tokens, device.tokens)
+  np.testing.assert_allclose(host.logprobs, device.logprobs, atol=1e-6)
+  # The prefill leaves the prompts' KV in pinned host memory, where decoding reads it.
+  graphdef, state = nnx.split(model)
+  prefill = sampling._prefill_fn(None, model.cfg.num_layers, True)
+  _, prefix, _ = prefill(state, jnp.zeros((4, 16), jnp.int32), jnp.ones((4,), jnp.int32),
+                         graphdef=graphdef, group_size=2, max_new_tokens=4, mesh=None,
+                         share_prompt=True, offload_kv=True)
+  assert prefix.on_host
+  assert {x.sharding.memory_kind for x in prefix.k + prefix.v} == {"pinned_host"}

@@ -84,6 +84,9 @@ class Prefix:
   v: tuple[jax.Array, ...]
   lengths: jax.Array
   head_major: bool = dataclasses.field(default=False, metadata=dict(static=True))
+  # The arrays live in host memory; each layer's part is brought to the device
+  # while the layer before it computes (see Decoder.hidden).
+  on_host: bool = dataclasses.field(default=False, metadata=dict(static=True))
 
   @property
   def num(self) -> int:
@@ -181,7 +184,10 @@ class Attention(nnx.Module):
     q, k, v = self.project_qkv(x_btd, rope)
     impl = self.cfg.attn_impl
     if cache_kv is None:
-      own = kernels.attention(q, k, v, self.spec, impl=impl, segment_ids=segment_ids,
+      # A document layer given no segment ids sees one document: plain causal.
+      spec = (kernels.DENSE_CAUSAL if self.spec.kind == "document" and segment_ids is None
+              else self.spec)
+      own = kernels.attention(q, k, v, spec, impl=impl, segment_ids=segment_ids,
                               return_lse=prefix_kv is not None)
       new_kv = (k, v)
     else:
@@ -214,7 +220,7 @@ class Attention(nnx.Module):
     impl = self.cfg.attn_impl
     if self.spec.kind == "sliding":
       return self._prefix_window(q_nthd, own_start_n, k_pre, v_pre, lengths_p, head_major)
-    if self.spec.kind != "dense" or not self.spec.causal:
+    if self.spec.kind not in ("dense", "document") or not self.spec.causal:
       raise NotImplementedError(f"a shared prefix is not implemented for {self.spec}")
     q = q_nthd.reshape(p, (n // p) * t, h, d)
     if head_major or (n // p) * t <= DECODE_QUERIES:
@@ -354,10 +360,14 @@ class Decoder(nnx.Module):
     x = sharding.constrain(x, ("batch", "length", "embed"))
     rope = rope_lib.table(positions_bt, rope_frequencies(self.cfg))
     kvs = []
+    upcoming = None if prefix is None else self._prefix_layer(prefix, 0)
     for i, layer in enumerate(self.layers):
       cache_kv = None if cache is None else (cache.k[i], cache.v[i])
-      prefix_kv = None if prefix is None else (prefix.k[i], prefix.v[i], prefix.lengths,
-                                                prefix.head_major)
+      prefix_kv = upcoming
+      if prefix is not None and i + 1 < len(self.layers):
+        # Issued before layer i runs, so a host prefix's next layer is in flight
+        # while this one computes.
+        upcoming = self._prefix_layer(prefix, i + 1)
       x, kv = layer(x, rope, positions_bt, segment_ids=segment_ids, cache_kv=cache_kv,
                     prefix_kv=prefix_kv, cache_lengths=None if cache is None else cache.lengths)
       kvs.append(kv)
@@ -366,6 +376,13 @@ class Decoder(nnx.Module):
       return h, kvs
     return h, KVCache(k=tuple(k for k, _ in kvs), v=tuple(v for _, v in kvs),
                       lengths=cache.lengths + t)
+
+  @staticmethod
+  def _prefix_layer(prefix: Prefix, i: int):
+    k, v = prefix.k[i], prefix.v[i]
+    if prefix.on_host:
+      k, v = jax.device_put(k, jax.memory.Space.Device), jax.device_put(v, jax.memory.Space.Device)
+    return k, v, prefix.lengths, prefix.head_major
 
   def logits(self, h_btd) -> jax.Array:
     dt = self.cfg.jnp_dtype
