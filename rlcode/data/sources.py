@@ -5,6 +5,11 @@
     config.data.source = "git"         # config.data.repo: mined commits (rlcode.data.git_mining)
     config.data.source = "sections"    # config.data.sources: documents (rlcode.data.sections)
 
+For "sections", config.data.count_tokens (default "words") is the unit of the
+SectionOptions budgets: "words" counts whitespace-separated words, "bytes" counts
+UTF-8 bytes, which are the tokens of a byte-level model (less its BOS), so a
+prompt's length in tokens is bounded by context_budget + 1.
+
 Prepared datasets live under config.data.data_dir, else $TFDS_DATA_DIR, else
 ~/.cache/rlcode/tfds. Relative paths are tried against the working directory,
 then the project root.
@@ -18,6 +23,7 @@ from rlcode.data.tasks import Task, TaskBuilder, load_tasks
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SOURCES = ("jsonl", "humaneval", "git", "sections")
+SECTION_COUNTS = ("words", "bytes")
 
 
 def resolve(path: str) -> str:
@@ -25,6 +31,11 @@ def resolve(path: str) -> str:
     return path
   candidate = os.path.join(PROJECT_ROOT, path)
   return candidate if os.path.exists(candidate) else path
+
+
+def utf8_bytes(text: str) -> int:
+  """Token count of a byte-level tokenizer (without its BOS)."""
+  return len(text.encode("utf-8"))
 
 
 def data_dir(data_cfg) -> str:
@@ -51,8 +62,13 @@ def builder(data_cfg) -> TaskBuilder:
     return GitDiffs(data_dir=root, mining=mining)
   if source == "sections":
     from rlcode.data.sections import SectionOptions, SectionTasks
+    unit = data_cfg.get("count_tokens", "words")
+    if unit not in SECTION_COUNTS:
+      raise ValueError(f"config.data.count_tokens={unit!r}; expected one of {SECTION_COUNTS}")
+    counter = {} if unit == "words" else dict(count_tokens=utf8_bytes,
+                                              count_tokens_name="utf8_bytes")
     return SectionTasks(data_dir=root, sources=tuple(resolve(s) for s in data_cfg.sources),
-                        options=SectionOptions(**dict(data_cfg.options)))
+                        options=SectionOptions(**dict(data_cfg.options)), **counter)
   raise ValueError(f"config.data.source={source!r}; expected one of {SOURCES}")
 
 
