@@ -183,7 +183,10 @@ def init_state(model: nnx.Module, optimizer: optax.GradientTransformation,
   scalars replicated over the mesh) and step 0."""
   params = nnx.state(model, nnx.Param)
   replicated = NamedSharding(mesh, P())
-  on_mesh = lambda x: (x if len(x.sharding.device_set) == mesh.size
+  # Every leaf gets a NamedSharding on the mesh: the jitted step returns such
+  # shardings, and any other kind in the input would make its second call
+  # recompile (a mismatch in the jit cache key).
+  on_mesh = lambda x: (x if isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh
                        else jax.device_put(x, replicated))
   opt_state = jax.tree.map(on_mesh, jax.jit(optimizer.init)(params))
   return TrainState(params=params, opt_state=opt_state,
