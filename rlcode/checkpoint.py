@@ -9,6 +9,7 @@ into the sharding of the abstract state it is given.
 
 from __future__ import annotations
 
+import os
 from typing import Any
 
 import jax
@@ -20,7 +21,8 @@ class Checkpointer:
   """A CheckpointManager over `directory` (local or gs://) keeping the last `keep`."""
 
   def __init__(self, directory: str, keep: int = 2):
-    self.directory = epath.Path(directory)
+    # Orbax refuses relative local paths (at the first save, deep in a run).
+    self.directory = epath.Path(directory if "://" in directory else os.path.abspath(directory))
     self._manager = ocp.CheckpointManager(
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,

@@ -68,6 +68,33 @@ def encode_prompts(tokenizer: Tokenizer, tasks: Sequence[Task]) -> list[list[int
   return [tokenizer.encode(t.prompt) for t in tasks]
 
 
+FIT_REASONS = ("prompt_too_long", "reference_too_long")
+
+
+def fit_context(tasks: Sequence[Task], tokenizer: Tokenizer, *, max_seq_len: int,
+                max_new_tokens: int) -> tuple[list[Task], dict[str, int]]:
+  """The tasks that fit a context of `max_seq_len` tokens, and counts of the rest.
+
+  A task fits when its prompt leaves room for `max_new_tokens` (generate()
+  raises otherwise) and its reference plus an end-of-sequence token fits after
+  the prompt (the warm start trains on prompt + reference; positions past the
+  context are ones the model was never built for). Returns the fitting tasks
+  in their order and {"kept", "prompt_too_long", "reference_too_long"}, each
+  dropped task counted under the first reason that applies.
+  """
+  kept, counts = [], dict.fromkeys(("kept", *FIT_REASONS), 0)
+  for task in tasks:
+    n = len(tokenizer.encode(task.prompt))
+    if n + max_new_tokens > max_seq_len:
+      counts["prompt_too_long"] += 1
+    elif n + len(tokenizer.encode(task.reference)) - _bos_len(tokenizer) + 1 > max_seq_len:
+      counts["reference_too_long"] += 1
+    else:
+      kept.append(task)
+      counts["kept"] += 1
+  return kept, counts
+
+
 def sample(model, tokenizer: Tokenizer, tasks: Sequence[Task], *, group_size: int,
            max_new_tokens: int, temperature: float, seed: int, mesh=None,
            top_p: float = 1.0, top_k: int = 0) -> Rollout:

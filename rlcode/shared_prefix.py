@@ -120,10 +120,17 @@ def grouped_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequen
                       ref_logp=np.zeros_like(old), adv=adv)
 
 
-def rl_batch(rollout, adv: np.ndarray, pad_id: int, completion_len: int) -> GroupedBatch:
+COMPLETION_MULTIPLE = 32
+
+
+def rl_batch(rollout, adv: np.ndarray, pad_id: int, max_completion_len: int) -> GroupedBatch:
+  """The rollout's batch, completions padded to a multiple of 32 of the longest one
+  (at most max_completion_len): a few compiled shapes, little padding."""
   gen = rollout.generation
-  return grouped_batch(rollout.prompts, gen.completions(), pad_id=pad_id,
-                       completion_len=completion_len, old_logp=gen.logprobs, adv=adv)
+  longest = int(gen.lengths.max())
+  length = min(-(-longest // COMPLETION_MULTIPLE) * COMPLETION_MULTIPLE, max_completion_len)
+  return grouped_batch(rollout.prompts, gen.completions(), pad_id=pad_id, completion_len=length,
+                       old_logp=gen.logprobs, adv=adv)
 
 
 def update_step(graphdef, optimizer, cfg: grpo.LossConfig, mesh, state, example: GroupedBatch):

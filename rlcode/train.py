@@ -49,6 +49,10 @@ def train(config) -> list[dict]:
 
   # ══════════════════════════════════════════════════════════════ 3. model, optimiser, checkpoint
   model, tokenizer = build_model(config.model, mesh, config.seed)
+  train_tasks, fit_train = _fit(config, "train", train_tasks, tokenizer, model.cfg.max_seq_len,
+                                rl.max_new_tokens)
+  eval_tasks, fit_eval = _fit(config, "eval", eval_tasks, tokenizer, model.cfg.max_seq_len,
+                              config.eval.max_new_tokens)
   graphdef, params = nnx.split(model, nnx.Param)
   policy = lambda params: nnx.merge(graphdef, params)
   optimizer = grpo.make_optimizer(config.optimizer)
@@ -59,6 +63,8 @@ def train(config) -> list[dict]:
     metrics = MetricsWriter(config.workdir)
     if config.warmstart.steps > 0:
       params = warm_start(config, graphdef, params, train_tasks, tokenizer, mesh, metrics)
+    if config.data.get("drop_too_long"):
+      metrics.write(0, {**fit_train, **fit_eval})
     state = grpo.init_state(policy(params), optimizer, mesh)
     ref_params = jax.tree.map(lambda x: x.copy(), params) if rl.beta > 0 else {}
   else:
@@ -179,26 +185,55 @@ def evaluate_checkpoint(config, path: str, ks=(1,)) -> dict:
 
   `path` is a workdir or its checkpoints/ directory; the latest step is used.
   """
+  mesh = sharding.mesh_from_config(config.mesh)
+  model, tokenizer, step, directory = restore_policy(config, path, mesh)
+  eval_tasks, _ = _fit(config, "eval", _eval_tasks(config), tokenizer, model.cfg.max_seq_len,
+                       config.eval.max_new_tokens)
+  result = held_out_eval(config, model, tokenizer, eval_tasks, mesh, ks=ks)
+  return {"step": step, "checkpoint": directory, **result}
+
+
+def restore_policy(config, path: str, mesh):
+  """(model, tokenizer, step, checkpoint directory) of the latest checkpoint under `path`.
+
+  `path` is a workdir or its checkpoints/ directory.
+  """
   directory = path if os.path.basename(os.path.normpath(path)) == "checkpoints" else (
       os.path.join(path, "checkpoints"))
   ckpt = checkpoint.Checkpointer(directory)
   if ckpt.latest_step() is None:
     raise FileNotFoundError(f"no checkpoint under {directory}")
-  mesh = sharding.mesh_from_config(config.mesh)
   model, tokenizer = build_model(config.model, mesh, config.seed)
   graphdef, _ = nnx.split(model, nnx.Param)
   restored, _, step = ckpt.restore(_abstract_bundle(
       model, grpo.make_optimizer(config.optimizer), mesh, config.rl.beta > 0))
   ckpt.close()
-  eval_tasks = _eval_tasks(config)
-  result = held_out_eval(config, nnx.merge(graphdef, restored["state"].params), tokenizer,
-                         eval_tasks, mesh, ks=ks)
-  return {"step": step, "checkpoint": directory, **result}
+  return nnx.merge(graphdef, restored["state"].params), tokenizer, step, directory
 
 
 def _eval_tasks(config) -> list:
   tasks = sources.load(config.data, config.data.eval_split)
   return tasks[:config.data.max_eval_tasks] if config.data.max_eval_tasks else tasks
+
+
+def _fit(config, split: str, tasks: list, tokenizer, max_seq_len: int,
+         max_new_tokens: int) -> tuple[list, dict]:
+  """The tasks that fit the context (rollout.fit_context) and "data/<split>_*" counts.
+
+  Tasks that do not fit are an error unless config.data.drop_too_long is set;
+  then they are dropped, and the counts go into metrics.jsonl at step 0.
+  """
+  kept, counts = rollout.fit_context(tasks, tokenizer, max_seq_len=max_seq_len,
+                                     max_new_tokens=max_new_tokens)
+  dropped = len(tasks) - len(kept)
+  where = (f"the model's context of {max_seq_len} tokens with max_new_tokens={max_new_tokens} "
+           f"({counts})")
+  if dropped and not config.data.get("drop_too_long"):
+    raise ValueError(f"{dropped} of {len(tasks)} {split} tasks do not fit {where}; shorten "
+                     "them or set --config.data.drop_too_long=true to drop and count them")
+  if not kept:
+    raise ValueError(f"none of the {len(tasks)} {split} tasks fits {where}")
+  return kept, {f"data/{split}_{k}": v for k, v in counts.items()}
 
 
 def held_out_eval(config, model, tokenizer, tasks, mesh, ks=None) -> dict:

@@ -32,6 +32,16 @@ Decisions worth knowing:
   post-change files.
 - Duplicates (same per-file diffs, line numbers ignored; cherry-picks,
   re-applied reverts) keep the earliest commit.
+- Excerpts (`context_lines` > 0): whole files make byte-level prompts far
+  longer than a small model's context, so a task may show only the lines
+  near the changes it asks for: the files its oracle changes, each cut to the
+  lines within `context_lines` of a changed line (every other run of lines
+  becomes one marker line "[... lines A-B not shown ...]"), without the files
+  it leaves alone and without the part of the commit already made. This
+  tells the policy where to edit. `extra["files"]` stays whole, so the reward
+  applies answers to the whole files; a reference SEARCH text that reaches
+  beyond the excerpt (made longer to be unique) widens that task's window
+  until it is shown.
 - Split by committer time: the latest commits form the test set, and every
   test commit is strictly later than every train commit (ties go to test).
 - Tasks are held in memory until written; bound a large history with
@@ -150,6 +160,9 @@ class MiningConfig:
     allow_added_files: False skips commits that add files.
     related_bytes: budget of untouched same-directory files added to each
       task's context, in bytes of text; 0 adds none.
+    context_lines: 0 shows the task's files whole in the prompt; N >= 3 shows
+      excerpts: the lines within N lines of a change (see the module
+      docstring).
     test_fraction: the latest fraction of kept commits that form the test
       split (commits at the boundary time all go to test).
     test_after: instead of a fraction, commits at or after this time (ISO 8601,
@@ -170,6 +183,7 @@ class MiningConfig:
   generated_markers: tuple[str, ...] = DEFAULT_GENERATED_MARKERS
   allow_added_files: bool = True
   related_bytes: int = 0
+  context_lines: int = 0
   test_fraction: float | None = 0.1
   test_after: str | None = None
 
@@ -191,6 +205,11 @@ class MiningConfig:
     for name in ("max_commits", "related_bytes"):
       if getattr(self, name) < 0:
         raise ValueError(f"MiningConfig.{name}={getattr(self, name)} < 0")
+    if self.context_lines < 0 or 0 < self.context_lines < 3:
+      # Fewer than the 3 context lines of a unified-diff hunk would hide
+      # lines the answer must quote.
+      raise ValueError(f"MiningConfig.context_lines={self.context_lines}; "
+                       "expected 0 (whole files) or at least 3")
     for name in ("max_files", "max_changed_lines", "max_file_bytes"):
       if getattr(self, name) < 1:
         raise ValueError(f"MiningConfig.{name}={getattr(self, name)} < 1")
@@ -814,12 +833,58 @@ def _counts(counter: collections.Counter) -> dict[str, int]:
   return {k: v for k, v in sorted(counter.items()) if v}
 
 
+def _excerpt(old: str, new: str, context_lines: int) -> str:
+  """`old` with only the lines within `context_lines` of a change to `new`."""
+  a = edits.split_keepends(old)
+  shown = [False] * len(a)
+  matcher = difflib.SequenceMatcher(None, a, edits.split_keepends(new))
+  for tag, i1, i2, _, _ in matcher.get_opcodes():
+    if tag != "equal":
+      lo, hi = max(i1 - context_lines, 0), min(i2 + context_lines, len(a))
+      shown[lo:hi] = [True] * (hi - lo)
+  out, k = [], 0
+  while k < len(a):
+    end = k
+    while end < len(a) and shown[end] == shown[k]:
+      end += 1
+    # A marker is no shorter than one line it would replace.
+    if shown[k] or end - k == 1:
+      out.extend(a[k:end])
+    else:
+      out.append(f"[... lines {k + 1}-{end} not shown ...]\n")
+    k = end
+  return "".join(out)
+
+
+def _excerpts(unit: _Unit, reference: str,
+              config: MiningConfig) -> dict[str, str]:
+  """The unit's changed files cut to `context_lines` around each change.
+
+  A search_replace reference must apply to what is shown; where its SEARCH
+  text reaches further, the window doubles (at worst to the whole file).
+  """
+  n = config.context_lines
+  while True:
+    shown = {p: _excerpt(unit.files.get(p, ""), unit.oracle[p], n)
+             for p in sorted(unit.oracle)}
+    if config.edit_format != "search_replace":
+      return shown
+    try:
+      edits.apply_completion(reference, shown, config.edit_format)
+      return shown
+    except edits.FormatError:
+      n *= 2
+
+
 def _task(change: _Change, unit: _Unit, granularity: str, reference: str,
           config: MiningConfig) -> Task:
+  shown, applied_diff = unit.files, unit.applied_diff
+  if config.context_lines:
+    shown, applied_diff = _excerpts(unit, reference, config), ""
   return Task(
       id=unit.id,
-      prompt=edits.build_prompt(change.request, unit.files, config.edit_format,
-                                unit.new_files, unit.applied_diff),
+      prompt=edits.build_prompt(change.request, shown, config.edit_format,
+                                unit.new_files, applied_diff),
       kind="diff",
       reference=reference,
       extra={

@@ -3,6 +3,7 @@
     config.data.source = "jsonl"       # config.data.path: a problems file (data/tiny_tasks.jsonl)
     config.data.source = "humaneval"   # the 164 HumanEval problems (split "test")
     config.data.source = "git"         # config.data.repo: mined commits (rlcode.data.git_mining)
+                                       #   with config.data.mining: MiningConfig's other fields
     config.data.source = "sections"    # config.data.sources: documents (rlcode.data.sections)
 
 For "sections", config.data.count_tokens (default "words") is the unit of the
@@ -57,8 +58,17 @@ def builder(data_cfg) -> TaskBuilder:
     return HumanEval(data_dir=root)
   if source == "git":
     from rlcode.data.git_mining import GitDiffs, MiningConfig
-    mining = MiningConfig(**{k: (tuple(v) if isinstance(v, list) else v)
-                             for k, v in dict(data_cfg.mining).items()})
+    fields = {k: (tuple(v) if isinstance(v, list) else v)
+              for k, v in dict(data_cfg.mining).items()}
+    # The repository is named once: config.data.repo (the usual way, so that
+    # --config.data.repo=PATH works) or config.data.mining.source.
+    repo = data_cfg.get("repo", "")
+    if repo and fields.get("source"):
+      raise ValueError(f"config.data.repo={repo!r} and config.data.mining.source="
+                       f"{fields['source']!r}: give the repository once")
+    if repo:
+      fields["source"] = resolve(repo)
+    mining = MiningConfig(**fields)
     return GitDiffs(data_dir=root, mining=mining)
   if source == "sections":
     from rlcode.data.sections import SectionOptions, SectionTasks

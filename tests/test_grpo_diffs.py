@@ -1,0 +1,199 @@
+"""configs/grpo_diffs.py end to end on a git history made here, and its pieces.
+
+The history's commits are built so that the number of hunk tasks, and which
+of them do not fit the test's context (a 2 kB line, a 2.5 kB new file), are
+known by construction.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+
+import jax
+import ml_collections
+import numpy as np
+import pytest
+
+from rlcode import checkpoint, config_lib, rollout, train
+from rlcode.data import edits, sources
+from rlcode.data.git_mining import (EmptyRepositoryError, MiningConfig, NotARepositoryError,
+                                    mine)
+from rlcode.data.tasks import Task
+from rlcode.metrics import read_metrics
+from rlcode.models.tokenizer import ByteTokenizer
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+CONFIG = os.path.join(ROOT, "configs", "grpo_diffs.py")
+SMALL = [
+    "--config.model.arch.hidden_size=32", "--config.model.arch.intermediate_size=64",
+    "--config.model.arch.num_layers=1", "--config.model.arch.num_heads=2",
+    "--config.model.arch.num_kv_heads=1", "--config.model.arch.head_dim=16",
+    "--config.model.arch.max_seq_len=2048",
+    "--config.rl.prompts_per_step=2", "--config.rl.group_size=2",
+    "--config.rl.max_new_tokens=16", "--config.eval.max_new_tokens=16",
+    "--config.eval.num_samples=2", "--config.warmstart.steps=2",
+    "--config.warmstart.batch_size=2", "--config.train.steps=2",
+    "--config.train.checkpoint_every=2", "--config.train.eval_every=2",
+    "--config.train.progress_bar=false",
+]
+
+
+class Repo:
+  """A git repository in a temp dir; commit k is made at time T0 + 100 k."""
+
+  def __init__(self, path):
+    self.path, self.time = path, 1_700_000_000
+    path.mkdir(parents=True, exist_ok=True)
+    self.git("init", "-q", "-b", "main")
+
+  def git(self, *args: str) -> None:
+    stamp = f"@{self.time} +0000"
+    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+    env.update(GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.com", GIT_COMMITTER_NAME="t",
+               GIT_COMMITTER_EMAIL="t@example.com", GIT_AUTHOR_DATE=stamp,
+               GIT_COMMITTER_DATE=stamp, GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1")
+    subprocess.run(["git", *args], cwd=self.path, env=env, capture_output=True, check=True)
+
+  def commit(self, message: str, files: dict[str, str]) -> None:
+    self.time += 100
+    for path, content in files.items():
+      (self.path / path).parent.mkdir(parents=True, exist_ok=True)
+      (self.path / path).write_text(content)
+    self.git("add", "--", *files)
+    self.git("commit", "-q", "-m", message)
+
+
+CART = "".join(f"def price_{i}(x):\n  return x * {i}\n\n" for i in range(1, 9))
+UTIL = '"""Helpers."""\n\n\ndef clamp(x, lo, hi):\n  return max(lo, min(x, hi))\n'
+
+
+def _shop_history(repo: Repo) -> None:
+  """Six commits: 7 hunk tasks in the first four (train), 3 in the last two (test)."""
+  repo.commit("Add the shop package", {                      # 3 hunks (new files)
+      "shop/cart.py": CART, "shop/util.py": UTIL,
+      "shop/data.py": "ROWS = [\n" + "  1,\n" * 600 + "]\n"})  # 2.4 kB answer
+  cart = CART.replace("x * 3", "round(x * 3, 2)")
+  repo.commit("Round price_3", {"shop/cart.py": cart})       # 1 hunk
+  util = UTIL + "\n\ndef tax(x):\n  return x * 0.2\n"
+  repo.commit("Add a tax helper", {"shop/util.py": util})    # 1 hunk
+  cart = cart.replace("x * 1\n", "x\n")
+  repo.commit("Simplify price_1; name the rows", {           # 2 hunks, one 2 kB line
+      "shop/cart.py": cart, "shop/data.py": "ROWS = [" + "1, " * 700 + "]\n"})
+  cart = cart.replace("x * 2\n", "x + x\n").replace("x * 8\n", "x << 3\n")
+  repo.commit("Use cheaper arithmetic", {"shop/cart.py": cart})   # 2 hunks
+  repo.commit("Document clamp", {"shop/util.py": util.replace(
+      "  return max", '  """x limited to [lo, hi]."""\n  return max')})  # 1 hunk
+
+
+@pytest.fixture(scope="module")
+def shop(tmp_path_factory):
+  repo = Repo(tmp_path_factory.mktemp("shop") / "repo")
+  _shop_history(repo)
+  return repo.path
+
+
+def _config(shop, tmp_path, *extra):
+  return config_lib.load_config(CONFIG, SMALL + [
+      f"--config.workdir={tmp_path / 'work'}", f"--config.data.repo={shop}",
+      f"--config.data.data_dir={tmp_path / 'data'}", *extra])
+
+
+def test_grpo_steps_on_a_mined_history(shop, tmp_path):
+  train.train(_config(shop, tmp_path))
+  rows = read_metrics(str(tmp_path / "work"))
+  data = [r for r in rows if "data/train_kept" in r]
+  assert data == [{
+      "step": 0, "data/train_kept": 5, "data/train_prompt_too_long": 1,
+      "data/train_reference_too_long": 1, "data/eval_kept": 3,
+      "data/eval_prompt_too_long": 0, "data/eval_reference_too_long": 0}]
+  steps = [r for r in rows if "loss" in r]
+  assert [r["step"] for r in steps] == [1, 2]
+  for r in steps:
+    for key in ("loss", "entropy", "grad_norm", "tokens_per_s"):
+      assert np.isfinite(r[key]), key
+    # 16 bytes cannot hold <think>..</think><solution>..</solution>: every
+    # answer is a format error, scored -1 by the diff reward.
+    assert r["reward_mean"] == -1.0 and r["reward/diff/format_error_rate"] == 1.0
+    assert r["groups_with_signal"] == 0.0
+  evals = [r for r in rows if "eval/reward_mean" in r]
+  assert [r["step"] for r in evals] == [0, 2]
+  for r in evals:
+    assert r["eval/n_tasks"] == 3 and r["eval/n_samples"] == 6
+    assert r["eval/reward_mean"] == -1.0 and r["eval/diff/success_rate"] == 0.0
+
+
+def test_repo_that_is_not_a_repository_or_empty(tmp_path):
+  plain = tmp_path / "plain"
+  plain.mkdir()
+  with pytest.raises(NotARepositoryError, match="is not a git repository"):
+    sources.builder(_config(plain, tmp_path).data)
+  empty = Repo(tmp_path / "empty").path
+  with pytest.raises(EmptyRepositoryError, match="has no commits"):
+    sources.builder(_config(empty, tmp_path).data)
+
+
+def test_repository_named_twice_is_an_error(shop, tmp_path):
+  data = ml_collections.ConfigDict(dict(
+      source="git", repo=str(shop), data_dir=str(tmp_path),
+      mining=dict(source=str(shop), granularity="hunk")))
+  with pytest.raises(ValueError, match="give the repository once"):
+    sources.builder(data)
+
+
+def _file_section(prompt: str, path: str) -> str:
+  start = prompt.index(f"### {path}\n") + len(f"### {path}\n")
+  return prompt[start:prompt.index("\n--- END FILE ---", start)]
+
+
+def test_excerpts_show_the_lines_near_each_change(tmp_path):
+  repo = Repo(tmp_path / "repo")
+  lines = [f"line {i}\n" for i in range(1, 31)]
+  block = ["p\n"] * 4 + ["q\n"] + ["p\n"] * 4
+  twice = ["head\n"] + block + ["sep\n"] + block + ["tail\n"]
+  repo.commit("Add", {"a.py": "".join(lines), "b.py": "".join(twice)})
+  lines[14] = "line fifteen\n"
+  twice[15] = "r\n"
+  repo.commit("Change", {"a.py": "".join(lines), "b.py": "".join(twice)})
+  tasks = mine(MiningConfig(source=str(repo.path), granularity="hunk", context_lines=3,
+                            test_fraction=0.0)).splits["train"]
+  changed = {t.id.split(":")[1]: t for t in tasks if "Change" in t.prompt}
+  # a.py: line 15 changed, 3 lines either side shown (12-18).
+  a = changed["a.py#1"]
+  assert _file_section(a.prompt, "a.py") == (
+      "[... lines 1-11 not shown ...]\n" + "".join(f"line {i}\n" for i in range(12, 15))
+      + "line 15\n" + "".join(f"line {i}\n" for i in range(16, 19))
+      + "[... lines 19-30 not shown ...]")
+  assert "b.py" not in a.prompt and "APPLIED CHANGES" not in a.prompt
+  # b.py: the reference's SEARCH must reach "sep" and "tail" (lines 11 and 21)
+  # to be unique, so the window doubles to 6 lines: 10-21.
+  b = changed["b.py#1"]
+  search = edits.parse_search_replace(edits.extract_thought_solution(b.reference)[1])
+  assert search["b.py"][0][0] == "".join(twice[10:15] + ["q\n"] + twice[16:]).rstrip("\n")
+  assert _file_section(b.prompt, "b.py") == (
+      "[... lines 1-9 not shown ...]\n" + "p\n" + "sep\n" + "".join(block) + "tail")
+  # The reward still sees whole files.
+  assert b.extra["files"]["b.py"] == "".join(twice[:15] + ["q\n"] + twice[16:])
+
+
+def test_fit_context_counts():
+  tok = ByteTokenizer()  # one token per byte, plus a BOS on encode
+  tasks = [Task(id=str(i), prompt="p" * n, kind="diff", reference="r" * m)
+           for i, (n, m) in enumerate([(10, 5), (12, 5), (10, 9), (11, 7), (3, 0)])]
+  # Context 20, 8 new tokens: a prompt of n bytes needs n + 1 + 8 <= 20, and
+  # its reference of m bytes n + 1 + m + 1 <= 20 (task 3 is at both limits).
+  kept, counts = rollout.fit_context(tasks, tok, max_seq_len=20, max_new_tokens=8)
+  assert [t.id for t in kept] == ["0", "3", "4"]
+  assert counts == {"kept": 3, "prompt_too_long": 1, "reference_too_long": 1}
+
+
+def test_checkpoint_under_a_relative_workdir(tmp_path, monkeypatch):
+  # The configs' workdirs are relative ("workdirs/grpo_diffs"); orbax needs absolute paths.
+  monkeypatch.chdir(tmp_path)
+  ckpt = checkpoint.Checkpointer("workdirs/x/checkpoints")
+  ckpt.save(1, {"w": np.arange(3.0)}, {"seed": 0})
+  ckpt.wait()
+  state, meta, step = ckpt.restore({"w": jax.ShapeDtypeStruct((3,), np.float64)})
+  ckpt.close()
+  assert step == 1 and meta == {"seed": 0}
+  np.testing.assert_array_equal(state["w"], np.arange(3.0))
