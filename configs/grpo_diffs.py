@@ -72,8 +72,9 @@ def get_config():
 
   # shared_prefix=False: with ~2k-byte prompts the shared-prefix update ran
   # slower on CPU than repeating the prompt (35 s against 20 s a step, measured
-  # once each at 4 prompts x 4 samples, max_new_tokens=768, on a loaded machine;
-  # the shared batch pads every completion to max_new_tokens).
+  # once each at 4 prompts x 4 samples, max_new_tokens=768, on a loaded machine,
+  # while the shared batch still padded every completion to max_new_tokens; it
+  # now pads to the longest completion, not measured again here).
   config.rl = ml_collections.ConfigDict(dict(
       group_size=4, prompts_per_step=2, temperature=1.0, top_p=1.0, top_k=0,
       max_new_tokens=1024, num_passes=1, advantage="grpo", shared_prefix=False,

@@ -20,6 +20,7 @@ from pathlib import Path
 import numpy as np
 
 from rlcode import sandbox
+from rlcode.data.jsonl import json_objects
 from rlcode.data.tasks import Task
 from rlcode.rewards.tests import HUMANEVAL_STOP, job_for
 
@@ -79,31 +80,21 @@ def read_completions(path: str | Path, tasks: Iterable[Task]) -> list[tuple[str,
   path = Path(path)
   ids = {t.id for t in tasks}
   pairs: list[tuple[str, str]] = []
-  with path.open(encoding="utf-8") as f:
-    for lineno, line in enumerate(f, 1):
-      if not line.strip():
-        continue
-      where = f"{path}:{lineno}"
-      try:
-        row = json.loads(line)
-      except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: not valid JSON: {e.msg}") from e
-      if not isinstance(row, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
-      for key in ("task_id", "completion"):
-        if key not in row:
-          raise ValueError(f"{where}: missing key {key!r}")
-        if not isinstance(row[key], str):
-          raise ValueError(f"{where}: {key!r} must be a string, got {type(row[key]).__name__}")
-      if row["task_id"] not in ids:
-        raise ValueError(f"{where}: unknown task_id {row['task_id']!r}")
-      pairs.append((row["task_id"], row["completion"]))
+  for where, row in json_objects(path):
+    for key in ("task_id", "completion"):
+      if key not in row:
+        raise ValueError(f"{where}: missing key {key!r}")
+      if not isinstance(row[key], str):
+        raise ValueError(f"{where}: {key!r} must be a string, got {type(row[key]).__name__}")
+    if row["task_id"] not in ids:
+      raise ValueError(f"{where}: unknown task_id {row['task_id']!r}")
+    pairs.append((row["task_id"], row["completion"]))
   if not pairs:
     raise ValueError(f"{path}: no completions")
   missing = sorted(ids - {tid for tid, _ in pairs})
   if missing:
     raise ValueError(f"{path}: {len(missing)} task(s) have no completion, "
-                     f"for example {missing[:5]}")
+                   f"for example {missing[:5]}")
   return pairs
 
 
