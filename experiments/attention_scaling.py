@@ -47,7 +47,7 @@ H, K, D = 8, 2, 64
 DOC = 1024
 
 
-def _problem(kind: str, t: int):
+def _problem(kind: str, t: int, dtype: str = "float32", impl: str = "auto"):
   """(function, arguments) of one configuration; the function returns a scalar-able pytree."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
@@ -57,33 +57,35 @@ def _problem(kind: str, t: int):
   from kernels import nsa  # pylint: disable=import-outside-toplevel
 
   rng = np.random.default_rng(0)
-  normal = lambda *shape: jnp.asarray(rng.standard_normal(shape), jnp.float32)
+  normal = lambda *shape: jnp.asarray(rng.standard_normal(shape), dtype)
   q, k, v = normal(1, t, H, D), normal(1, t, K, D), normal(1, t, K, D)
   if kind == "dense":
     return lambda q, k, v: jax.nn.dot_product_attention(q, k, v, is_causal=True), (q, k, v)
   if kind == "sliding":
     spec = kernels.AttentionSpec("sliding", window=512)
-    return lambda q, k, v: kernels.attention(q, k, v, spec), (q, k, v)
+    return lambda q, k, v: kernels.attention(q, k, v, spec, impl=impl), (q, k, v)
   if kind == "document":
     spec = kernels.AttentionSpec("document")
     seg = jnp.asarray(np.arange(t) // DOC, jnp.int32)[None]
-    return lambda q, k, v: kernels.attention(q, k, v, spec, segment_ids=seg), (q, k, v)
+    return (lambda q, k, v: kernels.attention(q, k, v, spec, impl=impl, segment_ids=seg),
+            (q, k, v))
   cfg = kernels.NSAConfig()
   nc = cfg.num_compressed(t)
   args = (q, normal(1, nc, K, D), normal(1, nc, K, D), k, v, normal(1, t, K, D),
           normal(1, t, K, D), jax.nn.sigmoid(normal(1, t, H, 3)))
 
   def fn(q, kc, vc, ks, vs, kw, vw, gates):
-    return nsa.nsa_attention(q, (kc, vc), (ks, vs), (kw, vw), gates, cfg)
+    return nsa.nsa_attention(q, (kc, vc), (ks, vs), (kw, vw), gates, cfg, impl=impl)
   return fn, args
 
 
-def run_one(kind: str, t: int, mode: str, repeats: int, max_gib: float, budget_s: float):
+def run_one(kind: str, t: int, mode: str, repeats: int, max_gib: float, budget_s: float,
+            dtype: str = "float32", impl: str = "auto"):
   """Measures one configuration in this process; returns a result dict."""
   import jax  # pylint: disable=import-outside-toplevel
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
 
-  fn, args = _problem(kind, t)
+  fn, args = _problem(kind, t, dtype, impl)
   if mode == "fwd":
     step = fn
   else:
@@ -99,7 +101,7 @@ def run_one(kind: str, t: int, mode: str, repeats: int, max_gib: float, budget_s
   if mem is not None:
     plan = (mem.temp_size_in_bytes + mem.argument_size_in_bytes + mem.output_size_in_bytes)
   result = dict(kind=kind, t=t, mode=mode, compile_s=compile_s, xla_bytes=plan,
-                backend=jax.default_backend())
+                backend=jax.default_backend(), dtype=dtype, impl=impl)
   if plan is not None and plan > max_gib * 2 ** 30:
     result["skipped"] = f"XLA buffer plan {plan / 2 ** 30:.1f} GiB > --max-gib {max_gib}"
     return result
@@ -121,7 +123,8 @@ def run_one(kind: str, t: int, mode: str, repeats: int, max_gib: float, budget_s
 def _child(args) -> dict:
   """Runs one configuration in a fresh interpreter, so peak RSS is its own."""
   cmd = [sys.executable, os.path.abspath(__file__), "--child", args[0], str(args[1]), args[2],
-         "--repeats", str(args[3]), "--max-gib", str(args[4]), "--budget-s", str(args[5])]
+         "--repeats", str(args[3]), "--max-gib", str(args[4]), "--budget-s", str(args[5]),
+         "--dtype", args[6], "--impl", args[7]]
   proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
   lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
   if proc.returncode or not lines:
@@ -204,22 +207,33 @@ def main():
                       help="stop repeating a configuration after this many seconds")
   parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
                                                     "out"))
+  parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
+  parser.add_argument("--impl", default="auto",
+                      help="kernels impl for sliding/nsa/document (auto: Pallas on GPU, xla on CPU)")
+  parser.add_argument("--lengths", default=None,
+                      help="comma-separated T values (default 1k..65k, or 512,1024 with --quick)")
+  parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated subset of KINDS")
   parser.add_argument("--child", nargs=3, metavar=("KIND", "T", "MODE"), help=argparse.SUPPRESS)
   args = parser.parse_args()
   if args.child:
     kind, t, mode = args.child
-    print(json.dumps(run_one(kind, int(t), mode, args.repeats, args.max_gib, args.budget_s)))
+    print(json.dumps(run_one(kind, int(t), mode, args.repeats, args.max_gib, args.budget_s,
+                             args.dtype, args.impl)))
     return
 
   lengths = [512, 1024] if args.quick else [1024, 2048, 4096, 8192, 16384, 32768, 65536]
+  if args.lengths:
+    lengths = [int(x) for x in args.lengths.split(",")]
+  kinds = [k for k in KINDS if k in args.kinds.split(",")]
   repeats = 1 if args.quick else args.repeats
   results = []
   for t in lengths:
-    for kind in KINDS:
+    for kind in kinds:
       if kind == "dense" and t > 32768:
         continue  # 65536 is for the blockwise versions only
       for mode in MODES:
-        r = _child((kind, t, mode, repeats, args.max_gib, args.budget_s))
+        r = _child((kind, t, mode, repeats, args.max_gib, args.budget_s, args.dtype,
+                    args.impl))
         results.append(r)
         status = (f"{r['seconds']:.3f}s" if "seconds" in r else r.get("skipped") or r.get("error"))
         print(f"{kind:9s} T={t:6d} {mode:8s} {status}", flush=True)
@@ -234,10 +248,13 @@ def main():
       ratio = base["seconds"] / this["seconds"]
       targets[f"{kind}_fwd_speedup_at_{t_target}"] = dict(ratio=ratio, target=want,
                                                           met=ratio >= want)
-  summary = dict(config=dict(batch=1, heads=H, kv_heads=K, head_dim=D, dtype="float32",
+  summary = dict(config=dict(batch=1, heads=H, kv_heads=K, head_dim=D, dtype=args.dtype,
+                             impl=args.impl,
                              window=512, document_length=DOC, quick=args.quick),
                  results=results, targets=targets)
-  with open(os.path.join(args.out, "attention_scaling.json"), "w") as f:
+  stem = "attention_scaling" + (f"_{args.impl}_{args.dtype}" if args.impl != "auto"
+                                else "")
+  with open(os.path.join(args.out, f"{stem}.json"), "w") as f:
     json.dump(summary, f, indent=1)
   print()
   print(table(results))
@@ -245,7 +262,7 @@ def main():
   for name, tgt in targets.items():
     print(f"{name}: {tgt['ratio']:.1f}x (target {tgt['target']:.0f}x: "
           f"{'met' if tgt['met'] else 'NOT met'})")
-  plot(results, os.path.join(args.out, "attention_scaling.png"))
+  plot(results, os.path.join(args.out, f"{stem}.png"))
 
 
 if __name__ == "__main__":

@@ -45,19 +45,26 @@ def next_pow2(n: int) -> int:
 
 
 def check_gpu_sizes(interpret: bool, **sizes: int) -> None:
-  """Triton needs power-of-two tiles and head_dim; the interpreter does not."""
+  """Triton needs power-of-two tiles and head_dim of at least 16; the interpreter does not.
+
+  Every size named here is a matmul dimension inside a kernel. Below 16 the
+  bfloat16 tensor-core path of Triton computes wrong values (seen on an H200
+  with a tile of 8 keys: outputs exactly doubled) rather than failing, so it
+  is refused here.
+  """
   if interpret:
     return
   for name, value in sizes.items():
-    if not _is_pow2(value):
-      raise ValueError(f"Pallas on GPU (Triton) needs {name}={value} to be a power of two")
+    if not _is_pow2(value) or value < 16:
+      raise ValueError(f"Pallas on GPU (Triton) needs {name}={value} to be a power of two "
+                       "of at least 16; use impl='xla' for this shape")
 
 
 def tile_sizes(bq: int, bk: int, t: int, s: int, interpret: bool) -> tuple[int, int]:
   """Tiles no larger than needed; on GPU powers of two of at least 16 (Triton's dot)."""
   if interpret:
     return blockwise.tile_sizes(bq, bk, t, s)
-  return min(bq, max(16, next_pow2(t))), min(bk, max(16, next_pow2(s)))
+  return max(16, min(bq, next_pow2(t))), max(16, min(bk, next_pow2(s)))
 
 
 def call(kernel, *, grid, in_specs, out_specs, out_shape, interpret: bool, name: str,
@@ -74,19 +81,28 @@ def call(kernel, *, grid, in_specs, out_specs, out_shape, interpret: bool, name:
                         out_shape=out_shape, interpret=interpret, name=name, **params)
 
 
+# Matmuls accumulate in float32. HIGHEST keeps float32 inputs in float32 (the
+# Triton lowering maps DEFAULT to TF32, ten mantissa bits); bfloat16 inputs are
+# unaffected and take the tensor cores as usual.
+_HIGHEST = lax.Precision.HIGHEST
+
+
 def dot_nt(a, b):
   """a [m, k] @ b[n, k]^T in float32."""
-  return lax.dot_general(a, b, (((1,), (1,)), ((), ())), preferred_element_type=F32)
+  return lax.dot_general(a, b, (((1,), (1,)), ((), ())), precision=_HIGHEST,
+                         preferred_element_type=F32)
 
 
 def dot_nn(a, b):
   """a [m, k] @ b [k, n] in float32."""
-  return lax.dot_general(a, b, (((1,), (0,)), ((), ())), preferred_element_type=F32)
+  return lax.dot_general(a, b, (((1,), (0,)), ((), ())), precision=_HIGHEST,
+                         preferred_element_type=F32)
 
 
 def dot_tn(a, b):
   """a [k, m]^T @ b [k, n] in float32."""
-  return lax.dot_general(a, b, (((0,), (0,)), ((), ())), preferred_element_type=F32)
+  return lax.dot_general(a, b, (((0,), (0,)), ((), ())), precision=_HIGHEST,
+                         preferred_element_type=F32)
 
 
 # ------------------------------------------------------------------ kernels
@@ -370,7 +386,7 @@ def decode(q, k, v, mask: tiling.Mask, *, lengths, q_offset, bk: int, interpret:
   scale = d ** -0.5 if scale is None else float(scale)
   rows = tq * g
   rp = rows if interpret else max(16, next_pow2(rows))
-  bk = min(bk, tiling.round_up(s, 8)) if interpret else min(bk, max(16, next_pow2(s)))
+  bk = min(bk, tiling.round_up(s, 8)) if interpret else max(16, min(bk, next_pow2(s)))
   check_gpu_sizes(interpret, block_k=bk, head_dim=d)
   sp = tiling.round_up(s, bk)
   nk = sp // bk

@@ -25,6 +25,7 @@ import pytest
 import kernels
 from kernels import blockwise, pallas_flash, reference, tiling
 from kernels.spec import AttentionSpec
+from kernel_impls import ON_GPU, PALLAS
 
 TOL = {jnp.float32: 2e-5, jnp.bfloat16: 3e-2}
 
@@ -99,7 +100,7 @@ def _run_case(case, impl):
 _reference_case = functools.lru_cache(lambda case: _run_case(case, "reference"))
 
 
-@pytest.mark.parametrize("impl", ["xla", "pallas_interpret"])
+@pytest.mark.parametrize("impl", ["xla", *PALLAS])
 @pytest.mark.parametrize("case", sorted(CASES))
 def test_matches_reference(case, impl):
   dtype = CASES[case][4]
@@ -185,6 +186,7 @@ def test_merge_of_key_halves_equals_whole():
   np.testing.assert_allclose(lse, whole[1], atol=2e-5)
 
 
+@pytest.mark.skipif(ON_GPU, reason="checks the fallback where no GPU is present")
 def test_auto_is_xla_on_cpu_and_pallas_falls_back_with_warning():
   q, k, v, _, _ = _inputs(2, 1, jnp.float32, t=8, s=8, d=8)
   assert kernels.resolve_impl("auto") == "xla"
@@ -232,3 +234,7 @@ def test_triton_sizes_must_be_powers_of_two():
   pallas_flash.check_gpu_sizes(True, block_q=24)  # the interpreter takes any size
   with pytest.raises(ValueError, match="block_q=24"):
     pallas_flash.check_gpu_sizes(False, block_q=24, block_k=64)
+  with pytest.raises(ValueError, match="head_dim=8"):  # below Triton's matmul minimum
+    pallas_flash.check_gpu_sizes(False, block_q=16, head_dim=8)
+  # Tiles asked smaller than 16 are raised to 16 on GPU, never passed to Triton.
+  assert pallas_flash.tile_sizes(8, 8, 37, 53, interpret=False) == (16, 16)

@@ -16,6 +16,7 @@ import pytest
 
 import kernels
 from kernels.spec import AttentionSpec
+from kernel_impls import PALLAS
 
 TOL = {jnp.float32: 2e-5, jnp.bfloat16: 3e-2}
 LENGTHS = np.array([75, 31, 1], np.int32)
@@ -47,7 +48,8 @@ def _assert_close(got, want, dtype):
   np.testing.assert_allclose(lse[finite], lse_ref[finite], atol=2e-5, rtol=2e-5)
 
 
-@pytest.mark.parametrize("impl, num_splits", [("xla", None), ("pallas_interpret", 3)])
+@pytest.mark.parametrize("impl, num_splits",
+                         [("xla", None), *((name, 3) for name in PALLAS)])
 @pytest.mark.parametrize("kind, dtype", [("dense", jnp.float32), ("sliding", jnp.bfloat16),
                                          ("document", jnp.float32)])
 def test_decode_matches_reference(kind, dtype, impl, num_splits):

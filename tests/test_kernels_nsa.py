@@ -16,6 +16,7 @@ import pytest
 
 from kernels import nsa, reference
 from kernels.spec import NSAConfig
+from kernel_impls import PALLAS
 
 CFG = NSAConfig(block_cmp=8, stride_cmp=4, block_sel=16, num_sel=4, num_local=2, window=12,
                 block_q=8)
@@ -69,7 +70,7 @@ def _compressed(impl):
   return jax.jit(lambda *a: _value_and_grads(fn, *a))(q, kc, vc)
 
 
-@pytest.mark.parametrize("impl", ["xla", "pallas_interpret"])
+@pytest.mark.parametrize("impl", ["xla", *PALLAS])
 def test_compressed_branch_matches_reference(impl):
   want = _compressed("reference")
   _assert_all_close(_compressed(impl), want, jnp.float32)
@@ -155,8 +156,8 @@ def _selected(impl, dtype):
   return jax.jit(lambda *a: _value_and_grads(fn, *a))(q, k, v)
 
 
-@pytest.mark.parametrize("impl, dtype", [("xla", jnp.float32), ("pallas_interpret", jnp.float32),
-                                         ("xla", jnp.bfloat16)])
+@pytest.mark.parametrize("impl, dtype", [("xla", jnp.float32), ("xla", jnp.bfloat16),
+                                         *((p, jnp.float32) for p in PALLAS)])
 def test_selected_branch_matches_reference(impl, dtype):
   _assert_all_close(_selected(impl, dtype), _selected("reference", dtype), dtype)
 
