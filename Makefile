@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml Makefile
 install: $(STAMP)
 
 run: $(STAMP)
-	$(BIN)/rlcode sample --config configs/sample_tiny.py
+	$(BIN)/rlcode train --config configs/grpo_tiny.py
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 -q tests

@@ -36,16 +36,16 @@ def get_config():
 
   config.rl = ml_collections.ConfigDict(dict(
       group_size=8, prompts_per_step=16, temperature=1.0, top_p=1.0, top_k=0,
-      max_new_tokens=40, num_passes=1, advantage="grpo", shared_prefix=True,
+      max_new_tokens=40, num_passes=2, advantage="grpo", shared_prefix=True,
       loss_aggregation="seq_mean_token_mean", clip_eps_low=0.2, clip_eps_high=0.28,
       beta=0.005))
-  config.optimizer = optimizer(lr=3e-4, warmup=5, decay=100)
+  config.optimizer = optimizer(lr=3e-4, warmup=5, decay=200)
 
   config.warmstart = ml_collections.ConfigDict(dict(
       steps=120, batch_size=32, optimizer=optimizer(lr=3e-3, warmup=20, decay=120)))
 
   config.train = ml_collections.ConfigDict(dict(
-      steps=80, checkpoint_every=20, eval_every=20, keep_checkpoints=2,
+      steps=200, checkpoint_every=40, eval_every=40, keep_checkpoints=2,
       on_nonfinite="skip", progress_bar=True))
   config.eval = ml_collections.ConfigDict(dict(
       num_samples=8, temperature=1.0, max_new_tokens=40, ks=(1, 8), batch_prompts=32))

@@ -1,7 +1,7 @@
 """Sampling from a tiny byte-level decoder initialised from scratch.
 
-The default job until training lands: it exercises the whole path from config
-to mesh, sharded initialisation, the compiled sampler and the JSONL output.
+A smoke job for generation: it exercises the whole path from config to mesh,
+sharded initialisation, the compiled sampler and the JSONL output.
 A randomly initialised model writes random bytes; that is expected.
 
     rlcode sample --config configs/sample_tiny.py

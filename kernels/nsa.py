@@ -13,8 +13,9 @@ blocks always in); top-k runs there, in XLA, outside any kernel, and the
 selected-branch kernels gather key blocks by index.
 
 The compression MLP, the projections and the gates are parameters: they live in
-the model layer (`rlcode.models.nsa.NSAAttention`), not here. Training mode only
-(queries and keys are the same full sequence, T == S).
+the model layer (`rlcode.models.nsa.NSAAttention`), not here. The branch
+functions are training mode (queries and keys are the same full sequence,
+T == S); `nsa_decode` is one new query per row against the layer's caches.
 
 Implementations: "reference" (dense masks, `kernels.reference`), "xla"
 (blockwise, memory linear in T), "pallas"/"pallas_interpret". The compressed
@@ -114,6 +115,27 @@ def _eq9(p_cmp, cfg: NSAConfig, nsel: int):
   return out
 
 
+def _top_blocks(q, kc, lse, pos, ends, cfg: NSAConfig, nsel: int, top: int):
+  """Top-`top` selection blocks of queries at positions `pos`: int32 [B, K, Tq, top].
+
+  q [B, K, G, Tq, D] float32, already scaled; kc [B, K, nc, D] float32
+  compressed keys; lse [B, K, G, Tq] of the compressed branch; pos [B or 1,
+  Tq]; ends [nc] the last position each compressed token covers.
+  """
+  visible = (ends <= pos[..., None])[:, None, None]  # [B|1, 1, 1, Tq, nc]
+  logits = jnp.einsum("bkgqd,bkcd->bkgqc", q, kc)
+  lse = jnp.where(jnp.isfinite(lse), lse, 0.0)
+  probs = jnp.where(visible, jnp.exp(logits - lse[..., None]), 0.0).sum(axis=2)
+  scores = _eq9(probs, cfg, nsel)  # [B, K, Tq, nsel]
+  own = (pos // cfg.block_sel)[:, None, :, None]
+  blk = jnp.arange(nsel)
+  forced = (blk == 0) | ((blk <= own) & (blk > own - cfg.num_local))
+  scores = jnp.where(forced, jnp.inf, scores)
+  scores = jnp.where(blk > own, -jnp.inf, scores)
+  values, idx = lax.top_k(scores, top)
+  return jnp.where(values == -jnp.inf, -1, idx).astype(jnp.int32)
+
+
 def select_blocks(q, k_cmp, lse_cmp, cfg: NSAConfig, *, scale=None) -> jax.Array:
   """Top-n selection blocks per query and KV group: int32 [B, T, K, n].
 
@@ -144,19 +166,8 @@ def select_blocks(q, k_cmp, lse_cmp, cfg: NSAConfig, *, scale=None) -> jax.Array
   def tile(i):
     qi = lax.dynamic_slice_in_dim(qh, i * bq, bq, axis=3).astype(F32) * scale
     lse_i = lax.dynamic_slice_in_dim(lse, i * bq, bq, axis=3)
-    pos = i * bq + jnp.arange(bq)
-    visible = ends[None, :] <= pos[:, None]  # [bq, nc]
-    logits = jnp.einsum("bkgqd,bkcd->bkgqc", qi, kc)
-    lse_i = jnp.where(jnp.isfinite(lse_i), lse_i, 0.0)
-    probs = jnp.where(visible, jnp.exp(logits - lse_i[..., None]), 0.0).sum(axis=2)
-    scores = _eq9(probs, cfg, nsel)  # [B, K, bq, nsel]
-    own = (pos // cfg.block_sel)[:, None]
-    blk = jnp.arange(nsel)[None, :]
-    forced = (blk == 0) | ((blk <= own) & (blk > own - cfg.num_local))
-    scores = jnp.where(forced, jnp.inf, scores)
-    scores = jnp.where(blk > own, -jnp.inf, scores)
-    values, idx = lax.top_k(scores, top)
-    return jnp.where(values == -jnp.inf, -1, idx).astype(jnp.int32)
+    pos = (i * bq + jnp.arange(bq))[None, :]
+    return _top_blocks(qi, kc, lse_i, pos, ends, cfg, nsel, top)
 
   idx = lax.map(tile, jnp.arange(tp // bq))  # [nq, B, K, bq, top]
   idx = jnp.moveaxis(idx, 0, 2).reshape(b, kh, tp, top)[:, :, :t].transpose(0, 2, 1, 3)
@@ -417,5 +428,71 @@ def nsa_attention(q, cmp_kv, sel_kv, win_kv, gates, cfg: NSAConfig, *, impl: str
   o_win = sliding_attention(q, *win_kv, cfg, impl=impl, scale=scale)
   gates = gates.astype(F32)[..., None]
   out = (gates[..., 0, :] * o_cmp.astype(F32) + gates[..., 1, :] * o_sel.astype(F32)
+         + gates[..., 2, :] * o_win.astype(F32))
+  return out.astype(q.dtype)
+
+
+# ------------------------------------------------------- decoding
+
+
+def nsa_decode(q, cmp_kv, num_compressed, sel_kv, win_kv, lengths, gates, cfg: NSAConfig, *,
+               impl: str = "auto", scale=None):
+  """NSA for one new query per row against head-major caches (generation).
+
+  Args:
+    q: [B, 1, H, D], the newest token's queries; its keys are already in the
+      caches, at index lengths - 1 (its position).
+    cmp_kv: (k_cmp, v_cmp) [B, K, NC, D] compressed tokens; the first
+      num_compressed[b] are complete (their blocks end at or before the query).
+    sel_kv, win_kv: (k, v) [B, K, S, D] caches of the selected and sliding
+      branches, S a multiple of cfg.block_sel; lengths [B] valid entries.
+    gates: [B, 1, H, 3].
+    cfg, impl, scale: as for `nsa_attention`.
+
+  Returns [B, 1, H, D]: row lengths - 1 of `nsa_attention` over the whole
+  sequence (the same compressed tokens, the same selected blocks, the same
+  window), without recomputing it. The selected branch gathers the n chosen
+  blocks of l' keys per KV group (n * l' keys, at most 1024 by default) and
+  runs in XLA; the compressed and sliding branches use `decode_attention`.
+  """
+  b, tq, h, d = q.shape
+  k_cmp, v_cmp = cmp_kv
+  k_sel, v_sel = sel_kv
+  kh, s = k_sel.shape[1], k_sel.shape[2]
+  g = h // kh
+  if tq != 1:
+    raise ValueError(f"nsa_decode: one query per row, got q{q.shape}")
+  if s % cfg.block_sel:
+    raise ValueError(f"nsa_decode: cache length {s} must be a multiple of "
+                     f"block_sel={cfg.block_sel}")
+  scale = d ** -0.5 if scale is None else float(scale)
+  o_cmp, lse_cmp = api.decode_attention(q, k_cmp, v_cmp, num_compressed,
+                                        spec=AttentionSpec(causal=False), impl=impl,
+                                        scale=scale, return_lse=True, kv_head_major=True)
+  # Selection, exactly as in training: the compressed probabilities of each
+  # KV group's heads, mapped onto blocks (eq. 9), top-n with the forced blocks.
+  pos = (lengths - 1)[:, None]  # [B, 1]
+  qg = q.reshape(b, kh, g, 1, d).astype(F32) * scale
+  lse = lse_cmp.reshape(b, kh, g, 1)
+  nsel = cfg.num_blocks(s)
+  top = min(cfg.num_sel, nsel)
+  ends = compressed_positions(cfg, k_cmp.shape[2])
+  idx = _top_blocks(qg, k_cmp.astype(F32), lse, pos, ends, cfg, nsel, top)[:, :, 0]
+  # The selected branch over the gathered blocks [B, K, n, l', D].
+  blocks = lambda x: x.reshape(b, kh, s // cfg.block_sel, cfg.block_sel, d)
+  keys = _take(blocks(k_sel), jnp.maximum(idx, 0)).astype(F32)
+  values = _take(blocks(v_sel), jnp.maximum(idx, 0)).astype(F32)
+  key_pos = idx[..., None] * cfg.block_sel + jnp.arange(cfg.block_sel)  # [B, K, n, l']
+  visible = (idx[..., None] >= 0) & (key_pos <= pos[:, :, None, None])
+  logits = jnp.einsum("bkgd,bknld->bkgnl", qg[:, :, :, 0], keys)
+  logits = jnp.where(visible[:, :, None], logits, -jnp.inf)
+  probs = jax.nn.softmax(logits.reshape(b, kh, g, -1), axis=-1)
+  o_sel = jnp.einsum("bkgs,bksd->bkgd", probs, values.reshape(b, kh, -1, d))
+  o_sel = o_sel.reshape(b, 1, h, d)
+  window = AttentionSpec("sliding", window=cfg.window)
+  o_win = api.decode_attention(q, *win_kv, lengths, spec=window, impl=impl, scale=scale,
+                               kv_head_major=True)
+  gates = gates.astype(F32)[..., None]
+  out = (gates[..., 0, :] * o_cmp.astype(F32) + gates[..., 1, :] * o_sel
          + gates[..., 2, :] * o_win.astype(F32))
   return out.astype(q.dtype)

@@ -118,8 +118,8 @@ def _prefill_impl(state, prompt_tokens_pt, prompt_lengths_p, *, graphdef, group_
                       head_major=True, on_host=offload_kv)
       return first_logits, prefix, KVCache.zeros(model.cfg, b, max_new_tokens,
                                                  dtype=kvs[0][0].dtype)
-    cache = KVCache.from_prefill([(jnp.repeat(k, g, axis=0), jnp.repeat(v, g, axis=0))
-                                  for k, v in kvs], jnp.repeat(prompt_lengths_p, g),
+    rows = lambda x: jax.tree.map(lambda a: jnp.repeat(a, g, axis=0), x)
+    cache = KVCache.from_prefill([rows(kv) for kv in kvs], jnp.repeat(prompt_lengths_p, g),
                                  prompt_tokens_pt.shape[1] + max_new_tokens)
     return first_logits, None, cache
 
@@ -214,7 +214,8 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
     share_prompt: with group_size > 1, keep one copy of each prompt's KV that
       its G rows read as a shared prefix (decode attention merges prefix and
       own-token parts by log-sum-exp); False gives every row its own copy.
-      Same samples either way.
+      Same samples either way. Models with NSA layers always take the
+      per-row layout (an NSA layer's cache is per row).
     offload_kv: keep the prompts' KV in pinned host memory and bring each
       layer's part to the device while the layer before it computes (implies
       the shared-prompt layout). Same samples; on a GPU it trades device
@@ -224,9 +225,10 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
     A Generation with P * group_size rows, prompt-major.
   """
   cfg = model.cfg
-  if "nsa" in cfg.layer_kinds:
-    raise NotImplementedError("generate: NSA layers run full sequences only: decoding needs "
-                              "NSA's compressed-KV cache, which is not built")
+  has_nsa = "nsa" in cfg.layer_kinds
+  if has_nsa and offload_kv:
+    raise ValueError("generate: offload_kv is not implemented for models with NSA layers "
+                     "(their cache is per row, not a shared prompt prefix)")
   if not prompts:
     raise ValueError("generate: no prompts")
   if max_new_tokens < 1:
@@ -260,7 +262,8 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
       tokens = jax.device_put(tokens, sharding.logical_sharding(("batch", "length")))
       prompt_lengths = jax.device_put(prompt_lengths, sharding.logical_sharding(("batch",)))
   graphdef, state = nnx.split(model)
-  share = bool(offload_kv) or (bool(share_prompt) and group_size > 1)
+  # An NSA layer's cache (compressed tokens, selection) is per row: no shared prompt.
+  share = not has_nsa and (bool(offload_kv) or (bool(share_prompt) and group_size > 1))
   prefill = _prefill_fn(mesh, cfg.num_layers, bool(offload_kv))
   first_logits, prefix, cache = prefill(
       state, tokens, prompt_lengths, graphdef=graphdef, group_size=group_size,

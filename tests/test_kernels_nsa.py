@@ -189,3 +189,32 @@ def test_bad_branch_inputs_name_the_argument():
     nsa.selected_attention(q, k, v, jnp.zeros((B, T, 1, 4), jnp.int32), CFG)
   with pytest.raises(ValueError, match="multiple of KV heads"):
     nsa.selected_attention(q[:, :, :3], k, v, jnp.zeros((B, T, K, 4), jnp.int32), CFG)
+
+
+def test_decode_of_one_query_equals_its_row_of_the_full_sequence():
+  # Every branch has its own keys; the caches hold them head-major, padded to
+  # whole selection blocks (75 -> 80), with noise beyond each row's length.
+  rng = np.random.default_rng(11)
+  q, kc, vc, ks, vs = _inputs(seed=3)
+  kw, vw = _normal(rng, (B, T, K, D)), _normal(rng, (B, T, K, D))
+  gates = jax.nn.sigmoid(_normal(rng, (B, T, H, 3)))
+  full = nsa.nsa_attention(q, (kc, vc), (ks, vs), (kw, vw), gates, CFG, impl="reference")
+  s = 80
+  cache = lambda x: jnp.pad(x, ((0, 0), (0, s - T), (0, 0), (0, 0))).swapaxes(1, 2)
+  nc = CFG.num_compressed(s)
+  cmp = lambda x: jnp.pad(x, ((0, 0), (0, nc - x.shape[1]), (0, 0), (0, 0))).swapaxes(1, 2)
+  noise = lambda x, n: jnp.where(jnp.arange(x.shape[2])[:, None] < n, x, 9.0)
+
+  @jax.jit
+  def decode(t):
+    lengths = jnp.full((B,), t + 1)
+    num_cmp = jnp.maximum((t + 1 - CFG.block_cmp) // CFG.stride_cmp + 1, 0)
+    take = lambda x: jax.lax.dynamic_slice_in_dim(x, t, 1, axis=1)
+    return nsa.nsa_decode(
+        take(q), (noise(cmp(kc), num_cmp), noise(cmp(vc), num_cmp)), jnp.full((B,), num_cmp),
+        (noise(cache(ks), t + 1), noise(cache(vs), t + 1)),
+        (noise(cache(kw), t + 1), noise(cache(vw), t + 1)), lengths, take(gates), CFG)
+
+  for t in (0, 6, 7, 15, 16, 40, 74):  # before / at the first compressed token, block edges
+    np.testing.assert_allclose(np.asarray(decode(t))[:, 0], np.asarray(full)[:, t], atol=2e-5,
+                               err_msg=f"position {t}")

@@ -69,18 +69,37 @@ def test_document_query_does_not_depend_on_document_order():
   assert np.abs(run([a, b]) - run([b, a])).max() > 1e-4
 
 
-def test_nsa_layers_train_and_refuse_to_decode():
-  nsa = NSAConfig(block_cmp=8, stride_cmp=4, block_sel=8, num_sel=3, num_local=1, window=8,
-                  compress_hidden=16)
-  model = _model(attention_pattern=("nsa", "dense"), nsa=nsa)
+NSA = NSAConfig(block_cmp=8, stride_cmp=4, block_sel=8, num_sel=3, num_local=1, window=8,
+                compress_hidden=16)
+
+
+def test_nsa_layers_train():
+  model = _model(attention_pattern=("nsa", "dense"), nsa=NSA)
   graphdef, params = nnx.split(model, nnx.Param)
   tokens = jax.random.randint(jax.random.key(1), (2, 40), 0, 48)
   loss = lambda p: losses.cross_entropy(nnx.merge(graphdef, p)(tokens[:, :-1]), tokens[:, 1:])
   value, grads = jax.jit(jax.value_and_grad(loss))(params)
   assert np.isfinite(float(value))
   assert float(jnp.abs(grads["layers"][0]["attn"]["gate"][...]).max()) > 0
-  with pytest.raises(NotImplementedError, match="NSA layers run full sequences only"):
-    generate(model, [[1, 2, 3]], max_new_tokens=2)
+
+
+def test_nsa_generation_decodes_as_the_full_forward():
+  # Prompts of 3 and 13 tokens, 30 new: decoding crosses compressed-token
+  # boundaries (every 4 tokens from 8 on), selection blocks (every 8) and the
+  # window (8), so the cache updates of every branch are exercised.
+  model = _model(attention_pattern=("nsa", "dense", "nsa"), nsa=NSA, num_layers=3)
+  prompts = [[1, 2, 3], list(range(5, 18))]
+  out = generate(model, prompts, max_new_tokens=30, temperature=1.0, group_size=2, seed=4)
+  graphdef, state = nnx.split(model)
+  for i, completion in enumerate(out.completions()):
+    seq = prompts[out.prompt_index[i]] + completion
+    logits = _logits(graphdef, state, jnp.asarray([seq + [0] * (48 - len(seq))]))[0]
+    n = len(prompts[out.prompt_index[i]])
+    expect = losses.token_logprobs(logits[None, n - 1:len(seq) - 1], jnp.asarray([completion]))
+    np.testing.assert_allclose(out.logprobs[i, :len(completion)], np.asarray(expect)[0],
+                               atol=2e-5)
+  with pytest.raises(ValueError, match="offload_kv is not implemented"):
+    generate(model, [[1, 2, 3]], max_new_tokens=2, offload_kv=True)
 
 
 def test_bad_layer_configs(tmp_path):

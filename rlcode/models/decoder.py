@@ -26,7 +26,7 @@ import kernels
 from rlcode import sharding
 from rlcode.models import rope as rope_lib
 from rlcode.models.config import ModelConfig
-from rlcode.models.nsa import NSAAttention
+from rlcode.models.nsa import NSAAttention, NSACache
 
 _INIT_STD = 0.02  # Hugging Face's initializer_range for Qwen2 and Llama
 
@@ -38,25 +38,37 @@ class KVCache:
 
   k[i], v[i]: [B, K, S, D] for layer i, head-major (each head's keys are
   contiguous, the layout decode attention reads without a transpose);
-  positions >= lengths[b] are free.
+  positions >= lengths[b] are free. An NSA layer keeps its own state instead:
+  k[i] is its `NSACache` and v[i] is None.
   """
 
-  k: tuple[jax.Array, ...]
-  v: tuple[jax.Array, ...]
+  k: tuple[jax.Array | NSACache, ...]
+  v: tuple[jax.Array | None, ...]
   lengths: jax.Array
 
   @classmethod
   def zeros(cls, cfg: ModelConfig, batch: int, size: int, dtype=None) -> KVCache:
     shape = (batch, cfg.num_kv_heads, size, cfg.head_dim)
     dtype = dtype or cfg.jnp_dtype
-    return cls(k=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
-               v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
-               lengths=jnp.zeros((batch,), jnp.int32))
+    ks, vs = [], []
+    for kind in cfg.layer_kinds:
+      if kind == "nsa":
+        ks.append(NSACache.zeros(cfg.nsa, batch, cfg.num_kv_heads, cfg.head_dim, size, dtype))
+        vs.append(None)
+      else:
+        ks.append(jnp.zeros(shape, dtype))
+        vs.append(jnp.zeros(shape, dtype))
+    return cls(k=tuple(ks), v=tuple(vs), lengths=jnp.zeros((batch,), jnp.int32))
 
   @classmethod
   def from_prefill(cls, kvs, lengths, size: int) -> KVCache:
-    """A cache of `size` positions holding a prefill's per-layer (k, v) [B, T, K, D]."""
+    """A cache of `size` positions holding a prefill's per-layer (k, v) [B, T, K, D]
+    (an NSA layer's (NSACache, None))."""
     def place(x_btkd):
+      if isinstance(x_btkd, NSACache):
+        return x_btkd.padded(size)
+      if x_btkd is None:
+        return None
       x = x_btkd.swapaxes(1, 2)
       return jnp.pad(x, ((0, 0), (0, 0), (0, size - x.shape[2]), (0, 0)))
     return cls(k=tuple(place(k) for k, _ in kvs), v=tuple(place(v) for _, v in kvs),
@@ -64,7 +76,8 @@ class KVCache:
 
   @property
   def size(self) -> int:
-    return self.k[0].shape[2]
+    first = self.k[0]
+    return first.size if isinstance(first, NSACache) else first.shape[2]
 
 
 @jax.tree_util.register_dataclass
@@ -295,11 +308,15 @@ class Block(nnx.Module):
                cache_lengths=None, prefix_kv=None):
     h = self.attn_norm(x)
     if self.kind == "nsa":
-      if cache_kv is not None or prefix_kv is not None:
-        raise NotImplementedError("NSA layers run full sequences only: decoding (a KV cache) "
-                                  "and shared prefixes need NSA's compressed-KV cache, which "
-                                  "is not built")
-      a, kv = self.attn(h, positions), None
+      if prefix_kv is not None:
+        raise NotImplementedError("NSA layers do not take a shared prefix (a prompt's "
+                                  "compressed tokens and selection are per row); sample "
+                                  "NSA models with share_prompt=False")
+      if cache_kv is None:
+        a, state = self.attn(h, positions)
+      else:
+        a, state = self.attn.decode(h, positions, cache_kv[0], cache_lengths)
+      kv = (state, None)
     else:
       a, kv = self.attn(h, rope, cache_kv=cache_kv, cache_lengths=cache_lengths,
                         prefix_kv=prefix_kv,
