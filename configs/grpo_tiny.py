@@ -38,7 +38,7 @@ def get_config():
       group_size=8, prompts_per_step=16, temperature=1.0, top_p=1.0, top_k=0,
       max_new_tokens=40, num_passes=2, advantage="grpo", shared_prefix=True,
       loss_aggregation="seq_mean_token_mean", clip_eps_low=0.2, clip_eps_high=0.28,
-      beta=0.005))
+      beta=0.0, log_kl=True))
   config.optimizer = optimizer(lr=3e-4, warmup=5, decay=200)
 
   config.warmstart = ml_collections.ConfigDict(dict(

@@ -89,6 +89,9 @@ class LossConfig:
   clip_eps_low: float = 0.2
   clip_eps_high: float = 0.2
   beta: float = 0.0
+  # Log KL(policy || reference) as "kl" even when beta = 0 (the reference
+  # log-probs are then computed for the metric only; the loss is unchanged).
+  log_kl: bool = False
   aggregation: str = "seq_mean_token_mean"
   max_completion_len: int = 1
   temperature: float = 1.0
@@ -97,10 +100,15 @@ class LossConfig:
     if self.aggregation not in AGGREGATIONS:
       raise KeyError(f"rl.loss_aggregation={self.aggregation!r}; known: {sorted(AGGREGATIONS)}")
 
+  @property
+  def uses_reference(self) -> bool:
+    """Whether the update reads reference log-probs (the KL term or its metric)."""
+    return self.beta > 0 or self.log_kl
+
   @classmethod
   def from_config(cls, rl, max_completion_len: int) -> LossConfig:
     return cls(clip_eps_low=rl.clip_eps_low, clip_eps_high=rl.clip_eps_high, beta=rl.beta,
-               aggregation=rl.loss_aggregation, max_completion_len=max_completion_len,
+               log_kl=bool(rl.get("log_kl", False)), aggregation=rl.loss_aggregation, max_completion_len=max_completion_len,
                temperature=rl.temperature)
 
 
@@ -110,6 +118,7 @@ def policy_loss(logp_nt, old_logp_nt, adv_n, mask_nt, cfg: LossConfig, ref_logp_
   Per token: -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A) with
   r = exp(logp - old_logp), plus beta * k3 where
   k3 = exp(ref - logp) - (ref - logp) - 1 (Schulman's unbiased, positive estimator).
+  Given reference log-probs, metrics["kl"] is the mean k3, also when beta = 0.
   Returns (loss, metrics).
   """
   mask = mask_nt.astype(jnp.float32)
@@ -124,12 +133,13 @@ def policy_loss(logp_nt, old_logp_nt, adv_n, mask_nt, cfg: LossConfig, ref_logp_
              "clip_frac": token_mean((jnp.abs(ratio - clipped) > 0).astype(jnp.float32)),
              "ratio": token_mean(ratio)}
   loss_nt = pg_nt
-  if cfg.beta > 0:
-    if ref_logp_nt is None:
-      raise ValueError("rl.beta > 0 needs reference log-probabilities")
+  if cfg.beta > 0 and ref_logp_nt is None:
+    raise ValueError("rl.beta > 0 needs reference log-probabilities")
+  if ref_logp_nt is not None:
     d = ref_logp_nt - logp_nt
     kl_nt = jnp.exp(d) - d - 1.0
-    loss_nt = pg_nt + cfg.beta * kl_nt
+    if cfg.beta > 0:
+      loss_nt = pg_nt + cfg.beta * kl_nt
     metrics["kl"] = token_mean(kl_nt)
   loss = aggregate(loss_nt)
   metrics["loss"] = loss
@@ -237,7 +247,7 @@ def make_update_step(graphdef, optimizer: optax.GradientTransformation, cfg: Los
       model = nnx.merge(graphdef, params)
       logp, entropy = logprob_fn(model, batch)
     loss, metrics = policy_loss(logp, batch.old_logp, batch.adv, batch.mask, cfg,
-                                ref_logp_nt=batch.ref_logp if cfg.beta > 0 else None)
+                                ref_logp_nt=batch.ref_logp if cfg.uses_reference else None)
     mask = batch.mask.astype(jnp.float32)
     metrics["entropy"] = jnp.sum(entropy * mask) / jnp.maximum(jnp.sum(mask), 1.0)
     return loss, metrics

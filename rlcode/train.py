@@ -66,10 +66,10 @@ def train(config) -> list[dict]:
     if config.data.get("drop_too_long"):
       metrics.write(0, {**fit_train, **fit_eval})
     state = grpo.init_state(policy(params), optimizer, mesh)
-    ref_params = jax.tree.map(lambda x: x.copy(), params) if rl.beta > 0 else {}
+    ref_params = jax.tree.map(lambda x: x.copy(), params) if _keeps_reference(rl) else {}
   else:
     restored, meta, start_step = ckpt.restore(
-        _abstract_bundle(policy(params), optimizer, mesh, rl.beta > 0))
+        _abstract_bundle(policy(params), optimizer, mesh, _keeps_reference(rl)))
     if meta["seed"] != config.seed:
       raise ValueError(f"{ckpt.directory} was written with seed {meta['seed']}, "
                        f"not config.seed={config.seed}; use another workdir")
@@ -108,7 +108,7 @@ def train(config) -> list[dict]:
     if update is None:
       update = grpo.make_update_step(graphdef, optimizer, loss_cfg, mesh, state, batch,
                                      logprob_fn=logprob_fn)
-      if rl.beta > 0:
+      if _keeps_reference(rl):
         ref_logprobs = grpo.make_logprob_fn(graphdef, mesh, rl.temperature, logprob_fn)
     if ref_logprobs is not None:
       batch.ref_logp = np.asarray(ref_logprobs(ref_params, batch))
@@ -173,6 +173,11 @@ def warm_start(config, graphdef, params, tasks, tokenizer, mesh, metrics):
   return state.params
 
 
+def _keeps_reference(rl) -> bool:
+  """A frozen copy of the warm-started policy is kept for the KL term or the kl metric."""
+  return rl.beta > 0 or bool(rl.get("log_kl", False))
+
+
 def _abstract_bundle(model, optimizer, mesh, with_ref: bool) -> dict:
   """The shapes and shardings of what a checkpoint holds, for restoring into."""
   state = grpo.init_state(model, optimizer, mesh)
@@ -206,7 +211,7 @@ def restore_policy(config, path: str, mesh):
   model, tokenizer = build_model(config.model, mesh, config.seed)
   graphdef, _ = nnx.split(model, nnx.Param)
   restored, _, step = ckpt.restore(_abstract_bundle(
-      model, grpo.make_optimizer(config.optimizer), mesh, config.rl.beta > 0))
+      model, grpo.make_optimizer(config.optimizer), mesh, _keeps_reference(config.rl)))
   ckpt.close()
   return nnx.merge(graphdef, restored["state"].params), tokenizer, step, directory
 

@@ -54,10 +54,14 @@ def test_policy_loss_matches_numpy(aggregation, eps_low, eps_high, beta):
   else:  # Dr.GRPO: token sums over one constant, the generation budget (6), per sequence
     expect = sum(per_tok[i, t] * MASK[i, t] for i in range(3) for t in range(4)) / (3 * 6)
   np.testing.assert_allclose(float(loss), expect, rtol=1e-6, atol=1e-7)
-  if beta:
-    kl = [np.exp(REF[i, t] - LOGP[i, t]) - (REF[i, t] - LOGP[i, t]) - 1
-          for i in range(3) for t in range(4) if MASK[i, t]]
-    np.testing.assert_allclose(float(metrics["kl"]), np.mean(kl), rtol=1e-5)  # float32 sums
+  # The KL metric is reported whenever reference log-probs are given, beta = 0 included.
+  kl = [np.exp(REF[i, t] - LOGP[i, t]) - (REF[i, t] - LOGP[i, t]) - 1
+        for i in range(3) for t in range(4) if MASK[i, t]]
+  np.testing.assert_allclose(float(metrics["kl"]), np.mean(kl), rtol=1e-5)  # float32 sums
+  if not beta:
+    _, without = grpo.policy_loss(jnp.asarray(LOGP), jnp.asarray(OLD), jnp.asarray(ADV),
+                                  jnp.asarray(MASK), cfg)
+    assert "kl" not in without
   ratios = np.exp(LOGP - OLD)[MASK > 0]
   clipped = (ratios < 1 - eps_low) | (ratios > 1 + eps_high)
   np.testing.assert_allclose(float(metrics["clip_frac"]), clipped.mean(), rtol=1e-6)
