@@ -11,7 +11,12 @@ sandbox. Evaluation: held-out problems (new constants and names of the trained
 families), EVAL_SAMPLES samples each at the rollout temperature, pass@1 by the
 unbiased estimator.
 
-Expected result: see README.md ("Configs"), measured with this file unchanged.
+Expected result (measured on 2 CPU cores, this file unchanged but for
+rl.log_kl, which only adds the "kl" metric): held-out pass@1 0.084 right after
+the warm start (the step-0 eval row, before any GRPO update), 0.206 at step
+200 (+0.122), in 10.4 minutes; curves in experiments/plots/grpo_tiny_metrics.png.
+Over seeds 0, 1, 2 (experiments/grpo_tiny_seeds.py): gains +0.122, +0.099,
++0.078, mean +0.0998 (experiments/plots/grpo_tiny_seeds.png).
 """
 
 import ml_collections
