@@ -39,18 +39,23 @@ def test_sliding_every_layer_but_every_fourth_matches_the_dense_mask_reference()
   assert np.abs(np.asarray(got) - np.asarray(dense)).max() > 1e-3  # the window matters
 
 
-def test_sliding_generation_decodes_with_the_window():
-  model = _model(attention_pattern=("sliding", "dense"), sliding_window=4)
-  prompts = [[1, 2, 3, 4, 5, 6, 7], [9, 8]]
-  out = generate(model, prompts, max_new_tokens=9, temperature=1.0, group_size=2, seed=3)
+def _assert_sampled_logprobs_match_full_forward(model, prompts, out, length):
+  """Each sample's log-probs equal those of one full forward over prompt + completion."""
   graphdef, state = nnx.split(model)
   for i, completion in enumerate(out.completions()):
     seq = prompts[out.prompt_index[i]] + completion
-    logits = _logits(graphdef, state, jnp.asarray([seq + [0] * (32 - len(seq))]))[0]
+    logits = _logits(graphdef, state, jnp.asarray([seq + [0] * (length - len(seq))]))[0]
     n = len(prompts[out.prompt_index[i]])
     expect = losses.token_logprobs(logits[None, n - 1:len(seq) - 1], jnp.asarray([completion]))
     np.testing.assert_allclose(out.logprobs[i, :len(completion)], np.asarray(expect)[0],
                                atol=2e-5)
+
+
+def test_sliding_generation_decodes_with_the_window():
+  model = _model(attention_pattern=("sliding", "dense"), sliding_window=4)
+  prompts = [[1, 2, 3, 4, 5, 6, 7], [9, 8]]
+  out = generate(model, prompts, max_new_tokens=9, temperature=1.0, group_size=2, seed=3)
+  _assert_sampled_logprobs_match_full_forward(model, prompts, out, 32)
 
 
 def test_document_query_does_not_depend_on_document_order():
@@ -90,14 +95,7 @@ def test_nsa_generation_decodes_as_the_full_forward():
   model = _model(attention_pattern=("nsa", "dense", "nsa"), nsa=NSA, num_layers=3)
   prompts = [[1, 2, 3], list(range(5, 18))]
   out = generate(model, prompts, max_new_tokens=30, temperature=1.0, group_size=2, seed=4)
-  graphdef, state = nnx.split(model)
-  for i, completion in enumerate(out.completions()):
-    seq = prompts[out.prompt_index[i]] + completion
-    logits = _logits(graphdef, state, jnp.asarray([seq + [0] * (48 - len(seq))]))[0]
-    n = len(prompts[out.prompt_index[i]])
-    expect = losses.token_logprobs(logits[None, n - 1:len(seq) - 1], jnp.asarray([completion]))
-    np.testing.assert_allclose(out.logprobs[i, :len(completion)], np.asarray(expect)[0],
-                               atol=2e-5)
+  _assert_sampled_logprobs_match_full_forward(model, prompts, out, 48)
   with pytest.raises(ValueError, match="offload_kv is not implemented"):
     generate(model, [[1, 2, 3]], max_new_tokens=2, offload_kv=True)
 
