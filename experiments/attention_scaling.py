@@ -209,7 +209,8 @@ def main():
                                                     "out"))
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
   parser.add_argument("--impl", default="auto",
-                      help="kernels impl for sliding/nsa/document (auto: Pallas on GPU, xla on CPU)")
+                      help="kernels impl for sliding/nsa/document "
+                           "(auto: Pallas on GPU, xla on CPU)")
   parser.add_argument("--lengths", default=None,
                       help="comma-separated T values (default 1k..65k, or 512,1024 with --quick)")
   parser.add_argument("--kinds", default=",".join(KINDS), help="comma-separated subset of KINDS")

@@ -94,7 +94,7 @@ def read_completions(path: str | Path, tasks: Iterable[Task]) -> list[tuple[str,
   missing = sorted(ids - {tid for tid, _ in pairs})
   if missing:
     raise ValueError(f"{path}: {len(missing)} task(s) have no completion, "
-                   f"for example {missing[:5]}")
+                     f"for example {missing[:5]}")
   return pairs
 
 
@@ -211,7 +211,7 @@ def evaluate_rewards(model, tokenizer, tasks: Sequence[Task], *, weights: Mappin
   "reward_std", and each reward's metrics as "<name>/<metric>"}.
   """
   from rlcode import rewards, rollout
-  scores, metric_rows, texts, row_tasks = [], [], [], []
+  texts, row_tasks = [], []
   for start in range(0, len(tasks), batch_prompts):
     chunk = list(tasks[start:start + batch_prompts])
     ro = rollout.sample(model, tokenizer, chunk, group_size=num_samples,

@@ -175,7 +175,7 @@ def warm_start(config, graphdef, params, tasks, tokenizer, mesh, metrics):
 
 def _keeps_reference(rl) -> bool:
   """A frozen copy of the warm-started policy is kept for the KL term or the kl metric."""
-  return rl.beta > 0 or bool(rl.get("log_kl", False))
+  return grpo.LossConfig.from_config(rl, rl.max_new_tokens).uses_reference
 
 
 def _abstract_bundle(model, optimizer, mesh, with_ref: bool) -> dict:

@@ -19,28 +19,29 @@ AXES = {"embed", "heads", "kv_heads", "head_dim", "mlp", None}
 
 def _layer(impl, qkv_bias=True, dtype=jnp.float32):
   return NSAAttention(hidden_size=32, num_heads=4, num_kv_heads=2, head_dim=8, nsa=CFG,
-                      qkv_bias=qkv_bias, rope_theta=10000.0, param_dtype=jnp.float32,
+                      qkv_bias=qkv_bias, param_dtype=jnp.float32,
                       dtype=dtype, impl=impl, rngs=nnx.Rngs(0))
 
 
 def _batch(t=45):
   x = jnp.asarray(np.random.default_rng(0).standard_normal((2, t, 32)), jnp.float32)
-  return x, jnp.broadcast_to(jnp.arange(t), (2, t))
+  positions = jnp.broadcast_to(jnp.arange(t), (2, t))
+  return x, rope_lib.table(positions, rope_lib.frequencies(8, 10000.0))
 
 
 @nnx.jit
-def _loss_and_grads(layer, x, positions):
+def _loss_and_grads(layer, x, rope):
   def loss(layer):
-    y, _ = layer(x, positions)
+    y, _ = layer(x, rope)
     return jnp.sum(y.astype(jnp.float32) ** 2), y
   (_, y), grads = nnx.value_and_grad(loss, has_aux=True)(layer)
   return y, grads
 
 
 def test_layer_matches_reference_and_every_parameter_gets_a_gradient():
-  x, positions = _batch()
-  y_ref, g_ref = _loss_and_grads(_layer("reference"), x, positions)
-  y, grads = _loss_and_grads(_layer("xla"), x, positions)
+  x, rope = _batch()
+  y_ref, g_ref = _loss_and_grads(_layer("reference"), x, rope)
+  y, grads = _loss_and_grads(_layer("xla"), x, rope)
   assert y.shape == x.shape
   np.testing.assert_allclose(y, y_ref, atol=2e-5, rtol=2e-5)
   flat, flat_ref = nnx.to_flat_state(grads), dict(nnx.to_flat_state(g_ref))
@@ -64,8 +65,8 @@ def test_parameters_name_their_logical_axes():
 
 
 def test_sequence_shorter_than_a_compressed_block():
-  x, positions = _batch(t=5)
-  y = nnx.jit(lambda layer, x, p: layer(x, p)[0])(_layer("xla", qkv_bias=False), x, positions)
+  x, rope = _batch(t=5)
+  y = nnx.jit(lambda layer, x, r: layer(x, r)[0])(_layer("xla", qkv_bias=False), x, rope)
   assert y.shape == x.shape and np.all(np.isfinite(np.asarray(y)))
 
 
@@ -83,5 +84,5 @@ def test_rope_rotates_half_pairs():
 def test_bad_head_counts_are_rejected():
   with pytest.raises(ValueError, match="num_heads=3"):
     NSAAttention(hidden_size=32, num_heads=3, num_kv_heads=2, head_dim=8, nsa=CFG,
-                 qkv_bias=False, rope_theta=1e4, param_dtype=jnp.float32, dtype=jnp.float32,
+                 qkv_bias=False, param_dtype=jnp.float32, dtype=jnp.float32,
                  impl="xla", rngs=nnx.Rngs(0))

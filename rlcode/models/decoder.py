@@ -297,14 +297,14 @@ class Block(nnx.Module):
     if kind == "nsa":
       self.attn = NSAAttention(
           hidden_size=cfg.hidden_size, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
-          head_dim=cfg.head_dim, nsa=cfg.nsa, qkv_bias=cfg.qkv_bias, rope_theta=cfg.rope_theta,
+          head_dim=cfg.head_dim, nsa=cfg.nsa, qkv_bias=cfg.qkv_bias,
           param_dtype=cfg.jnp_param_dtype, dtype=cfg.jnp_dtype, impl=cfg.attn_impl, rngs=rngs)
     else:
       self.attn = Attention(cfg, attention_spec(cfg, kind), rngs=rngs)
     self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
     self.mlp = MLP(cfg, rngs=rngs)
 
-  def __call__(self, x, rope, positions, *, segment_ids=None, cache_kv=None,
+  def __call__(self, x, rope, *, segment_ids=None, cache_kv=None,
                cache_lengths=None, prefix_kv=None):
     h = self.attn_norm(x)
     if self.kind == "nsa":
@@ -313,9 +313,9 @@ class Block(nnx.Module):
                                   "compressed tokens and selection are per row); sample "
                                   "NSA models with share_prompt=False")
       if cache_kv is None:
-        a, state = self.attn(h, positions)
+        a, state = self.attn(h, rope)
       else:
-        a, state = self.attn.decode(h, positions, cache_kv[0], cache_lengths)
+        a, state = self.attn.decode(h, rope, cache_kv[0], cache_lengths)
       kv = (state, None)
     else:
       a, kv = self.attn(h, rope, cache_kv=cache_kv, cache_lengths=cache_lengths,
@@ -385,7 +385,7 @@ class Decoder(nnx.Module):
         # Issued before layer i runs, so a host prefix's next layer is in flight
         # while this one computes.
         upcoming = self._prefix_layer(prefix, i + 1)
-      x, kv = layer(x, rope, positions_bt, segment_ids=segment_ids, cache_kv=cache_kv,
+      x, kv = layer(x, rope, segment_ids=segment_ids, cache_kv=cache_kv,
                     prefix_kv=prefix_kv, cache_lengths=None if cache is None else cache.lengths)
       kvs.append(kv)
     h = self.final_norm(x)

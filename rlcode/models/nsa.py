@@ -94,7 +94,7 @@ class NSAAttention(nnx.Module):
   """
 
   def __init__(self, *, hidden_size: int, num_heads: int, num_kv_heads: int, head_dim: int,
-               nsa: NSAConfig, qkv_bias: bool, rope_theta: float, param_dtype, dtype,
+               nsa: NSAConfig, qkv_bias: bool, param_dtype, dtype,
                impl: str, rngs: nnx.Rngs):
     if num_kv_heads < 1 or num_heads % num_kv_heads:
       raise ValueError(f"NSAAttention: num_heads={num_heads} must be a multiple of "
@@ -106,7 +106,7 @@ class NSAAttention(nnx.Module):
     e, h, k, d = hidden_size, num_heads, num_kv_heads, head_dim
     l, m = nsa.block_cmp, nsa.compress_hidden
     pd = param_dtype
-    self.cfg, self.impl, self.dtype, self.rope_theta = nsa, impl, dtype, rope_theta
+    self.cfg, self.impl, self.dtype = nsa, impl, dtype
     self.qkv_bias = qkv_bias
     self.q = _param(rngs, (e, h, d), ("embed", "heads", "head_dim"), pd)
     # [E, branch (compressed, selected, sliding), k|v, K, D]
@@ -135,12 +135,16 @@ class NSAAttention(nnx.Module):
     out = jnp.einsum("bckm,md->bckd", hidden, self.cmp_w2[which].astype(dt))
     return out + self.cmp_b2[which].astype(dt)
 
-  def _project(self, x_btd: jax.Array, positions_bt: jax.Array):
+  def _project(self, x_btd: jax.Array, rope):
     """Rotated queries [B, T, H, D]; the branches' keys and values [B, T, 3, 2, K, D]
-    (selected and sliding keys rotated); the gates [B, T, H, 3]."""
-    if x_btd.ndim != 3 or positions_bt.shape != x_btd.shape[:2]:
-      raise ValueError(f"NSAAttention: x must be [B, T, E] and positions [B, T]; got "
-                       f"x{x_btd.shape} positions{positions_bt.shape}")
+    (selected and sliding keys rotated); the gates [B, T, H, 3].
+
+    rope: the decoder's (cos, sin) table [B, T, 1, D] (rlcode.models.rope.table),
+    computed once per forward and shared by every layer.
+    """
+    if x_btd.ndim != 3 or rope[0].shape[:2] != x_btd.shape[:2]:
+      raise ValueError(f"NSAAttention: x must be [B, T, E] and the RoPE table [B, T, 1, D]; "
+                       f"got x{x_btd.shape} table{rope[0].shape}")
     dt = self.dtype
     x = x_btd.astype(dt)
     q = jnp.einsum("bte,ehd->bthd", x, self.q[...].astype(dt))
@@ -148,10 +152,9 @@ class NSAAttention(nnx.Module):
     if self.qkv_bias:
       q = q + self.q_bias[...].astype(dt)
       kv = kv + self.kv_bias[...].astype(dt)
-    table = rope_lib.table(positions_bt, rope_lib.frequencies(q.shape[-1], self.rope_theta))
-    q = rope_lib.apply(q, table)
-    kv = kv.at[:, :, 1, 0].set(rope_lib.apply(kv[:, :, 1, 0], table))
-    kv = kv.at[:, :, 2, 0].set(rope_lib.apply(kv[:, :, 2, 0], table))
+    q = rope_lib.apply(q, rope)
+    kv = kv.at[:, :, 1, 0].set(rope_lib.apply(kv[:, :, 1, 0], rope))
+    kv = kv.at[:, :, 2, 0].set(rope_lib.apply(kv[:, :, 2, 0], rope))
     gates = jax.nn.sigmoid(jnp.einsum("bte,ehc->bthc", x, self.gate[...].astype(dt))
                            + self.gate_bias[...].astype(dt))
     return q, kv, gates
@@ -159,9 +162,9 @@ class NSAAttention(nnx.Module):
   def _output(self, out_bthd: jax.Array) -> jax.Array:
     return jnp.einsum("bthd,hde->bte", out_bthd, self.o[...].astype(self.dtype))
 
-  def __call__(self, x_btd: jax.Array, positions_bt: jax.Array):
-    """x [B, T, E], positions [B, T] (RoPE positions) -> ([B, T, E], NSACache of the T tokens)."""
-    q, kv, gates = self._project(x_btd, positions_bt)
+  def __call__(self, x_btd: jax.Array, rope):
+    """x [B, T, E] and its RoPE table -> ([B, T, E], NSACache of the T tokens)."""
+    q, kv, gates = self._project(x_btd, rope)
     k_cmp = self._compress(kv[:, :, 0, 0], 0)
     v_cmp = self._compress(kv[:, :, 0, 1], 1)
     out = nsa_kernels.nsa_attention(q, (k_cmp, v_cmp), (kv[:, :, 1, 0], kv[:, :, 1, 1]),
@@ -172,7 +175,7 @@ class NSAAttention(nnx.Module):
                      cfg=self.cfg)
     return self._output(out), cache
 
-  def decode(self, x_btd: jax.Array, positions_bt: jax.Array, cache: NSACache,
+  def decode(self, x_btd: jax.Array, rope, cache: NSACache,
              lengths_b: jax.Array):
     """One new token per row: x [B, 1, E] continues each row at lengths_b.
 
@@ -184,7 +187,7 @@ class NSAAttention(nnx.Module):
       raise NotImplementedError(f"NSAAttention.decode: one token per row per call, got "
                                 f"{x_btd.shape[1]}")
     cfg = self.cfg
-    q, kv, gates = self._project(x_btd, positions_bt)
+    q, kv, gates = self._project(x_btd, rope)
     write = jax.vmap(lambda c, u, i: jax.lax.dynamic_update_slice(c, u, (0, 0, 0, i, 0)))
     kv_cache = write(cache.kv, kv.transpose(0, 4, 2, 3, 1, 5).astype(cache.kv.dtype),
                      lengths_b)
