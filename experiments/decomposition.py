@@ -44,7 +44,7 @@ import time
 
 import numpy as np
 
-from rlcode import config_lib, rollout, sharding, train
+from rlcode import config_lib, evaluate, rollout, sharding, train
 from rlcode.data import sources
 from rlcode.data.git_mining import GRANULARITIES
 from rlcode.rewards.diffs import FORMAT_ERROR_SCORE, SUCCESS_THRESHOLD
@@ -170,7 +170,7 @@ def main(argv=None):
   if trained_here:
     print(f"no checkpoint in {args.workdir}: training the policy there", file=sys.stderr)
     train.train(config)
-  model, tokenizer, step, _ = train.restore_policy(config, args.workdir, mesh)
+  model, tokenizer, step, _ = evaluate.restore_policy(config, args.workdir, mesh)
   split = args.split or config.data.eval_split
   rows = [measure(config, model, tokenizer, mesh, g, split, args.samples, config.seed + 7919)
           for g in GRANULARITIES]

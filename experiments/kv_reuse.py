@@ -39,9 +39,7 @@ from rlcode.models import Decoder, ModelConfig  # noqa: E402
 CFG = ModelConfig(vocab_size=4096, hidden_size=384, intermediate_size=1024, num_layers=8,
                   num_heads=6, num_kv_heads=2, head_dim=64, qkv_bias=True,
                   tie_embeddings=True, max_seq_len=16384)
-OPT = type("Opt", (), dict(learning_rate=1e-4, warmup_steps=1, decay_steps=100,
-                           end_lr_fraction=0.1, grad_clip=1.0, b1=0.9, b2=0.99,
-                           weight_decay=0.0))
+OPT = grpo.OptimizerConfig(learning_rate=1e-4, warmup_steps=1, decay_steps=100)
 
 
 def best_time(fn, repeats):

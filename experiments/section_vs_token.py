@@ -27,7 +27,7 @@ The token positions each arm pushed through forward+backward are reported too
 encoder).
 
 Evaluation: all test-split tasks (documents held out by hash), through
-`rlcode.train.held_out_eval`: the config's sampled evaluation (eval.num_samples
+`rlcode.evaluate.held_out_eval`: the config's sampled evaluation (eval.num_samples
 samples at eval.temperature) and greedy decoding (1 sample, temperature 0).
 Reported: semantic similarity (the reward: max(0, cosine) of MiniLM
 embeddings), chrF (sacrebleu, 0-100) and the fraction of empty completions,
@@ -40,6 +40,7 @@ Prints a table; writes section_vs_token.json and section_vs_token.png under --ou
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import sys
@@ -51,7 +52,7 @@ sys.path.insert(0, ROOT)
 import jax  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from rlcode import config_lib, grpo, rollout, sft, sharding, train  # noqa: E402
+from rlcode import config_lib, evaluate, grpo, rollout, sft, sharding, train  # noqa: E402
 from rlcode.data import sources  # noqa: E402
 from rlcode.metrics import MetricsWriter, read_metrics  # noqa: E402
 from rlcode.models.build import build_model  # noqa: E402
@@ -76,7 +77,7 @@ def grpo_arm(config, overrides: list[str]) -> dict:
   steps = [r for r in rows if "loss" in r]
   evals = {r["step"]: r for r in rows if "eval/reward_mean" in r}
   greedy = config_lib.load_config(CONFIG, overrides + GREEDY)
-  greedy_eval = train.evaluate_checkpoint(greedy, config.workdir)
+  greedy_eval = evaluate.evaluate_checkpoint(greedy, config.workdir)
   first, last = min(evals), max(evals)
   return {
       "train_seconds": sum(r["rollout_seconds"] + r["reward_seconds"] + r["update_seconds"]
@@ -110,11 +111,11 @@ def cross_entropy_arm(config, overrides: list[str], budget_s: float, workdir: st
   metrics = MetricsWriter(workdir, tensorboard=False)
   params = train.warm_start(config, graphdef, params, train_tasks, tokenizer, mesh, metrics)
   metrics.close()
-  start_sampled = train.held_out_eval(config, policy(params), tokenizer, eval_tasks, mesh)
-  start_greedy = train.held_out_eval(greedy, policy(params), tokenizer, eval_tasks, mesh)
+  start_sampled = evaluate.held_out_eval(config, policy(params), tokenizer, eval_tasks, mesh)
+  start_greedy = evaluate.held_out_eval(greedy, policy(params), tokenizer, eval_tasks, mesh)
 
-  opt_cfg = config.optimizer.copy_and_resolve_references()
-  opt_cfg.end_lr_fraction = 1.0
+  opt_cfg = dataclasses.replace(grpo.OptimizerConfig.from_config(config.optimizer),
+                                end_lr_fraction=1.0)
   optimizer = grpo.make_optimizer(opt_cfg)
   state = grpo.init_state(policy(params), optimizer, mesh)
   stream = rollout.TaskStream(train_tasks, config.warmstart.batch_size, config.seed + 2)
@@ -130,8 +131,8 @@ def cross_entropy_arm(config, overrides: list[str], budget_s: float, workdir: st
     steps += 1
     positions += batch.tokens.shape[0] * (batch.tokens.shape[1] - 1)
     targets += int(batch.mask.sum())
-  end_sampled = train.held_out_eval(config, policy(state.params), tokenizer, eval_tasks, mesh)
-  end_greedy = train.held_out_eval(greedy, policy(state.params), tokenizer, eval_tasks, mesh)
+  end_sampled = evaluate.held_out_eval(config, policy(state.params), tokenizer, eval_tasks, mesh)
+  end_greedy = evaluate.held_out_eval(greedy, policy(state.params), tokenizer, eval_tasks, mesh)
   return {
       "train_seconds": spent, "steps": steps, "fwd_bwd_positions": positions,
       "target_tokens": targets, "loss_first": losses[0], "loss_last": losses[-1],

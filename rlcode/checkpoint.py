@@ -58,3 +58,9 @@ def abstract_like(tree: Any) -> Any:
   return jax.tree.map(
       lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=getattr(x, "sharding", None)),
       tree)
+
+
+def bundle_like(state: Any, with_ref: bool) -> dict:
+  """The abstract contents of a training checkpoint: the train state and, when the run
+  keeps one, the frozen reference params ({} otherwise)."""
+  return {"state": abstract_like(state), "ref": abstract_like(state.params) if with_ref else {}}

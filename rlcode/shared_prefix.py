@@ -23,7 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlcode import grpo
+from rlcode import grpo, losses
 from rlcode.models.decoder import Prefix
 
 PROMPT_MULTIPLE = 32
@@ -47,6 +47,16 @@ class GroupedBatch:
   ref_logp: jax.Array
   adv: jax.Array
 
+  @classmethod
+  def abstract(cls, prompts: int, rows: int) -> GroupedBatch:
+    """Leaves with the true prompt and row counts (lengths do not matter): enough to
+    choose the batch's shardings before the first batch exists."""
+    f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+    i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
+    return cls(prompt_tokens=i32(prompts, 1), prompt_lengths=i32(prompts),
+               completion_tokens=i32(rows, 1), mask=f32(rows, 1), old_logp=f32(rows, 1),
+               ref_logp=f32(rows, 1), adv=f32(rows))
+
 
 def prompt_prefix(model, prompt_tokens_pt, prompt_lengths_p):
   """The prompts' final hidden states [P, Tp, E] and their per-layer keys/values."""
@@ -65,11 +75,7 @@ def grouped_logprobs(model, batch: GroupedBatch, temperature: float):
   # Position t predicts completion token t: the prompt's last state, then the
   # completion's own states shifted by one.
   h = jnp.concatenate([jnp.repeat(last, n // p, axis=0), h_comp[:, :-1]], axis=1)
-  logits = model.logits(h).astype(jnp.float32) / temperature
-  logz = jax.nn.logsumexp(logits, axis=-1)
-  logp = jnp.take_along_axis(logits, batch.completion_tokens[..., None], -1)[..., 0] - logz
-  entropy = logz - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
-  return logp, entropy
+  return losses.token_logprobs_and_entropy(model.logits(h), batch.completion_tokens, temperature)
 
 
 def logprob_fn(temperature: float):

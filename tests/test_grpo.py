@@ -96,9 +96,7 @@ CFG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layer
 def _setup(mesh, lr=1e-2):
   model = sharding.init_sharded(lambda: Decoder(CFG, rngs=nnx.Rngs(0)), mesh)
   graphdef, params = nnx.split(model, nnx.Param)
-  opt_cfg = type("O", (), dict(learning_rate=lr, warmup_steps=1, decay_steps=10,
-                               end_lr_fraction=0.1, grad_clip=1.0, b1=0.9, b2=0.99,
-                               weight_decay=0.0))
+  opt_cfg = grpo.OptimizerConfig(learning_rate=lr, warmup_steps=1, decay_steps=10)
   optimizer = grpo.make_optimizer(opt_cfg)
   state = grpo.init_state(model, optimizer, mesh)
   rng = np.random.default_rng(0)

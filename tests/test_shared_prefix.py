@@ -114,9 +114,7 @@ def test_update_step_runs_sharded(model):
   mesh = sharding.make_mesh(2, 1, 2)
   graphdef, params = model
   m = sharding.shard_module(nnx.merge(graphdef, params), mesh)
-  opt_cfg = type("O", (), dict(learning_rate=1e-3, warmup_steps=1, decay_steps=10,
-                               end_lr_fraction=0.1, grad_clip=1.0, b1=0.9, b2=0.99,
-                               weight_decay=0.0))
+  opt_cfg = grpo.OptimizerConfig(learning_rate=1e-3, warmup_steps=1, decay_steps=10)
   optimizer = grpo.make_optimizer(opt_cfg)
   data = _data(5, True)
   prompts = data[0] + data[0][:1]  # 4 prompts: divisible by the data axis

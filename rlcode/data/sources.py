@@ -86,3 +86,9 @@ def load(data_cfg, split: str) -> list[Task]:
   import tensorflow_datasets as tfds
   tfds.disable_progress_bar()
   return load_tasks(builder(data_cfg), split)
+
+
+def load_eval(data_cfg) -> list[Task]:
+  """The evaluation split, cut to data_cfg.max_eval_tasks when that is set."""
+  tasks = load(data_cfg, data_cfg.eval_split)
+  return tasks[:data_cfg.max_eval_tasks] if data_cfg.get("max_eval_tasks") else tasks

@@ -97,3 +97,8 @@ def compute(weights: Mapping[str, float], tasks: Sequence[Task],
     for d, extra in zip(details, out.details):
       d[name] = extra
   return RewardOutput(total, metrics, details if any(details) else [])
+
+
+def options(reward_options: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
+  """A config's reward_options section as plain dicts (reward name -> keyword options)."""
+  return {name: dict(opts) for name, opts in reward_options.items()}
