@@ -6,8 +6,9 @@ aggregations are registered by name and chosen in the config (`rl.advantage`,
 clipping, optimiser) with explicit input and output shardings.
 
 Batches arrive as `SequenceBatch`: every row is a prompt followed by its
-completion, right-padded; `mask` marks the target positions that are
-completion tokens. (rlcode.shared_prefix holds the layout where a group's
+completion, right-padded, with a window of target positions where the completion
+is predicted (logits are computed there only); `mask` marks the window's
+positions that are completion tokens. (rlcode.shared_prefix holds the layout where a group's
 prompt is computed once.) This module must not know where rewards come from.
 """
 
@@ -112,6 +113,13 @@ class LossConfig:
                max_completion_len=max_completion_len, temperature=rl.temperature)
 
 
+def masked_mean(x_nt, mask_nt):
+  """Mean of x over the positions where mask is 1; what is elsewhere never reaches the sum."""
+  valid = mask_nt > 0
+  return (jnp.sum(jnp.where(valid, x_nt, 0.0))
+          / jnp.maximum(jnp.sum(valid.astype(jnp.float32)), 1.0))
+
+
 def policy_loss(logp_nt, old_logp_nt, adv_n, mask_nt, cfg: LossConfig, ref_logp_nt=None):
   """The clipped surrogate plus beta * KL(policy || reference), aggregated by name.
 
@@ -119,28 +127,30 @@ def policy_loss(logp_nt, old_logp_nt, adv_n, mask_nt, cfg: LossConfig, ref_logp_
   r = exp(logp - old_logp), plus beta * k3 where
   k3 = exp(ref - logp) - (ref - logp) - 1 (Schulman's unbiased, positive estimator).
   Given reference log-probs, metrics["kl"] is the mean k3, also when beta = 0.
-  Returns (loss, metrics).
+  Log-ratios are selected by the mask before they are exponentiated: whatever sits at
+  masked positions (padding, prompt, -inf log-probs) never reaches exp, and inf * 0 never
+  makes a NaN. Returns (loss, metrics).
   """
-  mask = mask_nt.astype(jnp.float32)
-  ratio = jnp.exp(logp_nt - old_logp_nt)
+  valid = mask_nt > 0
+  mask = valid.astype(jnp.float32)
+  ratio = jnp.exp(jnp.where(valid, logp_nt - old_logp_nt, 0.0))
   adv = adv_n[:, None]
   clipped = jnp.clip(ratio, 1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high)
-  pg_nt = -jnp.minimum(ratio * adv, clipped * adv)
+  pg_nt = jnp.where(valid, -jnp.minimum(ratio * adv, clipped * adv), 0.0)
   aggregate = functools.partial(AGGREGATIONS[cfg.aggregation], mask_nt=mask,
                                 max_len=cfg.max_completion_len)
-  token_mean = lambda x: jnp.sum(x * mask) / jnp.maximum(jnp.sum(mask), 1.0)
   metrics = {"pg_loss": aggregate(pg_nt),
-             "clip_frac": token_mean((jnp.abs(ratio - clipped) > 0).astype(jnp.float32)),
-             "ratio": token_mean(ratio)}
+             "clip_frac": masked_mean((jnp.abs(ratio - clipped) > 0).astype(jnp.float32), mask),
+             "ratio": masked_mean(ratio, mask)}
   loss_nt = pg_nt
   if cfg.beta > 0 and ref_logp_nt is None:
     raise ValueError("rl.beta > 0 needs reference log-probabilities")
   if ref_logp_nt is not None:
-    d = ref_logp_nt - logp_nt
+    d = jnp.where(valid, ref_logp_nt - logp_nt, 0.0)
     kl_nt = jnp.exp(d) - d - 1.0
     if cfg.beta > 0:
       loss_nt = pg_nt + cfg.beta * kl_nt
-    metrics["kl"] = token_mean(kl_nt)
+    metrics["kl"] = masked_mean(kl_nt, mask)
   loss = aggregate(loss_nt)
   metrics["loss"] = loss
   return loss, metrics
@@ -152,14 +162,19 @@ def policy_loss(logp_nt, old_logp_nt, adv_n, mask_nt, cfg: LossConfig, ref_logp_
 @jax.tree_util.register_dataclass
 @dataclasses.dataclass
 class SequenceBatch:
-  """Rows of prompt + completion, right-padded to one length L.
+  """Rows of prompt + completion, right-padded to one length L, and a window of W target
+  positions per row where that row's completion is predicted.
 
-  tokens: [N, L] int32. mask: [N, L-1], 1 where tokens[:, t+1] is a completion
-  token (the target of position t). old_logp, ref_logp: [N, L-1] behaviour and
-  reference log-probabilities of those targets (0 elsewhere). adv: [N].
+  tokens: [N, L] int32. start: [N] int32, the position whose output predicts the row's
+  first completion token (its prompt's length - 1). mask, old_logp, ref_logp: [N, W],
+  aligned with the targets tokens[i, start[i] + 1 + j] (mask 1 on completion tokens,
+  behaviour and reference log-probabilities there, 0 elsewhere). adv: [N].
+  The output layer runs on the W window positions only: a prompt's positions never
+  become logits (what TRL calls logits_to_keep).
   """
 
   tokens: jax.Array
+  start: jax.Array
   mask: jax.Array
   old_logp: jax.Array
   ref_logp: jax.Array
@@ -170,7 +185,8 @@ class SequenceBatch:
     """Leaves with the true row count and rank (lengths vary per step and do not matter):
     enough to choose the batch's shardings before the first batch exists."""
     f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
-    return cls(tokens=jax.ShapeDtypeStruct((rows, 2), jnp.int32), mask=f32(rows, 1),
+    return cls(tokens=jax.ShapeDtypeStruct((rows, 2), jnp.int32),
+               start=jax.ShapeDtypeStruct((rows,), jnp.int32), mask=f32(rows, 1),
                old_logp=f32(rows, 1), ref_logp=f32(rows, 1), adv=f32(rows))
 
 
@@ -265,10 +281,19 @@ def state_shardings(state: TrainState, mesh: Mesh):
   return jax.tree.map(lambda x: getattr(x, "sharding", NamedSharding(mesh, P())), state)
 
 
-def sequence_logprobs(model, tokens_nl, temperature: float):
-  """Log-probabilities [N, L-1] of tokens[:, 1:] and the token entropies, one forward."""
-  return losses.token_logprobs_and_entropy(model(tokens_nl[:, :-1]), tokens_nl[:, 1:],
-                                           temperature)
+def sequence_logprobs(model, batch: SequenceBatch, temperature: float):
+  """Log-probabilities and entropies [N, W] of the targets in each row's window.
+
+  The decoder runs over every position (attention needs the prompt); the output layer,
+  the softmax and the entropy run on the W window positions only.
+  """
+  h, _ = model.hidden(batch.tokens[:, :-1])
+  w = batch.mask.shape[1]
+  pos = jnp.minimum(batch.start[:, None] + jnp.arange(w, dtype=jnp.int32)[None, :],
+                    batch.tokens.shape[1] - 2)
+  h_window = jnp.take_along_axis(h, pos[..., None], axis=1)
+  targets = jnp.take_along_axis(batch.tokens, pos + 1, axis=1)
+  return losses.token_logprobs_and_entropy(model.logits(h_window), targets, temperature)
 
 
 def make_update_step(graphdef, optimizer: optax.GradientTransformation, cfg: LossConfig,
@@ -285,7 +310,7 @@ def make_update_step(graphdef, optimizer: optax.GradientTransformation, cfg: Los
   group's prompt once.
   """
   if logprob_fn is None:
-    logprob_fn = lambda model, batch: sequence_logprobs(model, batch.tokens, cfg.temperature)
+    logprob_fn = lambda model, batch: sequence_logprobs(model, batch, cfg.temperature)
 
   def loss_fn(params, batch):
     with sharding.activate(mesh):
@@ -293,8 +318,7 @@ def make_update_step(graphdef, optimizer: optax.GradientTransformation, cfg: Los
       logp, entropy = logprob_fn(model, batch)
     loss, metrics = policy_loss(logp, batch.old_logp, batch.adv, batch.mask, cfg,
                                 ref_logp_nt=batch.ref_logp if cfg.uses_reference else None)
-    mask = batch.mask.astype(jnp.float32)
-    metrics["entropy"] = jnp.sum(entropy * mask) / jnp.maximum(jnp.sum(mask), 1.0)
+    metrics["entropy"] = masked_mean(entropy, batch.mask)
     return loss, metrics
 
   def step(state: TrainState, batch: SequenceBatch):
@@ -318,7 +342,7 @@ def make_update_step(graphdef, optimizer: optax.GradientTransformation, cfg: Los
 def make_logprob_fn(graphdef, mesh: Mesh, temperature: float, logprob_fn=None):
   """Jitted log-probabilities of a batch's targets under given params (for the reference)."""
   if logprob_fn is None:
-    logprob_fn = lambda model, batch: sequence_logprobs(model, batch.tokens, temperature)
+    logprob_fn = lambda model, batch: sequence_logprobs(model, batch, temperature)
 
   @jax.jit
   def run(params, batch):

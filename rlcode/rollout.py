@@ -15,6 +15,7 @@ from typing import Any
 
 import numpy as np
 
+from kernels.tiling import round_up
 from rlcode import grpo, rewards
 from rlcode.data.tasks import Task
 from rlcode.models.tokenizer import Tokenizer
@@ -140,38 +141,49 @@ LENGTH_MULTIPLE = 32
 
 def sequence_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
                    prompt_index: Sequence[int], *, pad_id: int, old_logp=None,
-                   adv=None) -> grpo.SequenceBatch:
-  """Host arrays of prompt + completion rows, right-padded to a multiple of 32.
+                   adv=None, window: int | None = None) -> grpo.SequenceBatch:
+  """Host arrays of prompt + completion rows and each row's completion window.
 
-  A multiple rather than a power of two: the update's cost is linear in the
-  padded length, and the few lengths a run meets compile once each.
+  The window is `window` positions wide (default: the longest completion rounded up to
+  a multiple of 32); rows are right-padded to a multiple of 32 long enough for every
+  row's window. Multiples rather than powers of two: the update's cost is linear in
+  the padded lengths, and the few lengths a run meets compile once each.
 
   old_logp[i] holds the behaviour log-probabilities of completion i's tokens
   (its first len(completions[i]) entries are used).
   """
   n = len(completions)
-  lengths = [len(prompts[p]) + len(c) for p, c in zip(prompt_index, completions)]
-  seq_len = -(-(max(lengths) + 1) // LENGTH_MULTIPLE) * LENGTH_MULTIPLE
+  longest = max(len(c) for c in completions)
+  width = round_up(max(longest, 1), LENGTH_MULTIPLE) if window is None else window
+  if longest > width:
+    raise ValueError(f"a completion has {longest} tokens, more than the window of {width}")
+  plens = [len(prompts[p]) for p in prompt_index]
+  if min(plens) < 1:
+    raise ValueError("sequence_batch: a prompt is empty")
+  seq_len = round_up(max(plens) + width, LENGTH_MULTIPLE)
   tokens = np.full((n, seq_len), pad_id, np.int32)
-  mask = np.zeros((n, seq_len - 1), np.float32)
-  old = np.zeros((n, seq_len - 1), np.float32)
+  mask = np.zeros((n, width), np.float32)
+  old = np.zeros((n, width), np.float32)
   for i, (p, c) in enumerate(zip(prompt_index, completions)):
     prompt = prompts[p]
     tokens[i, :len(prompt)] = prompt
     tokens[i, len(prompt):len(prompt) + len(c)] = c
-    # Target t is tokens[t + 1]: completion tokens are targets len(prompt)-1 onwards.
-    mask[i, len(prompt) - 1:len(prompt) - 1 + len(c)] = 1.0
+    mask[i, :len(c)] = 1.0
     if old_logp is not None:
-      old[i, len(prompt) - 1:len(prompt) - 1 + len(c)] = old_logp[i][:len(c)]
+      old[i, :len(c)] = old_logp[i][:len(c)]
   adv = np.zeros((n,), np.float32) if adv is None else np.asarray(adv, np.float32)
-  return grpo.SequenceBatch(tokens=tokens, mask=mask, old_logp=old, ref_logp=np.zeros_like(old),
-                            adv=adv)
+  return grpo.SequenceBatch(tokens=tokens, start=np.asarray(plens, np.int32) - 1, mask=mask,
+                            old_logp=old, ref_logp=np.zeros_like(old), adv=adv)
 
 
-def rl_batch(rollout: Rollout, adv: np.ndarray, pad_id: int) -> grpo.SequenceBatch:
+def rl_batch(rollout: Rollout, adv: np.ndarray, pad_id: int,
+             max_completion_len: int) -> grpo.SequenceBatch:
+  """The rollout's batch; the window is the longest completion rounded up to a multiple
+  of 32, at most max_completion_len (as rlcode.shared_prefix.rl_batch)."""
   gen = rollout.generation
+  window = min(round_up(int(gen.lengths.max()), LENGTH_MULTIPLE), max_completion_len)
   return sequence_batch(rollout.prompts, gen.completions(), gen.prompt_index, pad_id=pad_id,
-                        old_logp=gen.logprobs, adv=adv)
+                        old_logp=gen.logprobs, adv=adv, window=window)
 
 
 def sft_batch(tokenizer: Tokenizer, tasks: Sequence[Task]) -> grpo.SequenceBatch:

@@ -8,22 +8,22 @@ training split's reference solutions gives RL something to sharpen.
 from __future__ import annotations
 
 import jax
-import jax.numpy as jnp
 import optax
 from flax import nnx
 from jax.sharding import Mesh
 
-from rlcode import grpo, losses, sharding
+from rlcode import grpo, sharding
 
 
 def make_sft_step(graphdef, optimizer: optax.GradientTransformation, mesh: Mesh,
                   state: grpo.TrainState, example_batch: grpo.SequenceBatch):
-  """(state, batch) -> (state, {"sft_loss", "grad_norm"}); loss on batch.mask targets only."""
+  """(state, batch) -> (state, {"sft_loss", "grad_norm"}): the mean negative log-likelihood
+  of the masked window targets (the reference tokens), logits computed there only."""
 
   def loss_fn(params, batch):
     with sharding.activate(mesh):
-      logits = nnx.merge(graphdef, params)(batch.tokens[:, :-1])
-    return losses.cross_entropy(logits, batch.tokens[:, 1:], batch.mask)
+      logp, _ = grpo.sequence_logprobs(nnx.merge(graphdef, params), batch, 1.0)
+    return -grpo.masked_mean(logp, batch.mask)
 
   def step(state, batch):
     loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)

@@ -116,7 +116,7 @@ def train(config) -> list[dict]:
     if rl.shared_prefix:
       batch = shared_prefix.rl_batch(ro, adv, tokenizer.pad_id, rl.max_new_tokens)
     else:
-      batch = rollout.rl_batch(ro, adv, tokenizer.pad_id)
+      batch = rollout.rl_batch(ro, adv, tokenizer.pad_id, rl.max_new_tokens)
     if ref_logprobs is not None:
       batch.ref_logp = np.asarray(ref_logprobs(ref_params, batch))
 

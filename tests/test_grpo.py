@@ -67,6 +67,32 @@ def test_policy_loss_matches_numpy(aggregation, eps_low, eps_high, beta):
   np.testing.assert_allclose(float(metrics["clip_frac"]), clipped.mean(), rtol=1e-6)
 
 
+@pytest.mark.parametrize("aggregation", sorted(grpo.AGGREGATIONS))
+def test_masked_positions_never_reach_exp(aggregation):
+  # Where the mask is 0 (prompt, padding) the batch may hold anything: -inf log-probs,
+  # huge reference or behaviour log-probs. Loss, metrics and gradients must equal those
+  # of a batch with benign values there (inf * 0 is NaN if exp runs first).
+  cfg = grpo.LossConfig(clip_eps_low=0.1, clip_eps_high=0.28, beta=0.04,
+                        aggregation=aggregation, max_completion_len=6)
+  masked = MASK == 0
+  hostile = (np.where(masked, -np.inf, LOGP), np.where(masked, 1e30, OLD),
+             np.where(masked, 1e30, REF))
+
+  def run(logp, old, ref):
+    fn = lambda lp: grpo.policy_loss(lp, jnp.asarray(old), jnp.asarray(ADV), jnp.asarray(MASK),
+                                     cfg, ref_logp_nt=jnp.asarray(ref))
+    (loss, metrics), grad = jax.value_and_grad(fn, has_aux=True)(jnp.asarray(logp))
+    return float(loss), {k: float(v) for k, v in metrics.items()}, np.asarray(grad)
+
+  loss, metrics, grad = run(LOGP, OLD, REF)
+  bad_loss, bad_metrics, bad_grad = run(*hostile)
+  assert np.isfinite(bad_loss) and bad_loss == loss
+  assert bad_metrics == metrics
+  assert np.all(np.isfinite(bad_grad))
+  np.testing.assert_array_equal(bad_grad, grad)
+  assert np.all(grad[masked] == 0)
+
+
 def test_advantages_match_numpy():
   rewards = np.array([1, 0, 0, 1, 0, 0, 0, 0, 0.5, 1.0, 0.0, 0.25], np.float32)
   got = grpo.group_advantages(rewards, 4, "grpo")
@@ -101,10 +127,10 @@ def _setup(mesh, lr=1e-2):
   state = grpo.init_state(model, optimizer, mesh)
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, 32, (8, 12)).astype(np.int32)
-  mask = np.zeros((8, 11), np.float32)
-  mask[:, 5:] = 1
-  batch = grpo.SequenceBatch(tokens=tokens, mask=mask, old_logp=np.zeros_like(mask),
-                             ref_logp=np.zeros_like(mask),
+  # Prompts of 6 tokens, completions of 6: the window is target positions 5..10.
+  mask = np.ones((8, 6), np.float32)
+  batch = grpo.SequenceBatch(tokens=tokens, start=np.full((8,), 5, np.int32), mask=mask,
+                             old_logp=np.zeros_like(mask), ref_logp=np.zeros_like(mask),
                              adv=np.array([1, -1] * 4, np.float32))
   cfg = grpo.LossConfig(max_completion_len=6)
   update = grpo.make_update_step(graphdef, optimizer, cfg, mesh, state, batch)
@@ -114,8 +140,8 @@ def _setup(mesh, lr=1e-2):
 def test_update_is_one_jit_and_old_logp_makes_ratio_one():
   mesh = sharding.make_mesh(1, 1, 1)
   graphdef, state, batch, update, cfg = _setup(mesh)
-  logp, _ = jax.jit(lambda p, t: grpo.sequence_logprobs(nnx.merge(graphdef, p), t, 1.0))(
-      state.params, batch.tokens)
+  logp, _ = jax.jit(lambda p, b: grpo.sequence_logprobs(nnx.merge(graphdef, p), b, 1.0))(
+      state.params, batch)
   batch.old_logp = np.asarray(logp) * batch.mask
   before = jax.tree.map(np.asarray, state.params)
   state, m = update(state, batch)

@@ -77,7 +77,7 @@ def test_loss_and_grads_equal_repeated_prompt(model, longest_first, padding_side
                                               completion_len):
   graphdef, params = model
   data = _data(0, longest_first)
-  naive_fn = lambda m, b: grpo.sequence_logprobs(m, b.tokens, 1.0)
+  naive_fn = lambda m, b: grpo.sequence_logprobs(m, b, 1.0)
   naive = _losses_and_grads(graphdef, params, _naive(*data), naive_fn)
   shared = _losses_and_grads(graphdef, params,
                              _grouped(*data, padding_side, completion_len),
@@ -99,15 +99,19 @@ def test_logprobs_equal_per_token(model):
   m = nnx.merge(graphdef, params)
   naive = _naive(*data)
   grouped = _grouped(*data, "right")
-  logp_a, ent_a = jax.jit(lambda t: grpo.sequence_logprobs(m, t, 0.7))(naive.tokens)
+  logp_a, ent_a = jax.jit(lambda b: grpo.sequence_logprobs(m, b, 0.7))(naive)
   logp_b, ent_b = jax.jit(lambda b: shared_prefix.grouped_logprobs(m, b, 0.7))(grouped)
+  # The full forward's log-softmax at each completion token, computed independently.
+  full = jax.jit(lambda t: jax.nn.log_softmax(m(t) / 0.7, axis=-1))(naive.tokens)
   prompts, completions = data[0], data[1]
   for i, c in enumerate(completions):
     start = len(prompts[i // G]) - 1
+    expect = np.asarray(full)[i, start + np.arange(len(c)), c]
+    np.testing.assert_allclose(np.asarray(logp_a[i, :len(c)]), expect, atol=2e-5)
     np.testing.assert_allclose(np.asarray(logp_b[i, :len(c)]),
-                               np.asarray(logp_a[i, start:start + len(c)]), atol=2e-5)
+                               np.asarray(logp_a[i, :len(c)]), atol=2e-5)
     np.testing.assert_allclose(np.asarray(ent_b[i, :len(c)]),
-                               np.asarray(ent_a[i, start:start + len(c)]), atol=2e-5)
+                               np.asarray(ent_a[i, :len(c)]), atol=2e-5)
 
 
 def test_update_step_runs_sharded(model):
@@ -145,7 +149,7 @@ def test_sliding_window_layers_equal_repeated_prompt():
                        "sliding_window": 6})
   graphdef, params = nnx.split(Decoder(cfg, rngs=nnx.Rngs(2)), nnx.Param)
   data = _data(1, True)
-  naive_fn = lambda m, b: grpo.sequence_logprobs(m, b.tokens, 1.0)
+  naive_fn = lambda m, b: grpo.sequence_logprobs(m, b, 1.0)
   naive = _losses_and_grads(graphdef, params, _naive(*data), naive_fn)
   shared = _losses_and_grads(graphdef, params, _grouped(*data, "right"),
                              shared_prefix.logprob_fn(1.0))
