@@ -7,7 +7,8 @@ def tiny_model() -> ml_collections.ConfigDict:
   """A ~1M-parameter Qwen2-style decoder over bytes, initialised from scratch."""
   model = ml_collections.ConfigDict()
   model.hf_path = ""
-  model.tokenizer = "bytes"
+  # "": the checkpoint's own tokenizer when hf_path is set, else the byte-level one.
+  model.tokenizer = ""
   model.param_dtype = "float32"
   model.dtype = "float32"
   model.attn_impl = "auto"

@@ -16,6 +16,8 @@ import jax
 import orbax.checkpoint as ocp
 from etils import epath
 
+from rlcode.errors import BadInput, MissingInput
+
 
 class Checkpointer:
   """A CheckpointManager over `directory` (local or gs://) keeping the last `keep`."""
@@ -41,9 +43,14 @@ class Checkpointer:
     shardings of `abstract_state` (a pytree of jax.ShapeDtypeStruct with sharding)."""
     step = self.latest_step() if step is None else step
     if step is None:
-      raise FileNotFoundError(f"no checkpoint in {self.directory}")
-    restored = self._manager.restore(step, args=ocp.args.Composite(
-        state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+      raise MissingInput(f"no checkpoint in {self.directory}")
+    try:
+      restored = self._manager.restore(step, args=ocp.args.Composite(
+          state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
+    except (ValueError, KeyError) as e:  # shapes or structure of another model/config
+      first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+      raise BadInput(f"the checkpoint at step {step} in {self.directory} does not match the "
+                     f"config's model and optimiser: {first[:300]}") from e
     return restored["state"], dict(restored["meta"]), step
 
   def wait(self) -> None:

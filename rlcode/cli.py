@@ -19,11 +19,19 @@ import sys
 from collections.abc import Sequence
 
 from rlcode import config_lib
+from rlcode.errors import BadInput, MissingInput, UnknownKey, UserError
+
+
+class _Parser(argparse.ArgumentParser):
+  """argparse, but a usage error is one line on stderr (exit 2), like every user error."""
+
+  def error(self, message):
+    self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
 
 
 def _parse(argv: Sequence[str]):
-  parser = argparse.ArgumentParser(prog="rlcode", description=__doc__.splitlines()[0])
-  commands = parser.add_subparsers(dest="command", required=True)
+  parser = _Parser(prog="rlcode", description=__doc__.splitlines()[0])
+  commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
   config_help = "configs/NAME.py[:arg]; override keys with --config.a.b=value"
   train = commands.add_parser("train", help="train a policy with GRPO")
   train.add_argument("--config", required=True, help=config_help)
@@ -54,18 +62,30 @@ def _tasks(spec: str):
   path, _, split = spec.partition(":")
   path = sources.resolve(path)
   if not os.path.isfile(path):
-    raise FileNotFoundError(f"--tasks {spec!r}: expected 'humaneval' or PATH.jsonl[:split]")
+    raise MissingInput(f"--tasks {spec!r}: no such file; expected 'humaneval' or "
+                       "PATH.jsonl[:split]")
   splits = jsonl.read_jsonl_tasks(path, jsonl.JsonlTasks.HELD_OUT_FRACTION)
   if split:
     if split not in splits:
-      raise KeyError(f"--tasks {spec!r}: no split {split!r}; splits are {sorted(splits)}")
+      raise UnknownKey(f"--tasks {spec!r}: no split {split!r}; splits are {sorted(splits)}")
     return splits[split]
   return [t for name in sorted(splits) for t in splits[name]]
 
 
+def _ks(text: str) -> list[int]:
+  try:
+    ks = [int(k) for k in text.split(",") if k.strip()]
+  except ValueError:
+    ks = []
+  if not ks or min(ks) < 1:
+    raise BadInput(f"--k {text!r}: expected positive integers separated by commas, "
+                   "for example 1,10,100")
+  return ks
+
+
 def _eval(parser, args, overrides) -> None:
   from rlcode import evaluate
-  ks = [int(k) for k in args.k.split(",") if k]
+  ks = _ks(args.k)
   if args.completions:
     if not args.tasks or args.checkpoint:
       parser.error("eval --completions needs --tasks (and no --checkpoint)")
@@ -82,7 +102,18 @@ def _eval(parser, args, overrides) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
+  """Runs one command. A UserError (a wrong key, path, flag or file row) is printed as
+  one line on stderr and gives exit code 2; anything else is a bug and raises."""
   parser, args, overrides = _parse(sys.argv[1:] if argv is None else argv)
+  try:
+    _run(parser, args, overrides)
+  except UserError as e:
+    print(f"rlcode {args.command}: error: {e.message}", file=sys.stderr)
+    return 2
+  return 0
+
+
+def _run(parser, args, overrides) -> None:
   if args.command == "eval":
     _eval(parser, args, overrides)
   elif args.command == "plot":
@@ -96,7 +127,6 @@ def main(argv: Sequence[str] | None = None) -> int:
     else:
       from rlcode import jobs
       jobs.sample(config)
-  return 0
 
 
 if __name__ == "__main__":

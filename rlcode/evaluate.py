@@ -23,10 +23,12 @@ from collections.abc import Hashable, Iterable, Mapping, Sequence
 from pathlib import Path
 
 import numpy as np
+from tqdm import tqdm
 
 from rlcode import sandbox
 from rlcode.data.jsonl import json_objects
 from rlcode.data.tasks import Task
+from rlcode.errors import BadInput, MissingInput
 from rlcode.rewards.tests import HUMANEVAL_STOP, job_for
 
 REPORT_NAME = "eval_report.json"
@@ -78,28 +80,30 @@ def read_completions(path: str | Path, tasks: Iterable[Task]) -> list[tuple[str,
   Blank lines are skipped; extra keys are ignored.
 
   Raises:
-    ValueError: naming the file and line for bad JSON, a non-object line,
+    BadInput (a ValueError): naming the file and line for bad JSON, a non-object line,
       missing or non-string task_id/completion, or an unknown task_id; and for
       an empty file or tasks without any completion.
   """
   path = Path(path)
+  if not path.is_file():
+    raise MissingInput(f"completions file {str(path)!r} does not exist")
   ids = {t.id for t in tasks}
   pairs: list[tuple[str, str]] = []
   for where, row in json_objects(path):
     for key in ("task_id", "completion"):
       if key not in row:
-        raise ValueError(f"{where}: missing key {key!r}")
+        raise BadInput(f"{where}: missing key {key!r}")
       if not isinstance(row[key], str):
-        raise ValueError(f"{where}: {key!r} must be a string, got {type(row[key]).__name__}")
+        raise BadInput(f"{where}: {key!r} must be a string, got {type(row[key]).__name__}")
     if row["task_id"] not in ids:
-      raise ValueError(f"{where}: unknown task_id {row['task_id']!r}")
+      raise BadInput(f"{where}: unknown task_id {row['task_id']!r}")
     pairs.append((row["task_id"], row["completion"]))
   if not pairs:
-    raise ValueError(f"{path}: no completions")
+    raise BadInput(f"{path}: no completions")
   missing = sorted(ids - {tid for tid, _ in pairs})
   if missing:
-    raise ValueError(f"{path}: {len(missing)} task(s) have no completion, "
-                     f"for example {missing[:5]}")
+    raise BadInput(f"{path}: {len(missing)} task(s) have no completion, "
+                   f"for example {missing[:5]}")
   return pairs
 
 
@@ -114,7 +118,7 @@ def evaluate_completions(
   listed under "k_skipped".
   """
   if not k or any(int(x) < 1 for x in k):
-    raise ValueError(f"k must be positive integers, got {list(k)}")
+    raise BadInput(f"k must be positive integers, got {list(k)}")
   by_id = {t.id: t for t in tasks}
   jobs = [job_for(by_id[tid], comp, stop_sequences=tuple(stop_sequences))
           for tid, comp in pairs]
@@ -182,14 +186,17 @@ def format_report(report: Mapping) -> str:
 
 def sample_completions(model, tokenizer, tasks: Sequence[Task], *, num_samples: int,
                        temperature: float, max_new_tokens: int, seed: int = 0,
-                       batch_prompts: int = 32, mesh=None) -> tuple[list[Task], list[str]]:
+                       batch_prompts: int = 32, mesh=None,
+                       progress: bool = False) -> tuple[list[Task], list[str]]:
   """`num_samples` completions per task, sampled `batch_prompts` tasks at a time.
 
   Returns (the task of each completion, the completion texts), task-major.
   """
   from rlcode import rollout  # the sampler pulls in JAX; keep this module light
   row_tasks, texts = [], []
-  for start in range(0, len(tasks), batch_prompts):
+  starts = range(0, len(tasks), batch_prompts)
+  for start in tqdm(starts, desc="eval: sampling", unit="batch", leave=False,
+                    disable=not progress or len(starts) < 2):
     ro = rollout.sample(model, tokenizer, list(tasks[start:start + batch_prompts]),
                         group_size=num_samples, max_new_tokens=max_new_tokens,
                         temperature=temperature, seed=seed + start, mesh=mesh)
@@ -201,7 +208,7 @@ def sample_completions(model, tokenizer, tasks: Sequence[Task], *, num_samples: 
 def evaluate_policy(model, tokenizer, tasks: Sequence[Task], *, num_samples: int,
                     temperature: float, max_new_tokens: int, ks: Sequence[int] = (1,),
                     seed: int = 0, batch_prompts: int = 32, mesh=None,
-                    reward_options: Mapping | None = None) -> dict:
+                    reward_options: Mapping | None = None, progress: bool = False) -> dict:
   """Samples `num_samples` completions per task and scores them in the sandbox.
 
   Returns {"pass@k": ... for each k <= num_samples, "n_tasks", "n_samples"};
@@ -211,7 +218,8 @@ def evaluate_policy(model, tokenizer, tasks: Sequence[Task], *, num_samples: int
   options.pop("mode", None)
   row_tasks, texts = sample_completions(
       model, tokenizer, tasks, num_samples=num_samples, temperature=temperature,
-      max_new_tokens=max_new_tokens, seed=seed, batch_prompts=batch_prompts, mesh=mesh)
+      max_new_tokens=max_new_tokens, seed=seed, batch_prompts=batch_prompts, mesh=mesh,
+      progress=progress)
   pairs = [(t.id, text) for t, text in zip(row_tasks, texts)]
   report, _ = evaluate_completions(
       tasks, pairs, k=[k for k in ks if k <= num_samples], workers=options.pop("workers", None),
@@ -223,7 +231,7 @@ def evaluate_policy(model, tokenizer, tasks: Sequence[Task], *, num_samples: int
 def evaluate_rewards(model, tokenizer, tasks: Sequence[Task], *, weights: Mapping[str, float],
                      options: Mapping[str, Mapping] | None = None, num_samples: int,
                      temperature: float, max_new_tokens: int, seed: int = 0,
-                     batch_prompts: int = 32, mesh=None) -> dict:
+                     batch_prompts: int = 32, mesh=None, progress: bool = False) -> dict:
   """Samples `num_samples` completions per task and averages the configured rewards.
 
   For tasks without unit tests (diffs, sections). Returns {"reward_mean",
@@ -232,7 +240,8 @@ def evaluate_rewards(model, tokenizer, tasks: Sequence[Task], *, weights: Mappin
   from rlcode import rewards
   row_tasks, texts = sample_completions(
       model, tokenizer, tasks, num_samples=num_samples, temperature=temperature,
-      max_new_tokens=max_new_tokens, seed=seed, batch_prompts=batch_prompts, mesh=mesh)
+      max_new_tokens=max_new_tokens, seed=seed, batch_prompts=batch_prompts, mesh=mesh,
+      progress=progress)
   out = rewards.compute(weights, row_tasks, texts, options)
   scores = np.asarray(out.scores)
   return {"reward_mean": float(scores.mean()), "reward_std": float(scores.std()),
@@ -246,7 +255,8 @@ def held_out_eval(config, model, tokenizer, tasks: Sequence[Task], mesh, ks=None
   ev = config.eval
   common = dict(num_samples=ev.num_samples, temperature=ev.temperature,
                 max_new_tokens=ev.max_new_tokens, seed=config.seed + 7919,
-                batch_prompts=ev.batch_prompts, mesh=mesh)
+                batch_prompts=ev.batch_prompts, mesh=mesh,
+                progress=bool(config.train.get("progress_bar", False)))
   options = rewards.options(config.reward_options)
   if all(t.kind == "code" and t.tests for t in tasks):
     return evaluate_policy(model, tokenizer, tasks, ks=tuple(ks or ev.ks),
@@ -268,7 +278,7 @@ def restore_policy(config, path: str, mesh):
       os.path.join(path, "checkpoints"))
   ckpt = checkpoint.Checkpointer(directory)
   if ckpt.latest_step() is None:
-    raise FileNotFoundError(f"no checkpoint under {directory}")
+    raise MissingInput(f"no checkpoint under {directory}")
   model, tokenizer = build_model(config.model, mesh, config.seed)
   optimizer = grpo.make_optimizer(grpo.OptimizerConfig.from_config(config.optimizer))
   with_ref = grpo.LossConfig.from_config(config.rl, config.rl.max_new_tokens).uses_reference

@@ -2,7 +2,8 @@
 
 metrics.jsonl holds one object per training step and one per evaluation,
 each with "step". On resume, rows after the restored step are dropped first,
-so the file reads as if the run had never been interrupted.
+so the file reads as if the run had never been interrupted; a fresh run never
+touches an existing file (it refuses to start).
 """
 
 from __future__ import annotations
@@ -11,6 +12,8 @@ import json
 import math
 import os
 from collections.abc import Iterable, Mapping
+
+from rlcode.errors import BadInput, MissingInput
 
 METRICS_FILE = "metrics.jsonl"
 
@@ -30,11 +33,14 @@ class MetricsWriter:
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, METRICS_FILE)
     if os.path.exists(self.path):
+      if resume_step is None:
+        raise BadInput(f"{self.path} exists but this run starts fresh (no checkpoint to "
+                       "resume from): use another workdir, or delete the old run's files")
       rows = read_metrics(workdir)
-      keep = [r for r in rows if resume_step is not None and r["step"] <= resume_step]
       with open(self.path, "w") as f:
-        for r in keep:
-          f.write(json.dumps(r) + "\n")
+        for r in rows:
+          if r["step"] <= resume_step:
+            f.write(json.dumps(r) + "\n")
     self._tb = None
     if tensorboard:
       from tensorboardX import SummaryWriter
@@ -57,6 +63,8 @@ class MetricsWriter:
 
 def read_metrics(workdir: str) -> list[dict]:
   path = os.path.join(workdir, METRICS_FILE)
+  if not os.path.isfile(path):
+    raise MissingInput(f"{path} does not exist: is {workdir!r} a training workdir?")
   rows = []
   with open(path) as f:
     for n, line in enumerate(f, 1):
@@ -66,7 +74,7 @@ def read_metrics(workdir: str) -> list[dict]:
       try:
         rows.append(json.loads(line))
       except json.JSONDecodeError as e:
-        raise ValueError(f"{path}:{n}: not JSON ({e})") from None
+        raise BadInput(f"{path}:{n}: not JSON ({e})") from None
   return rows
 
 
@@ -82,7 +90,7 @@ def plot(workdir: str, keys: Iterable[str] = DEFAULT_PLOTS, out: str | None = No
   rows = read_metrics(workdir)
   present = [k for k in keys if any(isinstance(r.get(k), (int, float)) for r in rows)]
   if not present:
-    raise ValueError(f"{workdir}/{METRICS_FILE} has none of the metrics {list(keys)}")
+    raise BadInput(f"{workdir}/{METRICS_FILE} has none of the metrics {list(keys)}")
   fig, axes = plt.subplots(len(present), 1, figsize=(7, 2.4 * len(present)), squeeze=False)
   for ax, key in zip(axes[:, 0], present):
     pts = [(r["step"], r[key]) for r in rows if isinstance(r.get(key), (int, float))]

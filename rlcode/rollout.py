@@ -48,14 +48,22 @@ class TaskStream:
 
 @dataclasses.dataclass
 class Rollout:
-  """One step's samples: P tasks, G completions each, prompt-major."""
+  """One step's samples: P tasks, G completions each, prompt-major.
+
+  `loss_lengths` (set by `score`) is, per completion, how many of its tokens the
+  update trains on: those that produced text some configured reward reads. Tokens
+  sampled after a stop sequence every reward cuts away cannot change a reward, so
+  they stay out of the loss.
+  """
 
   tasks: list[Task]
   prompts: list[list[int]]
   generation: Generation
   texts: list[str]
   seconds: float
+  tokenizer: Tokenizer
   reward: rewards.RewardOutput | None = None
+  loss_lengths: np.ndarray | None = None
 
   @property
   def group_size(self) -> int:
@@ -127,13 +135,46 @@ def sample(model, tokenizer: Tokenizer, tasks: Sequence[Task], *, group_size: in
   seconds = time.perf_counter() - start
   texts = [tokenizer.decode([t for t in c if t not in tokenizer.eos_ids])
            for c in gen.completions()]
-  return Rollout(list(tasks), prompts, gen, texts, seconds)
+  return Rollout(list(tasks), prompts, gen, texts, seconds, tokenizer)
 
 
 def score(rollout: Rollout, weights: Mapping[str, float],
           options: Mapping[str, Mapping[str, Any]] | None = None) -> rewards.RewardOutput:
-  rollout.reward = rewards.compute(weights, rollout.row_tasks(), rollout.texts, options)
+  """Rewards of every completion; also sets `rollout.loss_lengths`."""
+  row_tasks = rollout.row_tasks()
+  rollout.reward = rewards.compute(weights, row_tasks, rollout.texts, options)
+  ends = rewards.answer_ends(weights, row_tasks, rollout.texts, options)
+  rollout.loss_lengths = np.array(
+      [tokens_for_chars(rollout.tokenizer, c, text, int(end))
+       for c, text, end in zip(rollout.generation.completions(), rollout.texts, ends)],
+      np.int32)
   return rollout.reward
+
+
+def tokens_for_chars(tokenizer: Tokenizer, tokens: Sequence[int], text: str, chars: int) -> int:
+  """The fewest leading `tokens` whose decoded text covers text[:chars]; all of them
+  (end-of-sequence included) when `chars` covers the whole text."""
+  if chars >= len(text):
+    return len(tokens)
+  want = text[:chars]
+  covers = lambda k: tokenizer.decode(
+      [t for t in tokens[:k] if t not in tokenizer.eos_ids]).startswith(want)
+  lo, hi = 0, len(tokens)
+  while lo < hi:  # covers(k) is monotone in k: decoded prefixes only grow
+    mid = (lo + hi) // 2
+    if covers(mid):
+      hi = mid
+    else:
+      lo = mid + 1
+  return lo
+
+
+def trained_completions(rollout: Rollout) -> tuple[list[list[int]], list[np.ndarray]]:
+  """Each completion's tokens and behaviour log-probs cut to its loss length."""
+  gen = rollout.generation
+  lengths = rollout.loss_lengths if rollout.loss_lengths is not None else gen.lengths
+  completions = [c[:n] for c, n in zip(gen.completions(), lengths)]
+  return completions, [lp[:n] for lp, n in zip(gen.logprobs, lengths)]
 
 
 LENGTH_MULTIPLE = 32
@@ -178,12 +219,14 @@ def sequence_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Seque
 
 def rl_batch(rollout: Rollout, adv: np.ndarray, pad_id: int,
              max_completion_len: int) -> grpo.SequenceBatch:
-  """The rollout's batch; the window is the longest completion rounded up to a multiple
-  of 32, at most max_completion_len (as rlcode.shared_prefix.rl_batch)."""
-  gen = rollout.generation
-  window = min(round_up(int(gen.lengths.max()), LENGTH_MULTIPLE), max_completion_len)
-  return sequence_batch(rollout.prompts, gen.completions(), gen.prompt_index, pad_id=pad_id,
-                        old_logp=gen.logprobs, adv=adv, window=window)
+  """The rollout's batch of trained tokens (`trained_completions`); the window is the
+  longest rounded up to a multiple of 32, at most max_completion_len (as
+  rlcode.shared_prefix.rl_batch)."""
+  completions, logprobs = trained_completions(rollout)
+  longest = max(len(c) for c in completions)
+  window = min(round_up(max(longest, 1), LENGTH_MULTIPLE), max_completion_len)
+  return sequence_batch(rollout.prompts, completions, rollout.generation.prompt_index,
+                        pad_id=pad_id, old_logp=logprobs, adv=adv, window=window)
 
 
 def sft_batch(tokenizer: Tokenizer, tasks: Sequence[Task]) -> grpo.SequenceBatch:

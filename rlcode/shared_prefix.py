@@ -23,7 +23,8 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from rlcode import grpo, losses
+from kernels.tiling import round_up
+from rlcode import grpo, losses, rollout
 from rlcode.models.decoder import Prefix
 
 PROMPT_MULTIPLE = 32
@@ -108,7 +109,7 @@ def grouped_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequen
   if longest > completion_len:
     raise ValueError(f"a completion has {longest} tokens, more than completion_len="
                      f"{completion_len}")
-  tp = -(-int(lengths.max()) // PROMPT_MULTIPLE) * PROMPT_MULTIPLE
+  tp = round_up(int(lengths.max()), PROMPT_MULTIPLE)
   prompt_tokens = np.full((p, tp), pad_id, np.int32)
   for i, x in enumerate(prompts):
     prompt_tokens[i, :len(x)] = x
@@ -129,14 +130,16 @@ def grouped_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequen
 COMPLETION_MULTIPLE = 32
 
 
-def rl_batch(rollout, adv: np.ndarray, pad_id: int, max_completion_len: int) -> GroupedBatch:
-  """The rollout's batch, completions padded to a multiple of 32 of the longest one
-  (at most max_completion_len): a few compiled shapes, little padding."""
-  gen = rollout.generation
-  longest = int(gen.lengths.max())
-  length = min(-(-longest // COMPLETION_MULTIPLE) * COMPLETION_MULTIPLE, max_completion_len)
-  return grouped_batch(rollout.prompts, gen.completions(), pad_id=pad_id, completion_len=length,
-                       old_logp=gen.logprobs, adv=adv)
+def rl_batch(ro: rollout.Rollout, adv: np.ndarray, pad_id: int,
+             max_completion_len: int) -> GroupedBatch:
+  """The rollout's batch of trained tokens (rlcode.rollout.trained_completions),
+  completions padded to a multiple of 32 of the longest one (at most
+  max_completion_len): a few compiled shapes, little padding."""
+  completions, logprobs = rollout.trained_completions(ro)
+  longest = max(max(len(c) for c in completions), 1)
+  length = min(round_up(longest, COMPLETION_MULTIPLE), max_completion_len)
+  return grouped_batch(ro.prompts, completions, pad_id=pad_id, completion_len=length,
+                       old_logp=logprobs, adv=adv)
 
 
 def update_step(graphdef, optimizer, cfg: grpo.LossConfig, mesh, state, example: GroupedBatch):

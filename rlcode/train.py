@@ -21,7 +21,7 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from rlcode import checkpoint, evaluate, grpo, rewards, rollout, sft, sharding, shared_prefix
+from rlcode import checkpoint, config_lib, evaluate, grpo, rewards, rollout, sft, sharding, shared_prefix
 from rlcode.data import sources
 from rlcode.metrics import MetricsWriter
 from rlcode.models.build import build_model
@@ -67,6 +67,7 @@ def train(config) -> list[dict]:
   start_step, position = 0, 0
   if ckpt.latest_step() is None:
     metrics = MetricsWriter(config.workdir)
+    config_lib.write_run_config(config, config.workdir)
     if config.warmstart.steps > 0:
       params = warm_start(config, graphdef, params, train_tasks, tokenizer, mesh, metrics)
     if drop:
@@ -74,11 +75,9 @@ def train(config) -> list[dict]:
     state = grpo.init_state(policy(params), optimizer, mesh)
     ref_params = jax.tree.map(lambda x: x.copy(), params) if keeps_reference else {}
   else:
+    config_lib.check_resume(config, config.workdir)
     restored, meta, start_step = ckpt.restore(
         checkpoint.bundle_like(grpo.init_state(policy(params), optimizer, mesh), keeps_reference))
-    if meta["seed"] != config.seed:
-      raise ValueError(f"{ckpt.directory} was written with seed {meta['seed']}, "
-                       f"not config.seed={config.seed}; use another workdir")
     state, ref_params, position = restored["state"], restored["ref"], meta["data_position"]
     metrics = MetricsWriter(config.workdir, resume_step=start_step)
 
@@ -137,6 +136,7 @@ def train(config) -> list[dict]:
         pass_rate=float(np.mean([_passed(d) for d in reward.details])) if reward.details else 0.0,
         groups_with_signal=float(np.mean(np.abs(adv.reshape(-1, rl.group_size)).max(1) > 0)),
         completion_len=float(gen.lengths.mean()),
+        trained_len=float(ro.loss_lengths.mean()),
         rollout_tokens_per_s=n_tokens / ro.seconds,
         update_tokens_per_s=_batch_tokens(batch) * rl.num_passes / update_s,
         tokens_per_s=n_tokens / (ro.seconds + update_s),

@@ -10,7 +10,8 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from rlcode.models import hf, load_hf, save_hf
+from rlcode import sharding
+from rlcode.models import HFTokenizer, hf, load_hf, save_hf
 from rlcode.models.config import ModelConfig, from_hf_config
 from rlcode.sampling import generate
 
@@ -197,3 +198,37 @@ def test_config_validation():
   with pytest.raises(ValueError, match="dtype='float64'"):
     ModelConfig(vocab_size=8, hidden_size=8, intermediate_size=8, num_layers=1,
                 num_heads=2, num_kv_heads=1, dtype="float64")
+
+
+def _word_tokenizer(directory, size):
+  from tokenizers import Tokenizer, models
+  directory.mkdir(parents=True, exist_ok=True)
+  Tokenizer(models.WordLevel({f"w{i}": i for i in range(size)}, unk_token="w0")).save(
+      str(directory / "tokenizer.json"))
+  return str(directory)
+
+
+def _model_cfg(**values):
+  import ml_collections
+  arch = dict(vocab_size=512, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
+              num_kv_heads=1, head_dim=16, max_seq_len=64)
+  return ml_collections.ConfigDict({"hf_path": "", "tokenizer": "", "arch": arch, **values})
+
+
+def test_checkpoint_brings_its_own_tokenizer_unless_one_is_named(tmp_path):
+  from rlcode.errors import BadInput
+  from rlcode.models.build import build_model
+  from rlcode.models.tokenizer import ByteTokenizer
+  ckpt = tmp_path / "ckpt"
+  shutil.copytree(TINY, ckpt)
+  _word_tokenizer(ckpt, 300)  # fits the checkpoint's 512-entry vocabulary
+  mesh = sharding.make_mesh(1, 1, 1)
+  model, tok = build_model(_model_cfg(hf_path=str(ckpt)), mesh, 0)
+  assert isinstance(tok, HFTokenizer) and tok.vocab_size == 300
+  _, named = build_model(_model_cfg(hf_path=str(ckpt), tokenizer="bytes"), mesh, 0)
+  assert isinstance(named, ByteTokenizer)
+  big = _word_tokenizer(tmp_path / "big", 600)
+  with pytest.raises(BadInput, match="600 tokens.*512 entries"):
+    build_model(_model_cfg(hf_path=str(ckpt), tokenizer=big), mesh, 0)
+  with pytest.raises(BadInput, match="600 tokens.*config.model.arch"):
+    build_model(_model_cfg(tokenizer=big), mesh, 0)

@@ -37,7 +37,7 @@ def data_dir(tmp_path_factory):
 
 def test_every_prompt_and_reference_fits_the_context(data_dir):
   config = config_lib.load_config(CONFIG, [f"--config.data.data_dir={data_dir}"])
-  assert config.model.tokenizer == "bytes"
+  assert config.model.tokenizer == "" and not config.model.hf_path  # the byte tokenizer
   context = config.model.arch.max_seq_len
   tokenizer = ByteTokenizer()
   for split in (config.data.train_split, config.data.eval_split):

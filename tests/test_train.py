@@ -116,9 +116,39 @@ def test_eight_devices_log_the_same_loss(uninterrupted, tmp_path):
     assert r["reward_mean"] == one[r["step"]]["reward_mean"]
 
 
-def test_seed_mismatch_on_resume_is_an_error(uninterrupted):
-  with pytest.raises(ValueError, match="written with seed 0"):
-    train.train(_config(uninterrupted, "--config.seed=1"))
+def test_resume_with_another_config_is_one_line_and_exit_2(uninterrupted, capsys):
+  from rlcode import cli
+  before = (uninterrupted / "metrics.jsonl").read_text()
+  argv = ["train", "--config", CONFIG, *SMALL, f"--config.workdir={uninterrupted}",
+          "--config.seed=1", "--config.rl.group_size=2"]
+  assert cli.main(argv) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "Traceback" not in err
+  assert "rl.group_size: 4 -> 2" in err and "seed: 0 -> 1" in err
+  assert (uninterrupted / "metrics.jsonl").read_text() == before  # nothing truncated
+  # Only the resumable keys may change: a longer run and another eval cadence resume.
+  from rlcode import config_lib as lib
+  lib.check_resume(_config(uninterrupted, "--config.train.steps=8",
+                           "--config.train.eval_every=4"), str(uninterrupted))
+
+
+def test_fresh_run_never_truncates_old_metrics(uninterrupted, tmp_path, capsys):
+  from rlcode import cli
+  workdir = tmp_path / "old"
+  workdir.mkdir()
+  (workdir / "metrics.jsonl").write_text('{"step": 1, "loss": 0.5}\n')
+  assert cli.main(["train", "--config", CONFIG, *SMALL, f"--config.workdir={workdir}"]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "metrics.jsonl exists" in err
+  assert (workdir / "metrics.jsonl").read_text() == '{"step": 1, "loss": 0.5}\n'
+
+
+def test_eval_of_a_checkpoint_of_another_model_is_one_line(uninterrupted, capsys):
+  from rlcode import cli
+  assert cli.main(["eval", "--config", CONFIG, "--checkpoint", str(uninterrupted), *SMALL,
+                   "--config.model.arch.hidden_size=64"]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and "does not match" in err and "Traceback" not in err
 
 
 def test_eval_cli_on_a_checkpoint(uninterrupted, capsys):

@@ -32,6 +32,7 @@ from typing import Any
 import tensorflow_datasets as tfds
 
 from rlcode.data.tasks import Task, TaskBuilder
+from rlcode.errors import BadInput
 
 SPLITS = ("train", "held_out")
 _REQUIRED = ("id", "prompt", "tests", "entry_point", "reference")
@@ -41,7 +42,8 @@ _OPTIONAL = ("family", "split", "extra")
 def json_objects(path: str | Path) -> Iterator[tuple[str, dict]]:
   """(where, object) for each non-blank line; `where` is "path:line".
 
-  Raises ValueError naming the line for bad JSON or a line that is not an object.
+  Raises BadInput (a ValueError) naming the line for bad JSON or a line that is not an
+  object.
   """
   with Path(path).open(encoding="utf-8") as f:
     for lineno, line in enumerate(f, 1):
@@ -51,9 +53,9 @@ def json_objects(path: str | Path) -> Iterator[tuple[str, dict]]:
       try:
         row: Any = json.loads(line)
       except json.JSONDecodeError as e:
-        raise ValueError(f"{where}: not valid JSON: {e.msg}") from e
+        raise BadInput(f"{where}: not valid JSON: {e.msg}") from e
       if not isinstance(row, dict):
-        raise ValueError(f"{where}: expected a JSON object, got {type(row).__name__}")
+        raise BadInput(f"{where}: expected a JSON object, got {type(row).__name__}")
       yield where, row
 
 
@@ -66,7 +68,7 @@ def held_out(key: str, fraction: float) -> bool:
 def _text(row: dict, key: str, where: str) -> str:
   value = row[key]
   if not isinstance(value, str):
-    raise ValueError(f"{where}: field {key!r} must be a string, got {type(value).__name__}")
+    raise BadInput(f"{where}: field {key!r} must be a string, got {type(value).__name__}")
   return value
 
 
@@ -86,18 +88,18 @@ def read_jsonl_tasks(path: str | Path, held_out_fraction: float) -> dict[str, li
     missing = [k for k in _REQUIRED if k not in row]
     unknown = sorted(set(row) - set(_REQUIRED) - set(_OPTIONAL))
     if missing or unknown:
-      raise ValueError(f"{where}: missing fields {missing}, unknown fields {unknown}")
+      raise BadInput(f"{where}: missing fields {missing}, unknown fields {unknown}")
     task_id = _text(row, "id", where)
     if not task_id or task_id in seen:
-      raise ValueError(f"{where}: id {task_id!r} is empty or repeated")
+      raise BadInput(f"{where}: id {task_id!r} is empty or repeated")
     seen.add(task_id)
     tests = row["tests"]
     if isinstance(tests, list) and all(isinstance(t, str) for t in tests):
       tests = "\n".join(tests)
     if not isinstance(tests, str) or not tests.strip():
-      raise ValueError(f"{where}: tests must be a non-empty string or list of strings")
+      raise BadInput(f"{where}: tests must be a non-empty string or list of strings")
     if not isinstance(row.get("extra", {}), dict):
-      raise ValueError(f"{where}: extra must be an object")
+      raise BadInput(f"{where}: extra must be an object")
     extra = dict(row.get("extra", {}))
     family = row.get("family")
     if family is not None:
@@ -106,13 +108,13 @@ def read_jsonl_tasks(path: str | Path, held_out_fraction: float) -> dict[str, li
     if split is None:
       split = "held_out" if held_out(family or task_id, held_out_fraction) else "train"
     elif split not in SPLITS:
-      raise ValueError(f"{where}: split must be one of {SPLITS}, got {split!r}")
+      raise BadInput(f"{where}: split must be one of {SPLITS}, got {split!r}")
     splits[split].append(Task(
         id=task_id, prompt=_text(row, "prompt", where), kind="code",
         reference=_text(row, "reference", where), tests=tests,
         entry_point=_text(row, "entry_point", where), extra=extra))
   if not seen:
-    raise ValueError(f"{path}: no problems")
+    raise BadInput(f"{path}: no problems")
   return splits
 
 

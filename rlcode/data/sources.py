@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 
 from rlcode.data.tasks import Task, TaskBuilder, load_tasks
+from rlcode.errors import BadInput, MissingInput
 
 PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SOURCES = ("jsonl", "humaneval", "git", "sections")
@@ -51,7 +52,7 @@ def builder(data_cfg) -> TaskBuilder:
     from rlcode.data.jsonl import JsonlTasks
     path = resolve(data_cfg.path)
     if not os.path.isfile(path):
-      raise FileNotFoundError(f"config.data.path={data_cfg.path!r}: no such file")
+      raise MissingInput(f"config.data.path={data_cfg.path!r}: no such file")
     return JsonlTasks(data_dir=root, path=path)
   if source == "humaneval":
     from rlcode.data.humaneval import HumanEval
@@ -64,7 +65,7 @@ def builder(data_cfg) -> TaskBuilder:
     # --config.data.repo=PATH works) or config.data.mining.source.
     repo = data_cfg.get("repo", "")
     if repo and fields.get("source"):
-      raise ValueError(f"config.data.repo={repo!r} and config.data.mining.source="
+      raise BadInput(f"config.data.repo={repo!r} and config.data.mining.source="
                        f"{fields['source']!r}: give the repository once")
     if repo:
       fields["source"] = resolve(repo)
@@ -74,12 +75,12 @@ def builder(data_cfg) -> TaskBuilder:
     from rlcode.data.sections import SectionOptions, SectionTasks
     unit = data_cfg.get("count_tokens", "words")
     if unit not in SECTION_COUNTS:
-      raise ValueError(f"config.data.count_tokens={unit!r}; expected one of {SECTION_COUNTS}")
+      raise BadInput(f"config.data.count_tokens={unit!r}; expected one of {SECTION_COUNTS}")
     counter = {} if unit == "words" else dict(count_tokens=utf8_bytes,
                                               count_tokens_name="utf8_bytes")
     return SectionTasks(data_dir=root, sources=tuple(resolve(s) for s in data_cfg.sources),
                         options=SectionOptions(**dict(data_cfg.options)), **counter)
-  raise ValueError(f"config.data.source={source!r}; expected one of {SOURCES}")
+  raise BadInput(f"config.data.source={source!r}; expected one of {SOURCES}")
 
 
 def load(data_cfg, split: str) -> list[Task]:

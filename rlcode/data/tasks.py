@@ -16,6 +16,8 @@ from typing import Any
 
 import tensorflow_datasets as tfds
 
+from rlcode.errors import UnknownKey
+
 
 @dataclasses.dataclass(frozen=True)
 class Task:
@@ -109,8 +111,8 @@ def load_tasks(builder: TaskBuilder, split: str) -> list[Task]:
   """
   builder.download_and_prepare()
   if split not in builder.info.splits:
-    raise KeyError(f"{builder.name}: no split {split!r}; "
-                   f"splits are {sorted(builder.info.splits)}")
+    raise UnknownKey(f"{builder.name}: no split {split!r}; "
+                     f"splits are {sorted(builder.info.splits)}")
   source = builder.as_data_source(split=split)
   tasks = [Task.from_example(source[i]) for i in range(len(source))]
   return sorted(tasks, key=lambda t: t.id)

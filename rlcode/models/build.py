@@ -1,8 +1,10 @@
 """From the `model` section of a config to a sharded Decoder and its tokenizer.
 
-`config.model.hf_path` set: load that Hugging Face directory (its tokenizer.json
-when present). Otherwise build `config.model.arch` from scratch with sharded
-initialisation and the tokenizer `config.model.tokenizer` ("bytes" or a path).
+`config.model.hf_path` set: load that Hugging Face directory, with its own
+tokenizer.json unless `config.model.tokenizer` names one ("bytes" or a path).
+Otherwise build `config.model.arch` from scratch with sharded initialisation and
+the tokenizer `config.model.tokenizer` ("" or "bytes": the byte-level one; or a
+path). A tokenizer with more tokens than the model's vocabulary is an error.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rlcode import sharding
+from rlcode.errors import BadInput, MissingInput
 from rlcode.models.config import ModelConfig
 from rlcode.models.decoder import Decoder
 from rlcode.models.hf import load_hf
@@ -30,16 +33,22 @@ def model_config(model_cfg) -> ModelConfig:
 
 def build_model(model_cfg, mesh: Mesh, seed: int) -> tuple[Decoder, Tokenizer]:
   overrides = {k: model_cfg[k] for k in _DTYPE_KEYS if k in model_cfg}
+  named = model_cfg.get("tokenizer") or ""
   if model_cfg.get("hf_path"):
     model, _ = load_hf(model_cfg.hf_path, mesh=mesh, **overrides)
-    tok_path = model_cfg.get("tokenizer") or model_cfg.hf_path
+    # A checkpoint brings its own tokenizer unless the config names one.
+    tok_path = named or model_cfg.hf_path
     if tok_path != "bytes" and not os.path.isfile(os.path.join(tok_path, "tokenizer.json")):
-      raise FileNotFoundError(f"{tok_path}: no tokenizer.json; set config.model.tokenizer")
-    return model, load_tokenizer(tok_path)
-  cfg = model_config(model_cfg)
-  tokenizer = load_tokenizer(model_cfg.get("tokenizer", "bytes"))
-  if tokenizer.vocab_size > cfg.vocab_size:
-    raise ValueError(f"config.model.arch.vocab_size={cfg.vocab_size} is smaller than the "
-                     f"tokenizer's vocabulary ({tokenizer.vocab_size})")
-  model = sharding.init_sharded(lambda: Decoder(cfg, rngs=nnx.Rngs(seed)), mesh)
+      raise MissingInput(f"{tok_path}: no tokenizer.json; name one with "
+                         "config.model.tokenizer")
+    tokenizer = load_tokenizer(tok_path)
+    where = f"the checkpoint {model_cfg.hf_path!r}"
+  else:
+    tokenizer = load_tokenizer(named or "bytes")
+    model = sharding.init_sharded(lambda: Decoder(model_config(model_cfg), rngs=nnx.Rngs(seed)),
+                                  mesh)
+    where = "config.model.arch"
+  if tokenizer.vocab_size > model.cfg.vocab_size:
+    raise BadInput(f"the tokenizer ({named or 'bytes'!r} -> {tokenizer.vocab_size} tokens) does "
+                   f"not fit {where}, whose vocabulary has {model.cfg.vocab_size} entries")
   return model, tokenizer

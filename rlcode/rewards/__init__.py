@@ -6,6 +6,8 @@ with `@register("name")`; a config mixes them with weights, for example
 `config.rewards = {"tests": 1.0, "format": 0.1}`.
 """
 
-from rlcode.rewards.registry import RewardOutput, compute, get, names, options, register
+from rlcode.rewards.registry import (RewardOutput, answer_ends, compute, get, names, options,
+                                     register, register_answer_end)
 
-__all__ = ["RewardOutput", "compute", "get", "names", "options", "register"]
+__all__ = ["RewardOutput", "answer_ends", "compute", "get", "names", "options", "register",
+           "register_answer_end"]

@@ -41,6 +41,41 @@ _MODULES = {
 }
 
 
+# fn(task, completion, **options) -> how many leading characters of the completion the
+# reward reads (a reward that cuts at stop sequences reads less than the whole text).
+AnswerEndFn = Callable[..., int]
+_ANSWER_ENDS: dict[str, AnswerEndFn] = {}
+
+
+def register_answer_end(name: str) -> Callable[[AnswerEndFn], AnswerEndFn]:
+  """Declares how much of a completion reward `name` reads; without one, all of it."""
+  def wrap(fn: AnswerEndFn) -> AnswerEndFn:
+    _ANSWER_ENDS[name] = fn
+    return fn
+  return wrap
+
+
+def answer_ends(weights: Mapping[str, float], tasks: Sequence[Task],
+                completions: Sequence[str],
+                options: Mapping[str, Mapping[str, Any]] | None = None) -> np.ndarray:
+  """Per completion, how many leading characters any configured reward reads.
+
+  What lies beyond (text after a stop sequence that every reward cuts away) cannot
+  change a reward, so the training loop keeps its tokens out of the loss.
+  """
+  options = options or {}
+  ends = np.zeros(len(completions), np.int64)
+  for name, weight in weights.items():
+    if weight == 0:
+      continue
+    get(name)  # imports the module, which registers its answer end if it has one
+    fn = _ANSWER_ENDS.get(name)
+    for i, (task, text) in enumerate(zip(tasks, completions)):
+      end = len(text) if fn is None else fn(task, text, **dict(options.get(name, {})))
+      ends[i] = max(ends[i], end)
+  return ends
+
+
 def register(name: str) -> Callable[[RewardFn], RewardFn]:
   def wrap(fn: RewardFn) -> RewardFn:
     if name in _REGISTRY and _REGISTRY[name] is not fn:

@@ -32,7 +32,7 @@ import numpy as np
 
 from rlcode import sandbox
 from rlcode.data.tasks import Task
-from rlcode.rewards.registry import RewardOutput, register
+from rlcode.rewards.registry import RewardOutput, register, register_answer_end
 
 HUMANEVAL_STOP = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
 ASSEMBLE_STYLES = ("prompt+completion", "completion")
@@ -101,6 +101,16 @@ def job_for(task: Task, completion: str, *,
       program=assemble_program(task, completion, stop_sequences=stop_sequences),
       tests=task.tests, entry_point=task.entry_point,
       tests_format=task.extra.get("tests_format", "auto"))
+
+
+@register_answer_end("tests")
+def tests_answer_end(task: Task, completion: str, *,
+                     stop_sequences: Sequence[str] = HUMANEVAL_STOP, **_) -> int:
+  """Characters of `completion` the program is assembled from: up to the first stop
+  sequence for prompt+completion tasks, all of it for whole-program completions."""
+  if _style(task) == "prompt+completion":
+    return len(truncate_at_stops(completion, tuple(stop_sequences))[0])
+  return len(completion)
 
 
 def _limits(options: dict) -> sandbox.Limits:
