@@ -6,7 +6,7 @@
 Tasks: the non-merge commits of the repository's first-parent history
 (default: this project's own repository, found from this file's location; a
 path that is not a repository, or one without commits, is the miner's error)
-that touch Python files, one task per hunk (rlcode.data.git_mining): the
+that touch Python files, one task per hunk (rlcode.data.git): the
 commit message is the request, the answer is SEARCH/REPLACE edits, the reward
 the SWE-RL similarity of the predicted patch to the real one (-1 for an answer
 that does not parse or apply). The latest quarter of the commits is held out.
@@ -61,7 +61,7 @@ def get_config():
   config.data = ml_collections.ConfigDict(dict(
       source="git", repo=REPO, data_dir="", train_split="train", eval_split="test",
       max_eval_tasks=0, drop_too_long=True))
-  # rlcode.data.git_mining.MiningConfig; its `source` is config.data.repo.
+  # rlcode.data.git.MiningConfig; its `source` is config.data.repo.
   config.data.mining = ml_collections.ConfigDict(dict(
       branch="HEAD", granularity="hunk", edit_format="search_replace", max_commits=0,
       max_files=64, max_changed_lines=5000, max_file_bytes=200_000, languages=("python",),

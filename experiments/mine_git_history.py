@@ -16,7 +16,7 @@ import argparse
 import json
 import os
 
-from rlcode.data.git_mining import MiningConfig, mine
+from rlcode.data.git import MiningConfig, mine
 
 
 def main(argv=None):

@@ -15,8 +15,9 @@ from pathlib import Path
 
 import pytest
 
-from rlcode.data import edits, git_mining
-from rlcode.data.git_mining import GitDiffs, GitDiffsConfig, MiningConfig, mine
+from rlcode.data import edits
+from rlcode.data.git import (REPORT_NAME, SKIP_REASONS, EmptyRepositoryError, GitDiffs,
+                             GitDiffsConfig, MiningConfig, NotARepositoryError, mine)
 from rlcode.data.tasks import load_tasks
 from rlcode.rewards import diffs
 
@@ -105,7 +106,7 @@ def _bad_history(repo: Repo) -> dict[str, str]:
   a3 = repo.show("HEAD", "src/a.py")
   repo.commit("Strip the final newline", {"src/a.py": a3[:-1]})         # no_visible_change
   os.chmod(repo.path / "src/a.py", 0o755)
-  repo.commit("Make a executable", stage=["src/a.py"])                                      # no_visible_change
+  repo.commit("Make a executable", stage=["src/a.py"])               # no_visible_change
   kept["add_v"] = repo.commit("Add v", {"src/v.py": "a = 0\nv = 1\n"})
   kept["bump"] = repo.commit("Bump v", {"src/v.py": "a = 0\nv = 2\n"})
   kept["revert"] = repo.commit("Revert v", {"src/v.py": "a = 0\nv = 1\n"})
@@ -175,7 +176,7 @@ def test_skip_counts_by_reason(bad_repo):
   assert report["commits_skipped"] == EXPECTED_SKIPS
   assert report["commits_kept"] == len(kept) == 8
   assert report["commits_total"] == len(kept) + sum(EXPECTED_SKIPS.values())
-  assert set(report["commits_skipped"]) <= set(git_mining.SKIP_REASONS)
+  assert set(report["commits_skipped"]) <= set(SKIP_REASONS)
   assert report["files_excluded"] == {"excluded_path": 1}
   assert sorted(t.id for t in result.splits["train"]) == sorted(kept.values())
   assert result.splits["test"] == []
@@ -295,21 +296,21 @@ def test_bundle_source_matches_the_repository(tmp_path):
   assert bundled.splits == direct.splits
   assert bundled.report["commits_kept"] == 3
   (tmp_path / "junk.bundle").write_text("not a bundle")
-  with pytest.raises(git_mining.NotARepositoryError, match="bundle"):
+  with pytest.raises(NotARepositoryError, match="bundle"):
     mine(MiningConfig(source=str(tmp_path / "junk.bundle")))
 
 
 def test_bad_sources_raise_clear_errors(tmp_path):
   (tmp_path / "plain").mkdir()
-  with pytest.raises(git_mining.NotARepositoryError, match="not a git"):
+  with pytest.raises(NotARepositoryError, match="not a git"):
     mine(MiningConfig(source=str(tmp_path / "plain")))
-  with pytest.raises(git_mining.NotARepositoryError, match="does not exist"):
+  with pytest.raises(NotARepositoryError, match="does not exist"):
     mine(MiningConfig(source=str(tmp_path / "missing")))
   Repo(tmp_path / "empty")
-  with pytest.raises(git_mining.EmptyRepositoryError, match="no commits"):
+  with pytest.raises(EmptyRepositoryError, match="no commits"):
     mine(MiningConfig(source=str(tmp_path / "empty")))
   repo = _linear_repo(tmp_path / "lin", 1)
-  with pytest.raises(git_mining.NotARepositoryError, match="not its root"):
+  with pytest.raises(NotARepositoryError, match="not its root"):
     mine(MiningConfig(source=str(repo.path / "src")))
   with pytest.raises(ValueError, match="'nope'"):
     mine(MiningConfig(source=str(repo.path), branch="nope"))
@@ -368,7 +369,7 @@ def test_builder_writes_array_record_and_report(tmp_path):
   assert test == direct.splits["test"] and len(test) == 1
   assert builder.build_report() == direct.report
   assert list(Path(builder.data_dir).glob("*.array_record*"))
-  assert (Path(builder.data_dir) / git_mining.REPORT_NAME).exists()
+  assert (Path(builder.data_dir) / REPORT_NAME).exists()
 
 
 def test_config_names_hash_the_arguments_and_the_head(tmp_path):
