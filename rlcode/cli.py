@@ -1,10 +1,11 @@
-"""`rlcode <command> ...`: train, eval, sample, plot.
+"""`rlcode <command> ...`: train, eval, sample, plot, mine.
 
     rlcode train  --config configs/grpo_tiny.py [--config.a.b=value ...]
     rlcode eval   --tasks humaneval --completions samples.jsonl [--k 1,10,100]
     rlcode eval   --config configs/grpo_tiny.py --checkpoint workdirs/grpo_tiny
     rlcode sample --config configs/sample_tiny.py
     rlcode plot   workdirs/grpo_tiny
+    rlcode mine   data/repos/more-itertools.bundle --out /tmp/tfds [--granularity hunk ...]
 
 Each command is a thin shell around an importable function, so notebooks and
 experiments call the same code.
@@ -39,6 +40,8 @@ def _parse(argv: Sequence[str]):
   ev.add_argument("--workers", type=int, default=None, help="sandbox workers (default: CPUs)")
   plot = commands.add_parser("plot", help="PNG curves of a workdir's metrics.jsonl")
   plot.add_argument("workdir")
+  # `main` hands `mine` to rlcode.data.git.command, which parses its options.
+  commands.add_parser("mine", help="mine a git history into diff datasets (rlcode mine -h)")
   args, rest = parser.parse_known_args(argv)
   unknown = [a for a in rest if not a.startswith(config_lib.PREFIX)]
   if unknown or (rest and not getattr(args, "config", None)):
@@ -83,7 +86,12 @@ def _eval(parser, args, overrides) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  parser, args, overrides = _parse(sys.argv[1:] if argv is None else argv)
+  argv = sys.argv[1:] if argv is None else list(argv)
+  if argv[:1] == ["mine"]:
+    # Imported only when mining: it brings in tfds.
+    from rlcode.data.git import command
+    return command.main(argv[1:])
+  parser, args, overrides = _parse(argv)
   if args.command == "eval":
     _eval(parser, args, overrides)
   elif args.command == "plot":

@@ -1,8 +1,9 @@
 """What decides which tasks a git history yields: MiningConfig and its vocabularies.
 
-`SKIP_REASONS` lists why a commit can be skipped, in the order the miner
-checks them (rlcode.data.git.mining); `LANGUAGES` and `DEFAULT_EXCLUDE` are
-the path filters' vocabularies.
+`GRANULARITIES` are the units of a task, largest first (rlcode.data.git.units);
+`SKIP_REASONS` lists why a PR can be skipped, in the order the miner checks
+them (rlcode.data.git.mining); `LANGUAGES` and `DEFAULT_EXCLUDE` are the path
+filters' vocabularies.
 
 This module must not touch git or make tasks: it validates arguments.
 """
@@ -15,15 +16,15 @@ import re
 
 from rlcode.data import edits
 
-GRANULARITIES = ("commit", "file", "hunk")
+GRANULARITIES = ("pr", "commit", "file", "hunk")
 
 # In the order they are checked; a skipped commit counts under the first.
 SKIP_REASONS = (
-    "merge", "shallow_boundary", "non_utf8_message", "empty_message",
+    "shallow_boundary", "non_utf8_message", "empty_message",
     "empty_change", "non_utf8_path", "all_files_filtered", "submodule",
     "symlink", "rename", "deletion", "added_file",
     "too_many_files", "missing_object", "file_too_large", "binary", "non_utf8",
-    "generated", "no_visible_change", "too_many_lines", "duplicate",
+    "generated", "no_visible_change", "too_many_lines", "cut_too_large", "duplicate",
     "invisible_change", "oracle_not_expressible", "git_error",
 )
 
@@ -60,6 +61,7 @@ DEFAULT_GENERATED_MARKERS = (
     "auto-generated",
 )
 
+
 @dataclasses.dataclass(frozen=True)
 class MiningConfig:
   """Everything that decides which tasks a history yields.
@@ -68,14 +70,19 @@ class MiningConfig:
     source: a local repository (its root or, for a bare one, its git dir), or
       a git bundle file, local or remote (`gs://...`, read through epath).
     branch: the branch, tag or commit whose first-parent history is walked.
-    granularity: "commit", "file" or "hunk": the unit of one task.
+    granularity: "pr", "commit", "file" or "hunk": the unit of one task.
     edit_format: "search_replace" or "unified_diff": the answer format the
       prompt asks for and the reward parses.
     max_commits: walk only the latest this many first-parent commits; 0: all.
-    max_files: skip commits touching more files (after path filters).
-    max_changed_lines: skip commits adding + removing more lines.
-    max_file_bytes: skip commits with a touched file larger than this, before
-      or after; related files larger than this are not added.
+    max_files: skip PRs touching more files (after path filters).
+    max_changed_lines: skip PRs adding + removing more lines.
+    max_file_bytes: a touched file larger than this (before or after) is cut
+      to windows of `window_lines` lines around its changes (rlcode.data.git.
+      excerpts); a PR whose cut file is still larger is skipped
+      ("cut_too_large"). Related files larger than this are not added.
+    hard_max_file_bytes: skip PRs with a touched file larger than this
+      ("file_too_large") without reading it.
+    window_lines: the lines kept on either side of each change in a cut file.
     languages: keep only files of these languages (names in `LANGUAGES`) or
       extensions (".py"); empty keeps every text file.
     exclude: path patterns of vendored, generated or lock files (see
@@ -92,16 +99,28 @@ class MiningConfig:
     test_after: instead of a fraction, commits at or after this time (ISO 8601,
       UTC when no zone is given, or Unix seconds) form the test split.
       Exactly one of `test_fraction` and `test_after` must be given.
+    allow_shallow: mine a shallow clone (its boundary commits are skipped as
+      "shallow_boundary"); False raises ShallowHistoryError.
+    tests_hidden: path patterns (fnmatch on the whole path) of test files: a
+      task carries their contents after its change, concatenated in path
+      order, as `task.tests` (see rlcode.data.git.units for the layout);
+      empty attaches no tests.
+    tests_visible: path patterns of the weaker test files shown to the
+      policy's reward as `extra["tests_visible"]`; needs `tests_hidden`.
+    tests_support: path patterns of the source files the tests import; those
+      the task does not edit travel in `extra["support_files"]`.
   """
 
   source: str
   branch: str = "HEAD"
-  granularity: str = "commit"
+  granularity: str = "pr"
   edit_format: str = "search_replace"
   max_commits: int = 0
   max_files: int = 8
   max_changed_lines: int = 400
   max_file_bytes: int = 64_000
+  hard_max_file_bytes: int = 2_000_000
+  window_lines: int = 30
   languages: tuple[str, ...] = ()
   exclude: tuple[str, ...] = DEFAULT_EXCLUDE
   generated_markers: tuple[str, ...] = DEFAULT_GENERATED_MARKERS
@@ -110,9 +129,14 @@ class MiningConfig:
   context_lines: int = 0
   test_fraction: float | None = 0.1
   test_after: str | None = None
+  allow_shallow: bool = False
+  tests_hidden: tuple[str, ...] = ()
+  tests_visible: tuple[str, ...] = ()
+  tests_support: tuple[str, ...] = ()
 
   def __post_init__(self):
-    for name in ("languages", "exclude", "generated_markers"):
+    for name in ("languages", "exclude", "generated_markers", "tests_hidden",
+                 "tests_visible", "tests_support"):
       value = getattr(self, name)
       if isinstance(value, str):
         raise ValueError(f"MiningConfig.{name} must be a sequence of strings, "
@@ -137,6 +161,15 @@ class MiningConfig:
     for name in ("max_files", "max_changed_lines", "max_file_bytes"):
       if getattr(self, name) < 1:
         raise ValueError(f"MiningConfig.{name}={getattr(self, name)} < 1")
+    if self.hard_max_file_bytes < self.max_file_bytes:
+      raise ValueError(f"MiningConfig.hard_max_file_bytes={self.hard_max_file_bytes} < "
+                       f"max_file_bytes={self.max_file_bytes}")
+    if self.window_lines < 3:
+      # A window must hold the 3 context lines of every hunk of the diff.
+      raise ValueError(f"MiningConfig.window_lines={self.window_lines} < 3")
+    if (self.tests_visible or self.tests_support) and not self.tests_hidden:
+      raise ValueError("MiningConfig.tests_visible and tests_support need tests_hidden "
+                       "(the tests a task is scored by)")
     for lang in self.languages:
       if not lang.startswith(".") and lang not in LANGUAGES:
         raise ValueError(f"MiningConfig.languages: unknown language {lang!r}; "

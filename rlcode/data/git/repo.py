@@ -1,9 +1,22 @@
-"""Git through its CLI: one repository, its first-parent log, diffs, trees and blobs.
+"""Git through its CLI: a repository or a cached bundle clone, logs, diffs, trees and blobs.
 
 Everything goes through the git CLI (`git log`, `git diff-tree`,
 `git cat-file --batch-command`, `git ls-tree`); nothing here parses git
-objects. A bundle (local or `gs://`, read through epath) is cloned bare into a
-temporary directory for the time it is mined.
+objects.
+
+Sources (`checkout`): a local repository is used where it is (its root, or a
+bare repository's git dir). A bundle file, local or remote (`gs://...`, read
+through epath), is cloned bare once into a cache and reused: the clone lives at
+`<cache>/<first 20 hex digits of the bundle's sha256>.git`, with `<cache>` the
+`cache_dir` argument, else $RLCODE_GIT_CACHE, else ~/.cache/rlcode/git. The key
+is the bundle's content, so a changed bundle at the same path gets a new clone
+and a bundle copied elsewhere reuses the old one. A remote bundle is downloaded
+(to hash it) on every call; only the clone is cached. Clones are made in a
+temporary directory beside the cache entry and renamed into place, so an
+interrupted clone never leaves a half-made entry.
+
+Errors in the source (`SourceError` and its subclasses) say what is wrong with
+the input in one line, for the CLI to print.
 
 This module must not filter or decide anything about tasks: it reads git.
 """
@@ -12,21 +25,42 @@ from __future__ import annotations
 
 import contextlib
 import dataclasses
+import hashlib
 import os
 import re
+import shutil
 import subprocess
 import tempfile
 from collections.abc import Iterator, Sequence
 
 from etils import epath
 
+CACHE_ENV = "RLCODE_GIT_CACHE"
+_HASH_CHUNK = 1 << 20
 
-class NotARepositoryError(ValueError):
+
+class SourceError(ValueError):
+  """The source cannot be mined; the message is one line naming the problem."""
+
+
+class NotARepositoryError(SourceError):
   """The source is not a git repository (or bundle), or not its root."""
 
 
-class EmptyRepositoryError(ValueError):
+class BundleError(NotARepositoryError):
+  """The source is a file git cannot clone as a bundle (corrupt or not a bundle)."""
+
+
+class EmptyRepositoryError(SourceError):
   """The repository has no commit at all."""
+
+
+class UnknownBranchError(SourceError):
+  """The branch (or tag, or commit) is not in the repository."""
+
+
+class ShallowHistoryError(SourceError):
+  """The repository is a shallow clone: its history is cut short."""
 
 
 class GitError(RuntimeError):
@@ -60,25 +94,58 @@ def is_bundle(source: str) -> bool:
   return "://" in source or os.path.isfile(source)
 
 
-@contextlib.contextmanager
-def local_repository(source: str) -> Iterator[str]:
-  """A local repository path for `source`, cloning a bundle into a temp dir."""
+def cache_root(cache_dir: str | None = None) -> str:
+  """Where bundle clones are cached (see the module docstring)."""
+  return (cache_dir or os.environ.get(CACHE_ENV)
+          or os.path.join(os.path.expanduser("~"), ".cache", "rlcode", "git"))
+
+
+def _hash_into(source: str, out) -> str:
+  """sha256 of `source`'s bytes, copying them to `out` when it is a file object."""
+  h = hashlib.sha256()
+  with epath.Path(source).open("rb") as f:
+    while chunk := f.read(_HASH_CHUNK):
+      h.update(chunk)
+      if out is not None:
+        out.write(chunk)
+  return h.hexdigest()
+
+
+def checkout(source: str, cache_dir: str | None = None) -> str:
+  """A local repository path for `source`: itself, or the cached clone of a bundle.
+
+  Raises:
+    BundleError: git cannot clone the bundle.
+  """
   if not is_bundle(source):
-    yield source
-    return
-  with tempfile.TemporaryDirectory(prefix="rlcode-bundle-") as tmp:
-    bundle = source
+    return source
+  root = cache_root(cache_dir)
+  os.makedirs(root, exist_ok=True)
+  with tempfile.TemporaryDirectory(prefix="clone-", dir=root) as tmp:
     if "://" in source:
       bundle = os.path.join(tmp, "source.bundle")
-      epath.Path(source).copy(bundle)
-    target = os.path.join(tmp, "repo.git")
-    r = subprocess.run(["git", "clone", "--bare", "--quiet", bundle, target],
+      with open(bundle, "wb") as out:
+        digest = _hash_into(source, out)
+    else:
+      bundle, digest = source, _hash_into(source, None)
+    target = os.path.join(root, digest[:20] + ".git")
+    if os.path.isdir(target):
+      return target
+    made = os.path.join(tmp, "repo.git")
+    r = subprocess.run(["git", "clone", "--bare", "--quiet", bundle, made],
                        capture_output=True, env=git_env(), check=False)
     if r.returncode:
-      raise NotARepositoryError(
-          f"source {source!r} is a file but not a git bundle git can clone: "
-          f"{r.stderr.decode(errors='replace').strip()}")
-    yield target
+      reason = r.stderr.decode(errors="replace").strip().splitlines()
+      raise BundleError(f"source {source!r} is a file but not a git bundle git can "
+                        f"clone: {reason[-1] if reason else 'git clone failed'}")
+    try:
+      os.rename(made, target)
+    except OSError:
+      # Another process renamed its clone of the same bundle into place first.
+      if not os.path.isdir(target):
+        raise
+      shutil.rmtree(made)
+  return target
 
 
 def git_env() -> dict[str, str]:
@@ -129,7 +196,7 @@ class Git:
       return r.stdout.decode().strip()
     if not self.run("rev-list", "-n", "1", "--all").strip():
       raise EmptyRepositoryError(f"repository {self.git_dir!r} has no commits")
-    raise ValueError(f"branch {revision!r} is not a commit of {self.git_dir!r}")
+    raise UnknownBranchError(f"branch {revision!r} is not a commit of {self.git_dir!r}")
 
   def shallow_commits(self) -> frozenset[str]:
     if self.run("rev-parse", "--is-shallow-repository").strip() != b"true":
@@ -140,11 +207,22 @@ class Git:
 
   def first_parent_log(self, head: str, max_commits: int) -> list[Commit]:
     """First-parent history of `head`, oldest first."""
-    args = ["log", "--first-parent", "-z", "--no-show-signature",
-            "--format=%H%x1f%P%x1f%ct%x1f%B"]
-    if max_commits:
-      args += ["-n", str(max_commits)]
-    out = self.run(*args, head, "--")
+    args = ["--first-parent"] + (["-n", str(max_commits)] if max_commits else [])
+    return self.log(*args, head)
+
+  def brought_in(self, merge: Commit) -> list[Commit]:
+    """The commits `merge` brings into its first parent's history, oldest first.
+
+    In topological order, so each comes after its parents; merges on the
+    merged branch are included (the caller decides what they mean).
+    """
+    return [c for c in self.log("--topo-order", f"^{merge.parents[0]}", merge.sha)
+            if c.sha != merge.sha]
+
+  def log(self, *revisions: str) -> list[Commit]:
+    """`git log` of `revisions` (options and commits), oldest first."""
+    out = self.run("log", "-z", "--no-show-signature",
+                   "--format=%H%x1f%P%x1f%ct%x1f%B", *revisions, "--")
     commits = []
     for record in out.split(b"\0"):
       if not record.strip():
@@ -160,9 +238,11 @@ class Git:
           time=int(fields[2]), message=fields[3]))
     return commits[::-1]
 
-  def changes(self, sha: str) -> list[Entry]:
+  def changes(self, sha: str, base: str | None = None) -> list[Entry]:
+    """What `sha` changes against `base` (default: its only parent, or nothing for a root)."""
+    revisions = [base, sha] if base else ["--root", sha]
     out = self.run("diff-tree", "-r", "-z", "--no-commit-id", "--raw", "-M",
-                   "--root", "--no-ext-diff", sha)
+                   "--no-ext-diff", *revisions)
     tokens = out.split(b"\0")
     entries, i = [], 0
     while i < len(tokens):
@@ -186,10 +266,10 @@ class Git:
                             path, old_path))
     return entries
 
-  def tree_files(self, commit: str,
-                 directory: str) -> list[tuple[str, str, str, int]]:
-    """(mode, sha, path, size) of the blobs directly in `directory`."""
-    args = ["ls-tree", "-z", "-l", "--full-tree", commit]
+  def tree_files(self, commit: str, directory: str = "",
+                 recursive: bool = False) -> list[tuple[str, str, str, int]]:
+    """(mode, sha, path, size) of the blobs in `directory` ("": the root), or under it."""
+    args = ["ls-tree", "-z", "-l", "--full-tree", *(["-r"] if recursive else []), commit]
     if directory:
       args += ["--", directory + "/"]
     out = []
@@ -220,7 +300,6 @@ class Git:
       proc.stdout.close()
       proc.wait()
       proc.stderr.close()
-
 
 
 class Blobs:
