@@ -18,7 +18,7 @@ from rlcode.data import edits
 
 GRANULARITIES = ("pr", "commit", "file", "hunk")
 
-# In the order they are checked; a skipped commit counts under the first.
+# In the order they are checked; a skipped PR counts under the first.
 SKIP_REASONS = (
     "shallow_boundary", "non_utf8_message", "empty_message",
     "empty_change", "non_utf8_path", "all_files_filtered", "submodule",
@@ -88,15 +88,14 @@ class MiningConfig:
     exclude: path patterns of vendored, generated or lock files (see
       `DEFAULT_EXCLUDE` for the syntax).
     generated_markers: files whose start contains one are dropped.
-    allow_added_files: False skips commits that add files.
+    allow_added_files: False skips PRs that add files.
     related_bytes: budget of untouched same-directory files added to each
       task's context, in bytes of text; 0 adds none.
     context_lines: 0 shows the task's files whole in the prompt; N >= 3 shows
-      excerpts: the lines within N lines of a change (see the module
-      docstring).
-    test_fraction: the latest fraction of kept commits that form the test
-      split (commits at the boundary time all go to test).
-    test_after: instead of a fraction, commits at or after this time (ISO 8601,
+      excerpts: the lines within N lines of a change (rlcode.data.git.excerpts).
+    test_fraction: the latest fraction of kept PRs that form the test split
+      (PRs at the boundary time all go to test).
+    test_after: instead of a fraction, PRs at or after this time (ISO 8601,
       UTC when no zone is given, or Unix seconds) form the test split.
       Exactly one of `test_fraction` and `test_after` must be given.
     allow_shallow: mine a shallow clone (its boundary commits are skipped as
@@ -105,8 +104,9 @@ class MiningConfig:
       task carries their contents after its change, concatenated in path
       order, as `task.tests` (see rlcode.data.git.units for the layout);
       empty attaches no tests.
-    tests_visible: path patterns of the weaker test files shown to the
-      policy's reward as `extra["tests_visible"]`; needs `tests_hidden`.
+    tests_visible: path patterns of weaker test files, carried as
+      `extra["tests_visible"]` (a reward may score by them instead); needs
+      `tests_hidden`.
     tests_support: path patterns of the source files the tests import; those
       the task does not edit travel in `extra["support_files"]`.
   """
