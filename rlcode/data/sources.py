@@ -2,7 +2,7 @@
 
     config.data.source = "jsonl"       # config.data.path: a problems file (data/tiny_tasks.jsonl)
     config.data.source = "humaneval"   # the 164 HumanEval problems (split "test")
-    config.data.source = "git"         # config.data.repo: mined commits (rlcode.data.git)
+    config.data.source = "git"         # config.data.repo: mined PRs (rlcode.data.git)
                                        #   with config.data.mining: MiningConfig's other fields
     config.data.source = "sections"    # config.data.sources: documents (rlcode.data.sections)
 
