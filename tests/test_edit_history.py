@@ -17,7 +17,7 @@ import pytest
 from rlcode import sandbox
 from rlcode.data.git import MiningConfig, mine
 from rlcode.rewards import registry
-from rlcode.rewards.tests import files_program
+from rlcode.rewards.tests import files_job, split_file_imports
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 SCRIPT = os.path.join(ROOT, "data", "make_edit_history.py")
@@ -86,8 +86,16 @@ def test_tasks_carry_hidden_and_visible_tests(mined):
 
 def _pre_state_job(task, tests: str) -> sandbox.Job:
   """The tests run against the task's files as they are: the answer that changes nothing."""
-  files = {**task.extra["support_files"], **task.extra["files"]}
-  return sandbox.Job(program=files_program(files), tests=tests, tests_format="script")
+  return files_job({**task.extra["support_files"], **task.extra["files"]}, tests, "script")
+
+
+def test_the_tests_imports_of_the_package_move_to_the_program():
+  tests = ("import math\nfrom toolkit.prices import (cap_price,\n    floor_price)\n"
+           "import toolkit.labels as labels\n\nassert cap_price(math.inf) == 20\n")
+  moved, rest = split_file_imports(tests, ["toolkit/__init__.py", "toolkit/prices.py"])
+  assert moved == ("from toolkit.prices import (cap_price,\n    floor_price)\n"
+                   "import toolkit.labels as labels\n")
+  assert rest == "import math\n\nassert cap_price(math.inf) == 20\n"
 
 
 def test_oracle_edits_pass_the_tests_and_doing_nothing_fails_a_bug_fix(mined):

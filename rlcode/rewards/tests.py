@@ -19,8 +19,9 @@ chosen by `task.extra["assemble"]`:
   "files" (diff tasks with tests, rlcode.data.git.units): the completion is an
     edit answer, applied to `extra["files"]` (rlcode.data.edits); the program
     makes those files and `extra["support_files"]` importable by their paths
-    (`toolkit/prices.py` as `toolkit.prices`, `files_program`), and the tests
-    import what they test. An answer that does not apply runs a program that
+    (`toolkit/prices.py` as `toolkit.prices`) and runs the tests' imports of
+    them, which leave the tests (`files_job`), so the tests only call what
+    the program defines. An answer that does not apply runs a program that
     raises, so it scores 0.
 
 Which tests run (`test_set`): "hidden" is `task.tests`; "visible" is
@@ -35,7 +36,7 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
@@ -110,17 +111,49 @@ _sys.meta_path.insert(0, _FilesFinder(__rlcode_files__))
 """
 
 
-def files_program(files: Mapping[str, str]) -> str:
-  """A program under which `files` (path -> Python source) import as modules by path."""
-  return f"__rlcode_files__ = {dict(sorted(files.items()))!r}\n" + _FILES_LOADER
+def split_file_imports(tests: str, files: Iterable[str]) -> tuple[str, str]:
+  """(the top-level imports in `tests` of modules among `files`, the tests without them).
+
+  Those imports belong in the program: the tests then only use names the
+  program defines, which is all a sandbox that keeps the tests apart from the
+  program lets them see. Tests that do not parse are returned whole.
+  """
+  roots = {path.split("/")[0].removesuffix(".py") for path in files}
+  try:
+    body = ast.parse(tests).body
+  except SyntaxError:
+    return "", tests
+  lines = tests.splitlines(keepends=True)
+  moved = [False] * len(lines)
+  for stmt in body:
+    if isinstance(stmt, ast.ImportFrom) and stmt.level == 0 and stmt.module:
+      modules = [stmt.module]
+    elif isinstance(stmt, ast.Import):
+      modules = [a.name for a in stmt.names]
+    else:
+      continue
+    if all(m.split(".")[0] in roots for m in modules):
+      moved[stmt.lineno - 1:stmt.end_lineno] = [True] * (stmt.end_lineno - stmt.lineno + 1)
+  return ("".join(l for l, m in zip(lines, moved) if m),
+          "".join(l for l, m in zip(lines, moved) if not m))
 
 
-def _files_program(task: Task, completion: str) -> str:
+def files_job(files: Mapping[str, str], tests: str, tests_format: str = "auto") -> sandbox.Job:
+  """The job that runs `tests` against `files` (path -> Python source), importable by path."""
+  imports, rest = split_file_imports(tests, files)
+  program = f"__rlcode_files__ = {dict(sorted(files.items()))!r}\n" + _FILES_LOADER + imports
+  return sandbox.Job(program=program, tests=rest, tests_format=tests_format)
+
+
+def _files_job(task: Task, completion: str, tests: str) -> sandbox.Job:
+  files = {**task.extra.get("support_files", {}), **task.extra["files"]}
   try:
     edited = edits.apply_completion(completion, task.extra["files"], task.extra["edit_format"])
   except edits.FormatError as e:
-    return f"raise RuntimeError({'the answer does not apply: ' + str(e)!r})\n"
-  return files_program({**task.extra.get("support_files", {}), **task.extra["files"], **edited})
+    job = files_job(files, tests, task.extra.get("tests_format", "auto"))
+    return dataclasses.replace(
+        job, program=f"raise RuntimeError({'the answer does not apply: ' + str(e)!r})\n")
+  return files_job({**files, **edited}, tests, task.extra.get("tests_format", "auto"))
 
 
 def _style(task: Task) -> str:
@@ -135,7 +168,7 @@ def _parts(task: Task, completion: str,
            stop_sequences: Sequence[str]) -> tuple[str, str, str]:
   """(program, the completion's code, stray text removed from the completion)."""
   if _style(task) == "files":
-    return _files_program(task, completion), completion, ""
+    return _files_job(task, completion, task.tests).program, completion, ""
   if _style(task) == "prompt+completion":
     code, stray = truncate_at_stops(completion, stop_sequences)
     return task.prompt + code, code, stray
@@ -162,6 +195,8 @@ def job_for(task: Task, completion: str, *,
   if not tests.strip():
     what = "tests" if test_set == "hidden" else "visible tests"
     raise ValueError(f"task {task.id!r} has no {what}")
+  if _style(task) == "files":
+    return _files_job(task, completion, tests)
   return sandbox.Job(
       program=assemble_program(task, completion, stop_sequences=stop_sequences),
       tests=tests, entry_point=task.entry_point,
