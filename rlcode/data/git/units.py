@@ -27,9 +27,9 @@ one-tag-each rule of every answer.
 
 Tests (MiningConfig.tests_hidden): a unit carries the test files of its
 commit's post-change tree: `task.tests` is the hidden test files concatenated
-in path order (script format: top-level asserts, each one test, run in the
-namespace where the task's package is importable), `extra["tests_visible"]`
-the visible ones likewise, `extra["tests_format"]` "script",
+in path order (script format: top-level asserts, each one test, that import
+the package they test), `extra["tests_visible"]` the visible ones likewise,
+`extra["tests_format"]` "script",
 `extra["support_files"]` the source files the tests import that the task does
 not edit (at the same state), and `extra["assemble"]` "files": the tests
 reward applies the completion to `extra["files"]` and runs the tests against
