@@ -3,13 +3,14 @@
     rlcode train --config configs/grpo_diffs.py
     rlcode train --config configs/grpo_diffs.py --config.data.repo=/path/to/repo
 
-Tasks: the non-merge commits of the repository's first-parent history
-(default: this project's own repository, found from this file's location; a
-path that is not a repository, or one without commits, is the miner's error)
-that touch Python files, one task per hunk (rlcode.data.git_mining): the
-commit message is the request, the answer is SEARCH/REPLACE edits, the reward
+Tasks: the PRs of the repository's first-parent history (each merge with the
+commits it brings in, each other commit on its own; default: this project's
+own repository, found from this file's location; a path that is not a
+repository, or one without commits, is the miner's error) that touch Python
+files, one task per hunk (rlcode.data.git): the PR's title and messages are
+the request, the answer is SEARCH/REPLACE edits, the reward
 the SWE-RL similarity of the predicted patch to the real one (-1 for an answer
-that does not parse or apply). The latest quarter of the commits is held out.
+that does not parse or apply). The latest quarter of the PRs is held out.
 
 Fitting a byte-level context: whole files of a real repository are tens of
 kilobytes, so prompts show excerpts (`context_lines=3`: the lines within 3
@@ -27,9 +28,11 @@ oracle answers so that it can learn the answer format, then 6 GRPO steps of 2
 tasks x 4 samples. Evaluation: the held-out tasks, eval.num_samples each;
 eval/reward_mean and eval/diff/success_rate (similarity >= 0.9).
 
-Expected result (measured with this file unchanged, this repository at
-39a8865, i.e. with --config.data.mining.branch=39a8865cdd69 for a fixed
-history; two runs gave identical metrics apart from timings): 115 training
+Expected result (measured before merges were mined as PRs, when they were
+skipped, so the task counts below are of non-merge commits only; this file
+otherwise unchanged, this repository at 39a8865, i.e. with
+--config.data.mining.branch=39a8865cdd69 for a fixed history; two runs gave
+identical metrics apart from timings): 115 training
 and 30 held-out hunk tasks, of which 56 and 15 fit (15 and 5 prompts too
 long, 44 and 10 answers too long); warm-start loss 5.64 -> 3.15 in 30 steps;
 then every sampled answer is a format error (reward -1.0 at every step,
@@ -61,7 +64,7 @@ def get_config():
   config.data = ml_collections.ConfigDict(dict(
       source="git", repo=REPO, data_dir="", train_split="train", eval_split="test",
       max_eval_tasks=0, drop_too_long=True))
-  # rlcode.data.git_mining.MiningConfig; its `source` is config.data.repo.
+  # rlcode.data.git.MiningConfig; its `source` is config.data.repo.
   config.data.mining = ml_collections.ConfigDict(dict(
       branch="HEAD", granularity="hunk", edit_format="search_replace", max_commits=0,
       max_files=64, max_changed_lines=5000, max_file_bytes=200_000, languages=("python",),

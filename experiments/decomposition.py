@@ -46,7 +46,7 @@ import numpy as np
 
 from rlcode import config_lib, evaluate, rollout, sharding, train
 from rlcode.data import sources
-from rlcode.data.git_mining import GRANULARITIES
+from rlcode.data.git import GRANULARITIES
 from rlcode.rewards.diffs import FORMAT_ERROR_SCORE, SUCCESS_THRESHOLD
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

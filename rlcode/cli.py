@@ -1,10 +1,11 @@
-"""`rlcode <command> ...`: train, eval, sample, plot.
+"""`rlcode <command> ...`: train, eval, sample, plot, mine.
 
     rlcode train  --config configs/grpo_tiny.py [--config.a.b=value ...]
     rlcode eval   --tasks humaneval --completions samples.jsonl [--k 1,10,100]
     rlcode eval   --config configs/grpo_tiny.py --checkpoint workdirs/grpo_tiny
     rlcode sample --config configs/sample_tiny.py
     rlcode plot   workdirs/grpo_tiny
+    rlcode mine   data/repos/more-itertools.bundle --out /tmp/tfds [--granularity hunk ...]
 
 Each command is a thin shell around an importable function, so notebooks and
 experiments call the same code.
@@ -47,6 +48,8 @@ def _parse(argv: Sequence[str]):
   ev.add_argument("--workers", type=int, default=None, help="sandbox workers (default: CPUs)")
   plot = commands.add_parser("plot", help="PNG curves of a workdir's metrics.jsonl")
   plot.add_argument("workdir")
+  # `main` hands `mine` to rlcode.data.git.command, which parses its options.
+  commands.add_parser("mine", help="mine a git history into diff datasets (rlcode mine -h)")
   args, rest = parser.parse_known_args(argv)
   unknown = [a for a in rest if not a.startswith(config_lib.PREFIX)]
   if unknown or (rest and not getattr(args, "config", None)):
@@ -102,13 +105,18 @@ def _eval(parser, args, overrides) -> None:
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-  """Runs one command. A UserError (a wrong key, path, flag or file row) is printed as
-  one line on stderr and gives exit code 2; anything else is a bug and raises."""
-  parser, args, overrides = _parse(sys.argv[1:] if argv is None else argv)
+  """Runs one command. A UserError (a wrong key, path, flag, file row or repository) is
+  printed as one line on stderr and gives exit code 2; anything else is a bug and raises."""
+  argv = sys.argv[1:] if argv is None else list(argv)
+  command = argv[0] if argv else ""
   try:
+    if command == "mine":
+      from rlcode.data.git import command as mine  # brings in tfds: only when mining
+      return mine.main(argv[1:], parser_class=_Parser)
+    parser, args, overrides = _parse(argv)
     _run(parser, args, overrides)
   except UserError as e:
-    print(f"rlcode {args.command}: error: {e.message}", file=sys.stderr)
+    print(f"rlcode {command}: error: {' '.join(e.message.split())}", file=sys.stderr)
     return 2
   return 0
 

@@ -14,61 +14,22 @@ import subprocess
 from pathlib import Path
 
 import pytest
+from git_repos import T0, Repo
 
-from rlcode.data import edits, git_mining
-from rlcode.data.git_mining import GitDiffs, GitDiffsConfig, MiningConfig, mine
+from rlcode.data import edits
+from rlcode.data.git import (CACHE_ENV, REPORT_NAME, SKIP_REASONS, EmptyRepositoryError, GitDiffs,
+                             GitDiffsConfig, MiningConfig, NotARepositoryError,
+                             ShallowHistoryError, mine)
 from rlcode.data.tasks import load_tasks
 from rlcode.rewards import diffs
 
-T0 = 1_700_000_000
 A_PY = "".join(f"line {i}\n" for i in range(1, 31))
 
 
-class Repo:
-  """A git repository in a temp dir with deterministic commit times."""
-
-  def __init__(self, path: Path):
-    self.path = path
-    self.time = T0
-    path.mkdir(parents=True, exist_ok=True)
-    self.git("init", "-q", "-b", "main")
-
-  def env(self):
-    env = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
-    stamp = f"@{self.time} +0000"
-    env.update(GIT_AUTHOR_NAME="t", GIT_AUTHOR_EMAIL="t@example.com",
-               GIT_COMMITTER_NAME="t", GIT_COMMITTER_EMAIL="t@example.com",
-               GIT_AUTHOR_DATE=stamp, GIT_COMMITTER_DATE=stamp,
-               GIT_CONFIG_GLOBAL=os.devnull, GIT_CONFIG_NOSYSTEM="1")
-    return env
-
-  def git(self, *args: str, stdin: bytes | None = None) -> str:
-    r = subprocess.run(["git", *args], cwd=self.path, env=self.env(),
-                       input=stdin, capture_output=True, check=True)
-    return r.stdout.decode("utf-8", "replace").strip()
-
-  def write(self, path: str, content: str | bytes):
-    p = self.path / path
-    p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_bytes(content.encode() if isinstance(content, str) else content)
-
-  def commit(self, message: str, files=None, stage=()) -> str:
-    """Writes and stages `files`, stages the paths `stage`, and commits."""
-    self.time += 100
-    for path, content in (files or {}).items():
-      self.write(path, content)
-    paths = [*(files or {}), *stage]
-    if paths:
-      self.git("add", "--", *paths)
-    self.git("commit", "-q", "-m", message)
-    return self.git("rev-parse", "HEAD")
-
-  def show(self, sha: str, path: str) -> str:
-    return self.git_bytes("show", f"{sha}:{path}").decode()
-
-  def git_bytes(self, *args: str) -> bytes:
-    return subprocess.run(["git", *args], cwd=self.path, env=self.env(),
-                          capture_output=True, check=True).stdout
+@pytest.fixture(autouse=True)
+def _bundle_cache(tmp_path, monkeypatch):
+  # Bundle clones are cached; never in the user's cache during tests.
+  monkeypatch.setenv(CACHE_ENV, str(tmp_path / "git-cache"))
 
 
 def _bad_history(repo: Repo) -> dict[str, str]:
@@ -105,7 +66,7 @@ def _bad_history(repo: Repo) -> dict[str, str]:
   a3 = repo.show("HEAD", "src/a.py")
   repo.commit("Strip the final newline", {"src/a.py": a3[:-1]})         # no_visible_change
   os.chmod(repo.path / "src/a.py", 0o755)
-  repo.commit("Make a executable", stage=["src/a.py"])                                      # no_visible_change
+  repo.commit("Make a executable", stage=["src/a.py"])               # no_visible_change
   kept["add_v"] = repo.commit("Add v", {"src/v.py": "a = 0\nv = 1\n"})
   kept["bump"] = repo.commit("Bump v", {"src/v.py": "a = 0\nv = 2\n"})
   kept["revert"] = repo.commit("Revert v", {"src/v.py": "a = 0\nv = 1\n"})
@@ -132,7 +93,8 @@ def _bad_history(repo: Repo) -> dict[str, str]:
   repo.git("checkout", "-q", "main")
   kept["main_side"] = repo.commit("Main work", {"src/m.py": "m = 1\n"})
   repo.time += 100
-  repo.git("merge", "-q", "--no-ff", "-m", "Merge feature", "feature")  # merge
+  repo.git("merge", "-q", "--no-ff", "-m", "Merge branch 'feature'", "feature")
+  kept["merge"] = repo.git("rev-parse", "HEAD")
   return kept
 
 
@@ -141,7 +103,6 @@ EXPECTED_SKIPS = {
     "too_many_lines": 1, "too_many_files": 1, "all_files_filtered": 1,
     "generated": 1, "no_visible_change": 2, "duplicate": 1, "empty_change": 1,
     "symlink": 1, "oracle_not_expressible": 1, "non_utf8_message": 1,
-    "merge": 1,
 }
 
 
@@ -173,19 +134,27 @@ def test_skip_counts_by_reason(bad_repo):
   result = mine(_config(repo, test_fraction=0.0))
   report = result.report
   assert report["commits_skipped"] == EXPECTED_SKIPS
-  assert report["commits_kept"] == len(kept) == 8
+  assert report["commits_kept"] == len(kept) == 9
   assert report["commits_total"] == len(kept) + sum(EXPECTED_SKIPS.values())
-  assert set(report["commits_skipped"]) <= set(git_mining.SKIP_REASONS)
+  assert set(report["commits_skipped"]) <= set(SKIP_REASONS)
   assert report["files_excluded"] == {"excluded_path": 1}
+  assert report["prs"] == {"merge": 1, "single_commit": 8}
   assert sorted(t.id for t in result.splits["train"]) == sorted(kept.values())
   assert result.splits["test"] == []
-  # The feature branch's own commit is not on the first-parent history.
-  assert not any("src/f.py" in t.extra["oracle"] for t in result.splits["train"])
+  # The merge is one PR: the feature branch's file, against the first parent.
+  merge = {t.id: t for t in result.splits["train"]}[kept["merge"]]
+  assert merge.extra["oracle"] == {"src/f.py": "f = 1\n"}
+  assert "REQUEST ---\nFeature work\n--- END" in merge.prompt
+  # Its commit unit is the feature branch's commit, against its own parent.
+  feature = repo.git("rev-parse", f"{kept['merge']}^2")
+  commits = mine(_config(repo, test_fraction=0.0, granularity="commit")).splits["train"]
+  assert sorted(t.id for t in commits) == sorted(
+      [sha for name, sha in kept.items() if name != "merge"] + [feature])
   # Files: root 3, multi 3, the rest 1 each; hunks: multi's a.py has 2.
-  assert report["units"] == {"commit": 8, "file": 12, "hunk": 13}
+  assert report["units"] == {"pr": 9, "commit": 9, "file": 13, "hunk": 14}
 
 
-@pytest.mark.parametrize("granularity", ["commit", "file", "hunk"])
+@pytest.mark.parametrize("granularity", ["pr", "commit", "file", "hunk"])
 @pytest.mark.parametrize("edit_format", ["search_replace", "unified_diff"])
 def test_oracle_applies_to_context_for_every_task(bad_repo, granularity,
                                                   edit_format):
@@ -280,7 +249,9 @@ def test_shallow_repository_skips_its_boundary(tmp_path):
   subprocess.run(["git", "clone", "-q", "--depth", "2",
                   f"file://{repo.path}", str(clone)], check=True,
                  env=repo.env(), capture_output=True)
-  result = mine(MiningConfig(source=str(clone), test_fraction=0.0))
+  with pytest.raises(ShallowHistoryError, match="shallow clone"):
+    mine(MiningConfig(source=str(clone)))
+  result = mine(MiningConfig(source=str(clone), test_fraction=0.0, allow_shallow=True))
   assert result.report["shallow"]
   assert result.report["commits_skipped"] == {"shallow_boundary": 1}
   assert result.report["commits_kept"] == 1
@@ -295,21 +266,21 @@ def test_bundle_source_matches_the_repository(tmp_path):
   assert bundled.splits == direct.splits
   assert bundled.report["commits_kept"] == 3
   (tmp_path / "junk.bundle").write_text("not a bundle")
-  with pytest.raises(git_mining.NotARepositoryError, match="bundle"):
+  with pytest.raises(NotARepositoryError, match="bundle"):
     mine(MiningConfig(source=str(tmp_path / "junk.bundle")))
 
 
 def test_bad_sources_raise_clear_errors(tmp_path):
   (tmp_path / "plain").mkdir()
-  with pytest.raises(git_mining.NotARepositoryError, match="not a git"):
+  with pytest.raises(NotARepositoryError, match="not a git"):
     mine(MiningConfig(source=str(tmp_path / "plain")))
-  with pytest.raises(git_mining.NotARepositoryError, match="does not exist"):
+  with pytest.raises(NotARepositoryError, match="does not exist"):
     mine(MiningConfig(source=str(tmp_path / "missing")))
   Repo(tmp_path / "empty")
-  with pytest.raises(git_mining.EmptyRepositoryError, match="no commits"):
+  with pytest.raises(EmptyRepositoryError, match="no commits"):
     mine(MiningConfig(source=str(tmp_path / "empty")))
   repo = _linear_repo(tmp_path / "lin", 1)
-  with pytest.raises(git_mining.NotARepositoryError, match="not its root"):
+  with pytest.raises(NotARepositoryError, match="not its root"):
     mine(MiningConfig(source=str(repo.path / "src")))
   with pytest.raises(ValueError, match="'nope'"):
     mine(MiningConfig(source=str(repo.path), branch="nope"))
@@ -351,9 +322,14 @@ def test_more_skip_reasons(tmp_path):
   assert result.report["commits_skipped"] == {"non_utf8_path": 1,
                                               "empty_message": 1}
   assert result.report["commits_kept"] == 1
-  # The 360-byte a.py, and the only commit that adds a file.
+  # The 360-byte a.py, added whole, cannot be cut to a 200-byte window; above
+  # the hard cap it is not even read.
   assert mine(MiningConfig(source=str(repo.path), max_file_bytes=200)
+              ).report["commits_skipped"]["cut_too_large"] == 1
+  assert mine(MiningConfig(source=str(repo.path), max_file_bytes=200,
+                           hard_max_file_bytes=300)
               ).report["commits_skipped"]["file_too_large"] == 1
+  # And the only commit that adds a file.
   assert mine(MiningConfig(source=str(repo.path), allow_added_files=False)
               ).report["commits_skipped"]["added_file"] == 1
 
@@ -368,7 +344,7 @@ def test_builder_writes_array_record_and_report(tmp_path):
   assert test == direct.splits["test"] and len(test) == 1
   assert builder.build_report() == direct.report
   assert list(Path(builder.data_dir).glob("*.array_record*"))
-  assert (Path(builder.data_dir) / git_mining.REPORT_NAME).exists()
+  assert (Path(builder.data_dir) / REPORT_NAME).exists()
 
 
 def test_config_names_hash_the_arguments_and_the_head(tmp_path):

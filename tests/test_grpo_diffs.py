@@ -17,8 +17,7 @@ import pytest
 
 from rlcode import checkpoint, config_lib, rollout, train
 from rlcode.data import edits, sources
-from rlcode.data.git_mining import (EmptyRepositoryError, MiningConfig, NotARepositoryError,
-                                    mine)
+from rlcode.data.git import EmptyRepositoryError, MiningConfig, NotARepositoryError, mine
 from rlcode.data.tasks import Task
 from rlcode.metrics import read_metrics
 from rlcode.models.tokenizer import ByteTokenizer

@@ -25,7 +25,7 @@ every mined oracle is expressible); and writes the prompt (`build_prompt`).
 `normalized_patch` is the per-file diff text the SWE-RL reward compares; it is
 here because the miner must use the very same definition to reject changes the
 reward cannot see. This module must not score (rlcode.rewards.diffs does) nor
-know where tasks come from (rlcode.data.git_mining).
+know where tasks come from (rlcode.data.git).
 
 Search/replace semantics follow facebookresearch/swe-rl (src/swerl/core/
 reward.py) exactly: exactly one of each tag, a non-empty thought, blocks matched

@@ -2,7 +2,7 @@
 
     config.data.source = "jsonl"       # config.data.path: a problems file (data/tiny_tasks.jsonl)
     config.data.source = "humaneval"   # the 164 HumanEval problems (split "test")
-    config.data.source = "git"         # config.data.repo: mined commits (rlcode.data.git_mining)
+    config.data.source = "git"         # config.data.repo: mined PRs (rlcode.data.git)
                                        #   with config.data.mining: MiningConfig's other fields
     config.data.source = "sections"    # config.data.sources: documents (rlcode.data.sections)
 
@@ -58,7 +58,7 @@ def builder(data_cfg) -> TaskBuilder:
     from rlcode.data.humaneval import HumanEval
     return HumanEval(data_dir=root)
   if source == "git":
-    from rlcode.data.git_mining import GitDiffs, MiningConfig
+    from rlcode.data.git import GitDiffs, MiningConfig
     fields = {k: (tuple(v) if isinstance(v, list) else v)
               for k, v in dict(data_cfg.mining).items()}
     # The repository is named once: config.data.repo (the usual way, so that

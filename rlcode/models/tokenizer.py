@@ -48,8 +48,17 @@ class ByteTokenizer:
     return data.decode("utf-8", errors="replace")
 
 
+_EOS_TOKENS = ("<|eos|>", "<eos>", "</s>", "<|endoftext|>")
+_PAD_TOKENS = ("<|pad|>", "<pad>")
+
+
 class HFTokenizer:
-  """tokenizer.json via the `tokenizers` library; eos/pad from the model's config files."""
+  """tokenizer.json via the `tokenizers` library; eos/pad from the model's config files.
+
+  When the config files name no eos (or there are none), eos is the
+  tokenizer's first token of `_EOS_TOKENS`, and pad, unless named, its first
+  of `_PAD_TOKENS`.
+  """
 
   def __init__(self, path: str):
     from tokenizers import Tokenizer as _Tok
@@ -71,6 +80,12 @@ class HFTokenizer:
           eos = list(value) if isinstance(value, list) else [value]
         if pad is None and cfg.get("pad_token_id") is not None:
           pad = cfg["pad_token_id"]
+    if not eos:
+      # No model config beside it (a tokenizer trained here, data/code_bpe.json):
+      # the tokenizer's own end-of-sequence and padding tokens.
+      eos = [i for i in map(self._tok.token_to_id, _EOS_TOKENS) if i is not None][:1]
+      if pad is None:
+        pad = next((i for i in map(self._tok.token_to_id, _PAD_TOKENS) if i is not None), None)
     self.eos_ids = tuple(eos)
     self.pad_id = pad if pad is not None else (eos[0] if eos else 0)
 

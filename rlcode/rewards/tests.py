@@ -16,6 +16,16 @@ chosen by `task.extra["assemble"]`:
   "completion": the completion is the whole program; if it contains a fenced
     block (```python, ```py, ```python3, or an untagged ```), the first python
     block (else the first untagged one) is the program, otherwise all of it.
+  "files" (diff tasks with tests, rlcode.data.git.units): the completion is an
+    edit answer, applied to `extra["files"]` (rlcode.data.edits); the program
+    makes those files and `extra["support_files"]` importable by their paths
+    (`toolkit/prices.py` as `toolkit.prices`) and runs the tests' imports of
+    them, which leave the tests (`files_job`), so the tests only call what
+    the program defines. An answer that does not apply runs a program that
+    raises, so it scores 0.
+
+Which tests run (`test_set`): "hidden" is `task.tests`; "visible" is
+`extra["tests_visible"]`, the weaker tests a diff task may also carry.
 
 Untrusted code is only parsed here (`ast.parse`, never executed); running it is
 the sandbox's business.
@@ -26,16 +36,18 @@ from __future__ import annotations
 import ast
 import dataclasses
 import re
-from collections.abc import Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
 from rlcode import sandbox
+from rlcode.data import edits
 from rlcode.data.tasks import Task
 from rlcode.rewards.registry import RewardOutput, register, register_answer_end
 
 HUMANEVAL_STOP = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
-ASSEMBLE_STYLES = ("prompt+completion", "completion")
+ASSEMBLE_STYLES = ("prompt+completion", "completion", "files")
+TEST_SETS = ("hidden", "visible")
 FORMAT_CHECKS = ("parses", "non_empty", "entry_point", "no_stray_text")
 _PYTHON_TAGS = ("python", "python3", "py")
 # Larger sources are not parsed: they fail "parses" outright.
@@ -66,6 +78,84 @@ def extract_code(completion: str) -> tuple[str, str]:
   return chosen.group(2), completion[:start] + completion[end:]
 
 
+# Serves the program's files as modules: a meta path finder over a dict.
+_FILES_LOADER = """
+import importlib.abc as _abc, importlib.util as _util, sys as _sys
+
+
+class _FilesFinder(_abc.MetaPathFinder, _abc.Loader):
+
+  def __init__(self, files):
+    self.files = files
+
+  def find_spec(self, name, path=None, target=None):
+    base = name.replace(".", "/")
+    for file, package in ((base + "/__init__.py", True), (base + ".py", False)):
+      if file in self.files:
+        return _util.spec_from_loader(name, self, origin=file, is_package=package)
+    if any(f.startswith(base + "/") for f in self.files):
+      return _util.spec_from_loader(name, self, origin=None, is_package=True)
+    return None
+
+  def create_module(self, spec):
+    return None
+
+  def exec_module(self, module):
+    file = module.__spec__.origin
+    if file is not None:
+      module.__file__ = file
+      exec(compile(self.files[file], file, "exec"), module.__dict__)
+
+
+_sys.meta_path.insert(0, _FilesFinder(__rlcode_files__))
+"""
+
+
+def split_file_imports(tests: str, files: Iterable[str]) -> tuple[str, str]:
+  """(the top-level imports in `tests` of modules among `files`, the tests without them).
+
+  Those imports belong in the program: the tests then only use names the
+  program defines, which is all a sandbox that keeps the tests apart from the
+  program lets them see. Tests that do not parse are returned whole.
+  """
+  roots = {path.split("/")[0].removesuffix(".py") for path in files}
+  try:
+    body = ast.parse(tests).body
+  except SyntaxError:
+    return "", tests
+  lines = tests.splitlines(keepends=True)
+  moved = [False] * len(lines)
+  for stmt in body:
+    if isinstance(stmt, ast.ImportFrom) and stmt.level == 0 and stmt.module:
+      modules = [stmt.module]
+    elif isinstance(stmt, ast.Import):
+      modules = [a.name for a in stmt.names]
+    else:
+      continue
+    if all(m.split(".")[0] in roots for m in modules):
+      moved[stmt.lineno - 1:stmt.end_lineno] = [True] * (stmt.end_lineno - stmt.lineno + 1)
+  return ("".join(l for l, m in zip(lines, moved) if m),
+          "".join(l for l, m in zip(lines, moved) if not m))
+
+
+def files_job(files: Mapping[str, str], tests: str, tests_format: str = "auto") -> sandbox.Job:
+  """The job that runs `tests` against `files` (path -> Python source), importable by path."""
+  imports, rest = split_file_imports(tests, files)
+  program = f"__rlcode_files__ = {dict(sorted(files.items()))!r}\n" + _FILES_LOADER + imports
+  return sandbox.Job(program=program, tests=rest, tests_format=tests_format)
+
+
+def _files_job(task: Task, completion: str, tests: str) -> sandbox.Job:
+  files = {**task.extra.get("support_files", {}), **task.extra["files"]}
+  try:
+    edited = edits.apply_completion(completion, task.extra["files"], task.extra["edit_format"])
+  except edits.FormatError as e:
+    job = files_job(files, tests, task.extra.get("tests_format", "auto"))
+    return dataclasses.replace(
+        job, program=f"raise RuntimeError({'the answer does not apply: ' + str(e)!r})\n")
+  return files_job({**files, **edited}, tests, task.extra.get("tests_format", "auto"))
+
+
 def _style(task: Task) -> str:
   style = task.extra.get("assemble", "prompt+completion")
   if style not in ASSEMBLE_STYLES:
@@ -77,6 +167,8 @@ def _style(task: Task) -> str:
 def _parts(task: Task, completion: str,
            stop_sequences: Sequence[str]) -> tuple[str, str, str]:
   """(program, the completion's code, stray text removed from the completion)."""
+  if _style(task) == "files":
+    return _files_job(task, completion, task.tests).program, completion, ""
   if _style(task) == "prompt+completion":
     code, stray = truncate_at_stops(completion, stop_sequences)
     return task.prompt + code, code, stray
@@ -91,15 +183,23 @@ def assemble_program(task: Task, completion: str, *,
 
 
 def job_for(task: Task, completion: str, *,
-            stop_sequences: Sequence[str] = HUMANEVAL_STOP) -> sandbox.Job:
-  """The sandbox job for one completion of a "code" task."""
-  if task.kind != "code":
-    raise ValueError(f"task {task.id!r} has kind {task.kind!r}; test rewards need kind 'code'")
-  if not task.tests.strip():
-    raise ValueError(f"task {task.id!r} has no tests")
+            stop_sequences: Sequence[str] = HUMANEVAL_STOP,
+            test_set: str = "hidden") -> sandbox.Job:
+  """The sandbox job for one completion of a "code" task, or of a "diff" task with tests."""
+  if task.kind != "code" and not (task.kind == "diff" and _style(task) == "files"):
+    raise ValueError(f"task {task.id!r} has kind {task.kind!r}; test rewards need kind 'code' "
+                     "or a 'diff' task with tests (extra['assemble'] == 'files')")
+  if test_set not in TEST_SETS:
+    raise ValueError(f"test_set must be one of {TEST_SETS}, got {test_set!r}")
+  tests = task.tests if test_set == "hidden" else task.extra.get("tests_visible", "")
+  if not tests.strip():
+    what = "tests" if test_set == "hidden" else "visible tests"
+    raise ValueError(f"task {task.id!r} has no {what}")
+  if _style(task) == "files":
+    return _files_job(task, completion, tests)
   return sandbox.Job(
       program=assemble_program(task, completion, stop_sequences=stop_sequences),
-      tests=task.tests, entry_point=task.entry_point,
+      tests=tests, entry_point=task.entry_point,
       tests_format=task.extra.get("tests_format", "auto"))
 
 
@@ -117,7 +217,7 @@ def _limits(options: dict) -> sandbox.Limits:
   names = {f.name for f in dataclasses.fields(sandbox.Limits)}
   unknown = sorted(set(options) - names)
   if unknown:
-    raise TypeError(f"unknown option(s) {unknown}; valid: mode, stop_sequences, "
+    raise TypeError(f"unknown option(s) {unknown}; valid: mode, stop_sequences, test_set, "
                     f"workers, and the sandbox limits {sorted(names)}")
   return sandbox.Limits(**options)
 
@@ -125,7 +225,7 @@ def _limits(options: dict) -> sandbox.Limits:
 @register("tests")
 def tests_reward(tasks: Sequence[Task], completions: Sequence[str], *, mode: str = "all",
                  stop_sequences: Sequence[str] = HUMANEVAL_STOP, workers: int | None = None,
-                 **limits) -> RewardOutput:
+                 test_set: str = "hidden", **limits) -> RewardOutput:
   """Scores completions by their task's unit tests, run in the sandbox.
 
   Args:
@@ -135,6 +235,7 @@ def tests_reward(tasks: Sequence[Task], completions: Sequence[str], *, mode: str
       tests total, counted only from a complete report; else 0).
     stop_sequences: where prompt+completion completions are cut.
     workers: sandbox runs in parallel; default all CPUs.
+    test_set: "hidden" (`task.tests`) or "visible" (`extra["tests_visible"]`).
     **limits: fields of `rlcode.sandbox.Limits` (wall_seconds, cpu_seconds,
       memory_bytes, ...).
 
@@ -147,7 +248,8 @@ def tests_reward(tasks: Sequence[Task], completions: Sequence[str], *, mode: str
   if len(tasks) != len(completions):
     raise ValueError(f"{len(tasks)} tasks but {len(completions)} completions")
   stops = tuple(stop_sequences)
-  jobs = [job_for(t, c, stop_sequences=stops) for t, c in zip(tasks, completions)]
+  jobs = [job_for(t, c, stop_sequences=stops, test_set=test_set)
+          for t, c in zip(tasks, completions)]
   results = sandbox.Sandbox(_limits(limits), workers=workers).run_many(jobs)
   passed = np.array([r.passed for r in results], np.float32)
   fraction = np.array([r.fraction for r in results], np.float32)
