@@ -268,14 +268,15 @@ def held_out_eval(config, model, tokenizer, tasks: Sequence[Task], mesh, ks=None
 def restore_policy(config, path: str, mesh):
   """(model, tokenizer, step, checkpoint directory) of the latest checkpoint under `path`.
 
-  `path` is a workdir or its checkpoints/ directory.
+  `path` is a workdir, its checkpoints/ directory, or another checkpoint directory
+  (a workdir's warm_start/ holds the policy right after its warm start).
   """
   from flax import nnx
 
   from rlcode import checkpoint, grpo
   from rlcode.models.build import build_model
-  directory = path if os.path.basename(os.path.normpath(path)) == "checkpoints" else (
-      os.path.join(path, "checkpoints"))
+  nested = os.path.join(path, "checkpoints")
+  directory = nested if os.path.isdir(nested) else path
   ckpt = checkpoint.Checkpointer(directory)
   if ckpt.latest_step() is None:
     raise MissingInput(f"no checkpoint under {directory}")
