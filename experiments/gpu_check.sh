@@ -19,7 +19,7 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda XLA_PYTHON_CLIENT_P
 # float32 matmuls at full precision on the XLA side too (TF32 is XLA's GPU default).
 JAX_DEFAULT_MATMUL_PRECISION=highest timeout "${TEST_TIMEOUT:-240}" \
   python3 -m pytest -q -n 4 -p no:cacheprovider --tb=short -k "not interpret" \
-  tests/test_kernels_attention.py tests/test_kernels_decode.py tests/test_kernels_nsa.py \
+  tests/test_kernels_flash.py tests/test_kernels_decode.py tests/test_kernels_nsa.py \
   tests/test_models_hf.py 2>&1 | tee "$OUT/tests.txt"
 
 for impl in ${IMPLS:-pallas xla}; do

@@ -1,7 +1,9 @@
-"""The dispatcher: argument checks, implementation choice, fallbacks with warnings.
+"""The entry point: argument checks, implementation choice, fallbacks with warnings.
 
 No attention math lives here: it only validates, picks an implementation
-(reference, blockwise XLA, Pallas) and forwards.
+(reference, blockwise XLA, Pallas) of a family (`kernels.flash` for masked
+attention, `kernels.decode` for decoding) and forwards. NSA's entry points
+(`kernels.nsa`) use the same checks and choice.
 """
 
 from __future__ import annotations
@@ -11,7 +13,13 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from kernels import blockwise, pallas_flash, reference, tiling
+from kernels import tiling
+from kernels.decode import pallas as decode_pallas
+from kernels.decode import reference as decode_reference
+from kernels.decode import xla as decode_xla
+from kernels.flash import pallas as flash_pallas
+from kernels.flash import reference as flash_reference
+from kernels.flash import xla as flash_xla
 from kernels.spec import AttentionSpec
 
 IMPLS = ("auto", "reference", "xla", "pallas", "pallas_interpret")
@@ -109,11 +117,11 @@ def attention(q, k, v, spec: AttentionSpec = AttentionSpec(), *, impl: str = "au
   kwargs = dict(q_offset=q_offset, kv_lengths=kv_lengths, segment_ids=segment_ids,
                 kv_segment_ids=kv_segment_ids, scale=scale)
   if impl == "reference":
-    out, lse = reference.attention(q, k, v, spec, **kwargs)
+    out, lse = flash_reference.attention(q, k, v, spec, **kwargs)
   elif impl == "xla":
-    out, lse = blockwise.attention(q, k, v, spec, **kwargs)
+    out, lse = flash_xla.attention(q, k, v, spec, **kwargs)
   else:
-    out, lse = pallas_flash.attention(q, k, v, spec, interpret=impl == "pallas_interpret",
+    out, lse = flash_pallas.attention(q, k, v, spec, interpret=impl == "pallas_interpret",
                                       **kwargs)
   return (out, lse) if return_lse else out
 
@@ -132,14 +140,14 @@ def decode_attention(q, k, v, lengths, *, spec: AttentionSpec = AttentionSpec(),
       (decoded tokens belong to the final segment, which sees every earlier
       key: the same as dense causal).
     impl: as for `attention`. "xla" computes the [B, H, Tq, S] scores in one
-      piece while they are small (blockwise.DIRECT_DECODE_MAX_SCORES), else
+      piece while they are small (decode.xla.DIRECT_DECODE_MAX_SCORES), else
       runs an online softmax over the key tiles up to the longest row (cost ~
       the valid length); Pallas splits the cache into `num_splits` parts
       computed in parallel, each skipping its tiles beyond its row's length,
       merged by log-sum-exp.
     scale: logit scale, default D ** -0.5.
     return_lse: also return lse [B, Tq, H], so that attentions over KV that
-      arrives in chunks merge exactly with `merge`.
+      arrives in chunks merge exactly with `kernels.merge`.
     q_offset: int or [B], position of query 0 relative to key 0 of this
       cache; default lengths - Tq (the queries are the last Tq entries). A
       chunk of a longer cache passes the queries' position minus the chunk's start.
@@ -164,39 +172,16 @@ def decode_attention(q, k, v, lengths, *, spec: AttentionSpec = AttentionSpec(),
   causal = spec.causal or spec.kind != "dense"
   mask = tiling.Mask(causal=causal, window=spec.window if spec.kind == "sliding" else 0)
   if impl == "reference":
-    ref_spec = spec if spec.kind != "document" else AttentionSpec()
-    out, lse = reference.attention(q, k, v, ref_spec, q_offset=q_offset,
-                                   kv_lengths=lengths, scale=scale)
-  elif impl == "xla" and b * q.shape[2] * tq * k.shape[1] <= blockwise.DIRECT_DECODE_MAX_SCORES:
-    out, lse = blockwise.direct_decode(q, k_in, v_in, mask, lengths=lengths, q_offset=q_offset,
-                                       scale=scale, kv_head_major=kv_head_major)
+    out, lse = decode_reference.attention(q, k, v, spec, lengths=lengths, q_offset=q_offset,
+                                          scale=scale)
   elif impl == "xla":
-    _, bk = spec.blocks("xla")
-    out, lse = blockwise.masked_flash(q, k, v, mask, bq=tiling.round_up(tq, 8), bk=bk,
-                                      scale=scale, q_offset=q_offset, kv_lengths=lengths)
+    out, lse = decode_xla.attention(q, k_in, v_in, mask, lengths=lengths, q_offset=q_offset,
+                                    bk=spec.blocks("xla")[1], scale=scale,
+                                    kv_head_major=kv_head_major)
   else:
-    _, bk = spec.blocks("pallas")
-    out, lse = pallas_flash.decode(q, k, v, mask, lengths=lengths, q_offset=q_offset, bk=bk,
-                                   interpret=impl == "pallas_interpret", scale=scale,
-                                   num_splits=num_splits)
+    out, lse = decode_pallas.attention(q, k, v, mask, lengths=lengths, q_offset=q_offset,
+                                       bk=spec.blocks("pallas")[1], scale=scale,
+                                       interpret=impl == "pallas_interpret",
+                                       num_splits=num_splits)
   return (out, lse) if return_lse else out
 
-
-def merge(outs, lses):
-  """Exact merge of partial attentions over disjoint key sets.
-
-  outs: sequence of [B, T, H, D]; lses: sequence of [B, T, H]. Returns the merged
-  (out, lse). Parts with lse = -inf (no visible key) contribute nothing.
-  """
-  if len(outs) != len(lses) or not outs:
-    raise ValueError(f"merge: need as many outs as lses (at least one); got "
-                     f"{len(outs)} and {len(lses)}")
-  lse_all = jnp.stack([l.astype(jnp.float32) for l in lses])
-  m = jnp.max(lse_all, axis=0)
-  m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
-  w = jnp.exp(lse_all - m_safe)
-  denom = jnp.sum(w, axis=0)
-  out = sum(wi[..., None] * o.astype(jnp.float32) for wi, o in zip(w, outs))
-  out = out / jnp.where(denom > 0, denom, 1.0)[..., None]
-  lse = jnp.where(denom > 0, m_safe + jnp.log(jnp.where(denom > 0, denom, 1.0)), -jnp.inf)
-  return out.astype(outs[0].dtype), lse

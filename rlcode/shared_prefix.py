@@ -23,6 +23,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from kernels.tiling import round_up
 from rlcode import grpo
 from rlcode.models.decoder import Prefix
 
@@ -102,7 +103,7 @@ def grouped_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequen
   if longest > completion_len:
     raise ValueError(f"a completion has {longest} tokens, more than completion_len="
                      f"{completion_len}")
-  tp = -(-int(lengths.max()) // PROMPT_MULTIPLE) * PROMPT_MULTIPLE
+  tp = round_up(int(lengths.max()), PROMPT_MULTIPLE)
   prompt_tokens = np.full((p, tp), pad_id, np.int32)
   for i, x in enumerate(prompts):
     prompt_tokens[i, :len(x)] = x
@@ -128,7 +129,7 @@ def rl_batch(rollout, adv: np.ndarray, pad_id: int, max_completion_len: int) -> 
   (at most max_completion_len): a few compiled shapes, little padding."""
   gen = rollout.generation
   longest = int(gen.lengths.max())
-  length = min(-(-longest // COMPLETION_MULTIPLE) * COMPLETION_MULTIPLE, max_completion_len)
+  length = min(round_up(longest, COMPLETION_MULTIPLE), max_completion_len)
   return grouped_batch(rollout.prompts, gen.completions(), pad_id=pad_id, completion_len=length,
                        old_logp=gen.logprobs, adv=adv)
 

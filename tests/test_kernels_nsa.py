@@ -14,7 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import nsa, reference
+from kernels import nsa
+from kernels.nsa import reference
 from kernels.spec import NSAConfig
 from kernel_impls import PALLAS
 
