@@ -10,7 +10,9 @@ attentions over disjoint key sets merge exactly (`merge`). Each family keeps
 its dense-mask reference, blockwise XLA version and Pallas kernels side by
 side: `kernels.flash` (masked attention: dense, sliding, document),
 `kernels.decode` (a few queries against a cache), `kernels.nsa` (DeepSeek's
-Native Sparse Attention, whose entry points live there).
+Native Sparse Attention, whose entry points live there). `kernels.dispatch`
+decides which implementation serves a call (on GPU: cuDNN for the masks it
+computes when no log-sum-exp is needed, our Pallas kernels elsewhere).
 """
 
 from kernels.api import IMPLS, attention, decode_attention, resolve_impl

@@ -1,8 +1,9 @@
 """The entry point: argument checks, implementation choice, fallbacks with warnings.
 
-No attention math lives here: it only validates, picks an implementation
-(reference, blockwise XLA, Pallas) of a family (`kernels.flash` for masked
-attention, `kernels.decode` for decoding) and forwards. NSA's entry points
+No attention math lives here: it only validates, asks `kernels.dispatch` which
+implementation (reference, blockwise XLA, Pallas, cuDNN) of a family serves the
+call (`kernels.flash` for masked attention, `kernels.decode` for decoding),
+warns where a request falls back, and forwards. NSA's entry points
 (`kernels.nsa`) use the same checks and choice.
 """
 
@@ -13,16 +14,17 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from kernels import tiling
+from kernels import dispatch, tiling
 from kernels.decode import pallas as decode_pallas
 from kernels.decode import reference as decode_reference
 from kernels.decode import xla as decode_xla
+from kernels.flash import library as flash_library
 from kernels.flash import pallas as flash_pallas
 from kernels.flash import reference as flash_reference
 from kernels.flash import xla as flash_xla
 from kernels.spec import AttentionSpec
 
-IMPLS = ("auto", "reference", "xla", "pallas", "pallas_interpret")
+IMPLS = dispatch.IMPLS
 
 
 def _check_shape(fn: str, name: str, x, shape) -> None:
@@ -71,21 +73,25 @@ def _check(q, k, v, spec, segment_ids, kv_segment_ids, q_offset, kv_lengths):
                      f"not {spec.kind!r}")
 
 
-def resolve_impl(impl: str, fn: str = "attention") -> str:
-  """The implementation that will run: "auto" resolved, unavailable ones replaced.
+def _backend() -> str:
+  return jax.default_backend()
 
-  "pallas" needs a GPU; elsewhere it falls back to "xla" with a warning.
+
+def _resolve(fn: str, impl: str, **call) -> str:
+  choice = dispatch.choose(impl, backend=_backend(), fn=fn, **call)
+  if choice.fallback:
+    warnings.warn(f"{fn}: {choice.reason}", stacklevel=3)
+  dispatch.log_once(fn, choice)
+  return choice.impl
+
+
+def resolve_impl(impl: str, fn: str = "nsa", family: str = "nsa") -> str:
+  """The implementation that runs for a family without a library path (NSA, decode).
+
+  "auto" is Pallas on GPU and xla elsewhere; "pallas" falls back to "xla"
+  with a warning where there is no GPU; "cudnn" is refused.
   """
-  if impl not in IMPLS:
-    raise ValueError(f"{fn}: impl={impl!r}; expected one of {IMPLS}")
-  on_gpu = jax.default_backend() == "gpu"
-  if impl == "auto":
-    return "pallas" if on_gpu else "xla"
-  if impl == "pallas" and not on_gpu:
-    warnings.warn(f"{fn}: impl='pallas' needs a GPU (backend is "
-                  f"{jax.default_backend()!r}); falling back to impl='xla'", stacklevel=3)
-    return "xla"
-  return impl
+  return _resolve(fn, impl, family=family)
 
 
 def attention(q, k, v, spec: AttentionSpec = AttentionSpec(), *, impl: str = "auto",
@@ -96,8 +102,11 @@ def attention(q, k, v, spec: AttentionSpec = AttentionSpec(), *, impl: str = "au
   Args:
     q: [B, T, H, D]. k, v: [B, S, K, D].
     spec: the kind of attention (see AttentionSpec for the masks).
-    impl: "auto" (Pallas on GPU, xla elsewhere), "reference", "xla", "pallas",
-      "pallas_interpret". One that cannot run here falls back with a warning.
+    impl: "auto", "reference", "xla", "pallas", "pallas_interpret", "cudnn".
+      "auto" is xla off GPU; on GPU cuDNN where it computes this mask and the
+      lse is not asked for, else Pallas (`kernels.dispatch`). One that cannot
+      run here falls back to xla with a warning; "cudnn" where cuDNN cannot
+      compute the call is an error.
     segment_ids: [B, T] non-decreasing document ids of the queries (document
       kind). Checked when concrete; under jit they cannot be checked and must
       be validated by the caller (decreasing ids give undefined results).
@@ -113,7 +122,11 @@ def attention(q, k, v, spec: AttentionSpec = AttentionSpec(), *, impl: str = "au
   k, v, also through lse.
   """
   _check(q, k, v, spec, segment_ids, kv_segment_ids, q_offset, kv_lengths)
-  impl = resolve_impl(impl)
+  impl = _resolve("attention", impl, family="attention", spec=spec, needs_lse=return_lse,
+                  q_shape=q.shape, k_shape=k.shape, dtype=q.dtype, q_offset=q_offset)
+  if impl == "cudnn":
+    return flash_library.attention(q, k, v, spec, implementation="cudnn",
+                                   kv_lengths=kv_lengths, scale=scale)
   kwargs = dict(q_offset=q_offset, kv_lengths=kv_lengths, segment_ids=segment_ids,
                 kv_segment_ids=kv_segment_ids, scale=scale)
   if impl == "reference":
@@ -168,7 +181,7 @@ def decode_attention(q, k, v, lengths, *, spec: AttentionSpec = AttentionSpec(),
   _check_shape("decode_attention", "lengths", lengths, (b,))
   if q_offset is None:
     q_offset = lengths - tq
-  impl = resolve_impl(impl, "decode_attention")
+  impl = resolve_impl(impl, "decode_attention", family="decode")
   causal = spec.causal or spec.kind != "dense"
   mask = tiling.Mask(causal=causal, window=spec.window if spec.kind == "sliding" else 0)
   if impl == "reference":
