@@ -132,3 +132,13 @@ def softmax_finish(carry, o_ref, lse_ref) -> None:
   l_safe = jnp.where(seen, l, 1.0)
   o_ref[...] = (acc / l_safe[:, None]).astype(o_ref.dtype)
   lse_ref[...] = jnp.where(seen, m + jnp.log(l_safe), -jnp.inf)
+
+
+def grad_probs(q, kj, vj, do, lse, delta, ok, scale: float):
+  """The backward's recomputed probabilities p and dS = p * (dP - delta), q's rows by kj.
+
+  lse and delta [rows]: the forward's log-sum-exp (finite; -inf rows replaced
+  by the caller) and rowsum(dO * O) minus the lse cotangent.
+  """
+  p = jnp.where(ok, jnp.exp(dot_nt(q, kj) * scale - lse[:, None]), 0.0)
+  return p, p * (dot_nt(do, vj) - delta[:, None])

@@ -22,8 +22,9 @@ from jax import lax
 from jax.experimental import pallas as pl
 
 from kernels import tiling
-from kernels.pallas_common import (F32, call, check_gpu_sizes, dot_nn, dot_nt, dot_tn, scalars,
-                                   softmax_finish, softmax_init, softmax_step, tile_sizes)
+from kernels.pallas_common import (F32, call, check_gpu_sizes, dot_nn, dot_tn, grad_probs,
+                                   scalars, softmax_finish, softmax_init, softmax_step,
+                                   tile_sizes)
 
 # ------------------------------------------------------------------ kernels
 
@@ -66,8 +67,7 @@ def _dq_kernel(sc_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qpos_ref
   def body(j, dq):
     kj, vj, ok = _key_tile(j, bk, k_ref, v_ref, kpos_ref, kseg_ref, mask, q_pos, q_seg,
                            kv_len, final)
-    p = jnp.where(ok, jnp.exp(dot_nt(q, kj) * scale - lse[:, None]), 0.0)
-    ds = p * (dot_nt(do, vj) - delta[:, None])
+    _, ds = grad_probs(q, kj, vj, do, lse, delta, ok, scale)
     return dq + dot_nn(ds.astype(kj.dtype), kj)
 
   dq = lax.fori_loop(lo, hi, body, jnp.zeros(q.shape, F32))
@@ -91,9 +91,8 @@ def _dkv_kernel(sc_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qpos_re
       lse = jnp.where(lse == -jnp.inf, 0.0, lse)
       ok = tiling.block_mask(mask, qpos_ref[pl.ds(start, bq)], qseg_ref[pl.ds(start, bq)],
                              k_idx, k_pos, k_seg, kv_len, final)
-      p = jnp.where(ok, jnp.exp(dot_nt(qi, kj) * scale - lse[:, None]), 0.0)
+      p, ds = grad_probs(qi, kj, vj, doi, lse, delta, ok, scale)
       dv = dv + dot_tn(p.astype(doi.dtype), doi)
-      ds = p * (dot_nt(doi, vj) - delta[:, None])
       dk = dk + dot_tn(ds.astype(qi.dtype), qi)
       return dk, dv
     return lax.fori_loop(lo, hi, body, carry)

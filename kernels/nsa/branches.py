@@ -107,13 +107,12 @@ def selected_attention(q, k, v, indices, cfg: NSAConfig, *, impl: str = "auto", 
   indices = indices.astype(jnp.int32)
   if impl == "reference":
     out, lse = nsa_reference.selected_attention(q, k, v, indices, cfg, scale=scale)
-  else:
+  elif impl == "xla":
     bq = min(cfg.block_q or nsa_xla.XLA_TILES["selected"], tiling.round_up(t, 8))
-    if impl == "xla":
-      out, lse = nsa_xla.selected(q, k, v, indices, cfg.block_sel, bq, scale)
-    else:
-      out, lse = nsa_pallas.selected(q, k, v, indices, cfg.block_sel, bq, scale,
-                                     impl == "pallas_interpret")
+    out, lse = nsa_xla.selected(q, k, v, indices, cfg.block_sel, bq, scale)
+  else:
+    out, lse = nsa_pallas.selected(q, k, v, indices, cfg.block_sel, scale,
+                                   impl == "pallas_interpret")
   return (out, lse) if return_lse else out
 
 

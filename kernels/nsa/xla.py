@@ -188,7 +188,7 @@ def _forward(q, k, v, idx, block, bq, scale):
   return out, lse
 
 
-def backward(q, k, v, idx, out, lse, dout, dlse, block, bq, scale):
+def _backward(q, k, v, idx, out, lse, dout, dlse, block, bq, scale):
   b, t, h, d = q.shape
   s, kh = k.shape[1], k.shape[2]
   g = h // kh
@@ -240,7 +240,7 @@ def _selected_fwd(q, k, v, idx, block, bq, scale):
 
 def _selected_bwd(block, bq, scale, res, cts):
   q, k, v, idx, out, lse = res
-  dq, dk, dv = backward(q, k, v, idx, out, lse, cts[0], cts[1], block, bq, scale)
+  dq, dk, dv = _backward(q, k, v, idx, out, lse, cts[0], cts[1], block, bq, scale)
   return dq, dk, dv, None
 
 
