@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels import tiling
+from kernels import tiling, vjp
 from kernels.pallas_common import (F32, call, check_gpu_sizes, dot_nn, dot_tn, grad_probs,
                                    scalars, softmax_finish, softmax_init, softmax_step,
                                    tile_sizes)
@@ -147,7 +147,7 @@ def _forward(q, k, v, lay, mask, scale, bq, bk, interpret):
     lay.k_pos, lay.k_seg)
 
 
-def _backward(q, k, v, out, lse, dout, dlse, lay, mask, scale, bq, bk, interpret):
+def _backward(q, k, v, lay, out, lse, dout, dlse, mask, scale, bq, bk, interpret):
   b, h, tp, d = q.shape
   kh, sp = k.shape[1], k.shape[2]
   g = h // kh
@@ -200,29 +200,10 @@ def _backward(q, k, v, out, lse, dout, dlse, lay, mask, scale, bq, bk, interpret
   return dq, dk, dv
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7, 8))
-def flash(q, k, v, lay, mask, scale, bq, bk, interpret):
-  """Pallas flash attention on head-major padded inputs q [B, H, Tp, D], k/v [B, K, Sp, D].
-
-  Returns (out [B, H, Tp, D], lse [B, H, Tp] float32); gradients by the
-  Pallas dQ and dK/dV kernels.
-  """
-  return _forward(q, k, v, lay, mask, scale, bq, bk, interpret)
-
-
-def _flash_fwd(q, k, v, lay, mask, scale, bq, bk, interpret):
-  out, lse = _forward(q, k, v, lay, mask, scale, bq, bk, interpret)
-  return (out, lse), (q, k, v, out, lse, lay)
-
-
-def _flash_bwd(mask, scale, bq, bk, interpret, res, cts):
-  q, k, v, out, lse, lay = res
-  dq, dk, dv = _backward(q, k, v, out, lse, cts[0], cts[1], lay, mask, scale, bq, bk,
-                         interpret)
-  return dq, dk, dv, None
-
-
-flash.defvjp(_flash_fwd, _flash_bwd)
+# Pallas flash attention on head-major padded inputs: flash(q, k, v, lay, mask,
+# scale, bq, bk, interpret) with q [B, H, Tp, D], k/v [B, K, Sp, D], returns
+# (out [B, H, Tp, D], lse [B, H, Tp] float32); gradients by the dQ and dK/dV kernels.
+flash = vjp.attention_vjp(_forward, _backward, num_inputs=4)
 
 
 def masked_flash(q, k, v, mask: tiling.Mask, *, bq: int, bk: int, interpret: bool,

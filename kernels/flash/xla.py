@@ -14,13 +14,11 @@ Must not: materialise [T, S]; depend on a backend (it runs anywhere XLA does).
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from kernels import tiling
+from kernels import tiling, vjp
 from kernels.spec import AttentionSpec
 
 F32 = jnp.float32
@@ -74,7 +72,7 @@ def _forward(q, k, v, lay: tiling.Layout, mask: tiling.Mask, scale: float, bq: i
   return out, lse
 
 
-def _backward(q, k, v, out, lse, dout, dlse, lay: tiling.Layout, mask: tiling.Mask,
+def _backward(q, k, v, lay: tiling.Layout, out, lse, dout, dlse, mask: tiling.Mask,
               scale: float, bq: int, bk: int):
   """Gradients (dq, dk, dv) given cotangents of out and lse."""
   b, kh, g, tp, d = q.shape
@@ -114,30 +112,11 @@ def _backward(q, k, v, out, lse, dout, dlse, lay: tiling.Layout, mask: tiling.Ma
   return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def flash(q, k, v, lay, mask, scale, bq, bk):
-  """Blockwise attention on head-major, tile-padded inputs.
-
-  q [B, K, G, Tp, D], k/v [B, K, Sp, D], lay a `tiling.Layout`. Returns
-  (out [B, K, G, Tp, D], lse [B, K, G, Tp] float32), differentiable in q, k, v
-  (and through lse).
-  """
-  return _forward(q, k, v, lay, mask, scale, bq, bk)
-
-
-def _flash_fwd(q, k, v, lay, mask, scale, bq, bk):
-  out, lse = _forward(q, k, v, lay, mask, scale, bq, bk)
-  return (out, lse), (q, k, v, out, lse, lay)
-
-
-def _flash_bwd(mask, scale, bq, bk, res, cts):
-  q, k, v, out, lse, lay = res
-  dout, dlse = cts
-  dq, dk, dv = _backward(q, k, v, out, lse, dout, dlse, lay, mask, scale, bq, bk)
-  return dq, dk, dv, None
-
-
-flash.defvjp(_flash_fwd, _flash_bwd)
+# Blockwise attention on head-major, tile-padded inputs: flash(q, k, v, lay, mask,
+# scale, bq, bk) with q [B, K, G, Tp, D], k/v [B, K, Sp, D], lay a `tiling.Layout`,
+# returns (out [B, K, G, Tp, D], lse [B, K, G, Tp] float32), differentiable in
+# q, k, v (and through lse).
+flash = vjp.attention_vjp(_forward, _backward, num_inputs=4)
 
 
 def masked_flash(q, k, v, mask: tiling.Mask, *, bq: int, bk: int, scale=None, q_offset=None,

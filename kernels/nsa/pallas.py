@@ -21,7 +21,7 @@ import jax.numpy as jnp
 from jax import lax
 from jax.experimental import pallas as pl
 
-from kernels import tiling
+from kernels import tiling, vjp
 from kernels.pallas_common import (F32, call, check_gpu_sizes, dot_nn, dot_tn, gpu_rows,
                                    grad_probs, softmax_finish, softmax_init, softmax_step)
 
@@ -189,25 +189,7 @@ def _backward(q, k, v, idx, out, lse, dout, dlse, block, scale, interpret):
   return _ungrouped(dq, h), unkeys(dk), unkeys(dv)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def selected(q, k, v, idx, block: int, scale: float, interpret: bool):
-  """The selected branch: q [B, T, H, D], k/v [B, T, K, D], idx [B, T, K, n].
-
-  Returns (out [B, T, H, D], lse [B, T, H] float32); gradients by the dQ and
-  dK/dV kernels.
-  """
-  return _forward(q, k, v, idx, block, scale, interpret)
-
-
-def _selected_fwd(q, k, v, idx, block, scale, interpret):
-  out, lse = _forward(q, k, v, idx, block, scale, interpret)
-  return (out, lse), (q, k, v, idx, out, lse)
-
-
-def _selected_bwd(block, scale, interpret, res, cts):
-  q, k, v, idx, out, lse = res
-  dq, dk, dv = _backward(q, k, v, idx, out, lse, cts[0], cts[1], block, scale, interpret)
-  return dq, dk, dv, None
-
-
-selected.defvjp(_selected_fwd, _selected_bwd)
+# The selected branch: selected(q, k, v, idx, block, scale, interpret) with
+# q [B, T, H, D], k/v [B, T, K, D], idx [B, T, K, n]; returns (out [B, T, H, D],
+# lse [B, T, H] float32); gradients by the dQ and dK/dV kernels.
+selected = vjp.attention_vjp(_forward, _backward, num_inputs=4)

@@ -13,13 +13,11 @@ Must not: build [T, T] or [T, T/l'] arrays; own parameters.
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from kernels import tiling
+from kernels import tiling, vjp
 from kernels.spec import NSAConfig
 
 F32 = jnp.float32
@@ -224,27 +222,10 @@ def _backward(q, k, v, idx, out, lse, dout, dlse, block, bq, scale):
   return dq.astype(q.dtype), dkv[..., :d].astype(k.dtype), dkv[..., d:].astype(v.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6))
-def selected(q, k, v, idx, block: int, bq: int, scale: float):
-  """The selected branch, blockwise: q [B, T, H, D], k/v [B, T, K, D], idx [B, T, K, n].
-
-  Returns (out [B, T, H, D], lse [B, T, H] float32); bq queries per tile.
-  """
-  return _forward(q, k, v, idx, block, bq, scale)
-
-
-def _selected_fwd(q, k, v, idx, block, bq, scale):
-  out, lse = _forward(q, k, v, idx, block, bq, scale)
-  return (out, lse), (q, k, v, idx, out, lse)
-
-
-def _selected_bwd(block, bq, scale, res, cts):
-  q, k, v, idx, out, lse = res
-  dq, dk, dv = _backward(q, k, v, idx, out, lse, cts[0], cts[1], block, bq, scale)
-  return dq, dk, dv, None
-
-
-selected.defvjp(_selected_fwd, _selected_bwd)
+# The selected branch, blockwise: selected(q, k, v, idx, block, bq, scale) with
+# q [B, T, H, D], k/v [B, T, K, D], idx [B, T, K, n]; returns (out [B, T, H, D],
+# lse [B, T, H] float32); bq queries per tile.
+selected = vjp.attention_vjp(_forward, _backward, num_inputs=4)
 
 
 def selected_decode(q, k_cmp, lse_cmp, sel_kv, pos, cfg: NSAConfig, scale: float):
