@@ -59,7 +59,7 @@ def _eq9(p_cmp, cfg: NSAConfig, nsel: int):
   return out
 
 
-def top_blocks(q, kc, lse, pos, ends, cfg: NSAConfig, nsel: int, top: int):
+def _top_blocks(q, kc, lse, pos, ends, cfg: NSAConfig, nsel: int, top: int):
   """Top-`top` selection blocks of queries at positions `pos`: int32 [B, K, Tq, top].
 
   q [B, K, G, Tq, D] float32, already scaled; kc [B, K, nc, D] float32
@@ -111,7 +111,7 @@ def select_blocks(q, k_cmp, lse_cmp, cfg: NSAConfig, *, scale=None) -> jax.Array
     qi = lax.dynamic_slice_in_dim(qh, i * bq, bq, axis=3).astype(F32) * scale
     lse_i = lax.dynamic_slice_in_dim(lse, i * bq, bq, axis=3)
     pos = (i * bq + jnp.arange(bq))[None, :]
-    return top_blocks(qi, kc, lse_i, pos, ends, cfg, nsel, top)
+    return _top_blocks(qi, kc, lse_i, pos, ends, cfg, nsel, top)
 
   idx = lax.map(tile, jnp.arange(tp // bq))  # [nq, B, K, bq, top]
   idx = jnp.moveaxis(idx, 0, 2).reshape(b, kh, tp, top)[:, :, :t].transpose(0, 2, 1, 3)
@@ -137,7 +137,7 @@ def _selected_layout(q, k, v, idx, block: int, bq: int):
   return qh, kvb.transpose(0, 3, 1, 2, 4), ix.transpose(0, 2, 1, 3)
 
 
-take_blocks = jax.vmap(jax.vmap(lambda blocks, ix: blocks[ix]))  # over B and K
+_take_blocks = jax.vmap(jax.vmap(lambda blocks, ix: blocks[ix]))  # over B and K
 
 
 def _selected_tile(qh, kvb, ix, i, bq, block, s, scale):
@@ -150,7 +150,7 @@ def _selected_tile(qh, kvb, ix, i, bq, block, s, scale):
   qi = lax.dynamic_slice_in_dim(qh, i * bq, bq, axis=2).astype(F32) * scale
   ii = lax.dynamic_slice_in_dim(ix, i * bq, bq, axis=2)  # [B, K, bq, n]
   b, kh, _, n = ii.shape
-  kvg = take_blocks(kvb, jnp.maximum(ii, 0)).astype(F32).reshape(b, kh, bq, n * block, 2 * d)
+  kvg = _take_blocks(kvb, jnp.maximum(ii, 0)).astype(F32).reshape(b, kh, bq, n * block, 2 * d)
   kpos = ii[..., None] * block + jnp.arange(block)
   qpos = (i * bq + jnp.arange(bq))[:, None, None]
   ok = (ii[..., None] >= 0) & (kpos <= qpos) & (kpos < s)
@@ -248,11 +248,11 @@ def selected_decode(q, k_cmp, lse_cmp, sel_kv, pos, cfg: NSAConfig, scale: float
   nsel = cfg.num_blocks(s)
   top = min(cfg.num_sel, nsel)
   ends = compressed_positions(cfg, k_cmp.shape[2])
-  idx = top_blocks(qg, k_cmp.astype(F32), lse, pos, ends, cfg, nsel, top)[:, :, 0]
+  idx = _top_blocks(qg, k_cmp.astype(F32), lse, pos, ends, cfg, nsel, top)[:, :, 0]
   # The selected branch over the gathered blocks [B, K, n, l', D].
   blocks = lambda x: x.reshape(b, kh, s // cfg.block_sel, cfg.block_sel, d)
-  keys = take_blocks(blocks(k_sel), jnp.maximum(idx, 0)).astype(F32)
-  values = take_blocks(blocks(v_sel), jnp.maximum(idx, 0)).astype(F32)
+  keys = _take_blocks(blocks(k_sel), jnp.maximum(idx, 0)).astype(F32)
+  values = _take_blocks(blocks(v_sel), jnp.maximum(idx, 0)).astype(F32)
   key_pos = idx[..., None] * cfg.block_sel + jnp.arange(cfg.block_sel)  # [B, K, n, l']
   visible = (idx[..., None] >= 0) & (key_pos <= pos[:, :, None, None])
   logits = jnp.einsum("bkgd,bknld->bkgnl", qg[:, :, :, 0], keys)
