@@ -29,6 +29,9 @@ def get_config():
   config.workdir = "workdirs/grpo_tiny"
   config.seed = 0
   config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1))
+  # "": sample on the trainer's devices; "tensor=4" (say): a sampler mesh of its own
+  # on the devices after the trainer's (rlcode.distributed.meshes).
+  config.sampler_mesh = ""
   config.model = tiny_model()
 
   config.data = ml_collections.ConfigDict(dict(
@@ -43,7 +46,10 @@ def get_config():
       group_size=8, prompts_per_step=16, temperature=1.0, top_p=1.0, top_k=0,
       max_new_tokens=40, num_passes=2, advantage="grpo", shared_prefix=True,
       loss_aggregation="seq_mean_token_mean", clip_eps_low=0.2, clip_eps_high=0.28,
-      beta=0.0, log_kl=True))
+      beta=0.0, log_kl=True,
+      # Asynchronous rollouts (rlcode.async_rollouts): sample up to max_staleness
+      # policy versions ahead of the update; 0 is the synchronous loop.
+      max_staleness=0, max_importance_weight=2.0, sample_version="latest"))
   config.optimizer = optimizer(lr=3e-4, warmup=5, decay=240)
 
   config.warmstart = ml_collections.ConfigDict(dict(

@@ -36,6 +36,12 @@ def _parse(argv: Sequence[str]):
   config_help = "configs/NAME.py[:arg]; override keys with --config.a.b=value"
   train = commands.add_parser("train", help="train a policy with GRPO")
   train.add_argument("--config", required=True, help=config_help)
+  # One run over N processes (rlcode.distributed); the JAX_* variables stand in for
+  # flags left out, and with neither the run is one process.
+  train.add_argument("--coordinator", help="HOST:PORT of process 0 (or $JAX_COORDINATOR_ADDRESS)")
+  train.add_argument("--num-processes", type=int,
+                     help="processes in the run (or $JAX_NUM_PROCESSES)")
+  train.add_argument("--process-id", type=int, help="this process, 0..N-1 (or $JAX_PROCESS_ID)")
   sample = commands.add_parser("sample", help="sample completions from a policy")
   sample.add_argument("--config", required=True, help=config_help)
   ev = commands.add_parser("eval", help="pass@k of a completions file or of a checkpoint")
@@ -130,7 +136,8 @@ def _run(parser, args, overrides) -> None:
   else:
     config = config_lib.load_config(args.config, overrides)
     if args.command == "train":
-      from rlcode import train
+      from rlcode import distributed, train
+      distributed.initialize(args.coordinator, args.num_processes, args.process_id)
       train.train(config)
     else:
       from rlcode import jobs

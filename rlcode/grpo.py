@@ -10,6 +10,14 @@ completion, right-padded, with a window of target positions where the completion
 is predicted (logits are computed there only); `mask` marks the window's
 positions that are completion tokens. (rlcode.shared_prefix holds the layout where a group's
 prompt is computed once.) This module must not know where rewards come from.
+
+Stale samples (rlcode.async_rollouts: drawn from a policy some versions behind the
+trainer) are corrected by the decoupled PPO objective (Hilton et al. 2021, "Batch
+size-invariance for policy optimization"; AReaL, Fu et al. 2025): the ratio is
+clipped against the proximal policy (the trainer's at the start of the step) instead
+of the behaviour policy, and each token is weighted by pi_prox / pi_behav truncated
+at a cap (`make_proximal_fn`). For an on-policy sample the proximal policy is the
+behaviour policy: its log-probs are used as they are and the weight is exactly 1.
 """
 
 from __future__ import annotations
@@ -120,11 +128,13 @@ def masked_mean(x_nt, mask_nt):
           / jnp.maximum(jnp.sum(valid.astype(jnp.float32)), 1.0))
 
 
-def policy_loss(logp_nt, old_logp_nt, adv_n, mask_nt, cfg: LossConfig, ref_logp_nt=None):
+def policy_loss(logp_nt, old_logp_nt, adv_n, mask_nt, cfg: LossConfig, ref_logp_nt=None,
+                weight_nt=None):
   """The clipped surrogate plus beta * KL(policy || reference), aggregated by name.
 
-  Per token: -min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A) with
-  r = exp(logp - old_logp), plus beta * k3 where
+  Per token: -w * min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A) with
+  r = exp(logp - old_logp) and w = weight_nt (the decoupled objective's truncated
+  proximal/behaviour weight; 1 when not given), plus beta * k3 where
   k3 = exp(ref - logp) - (ref - logp) - 1 (Schulman's unbiased, positive estimator).
   Given reference log-probs, metrics["kl"] is the mean k3, also when beta = 0.
   Log-ratios are selected by the mask before they are exponentiated: whatever sits at
@@ -136,7 +146,10 @@ def policy_loss(logp_nt, old_logp_nt, adv_n, mask_nt, cfg: LossConfig, ref_logp_
   ratio = jnp.exp(jnp.where(valid, logp_nt - old_logp_nt, 0.0))
   adv = adv_n[:, None]
   clipped = jnp.clip(ratio, 1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high)
-  pg_nt = jnp.where(valid, -jnp.minimum(ratio * adv, clipped * adv), 0.0)
+  surrogate = jnp.minimum(ratio * adv, clipped * adv)
+  if weight_nt is not None:
+    surrogate = surrogate * weight_nt
+  pg_nt = jnp.where(valid, -surrogate, 0.0)
   aggregate = functools.partial(AGGREGATIONS[cfg.aggregation], mask_nt=mask,
                                 max_len=cfg.max_completion_len)
   metrics = {"pg_loss": aggregate(pg_nt),
@@ -166,9 +179,10 @@ class SequenceBatch:
   positions per row where that row's completion is predicted.
 
   tokens: [N, L] int32. start: [N] int32, the position whose output predicts the row's
-  first completion token (its prompt's length - 1). mask, old_logp, ref_logp: [N, W],
-  aligned with the targets tokens[i, start[i] + 1 + j] (mask 1 on completion tokens,
-  behaviour and reference log-probabilities there, 0 elsewhere). adv: [N].
+  first completion token (its prompt's length - 1). mask, old_logp, ref_logp, weight:
+  [N, W], aligned with the targets tokens[i, start[i] + 1 + j] (mask 1 on completion
+  tokens, proximal and reference log-probabilities there, 0 elsewhere; weight the
+  truncated pi_prox / pi_behav, 1 for on-policy rows). adv: [N].
   The output layer runs on the W window positions only: a prompt's positions never
   become logits (what TRL calls logits_to_keep).
   """
@@ -179,6 +193,7 @@ class SequenceBatch:
   old_logp: jax.Array
   ref_logp: jax.Array
   adv: jax.Array
+  weight: jax.Array
 
   @classmethod
   def abstract(cls, rows: int) -> SequenceBatch:
@@ -187,7 +202,8 @@ class SequenceBatch:
     f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
     return cls(tokens=jax.ShapeDtypeStruct((rows, 2), jnp.int32),
                start=jax.ShapeDtypeStruct((rows,), jnp.int32), mask=f32(rows, 1),
-               old_logp=f32(rows, 1), ref_logp=f32(rows, 1), adv=f32(rows))
+               old_logp=f32(rows, 1), ref_logp=f32(rows, 1), adv=f32(rows),
+               weight=f32(rows, 1))
 
 
 @jax.tree_util.register_dataclass
@@ -317,7 +333,8 @@ def make_update_step(graphdef, optimizer: optax.GradientTransformation, cfg: Los
       model = nnx.merge(graphdef, params)
       logp, entropy = logprob_fn(model, batch)
     loss, metrics = policy_loss(logp, batch.old_logp, batch.adv, batch.mask, cfg,
-                                ref_logp_nt=batch.ref_logp if cfg.uses_reference else None)
+                                ref_logp_nt=batch.ref_logp if cfg.uses_reference else None,
+                                weight_nt=batch.weight)
     metrics["entropy"] = masked_mean(entropy, batch.mask)
     return loss, metrics
 
@@ -339,13 +356,59 @@ def make_update_step(graphdef, optimizer: optax.GradientTransformation, cfg: Los
                  out_shardings=(state_sh, None), donate_argnums=(0,))
 
 
-def make_logprob_fn(graphdef, mesh: Mesh, temperature: float, logprob_fn=None):
-  """Jitted log-probabilities of a batch's targets under given params (for the reference)."""
+def _rows_sharding(mesh: Mesh, rows: int) -> NamedSharding:
+  """The sharding of an [N, W] leaf of a batch of `rows` rows (as batch_shardings)."""
+  return NamedSharding(mesh, sharding.logical_to_spec(("batch", None), (rows, 1), mesh=mesh,
+                                                      what="batch"))
+
+
+def make_logprob_fn(graphdef, mesh: Mesh, temperature: float, logprob_fn=None,
+                    rows: int | None = None):
+  """Jitted log-probabilities of a batch's targets under given params (for the reference).
+
+  With `rows`, the result is laid out like the batch's [N, W] leaves, so it can take
+  their place in a batch the update step reads.
+  """
   if logprob_fn is None:
     logprob_fn = lambda model, batch: sequence_logprobs(model, batch, temperature)
 
-  @jax.jit
   def run(params, batch):
     with sharding.activate(mesh):
       return logprob_fn(nnx.merge(graphdef, params), batch)[0]
-  return run
+  return jax.jit(run, out_shardings=None if rows is None else _rows_sharding(mesh, rows))
+
+
+def make_proximal_fn(graphdef, mesh: Mesh, temperature: float, max_weight: float, rows: int,
+                     logprob_fn=None):
+  """The decoupled-PPO correction of a batch some of whose rows are stale.
+
+  Returns jitted (params, batch, stale_n) -> (old_logp, weight, metrics): for rows
+  with stale_n true, old_logp becomes the proximal log-probs (under `params`, the
+  trainer's policy at the start of the step) and weight min(pi_prox / pi_behav,
+  max_weight), from the behaviour log-probs the batch's old_logp holds; other rows
+  keep their behaviour log-probs and weight 1. metrics: "iw_clip_frac", the
+  fraction of the batch's trained tokens whose weight was truncated, and "iw_mean",
+  their mean weight after truncation.
+  """
+  if not max_weight >= 1.0:
+    raise ValueError(f"rl.max_importance_weight={max_weight} must be >= 1 (an on-policy "
+                     "token's weight is 1)")
+  if logprob_fn is None:
+    logprob_fn = lambda model, batch: sequence_logprobs(model, batch, temperature)
+
+  def run(params, batch, stale_n):
+    with sharding.activate(mesh):
+      prox, _ = logprob_fn(nnx.merge(graphdef, jax.lax.stop_gradient(params)), batch)
+    valid = batch.mask > 0
+    stale = stale_n[:, None] & valid
+    # The log-ratio is selected before exp, as in policy_loss.
+    raw = jnp.exp(jnp.where(stale, prox - batch.old_logp, 0.0))
+    weight = jnp.where(stale, jnp.minimum(raw, max_weight), 1.0)
+    old = jnp.where(stale_n[:, None], prox, batch.old_logp)
+    mask = valid.astype(jnp.float32)
+    metrics = {"iw_clip_frac": masked_mean((raw > max_weight).astype(jnp.float32), mask),
+               "iw_mean": masked_mean(weight, mask)}
+    return old, weight, metrics
+
+  rows_sh = _rows_sharding(mesh, rows)
+  return jax.jit(run, out_shardings=(rows_sh, rows_sh, None))

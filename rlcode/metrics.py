@@ -27,9 +27,18 @@ def _clean(value):
 
 
 class MetricsWriter:
-  """Appends rows to workdir/metrics.jsonl and mirrors scalars to TensorBoard."""
+  """Appends rows to workdir/metrics.jsonl and mirrors scalars to TensorBoard.
 
-  def __init__(self, workdir: str, *, resume_step: int | None = None, tensorboard: bool = True):
+  enabled=False (every process of a multi-process run but the first) touches no file:
+  `write` only returns the row.
+  """
+
+  def __init__(self, workdir: str, *, resume_step: int | None = None, tensorboard: bool = True,
+               enabled: bool = True):
+    self.enabled = enabled
+    self._tb = None
+    if not enabled:
+      return
     os.makedirs(workdir, exist_ok=True)
     self.path = os.path.join(workdir, METRICS_FILE)
     if os.path.exists(self.path):
@@ -41,13 +50,14 @@ class MetricsWriter:
         for r in rows:
           if r["step"] <= resume_step:
             f.write(json.dumps(r) + "\n")
-    self._tb = None
     if tensorboard:
       from tensorboardX import SummaryWriter
       self._tb = SummaryWriter(os.path.join(workdir, "tensorboard"))
 
   def write(self, step: int, metrics: Mapping[str, object]) -> dict:
     row = {"step": int(step), **{k: _clean(v) for k, v in metrics.items()}}
+    if not self.enabled:
+      return row
     with open(self.path, "a") as f:
       f.write(json.dumps(row) + "\n")
     if self._tb is not None:

@@ -126,12 +126,14 @@ def fit_tasks(tasks: Sequence[Task], tokenizer: Tokenizer, *, split: str, max_se
 
 def sample(model, tokenizer: Tokenizer, tasks: Sequence[Task], *, group_size: int,
            max_new_tokens: int, temperature: float, seed: int, mesh=None,
-           top_p: float = 1.0, top_k: int = 0) -> Rollout:
+           top_p: float = 1.0, top_k: int = 0, row_offset: int = 0) -> Rollout:
+  """G completions of each task; `row_offset` as in rlcode.sampling.generate."""
   prompts = encode_prompts(tokenizer, tasks)
   start = time.perf_counter()
   gen = generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                  top_p=top_p, top_k=top_k, group_size=group_size,
-                 stop_tokens=tokenizer.eos_ids, seed=seed, pad_id=tokenizer.pad_id, mesh=mesh)
+                 stop_tokens=tokenizer.eos_ids, seed=seed, pad_id=tokenizer.pad_id, mesh=mesh,
+                 row_offset=row_offset)
   seconds = time.perf_counter() - start
   texts = [tokenizer.decode([t for t in c if t not in tokenizer.eos_ids])
            for c in gen.completions()]
@@ -182,13 +184,16 @@ LENGTH_MULTIPLE = 32
 
 def sequence_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
                    prompt_index: Sequence[int], *, pad_id: int, old_logp=None,
-                   adv=None, window: int | None = None) -> grpo.SequenceBatch:
+                   adv=None, window: int | None = None,
+                   min_prompt_len: int = 0) -> grpo.SequenceBatch:
   """Host arrays of prompt + completion rows and each row's completion window.
 
   The window is `window` positions wide (default: the longest completion rounded up to
   a multiple of 32); rows are right-padded to a multiple of 32 long enough for every
-  row's window. Multiples rather than powers of two: the update's cost is linear in
-  the padded lengths, and the few lengths a run meets compile once each.
+  row's window after its prompt, and after a prompt of `min_prompt_len` tokens (so
+  processes that each build part of one batch agree on its length). Multiples rather
+  than powers of two: the update's cost is linear in the padded lengths, and the few
+  lengths a run meets compile once each.
 
   old_logp[i] holds the behaviour log-probabilities of completion i's tokens
   (its first len(completions[i]) entries are used).
@@ -201,7 +206,7 @@ def sequence_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Seque
   plens = [len(prompts[p]) for p in prompt_index]
   if min(plens) < 1:
     raise ValueError("sequence_batch: a prompt is empty")
-  seq_len = round_up(max(plens) + width, LENGTH_MULTIPLE)
+  seq_len = round_up(max(max(plens), min_prompt_len) + width, LENGTH_MULTIPLE)
   tokens = np.full((n, seq_len), pad_id, np.int32)
   mask = np.zeros((n, width), np.float32)
   old = np.zeros((n, width), np.float32)
@@ -214,19 +219,30 @@ def sequence_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Seque
       old[i, :len(c)] = old_logp[i][:len(c)]
   adv = np.zeros((n,), np.float32) if adv is None else np.asarray(adv, np.float32)
   return grpo.SequenceBatch(tokens=tokens, start=np.asarray(plens, np.int32) - 1, mask=mask,
-                            old_logp=old, ref_logp=np.zeros_like(old), adv=adv)
+                            old_logp=old, ref_logp=np.zeros_like(old), adv=adv,
+                            weight=np.ones_like(old))
 
 
-def rl_batch(rollout: Rollout, adv: np.ndarray, pad_id: int,
-             max_completion_len: int) -> grpo.SequenceBatch:
+def batch_widths(rollout: Rollout) -> tuple[int, int]:
+  """(longest trained completion, longest prompt) of the rollout, in tokens: what its
+  training batch is padded for."""
+  completions, _ = trained_completions(rollout)
+  return max(max(len(c) for c in completions), 1), max(len(p) for p in rollout.prompts)
+
+
+def rl_batch(rollout: Rollout, adv: np.ndarray, pad_id: int, max_completion_len: int,
+             widths: tuple[int, int] | None = None) -> grpo.SequenceBatch:
   """The rollout's batch of trained tokens (`trained_completions`); the window is the
   longest rounded up to a multiple of 32, at most max_completion_len (as
-  rlcode.shared_prefix.rl_batch)."""
+  rlcode.shared_prefix.rl_batch). `widths` (default: `batch_widths(rollout)`) pads for
+  longer completions and prompts: processes building parts of one batch pass the
+  maximum of theirs."""
   completions, logprobs = trained_completions(rollout)
-  longest = max(len(c) for c in completions)
-  window = min(round_up(max(longest, 1), LENGTH_MULTIPLE), max_completion_len)
+  longest, longest_prompt = widths or batch_widths(rollout)
+  window = min(round_up(longest, LENGTH_MULTIPLE), max_completion_len)
   return sequence_batch(rollout.prompts, completions, rollout.generation.prompt_index,
-                        pad_id=pad_id, old_logp=logprobs, adv=adv, window=window)
+                        pad_id=pad_id, old_logp=logprobs, adv=adv, window=window,
+                        min_prompt_len=longest_prompt)
 
 
 def sft_batch(tokenizer: Tokenizer, tasks: Sequence[Task]) -> grpo.SequenceBatch:

@@ -10,8 +10,9 @@ copy of the prompt's KV as a shared prefix instead of a private copy, so the
 prompt's KV memory does not grow with G.
 
 Randomness is keyed by (seed, step, row) where the row is the sample's global
-index p * G + g, so a sample does not depend on how the batch was padded or
-laid out.
+index p * G + g (plus `row_offset` when a process samples its share of a larger
+batch), so a sample does not depend on how the batch was padded, laid out or split
+over processes.
 
 This module must not know about rewards or training.
 """
@@ -154,13 +155,13 @@ def _prefill_fn(mesh: Mesh | None, num_layers: int, offload_kv: bool):
 @functools.partial(jax.jit, static_argnames=(
     "graphdef", "max_new_tokens", "temperature", "top_k", "top_p", "stop_tokens", "pad_id",
     "mesh"))
-def _decode(state, first_logits, prefix, cache, key, *, graphdef, max_new_tokens, temperature,
-            top_k, top_p, stop_tokens, pad_id, mesh):
+def _decode(state, first_logits, prefix, cache, key, row_offset, *, graphdef, max_new_tokens,
+            temperature, top_k, top_p, stop_tokens, pad_id, mesh):
   """The decode loop: one token per row per step until all rows stopped."""
   with _context(mesh):
     model: Decoder = nnx.merge(graphdef, state)
     b = first_logits.shape[0]
-    rows = jnp.arange(b, dtype=jnp.int32)
+    rows = jnp.arange(b, dtype=jnp.int32) + row_offset
     stops = jnp.asarray(stop_tokens if stop_tokens else (-1,), jnp.int32)
 
     def record(carry, step, tok, lp):
@@ -197,7 +198,7 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
              group_size: int = 1, stop_tokens: Sequence[int] = (), seed: int = 0,
              pad_id: int = 0, mesh: Mesh | None = None, share_prompt: bool = True,
-             offload_kv: bool = False) -> Generation:
+             offload_kv: bool = False, row_offset: int = 0) -> Generation:
   """Samples `group_size` completions for each prompt.
 
   Args:
@@ -220,6 +221,9 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
       layer's part to the device while the layer before it computes (implies
       the shared-prompt layout). Same samples; on a GPU it trades device
       memory for host-to-device bandwidth.
+    row_offset: the global index of this call's first row, when the prompts
+      are one process's share of a batch: row r draws the randomness of row
+      row_offset + r.
 
   Returns:
     A Generation with P * group_size rows, prompt-major.
@@ -270,7 +274,8 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
       max_new_tokens=max_new_tokens, mesh=mesh, share_prompt=share,
       offload_kv=bool(offload_kv))
   out_tok, out_lp, n, done = _decode(
-      state, first_logits, prefix, cache, jax.random.key(seed), graphdef=graphdef,
+      state, first_logits, prefix, cache, jax.random.key(seed), jnp.int32(row_offset),
+      graphdef=graphdef,
       max_new_tokens=max_new_tokens, temperature=float(temperature), top_k=int(top_k),
       top_p=float(top_p), stop_tokens=tuple(int(s) for s in stop_tokens), pad_id=int(pad_id),
       mesh=mesh)

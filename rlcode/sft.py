@@ -17,7 +17,7 @@ from flax import nnx
 from jax.sharding import Mesh
 from tqdm import tqdm
 
-from rlcode import grpo, rollout, sharding
+from rlcode import distributed, grpo, rollout, sharding
 
 
 def make_sft_step(graphdef, optimizer: optax.GradientTransformation, mesh: Mesh,
@@ -58,13 +58,16 @@ def run(graphdef, params, tasks, tokenizer, mesh: Mesh, *, optimizer: grpo.Optim
   opt = grpo.make_optimizer(optimizer)
   state = grpo.init_state(nnx.merge(graphdef, params), opt, mesh)
   stream = rollout.TaskStream(tasks, batch_size, seed)
-  step_fn = make_sft_step(graphdef, opt, mesh, state, grpo.SequenceBatch.abstract(batch_size))
+  example = grpo.SequenceBatch.abstract(batch_size)
+  step_fn = make_sft_step(graphdef, opt, mesh, state, example)
+  batch_sh = grpo.batch_shardings(mesh, example)
   losses, targets, spent = [], 0, 0.0
   bar = tqdm(total=steps, desc=desc, disable=not progress, leave=False)
   while (len(losses) < steps) if steps is not None else (spent < seconds):
     start = time.perf_counter()
     batch = rollout.sft_batch(tokenizer, stream.next())
-    state, m = step_fn(state, batch)
+    # Every process builds the whole batch (the same stream); each places its part.
+    state, m = step_fn(state, distributed.put_global(batch, batch_sh))
     losses.append(m["sft_loss"])
     targets += int(batch.mask.sum())
     if seconds is not None:

@@ -23,6 +23,8 @@ import numpy as np
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
+from rlcode.errors import BadInput
+
 MESH_AXES = ("data", "fsdp", "tensor")
 
 # Logical axis name -> mesh axes. Batch-like axes split over data and fsdp;
@@ -65,6 +67,33 @@ def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1,
 
 def mesh_from_config(mesh_cfg) -> Mesh:
   return make_mesh(mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor)
+
+
+def parse_mesh(spec: str, what: str = "--mesh") -> dict[str, int]:
+  """Axis sizes from "data=1,fsdp=9,tensor=8"; an axis left out has size 1.
+
+  Raises BadInput naming `what` for an unknown axis, a repeated one or a size that is
+  not a positive integer.
+  """
+  sizes = dict.fromkeys(MESH_AXES, 1)
+  seen = set()
+  for item in filter(None, (part.strip() for part in spec.split(","))):
+    name, eq, value = item.partition("=")
+    name = name.strip()
+    if name not in sizes or not eq or name in seen:
+      raise BadInput(f"{what} {spec!r}: expected axis=size items over the axes {MESH_AXES}, "
+                     "each at most once, for example data=1,fsdp=4,tensor=2")
+    if not value.strip().isdigit() or int(value) < 1:
+      raise BadInput(f"{what} {spec!r}: the size of {name} must be a positive integer")
+    sizes[name] = int(value)
+    seen.add(name)
+  if not seen:
+    raise BadInput(f"{what} {spec!r}: name at least one axis, for example fsdp=4")
+  return sizes
+
+
+def format_mesh(sizes: Mapping[str, int]) -> str:
+  return ",".join(f"{a}={sizes[a]}" for a in MESH_AXES)
 
 
 _ACTIVE: contextvars.ContextVar[tuple[Mesh, Mapping[str, Any]] | None] = (

@@ -36,8 +36,9 @@ class GroupedBatch:
   """P prompts and their P*G completions, prompt-major.
 
   prompt_tokens: [P, Tp] right-padded; prompt_lengths: [P].
-  completion_tokens: [N, Tc] right-padded. mask, old_logp, ref_logp: [N, Tc],
-  aligned with the completion tokens (mask 1 on real tokens). adv: [N].
+  completion_tokens: [N, Tc] right-padded. mask, old_logp, ref_logp, weight: [N, Tc],
+  aligned with the completion tokens (mask 1 on real tokens; weight as in
+  grpo.SequenceBatch). adv: [N].
   """
 
   prompt_tokens: jax.Array
@@ -47,6 +48,7 @@ class GroupedBatch:
   old_logp: jax.Array
   ref_logp: jax.Array
   adv: jax.Array
+  weight: jax.Array
 
   @classmethod
   def abstract(cls, prompts: int, rows: int) -> GroupedBatch:
@@ -56,7 +58,7 @@ class GroupedBatch:
     i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
     return cls(prompt_tokens=i32(prompts, 1), prompt_lengths=i32(prompts),
                completion_tokens=i32(rows, 1), mask=f32(rows, 1), old_logp=f32(rows, 1),
-               ref_logp=f32(rows, 1), adv=f32(rows))
+               ref_logp=f32(rows, 1), adv=f32(rows), weight=f32(rows, 1))
 
 
 def prompt_prefix(model, prompt_tokens_pt, prompt_lengths_p):
@@ -86,7 +88,7 @@ def logprob_fn(temperature: float):
 
 def grouped_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
                   pad_id: int, completion_len: int, old_logp=None, adv=None,
-                  padding_side: str = "right") -> GroupedBatch:
+                  padding_side: str = "right", min_prompt_len: int = 0) -> GroupedBatch:
   """Host arrays for the shared-prefix update.
 
   prompts: P token lists; completions: P*G token lists, prompt-major.
@@ -94,6 +96,8 @@ def grouped_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequen
   padding_side: how `prompts` arrive when they are arrays padded to one length
   with pad_id: "right" (as given) or "left" (the pads are stripped here; the
   device layout is always right-padded).
+  min_prompt_len: pad prompts for at least this many tokens (processes that each
+  build part of one batch agree on its shape).
   """
   if padding_side not in ("left", "right"):
     raise ValueError(f"padding_side={padding_side!r}: expected 'left' or 'right'")
@@ -109,7 +113,7 @@ def grouped_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequen
   if longest > completion_len:
     raise ValueError(f"a completion has {longest} tokens, more than completion_len="
                      f"{completion_len}")
-  tp = round_up(int(lengths.max()), PROMPT_MULTIPLE)
+  tp = round_up(max(int(lengths.max()), min_prompt_len), PROMPT_MULTIPLE)
   prompt_tokens = np.full((p, tp), pad_id, np.int32)
   for i, x in enumerate(prompts):
     prompt_tokens[i, :len(x)] = x
@@ -124,22 +128,23 @@ def grouped_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequen
   adv = np.zeros((n,), np.float32) if adv is None else np.asarray(adv, np.float32)
   return GroupedBatch(prompt_tokens=prompt_tokens, prompt_lengths=lengths,
                       completion_tokens=tokens, mask=mask, old_logp=old,
-                      ref_logp=np.zeros_like(old), adv=adv)
+                      ref_logp=np.zeros_like(old), adv=adv, weight=np.ones_like(old))
 
 
 COMPLETION_MULTIPLE = 32
 
 
-def rl_batch(ro: rollout.Rollout, adv: np.ndarray, pad_id: int,
-             max_completion_len: int) -> GroupedBatch:
+def rl_batch(ro: rollout.Rollout, adv: np.ndarray, pad_id: int, max_completion_len: int,
+             widths: tuple[int, int] | None = None) -> GroupedBatch:
   """The rollout's batch of trained tokens (rlcode.rollout.trained_completions),
   completions padded to a multiple of 32 of the longest one (at most
-  max_completion_len): a few compiled shapes, little padding."""
+  max_completion_len): a few compiled shapes, little padding. `widths` as in
+  rlcode.rollout.rl_batch."""
   completions, logprobs = rollout.trained_completions(ro)
-  longest = max(max(len(c) for c in completions), 1)
+  longest, longest_prompt = widths or rollout.batch_widths(ro)
   length = min(round_up(longest, COMPLETION_MULTIPLE), max_completion_len)
   return grouped_batch(ro.prompts, completions, pad_id=pad_id, completion_len=length,
-                       old_logp=logprobs, adv=adv)
+                       old_logp=logprobs, adv=adv, min_prompt_len=longest_prompt)
 
 
 def update_step(graphdef, optimizer, cfg: grpo.LossConfig, mesh, state, example: GroupedBatch):

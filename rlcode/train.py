@@ -2,10 +2,17 @@
 
     rlcode train --config configs/grpo_tiny.py
 
-Sections: mesh -> data -> model, optimiser and checkpoint -> sampler -> loop
-(rollout, reward, update, log) with periodic evaluation -> save. Re-running the
-same command in the same workdir resumes from the latest checkpoint, and the
-metrics of the remaining steps equal those of an uninterrupted run.
+Sections: mesh -> data -> model, optimiser and checkpoint -> sampler and update ->
+loop (rollouts, update, log) with periodic evaluation -> save. Re-running the same
+command in the same workdir resumes from the latest checkpoint, and the metrics of
+the remaining steps equal those of an uninterrupted run (at rl.max_staleness = 0).
+
+Rollouts (sample, then score in the sandbox) come from a sampler thread
+(rlcode.async_rollouts) that works ahead of the update by up to rl.max_staleness
+policy versions; at 0 it waits for every update, which is the synchronous loop.
+config.sampler_mesh puts the sampler on its own devices. The same command runs as N
+processes (rlcode.distributed): each samples its share of the prompts, the update
+is one program over all of them, and process 0 writes the files.
 
 An experiment that needs a different loop copies this file into experiments/
 rather than growing flags here.
@@ -21,7 +28,8 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from rlcode import checkpoint, config_lib, evaluate, grpo, rewards, rollout, sft, sharding, shared_prefix
+from rlcode import (async_rollouts, checkpoint, config_lib, distributed, evaluate, grpo, rewards,
+                    rollout, sft, shared_prefix)
 from rlcode.data import sources
 from rlcode.metrics import MetricsWriter
 from rlcode.models.build import build_model
@@ -31,9 +39,11 @@ def train(config) -> list[dict]:
   """Runs config.train.steps GRPO steps; returns the rows written to metrics.jsonl."""
   rows: list[dict] = []
   rl = config.rl
+  main = distributed.is_main()
 
   # ══════════════════════════════════════════════════════════════ 1. mesh
-  mesh = sharding.mesh_from_config(config.mesh)
+  # The trainer's mesh spans every process; the sampler's is this process's own.
+  mesh, sampler_mesh = distributed.meshes(config.mesh, config.sampler_mesh)
   n_rows = rl.prompts_per_step * rl.group_size
   dp = mesh.shape["data"] * mesh.shape["fsdp"]
   if n_rows % dp:
@@ -42,6 +52,7 @@ def train(config) -> list[dict]:
   if rl.top_p != 1.0 or rl.top_k != 0:
     raise ValueError("rl.top_p and rl.top_k must be off (1.0, 0): the update's log-ratio "
                      "assumes samples from the full tempered policy")
+  share = distributed.Share.of(rl.prompts_per_step, rl.group_size, dp)
 
   # ══════════════════════════════════════════════════════════════ 2. data
   train_tasks = sources.load(config.data, config.data.train_split)
@@ -66,8 +77,9 @@ def train(config) -> list[dict]:
                                  keep=config.train.keep_checkpoints)
   start_step, position = 0, 0
   if ckpt.latest_step() is None:
-    metrics = MetricsWriter(config.workdir)
-    config_lib.write_run_config(config, config.workdir)
+    metrics = MetricsWriter(config.workdir, enabled=main)
+    if main:
+      config_lib.write_run_config(config, config.workdir)
     if config.warmstart.steps > 0:
       params = warm_start(config, graphdef, params, train_tasks, tokenizer, mesh, metrics)
     if drop:
@@ -84,7 +96,7 @@ def train(config) -> list[dict]:
     restored, meta, start_step = ckpt.restore(
         checkpoint.bundle_like(grpo.init_state(policy(params), optimizer, mesh), keeps_reference))
     state, ref_params, position = restored["state"], restored["ref"], meta["data_position"]
-    metrics = MetricsWriter(config.workdir, resume_step=start_step)
+    metrics = MetricsWriter(config.workdir, resume_step=start_step, enabled=main)
 
   # ══════════════════════════════════════════════════════════════ 4. sampler and update
   stream = rollout.TaskStream(train_tasks, rl.prompts_per_step, config.seed, position)
@@ -92,71 +104,113 @@ def train(config) -> list[dict]:
   if rl.shared_prefix:
     logprob_fn = shared_prefix.logprob_fn(rl.temperature)
     example = shared_prefix.GroupedBatch.abstract(rl.prompts_per_step, n_rows)
+    make_batch = shared_prefix.rl_batch
   else:
     logprob_fn, example = None, grpo.SequenceBatch.abstract(n_rows)
+    make_batch = rollout.rl_batch
+  batch_sh = grpo.batch_shardings(mesh, example)
   update = grpo.make_update_step(graphdef, optimizer, loss_cfg, mesh, state, example,
                                  logprob_fn=logprob_fn)
-  ref_logprobs = (grpo.make_logprob_fn(graphdef, mesh, rl.temperature, logprob_fn)
+  ref_logprobs = (grpo.make_logprob_fn(graphdef, mesh, rl.temperature, logprob_fn, n_rows)
                   if keeps_reference else None)
+  # Rows sampled with an older policy version than the trainer's get the decoupled
+  # PPO correction (clip against the trainer's policy, truncated importance weight).
+  proximal = grpo.make_proximal_fn(graphdef, mesh, rl.temperature, rl.max_importance_weight,
+                                   n_rows, logprob_fn)
+  sync = async_rollouts.WeightSync(mesh, sampler_mesh, state.params)
+  store = async_rollouts.WeightStore(rl.max_staleness, rl.sample_version)
+  store.publish(start_step, sync(state.params)[0])
 
-  def run_eval(step, params):
-    result = evaluate.held_out_eval(config, policy(params), tokenizer, eval_tasks, mesh)
-    rows.append(metrics.write(step, {f"eval/{k}": v for k, v in result.items()}))
-
-  # ══════════════════════════════════════════════════════════════ 5. loop
-  if start_step == 0 and config.train.eval_every:
-    run_eval(0, state.params)
-  bar = tqdm(range(start_step, config.train.steps), initial=start_step,
-             total=config.train.steps, desc="grpo", disable=not config.train.progress_bar)
-  for step in bar:
-    tasks = stream.next()
-    ro = rollout.sample(policy(state.params), tokenizer, tasks, group_size=rl.group_size,
+  def produce(step, version, weights):
+    """In the sampler thread: this process's share of step `step`'s rollouts."""
+    tasks = share.take(stream.next())
+    ro = rollout.sample(policy(weights), tokenizer, tasks, group_size=rl.group_size,
                         max_new_tokens=rl.max_new_tokens, temperature=rl.temperature,
-                        seed=config.seed * 1_000_003 + step, mesh=mesh)
+                        seed=config.seed * 1_000_003 + step, mesh=sampler_mesh,
+                        row_offset=share.row_offset)
     start = time.perf_counter()
     reward = rollout.score(ro, dict(config.rewards), rewards.options(config.reward_options))
     reward_s = time.perf_counter() - start
     adv = grpo.group_advantages(reward.scores, rl.group_size, rl.advantage)
-    if rl.shared_prefix:
-      batch = shared_prefix.rl_batch(ro, adv, tokenizer.pad_id, rl.max_new_tokens)
-    else:
-      batch = rollout.rl_batch(ro, adv, tokenizer.pad_id, rl.max_new_tokens)
-    if ref_logprobs is not None:
-      batch.ref_logp = np.asarray(ref_logprobs(ref_params, batch))
+    return ro, adv, reward_s, stream.position
 
-    start = time.perf_counter()
-    for _ in range(rl.num_passes):
-      state, m = update(state, batch)
-    m = jax.device_get(m)
-    update_s = time.perf_counter() - start
-    if m["skipped"] and config.train.on_nonfinite == "stop":
-      raise FloatingPointError(f"step {step}: non-finite loss or gradient "
-                               f"(loss={m['loss']}, grad_norm={m['grad_norm']})")
+  def run_eval(step):
+    _, weights = store.latest()  # the trainer's newest params, on the sampler's devices
+    result = evaluate.held_out_eval(config, policy(weights), tokenizer, eval_tasks, sampler_mesh)
+    rows.append(metrics.write(step, {f"eval/{k}": v for k, v in result.items()}))
 
-    gen = ro.generation
-    n_tokens = int(gen.lengths.sum())
-    row = {k: float(v) for k, v in m.items()}
-    row.update(
-        reward_mean=float(reward.scores.mean()), reward_std=float(reward.scores.std()),
-        pass_rate=float(np.mean([_passed(d) for d in reward.details])) if reward.details else 0.0,
-        groups_with_signal=float(np.mean(np.abs(adv.reshape(-1, rl.group_size)).max(1) > 0)),
-        completion_len=float(gen.lengths.mean()),
-        trained_len=float(ro.loss_lengths.mean()),
-        rollout_tokens_per_s=n_tokens / ro.seconds,
-        update_tokens_per_s=_batch_tokens(batch) * rl.num_passes / update_s,
-        tokens_per_s=n_tokens / (ro.seconds + update_s),
-        rollout_seconds=ro.seconds, reward_seconds=reward_s, update_seconds=update_s,
-        **{f"reward/{k}": v for k, v in reward.metrics.items()})
-    rows.append(metrics.write(step + 1, row))
-    bar.set_postfix(reward=f"{row['reward_mean']:.3f}", loss=f"{row['loss']:.3f}")
+  # ══════════════════════════════════════════════════════════════ 5. loop
+  if start_step == 0 and config.train.eval_every:
+    run_eval(0)
+  bar = tqdm(range(start_step, config.train.steps), initial=start_step,
+             total=config.train.steps, desc="grpo",
+             disable=not (config.train.progress_bar and main))
+  rollouts = async_rollouts.AsyncRollouts(produce, store, start=start_step,
+                                          stop=config.train.steps)
+  with rollouts:
+    for step in bar:
+      step_start = time.perf_counter()
+      got, trainer_idle_s = rollouts.next()
+      ro, adv, reward_s, position = got.value
+      seen = distributed.gather(_row_stats(got))
+      widths = tuple(int(w) for w in seen["widths"].reshape(-1, 2).max(0))
+      batch = distributed.global_batch(
+          make_batch(ro, adv, tokenizer.pad_id, rl.max_new_tokens, widths), batch_sh)
+      lag = step - seen["version"]
 
-    done = step + 1
-    if config.train.eval_every and (done % config.train.eval_every == 0
-                                    or done == config.train.steps):
-      run_eval(done, state.params)
-    if done % config.train.checkpoint_every == 0 or done == config.train.steps:
-      ckpt.save(done, {"state": state, "ref": ref_params},
-                {"data_position": stream.position, "seed": config.seed, "step": done})
+      start = time.perf_counter()
+      iw = {"iw_clip_frac": 0.0, "iw_mean": 1.0}
+      if lag.any():
+        stale = distributed.put_global(lag > 0, batch_sh.adv)
+        batch.old_logp, batch.weight, iw = proximal(state.params, batch, stale)
+      if ref_logprobs is not None:
+        batch.ref_logp = ref_logprobs(ref_params, batch)
+      jax.block_until_ready((batch.old_logp, batch.ref_logp))
+      proximal_s = time.perf_counter() - start
+
+      start = time.perf_counter()
+      for _ in range(rl.num_passes):
+        state, m = update(state, batch)
+      m = jax.device_get(m)
+      update_s = time.perf_counter() - start
+      if m["skipped"] and config.train.on_nonfinite == "stop":
+        raise FloatingPointError(f"step {step}: non-finite loss or gradient "
+                                 f"(loss={m['loss']}, grad_norm={m['grad_norm']})")
+      weights, sync_s = sync(state.params)
+      store.publish(step + 1, weights)
+
+      n_tokens = int(seen["lengths"].sum())
+      rollout_s = float(seen["rollout_seconds"].max())
+      row = {k: float(v) for k, v in m.items()}
+      row.update(
+          reward_mean=float(seen["scores"].mean()), reward_std=float(seen["scores"].std()),
+          pass_rate=float(np.mean(seen["passed"])),
+          groups_with_signal=float(np.mean(
+              np.abs(seen["adv"].reshape(-1, rl.group_size)).max(1) > 0)),
+          completion_len=float(seen["lengths"].mean()),
+          trained_len=float(seen["loss_lengths"].mean()),
+          rollout_tokens_per_s=n_tokens / rollout_s,
+          update_tokens_per_s=_batch_tokens(batch) * rl.num_passes / update_s,
+          tokens_per_s=n_tokens / (rollout_s + update_s),
+          rollout_seconds=rollout_s, reward_seconds=float(seen["reward_seconds"].max()),
+          update_seconds=update_s, proximal_seconds=proximal_s, sync_seconds=sync_s,
+          sampler_idle_seconds=float(seen["sampler_idle_seconds"].max()),
+          trainer_idle_seconds=trainer_idle_s,
+          step_seconds=time.perf_counter() - step_start,
+          **{k: float(v) for k, v in jax.device_get(iw).items()},
+          **{f"staleness/{k}": int((lag == k).sum()) for k in range(rl.max_staleness + 1)},
+          **{f"reward/{k}": v
+             for k, v in distributed.mean_over_processes(ro.reward.metrics).items()})
+      rows.append(metrics.write(step + 1, row))
+      bar.set_postfix(reward=f"{row['reward_mean']:.3f}", loss=f"{row['loss']:.3f}")
+
+      done = step + 1
+      if config.train.eval_every and (done % config.train.eval_every == 0
+                                      or done == config.train.steps):
+        run_eval(done)
+      if done % config.train.checkpoint_every == 0 or done == config.train.steps:
+        ckpt.save(done, {"state": state, "ref": ref_params},
+                  {"data_position": position, "seed": config.seed, "step": done})
 
   # ══════════════════════════════════════════════════════════════ 6. save
   ckpt.wait()
@@ -186,6 +240,22 @@ def warm_start(config, graphdef, params, tasks, tokenizer, mesh, metrics):
   metrics.write(0, {"sft_loss_first": stats["loss_first"], "sft_loss_last": stats["loss_last"],
                     "sft_steps": ws.steps})
   return params
+
+
+def _row_stats(got: async_rollouts.Produced) -> dict[str, np.ndarray]:
+  """What the step's metrics are computed from, for this process's rows (per-row
+  arrays) and its timings (one entry each); rlcode.distributed.gather joins them."""
+  ro, adv, reward_s, _ = got.value
+  reward = ro.reward
+  passed = [_passed(d) for d in reward.details] if reward.details else [False] * len(adv)
+  one = lambda x: np.array([x], np.float64)
+  return {
+      "scores": reward.scores, "passed": np.array(passed, bool), "adv": adv,
+      "lengths": ro.generation.lengths, "loss_lengths": ro.loss_lengths,
+      "version": np.full(len(adv), got.version, np.int64),
+      "widths": np.array(rollout.batch_widths(ro), np.int64),
+      "rollout_seconds": one(ro.seconds), "reward_seconds": one(reward_s),
+      "sampler_idle_seconds": one(got.sampler_idle_seconds)}
 
 
 def _batch_tokens(batch) -> int:

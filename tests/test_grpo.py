@@ -131,7 +131,7 @@ def _setup(mesh, lr=1e-2):
   mask = np.ones((8, 6), np.float32)
   batch = grpo.SequenceBatch(tokens=tokens, start=np.full((8,), 5, np.int32), mask=mask,
                              old_logp=np.zeros_like(mask), ref_logp=np.zeros_like(mask),
-                             adv=np.array([1, -1] * 4, np.float32))
+                             adv=np.array([1, -1] * 4, np.float32), weight=np.ones_like(mask))
   cfg = grpo.LossConfig(max_completion_len=6)
   update = grpo.make_update_step(graphdef, optimizer, cfg, mesh, state, batch)
   return graphdef, state, batch, update, cfg
