@@ -1,11 +1,14 @@
-"""`rlcode <command> ...`: train, eval, sample, plot, mine.
+"""`rlcode <command> ...`: train, eval, sample, plot, mine, plan.
 
     rlcode train  --config configs/grpo_tiny.py [--config.a.b=value ...]
+                  [--coordinator HOST:PORT --num-processes N --process-id I]
     rlcode eval   --tasks humaneval --completions samples.jsonl [--k 1,10,100]
     rlcode eval   --config configs/grpo_tiny.py --checkpoint workdirs/grpo_tiny
     rlcode sample --config configs/sample_tiny.py
     rlcode plot   workdirs/grpo_tiny
     rlcode mine   data/repos/more-itertools.bundle --out /tmp/tfds [--granularity hunk ...]
+    rlcode plan   --config configs/qwen2_7b_plan.py --devices gb200-nvl72 --mesh data=8,fsdp=8
+                  [--sampler-mesh data=2,tensor=4] [--hardware h200|gb200] [--prompt-len N]
 
 Each command is a thin shell around an importable function, so notebooks and
 experiments call the same code.
@@ -54,6 +57,21 @@ def _parse(argv: Sequence[str]):
   ev.add_argument("--workers", type=int, default=None, help="sandbox workers (default: CPUs)")
   plot = commands.add_parser("plot", help="PNG curves of a workdir's metrics.jsonl")
   plot.add_argument("workdir")
+  plan = commands.add_parser("plan", help="per-device memory, FLOPs, collectives and time of a "
+                              "config on a mesh of N devices, compiled on fake CPU devices")
+  plan.add_argument("--config", required=True, help=config_help)
+  plan.add_argument("--devices", required=True,
+                    help="a device count, or a system: h200x8, gb200-nvl72")
+  plan.add_argument("--mesh", required=True, help="the trainer's mesh, e.g. data=1,fsdp=8,tensor=1")
+  plan.add_argument("--sampler-mesh", default=None,
+                    help="the sampler's own mesh on the devices after the trainer's "
+                         "(default: config.sampler_mesh; empty: the trainer's mesh)")
+  plan.add_argument("--hardware", default=None,
+                    help="the GPU whose published peaks the estimate uses: h200, gb200 "
+                         "(default: the system's, or h200 for a count)")
+  plan.add_argument("--prompt-len", type=int, default=0,
+                    help="prompt tokens (default: config.plan.prompt_len, else 256)")
+  plan.add_argument("--json", default="", help="also write the measurements and estimate here")
   # `main` hands `mine` to rlcode.data.git.command, which parses its options.
   commands.add_parser("mine", help="mine a git history into diff datasets (rlcode mine -h)")
   args, rest = parser.parse_known_args(argv)
@@ -133,6 +151,14 @@ def _run(parser, args, overrides) -> None:
   elif args.command == "plot":
     from rlcode import metrics
     print(metrics.plot(args.workdir))
+  elif args.command == "plan":
+    from rlcode import plan
+    result, hw, est = plan.plan(args.config, overrides, args.devices, args.mesh,
+                                args.sampler_mesh, args.hardware, args.prompt_len)
+    print(plan.format_table(result, hw, est))
+    if args.json:
+      with open(args.json, "w") as f:
+        json.dump({"hardware": hw.name, "result": result, "estimate": est}, f, indent=1)
   else:
     config = config_lib.load_config(args.config, overrides)
     if args.command == "train":
