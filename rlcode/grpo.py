@@ -268,18 +268,33 @@ def make_optimizer(opt: OptimizerConfig) -> optax.GradientTransformation:
       optax.adamw(shifted, b1=opt.b1, b2=opt.b2, weight_decay=opt.weight_decay))
 
 
+def opt_state_shardings(optimizer: optax.GradientTransformation, params, mesh: Mesh):
+  """Shardings of the optimiser state of `params` (concrete or abstract, with shardings):
+  each moment laid out like its parameter, everything else (counts) replicated.
+
+  Left to itself, jit(optimizer.init) replicates the moments (zeros do not depend on
+  their parameter's values, so its layout does not propagate): under FSDP every device
+  would hold every moment, 8 bytes per parameter for a float32 Adam.
+  """
+  replicated = NamedSharding(mesh, P())
+  like = lambda x: (x.sharding if isinstance(x.sharding, NamedSharding)
+                    and x.sharding.mesh == mesh else replicated)
+  return optax.tree_map_params(
+      optimizer, lambda _, s: s, jax.eval_shape(optimizer.init, params),
+      jax.tree.map(like, params), transform_non_params=lambda _: replicated)
+
+
 def init_state(model: nnx.Module, optimizer: optax.GradientTransformation,
                mesh: Mesh) -> TrainState:
   """The model's params, fresh optimiser state (moments sharded like their params,
   scalars replicated over the mesh) and step 0."""
   params = nnx.state(model, nnx.Param)
   replicated = NamedSharding(mesh, P())
-  # Every leaf gets a NamedSharding on the mesh: the jitted step returns such
-  # shardings, and any other kind in the input would make its second call
+  # Every optimiser leaf gets a NamedSharding on the mesh: the jitted step returns
+  # such shardings, and any other kind in the input would make its second call
   # recompile (a mismatch in the jit cache key).
-  on_mesh = lambda x: (x if isinstance(x.sharding, NamedSharding) and x.sharding.mesh == mesh
-                       else jax.device_put(x, replicated))
-  opt_state = jax.tree.map(on_mesh, jax.jit(optimizer.init)(params))
+  opt_state = jax.jit(optimizer.init,
+                      out_shardings=opt_state_shardings(optimizer, params, mesh))(params)
   return TrainState(params=params, opt_state=opt_state,
                     step=jax.device_put(jnp.zeros((), jnp.int32), replicated))
 

@@ -381,13 +381,10 @@ def analyse(config, devices: int, mesh_spec: str, sampler_spec: str, prompt_len:
 
   params = placed(abstract_params, mesh)
   optimizer = grpo.make_optimizer(grpo.OptimizerConfig.from_config(config.optimizer))
-  init = jax.jit(optimizer.init).lower(params).compile()
   replicated = NamedSharding(mesh, P())
-  # As grpo.init_state: moments laid out like their params, scalars replicated.
-  on_mesh = lambda s: s if isinstance(s, NamedSharding) and s.mesh == mesh else replicated
-  opt_state = jax.tree.map(
-      lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=on_mesh(s)),
-      jax.eval_shape(optimizer.init, params), init.output_shardings)
+  opt_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                           jax.eval_shape(optimizer.init, params),
+                           grpo.opt_state_shardings(optimizer, params, mesh))
   state = grpo.TrainState(params=params, opt_state=opt_state,
                           step=jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated))
   loss_cfg = grpo.LossConfig.from_config(rl, rl.max_new_tokens)
@@ -443,7 +440,7 @@ def analyse(config, devices: int, mesh_spec: str, sampler_spec: str, prompt_len:
                 "param_dtype": cfg.param_dtype, "dtype": cfg.dtype},
       "batch": {"prompts": prompts, "rows": rows, "prompt_len": prompt_len,
                 "completion_len": tc, "shared_prefix": bool(rl.shared_prefix),
-                "num_passes": rl.num_passes,
+                "num_passes": rl.num_passes, "max_staleness": rl.max_staleness,
                 "extra_forward": bool(loss_cfg.uses_reference or rl.max_staleness > 0)},
       "mesh": sharding.format_mesh(dict(mesh.shape)), "mesh_devices": n_train,
       "sampler_mesh": sharding.format_mesh(dict(sampler_mesh.shape)),
@@ -471,9 +468,11 @@ def estimate(result: Mapping, hw: Hardware) -> dict:
             "memory": up["xla"]["bytes_accessed"] / hw.hbm_bytes_per_s,
             "collectives": collective_seconds(up["collectives"], hw)}
   update["total"] = max(update["compute"], update["memory"]) + update["collectives"]
+  # XLA counts the loop body once: its bytes (the weights each step reads, gathered
+  # or not, and the KV cache) once per generated token.
   steps = b["completion_len"]
   decode = {"compute": dec["flops"] / hw.flops,
-            "memory": steps * (dec["parameters"] + dec["kv_cache"] / 2) / hw.hbm_bytes_per_s,
+            "memory": steps * dec["xla"]["bytes_accessed"] / hw.hbm_bytes_per_s,
             "collectives": collective_seconds(dec["collectives"], hw)}
   decode["total"] = max(decode["compute"], decode["memory"]) + decode["collectives"]
   prefill = dec["prefill_flops"] / hw.flops
@@ -482,9 +481,12 @@ def estimate(result: Mapping, hw: Hardware) -> dict:
   extra = update["total"] / 3 if b["extra_forward"] else 0.0
   train = b["num_passes"] * update["total"] + extra
   sample = prefill + decode["total"]
-  step = train + sample + sync if not result["split"] else max(train, sample) + sync
+  # Training and sampling overlap only on their own devices, with rollouts allowed to
+  # be a version stale.
+  overlapped = result["split"] and b["max_staleness"] >= 1
+  step = (max(train, sample) if overlapped else train + sample) + sync
   return {"update": update, "decode": decode, "prefill": prefill, "sync": sync,
-          "train": train, "sample": sample, "step": step}
+          "train": train, "sample": sample, "step": step, "overlapped": overlapped}
 
 
 # --------------------------------------------------------------------------- the command
@@ -522,7 +524,8 @@ def format_table(result: Mapping, hw: Hardware, est: Mapping) -> str:
          else ""),
       f"  FLOPs, analytic               {up['flops']:11.3e}      {dec['flops']:11.3e}",
       f"  FLOPs, XLA cost_analysis      {up['xla']['flops']:11.3e}      "
-      f"{dec['xla']['flops']:11.3e}  (a loop body counted once)",
+      f"{dec['xla']['flops']:11.3e}  (the loop body counted once;"
+      f" x{b['completion_len']}: {dec['xla']['flops'] * b['completion_len']:.3e})",
   ]
   for name, part in (("update step", up), ("decode loop", dec)):
     summary = summarise_collectives(part["collectives"])
@@ -530,18 +533,20 @@ def format_table(result: Mapping, hw: Hardware, est: Mapping) -> str:
       lines.append(f"  {name} {kind:<19s} x{s['count']:<7d} {s['bytes'] / 1e9:9.3f} GB, "
                    f"{s['wire_bytes'] / 1e9:9.3f} GB on the wire")
   u, d = est["update"], est["decode"]
+  t = lambda x: f"{x:10.3g}"
   lines += [
       "",
-      "estimated seconds          compute    memory  collectives   total",
-      f"  update step              {u['compute']:8.3f}  {u['memory']:8.3f}  {u['collectives']:10.3f}"
-      f"  {u['total']:7.3f}",
-      f"  decode loop              {d['compute']:8.3f}  {d['memory']:8.3f}  {d['collectives']:10.3f}"
-      f"  {d['total']:7.3f}",
-      f"  prefill (analytic)       {est['prefill']:8.3f}",
-      f"  weight sync to sampler   {est['sync']:8.3f}",
-      f"  GRPO step: train {est['train']:.3f} s, sample {est['sample']:.3f} s, "
-      f"step {est['step']:.3f} s"
-      + (" (train and sample overlapped, rl.max_staleness >= 1)" if result["split"] else ""),
+      "estimated seconds            compute     memory  collectives      total",
+      f"  update step            {t(u['compute'])} {t(u['memory'])}   {t(u['collectives'])} "
+      f"{t(u['total'])}",
+      f"  decode loop            {t(d['compute'])} {t(d['memory'])}   {t(d['collectives'])} "
+      f"{t(d['total'])}",
+      f"  prefill (analytic)     {t(est['prefill'])}",
+      f"  weight sync to sampler {t(est['sync'])}",
+      f"  GRPO step: train {est['train']:.3g} s, sample {est['sample']:.3g} s, "
+      f"step {est['step']:.3g} s"
+      + (" (train and sample overlap: own devices, rl.max_staleness >= 1)"
+         if est["overlapped"] else " (train, then sample)"),
   ]
   return "\n".join(lines)
 
