@@ -248,12 +248,13 @@ def _row_stats(got: async_rollouts.Produced) -> dict[str, np.ndarray]:
   ro, adv, reward_s, _ = got.value
   reward = ro.reward
   passed = [_passed(d) for d in reward.details] if reward.details else [False] * len(adv)
-  one = lambda x: np.array([x], np.float64)
+  # 32-bit types: they cross processes as JAX arrays.
+  one = lambda x: np.array([x], np.float32)
   return {
-      "scores": reward.scores, "passed": np.array(passed, bool), "adv": adv,
+      "scores": reward.scores, "passed": np.array(passed, np.int32), "adv": adv,
       "lengths": ro.generation.lengths, "loss_lengths": ro.loss_lengths,
-      "version": np.full(len(adv), got.version, np.int64),
-      "widths": np.array(rollout.batch_widths(ro), np.int64),
+      "version": np.full(len(adv), got.version, np.int32),
+      "widths": np.array(rollout.batch_widths(ro), np.int32),
       "rollout_seconds": one(ro.seconds), "reward_seconds": one(reward_s),
       "sampler_idle_seconds": one(got.sampler_idle_seconds)}
 

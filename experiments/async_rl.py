@@ -1,0 +1,121 @@
+"""Asynchronous rollouts on the default job: wall-clock per step and held-out pass@1 for
+rl.max_staleness (eta) = 0, 1, 2, 4 over seeds, side by side.
+
+    python experiments/async_rl.py [--etas 0 1 2 4] [--seeds 0 1 2] [--steps 30]
+        [--out experiments/out/async_rl] [--config.a.b=value ...]
+
+Each arm is `rlcode train --config configs/grpo_tiny.py --config.seed=S
+--config.rl.max_staleness=ETA` in its own workdir (a fresh process; the warm start is the
+config's), cut to --steps GRPO steps with no periodic evaluation; then the final policy's
+pass@1 on the held-out split (config.eval: 8 samples per problem at the rollout
+temperature). Arms run seed by seed, eta inside, so a change in the machine's load
+touches every eta alike. The processes share a persistent compilation cache under
+--out: compilation is not what is compared, and the first two steps of every arm (which
+compile) are left out of the per-step figures.
+
+Per arm: median seconds per step (the trainer's wall-clock from taking a batch to the
+next), and the mean seconds per step spent in each part: sampling (generate), reward
+(the sandbox), update, the proximal forward for stale rows, the weight copy, and the
+time the trainer and the sampler each waited for the other. Writes async_rl.json and
+prints the table, with mean and standard error over seeds.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from rlcode import config_lib, evaluate, sharding  # noqa: E402
+from rlcode.data import sources  # noqa: E402
+from rlcode.metrics import read_metrics  # noqa: E402
+
+CONFIG = os.path.join(ROOT, "configs", "grpo_tiny.py")
+PARTS = ("rollout_seconds", "reward_seconds", "update_seconds", "proximal_seconds",
+         "sync_seconds", "trainer_idle_seconds", "sampler_idle_seconds")
+SKIP = 2  # steps that compile
+
+
+def mean_se(xs):
+  m = sum(xs) / len(xs)
+  if len(xs) < 2:
+    return m, float("nan")
+  return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+
+
+def arm(seed, eta, steps, workdir, overrides, cache):
+  cmd = [sys.executable, "-m", "rlcode", "train", "--config", CONFIG, f"--config.seed={seed}",
+         f"--config.rl.max_staleness={eta}", f"--config.train.steps={steps}",
+         "--config.train.eval_every=0", f"--config.train.checkpoint_every={steps}",
+         "--config.train.progress_bar=false", f"--config.workdir={workdir}", *overrides]
+  env = dict(os.environ, PYTHONPATH=ROOT, JAX_COMPILATION_CACHE_DIR=cache,
+             JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
+  start = time.time()
+  subprocess.run(cmd, cwd=ROOT, env=env, check=True)
+  rows = [r for r in read_metrics(workdir) if "loss" in r]
+  timed = rows[SKIP:]
+  return {"seed": seed, "eta": eta, "minutes": (time.time() - start) / 60,
+          "grpo_seconds": sum(r["step_seconds"] for r in rows),
+          "step_seconds": statistics.median(r["step_seconds"] for r in timed),
+          **{p: statistics.mean(r[p] for r in timed) for p in PARTS},
+          "staleness": {k.split("/")[1]: sum(r[k] for r in rows)
+                        for k in rows[0] if k.startswith("staleness/")},
+          "iw_clip_frac": statistics.mean(r["iw_clip_frac"] for r in rows),
+          "reward_mean_last5": statistics.mean(r["reward_mean"] for r in rows[-5:])}
+
+
+def held_out(seed, workdir, overrides):
+  config = config_lib.load_config(CONFIG, [f"--config.seed={seed}", *overrides,
+                                           "--config.data.eval_split=held_out"])
+  mesh = sharding.mesh_from_config(config.mesh)
+  model, tokenizer, _, _ = evaluate.restore_policy(config, workdir, mesh)
+  result = evaluate.held_out_eval(config, model, tokenizer, sources.load_eval(config.data), mesh,
+                                  ks=(1,))
+  return result["pass@1"]
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--etas", type=int, nargs="+", default=[0, 1, 2, 4])
+  parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+  parser.add_argument("--steps", type=int, default=30)
+  parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/async_rl"))
+  args, overrides = parser.parse_known_args()
+  os.makedirs(args.out, exist_ok=True)
+  cache = os.path.join(args.out, "jax_cache")
+  runs = []
+  for seed in args.seeds:
+    for eta in args.etas:
+      workdir = os.path.join(args.out, f"seed{seed}_eta{eta}")
+      run = arm(seed, eta, args.steps, workdir, overrides, cache)
+      run["held_out_pass@1"] = held_out(seed, workdir, overrides)
+      runs.append(run)
+      print(json.dumps(run), flush=True)
+      with open(os.path.join(args.out, "async_rl.json"), "w") as f:
+        json.dump({"steps": args.steps, "overrides": overrides, "runs": runs}, f, indent=1)
+
+  short = {"rollout_seconds": "sample", "reward_seconds": "reward", "update_seconds": "update",
+           "proximal_seconds": "prox", "sync_seconds": "sync",
+           "trainer_idle_seconds": "trn idle", "sampler_idle_seconds": "smp idle"}
+  print(f"\n{'eta':>3s} {'s/step':>13s} {'speedup':>7s} {'held-out pass@1':>17s} "
+        + " ".join(f"{short[p]:>8s}" for p in PARTS))
+  base = {r["seed"]: r["step_seconds"] for r in runs if r["eta"] == args.etas[0]}
+  for eta in args.etas:
+    mine = [r for r in runs if r["eta"] == eta]
+    step, step_se = mean_se([r["step_seconds"] for r in mine])
+    speed = statistics.mean(base[r["seed"]] / r["step_seconds"] for r in mine)
+    p1, p1_se = mean_se([r["held_out_pass@1"] for r in mine])
+    parts = " ".join(f"{statistics.mean(r[p] for r in mine):8.2f}" for p in PARTS)
+    print(f"{eta:3d} {step:6.2f} ± {step_se:4.2f} {speed:7.2f} {p1:8.3f} ± {p1_se:5.3f} {parts}")
+
+
+if __name__ == "__main__":
+  main()
