@@ -21,6 +21,7 @@ This module must not know about models, losses or rewards.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import math
@@ -79,6 +80,21 @@ def _int_env(name: str) -> int:
 def is_main() -> bool:
   """Whether this process writes the run's files (metrics, config.json, TensorBoard)."""
   return jax.process_index() == 0
+
+
+@contextlib.contextmanager
+def main_first(name: str):
+  """Process 0 runs the block first, the others after it: what it prepares on disk (a
+  dataset built on first use) the others then read instead of building it at once."""
+  if jax.process_count() == 1:
+    yield
+    return
+  from jax.experimental import multihost_utils
+  if not is_main():
+    multihost_utils.sync_global_devices(name)
+  yield
+  if is_main():
+    multihost_utils.sync_global_devices(name)
 
 
 # --------------------------------------------------------------------------- devices

@@ -121,11 +121,15 @@ def model_config(config):
   return build.model_config(config.model)
 
 
-def refuse_undivided(abstract_state, mesh, what: str) -> None:
+def refuse_undivided(abstract_state, mesh, what: str, rows: int) -> None:
   """BadInput (one line) naming every model dimension the mesh axes its rules map it to
-  do not divide; the training code would replicate it with a warning instead."""
+  do not divide (the training code would replicate it with a warning instead), and the
+  batch's rows if the data-parallel axes do not divide them."""
   from flax import nnx
   bad = {}
+  dp = mesh.shape["data"] * mesh.shape["fsdp"]
+  if rows % dp:
+    bad[" rows"] = f"batch rows={rows} over data x fsdp={dp}"
   for path, var in nnx.to_flat_state(abstract_state):
     axes = var.get_metadata().get("axes") or ()
     for name, size in zip(axes, var.get_value().shape):
@@ -135,8 +139,8 @@ def refuse_undivided(abstract_state, mesh, what: str) -> None:
       if split > 1 and size % split:
         bad[name] = f"{name}={size} over {'x'.join(mesh_axes)}={split}"
   if bad:
-    raise BadInput(f"{what} {sharding.format_mesh(dict(mesh.shape))} does not divide the model: "
-                   + "; ".join(bad[k] for k in sorted(bad)))
+    raise BadInput(f"{what} {sharding.format_mesh(dict(mesh.shape))} does not divide the model "
+                   "and batch: " + "; ".join(bad[k] for k in sorted(bad)))
 
 
 # --------------------------------------------------------------------------- analytic counts
@@ -330,6 +334,11 @@ def _cost(compiled) -> dict:
           "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
 
 
+# The programs are compiled, never run: LLVM's optimisations only cost time here (buffer
+# assignment, memory analysis and HLO cost analysis come before them).
+COMPILE_OPTIONS = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
 def analyse(config, devices: int, mesh_spec: str, sampler_spec: str, prompt_len: int) -> dict:
   """Compiles the update step and the decode loop for this process's devices (which must
   be at least `devices`); returns the measurements (no estimate: see `estimate`)."""
@@ -359,20 +368,14 @@ def analyse(config, devices: int, mesh_spec: str, sampler_spec: str, prompt_len:
                   if sampler_sizes else mesh)
   prompts, group = rl.prompts_per_step, rl.group_size
   rows = prompts * group
-  for name, m in (("--mesh", mesh), ("--sampler-mesh", sampler_mesh)):
-    dp = m.shape["data"] * m.shape["fsdp"]
-    if rows % dp:
-      raise BadInput(f"{name} {sharding.format_mesh(dict(m.shape))}: the batch's {rows} rows "
-                     f"(rl.prompts_per_step x rl.group_size) do not split over its {dp} "
-                     "data-parallel devices")
   if prompt_len + rl.max_new_tokens > cfg.max_seq_len:
     raise BadInput(f"--prompt-len {prompt_len} + rl.max_new_tokens {rl.max_new_tokens} exceed "
                    f"the model's context of {cfg.max_seq_len}")
 
   abstract_model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
   graphdef, abstract_params = nnx.split(abstract_model, nnx.Param)
-  refuse_undivided(abstract_params, mesh, "--mesh")
-  refuse_undivided(abstract_params, sampler_mesh, "--sampler-mesh")
+  refuse_undivided(abstract_params, mesh, "--mesh", rows)
+  refuse_undivided(abstract_params, sampler_mesh, "--sampler-mesh", rows)
 
   def placed(state, m):
     shardings = sharding.state_shardings(state, m)
@@ -405,7 +408,8 @@ def analyse(config, devices: int, mesh_spec: str, sampler_spec: str, prompt_len:
   batch = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                        example, grpo.batch_shardings(mesh, example))
   update = grpo.make_update_step(graphdef, optimizer, loss_cfg, mesh, state, example,
-                                 logprob_fn=logprob_fn).lower(state, batch).compile()
+                                 logprob_fn=logprob_fn).lower(state, batch).compile(
+                                     COMPILE_OPTIONS)
 
   # The decode loop, as rlcode.sampling.generate calls it with the shared-prompt layout.
   full_graphdef, full_state = nnx.split(abstract_model)
@@ -430,7 +434,7 @@ def analyse(config, devices: int, mesh_spec: str, sampler_spec: str, prompt_len:
   decode = sampling._decode.lower(
       sampler_state, first_logits, prefix, cache, key, jax.ShapeDtypeStruct((), jnp.int32),
       graphdef=full_graphdef, max_new_tokens=tc, temperature=float(rl.temperature), top_k=0,
-      top_p=1.0, stop_tokens=(2,), pad_id=0, mesh=sampler_mesh).compile()
+      top_p=1.0, stop_tokens=(2,), pad_id=0, mesh=sampler_mesh).compile(COMPILE_OPTIONS)
 
   forward, train_flops = update_flops(cfg, prompts, rows, prompt_len, tc, rl.shared_prefix)
   return {

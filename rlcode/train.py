@@ -55,8 +55,10 @@ def train(config) -> list[dict]:
   share = distributed.Share.of(rl.prompts_per_step, rl.group_size, dp)
 
   # ══════════════════════════════════════════════════════════════ 2. data
-  train_tasks = sources.load(config.data, config.data.train_split)
-  eval_tasks = sources.load_eval(config.data)
+  # Every process reads the tasks; the first prepares them on disk when that is needed.
+  with distributed.main_first("rlcode data"):
+    train_tasks = sources.load(config.data, config.data.train_split)
+    eval_tasks = sources.load_eval(config.data)
 
   # ══════════════════════════════════════════════════════════════ 3. model, optimiser, checkpoint
   model, tokenizer = build_model(config.model, mesh, config.seed)

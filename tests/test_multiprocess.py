@@ -27,7 +27,9 @@ def _free_port() -> int:
     return s.getsockname()[1]
 
 
-def _launch(workdir, cache):
+def _launch(workdir, cache, logs):
+  """Both processes; their output goes to files (a pipe nobody reads fills up and
+  blocks a process, and with it the other's collectives)."""
   port = _free_port()
   env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4",
              JAX_PLATFORMS="cpu", PYTHONPATH=tiny_runs.ROOT,
@@ -37,8 +39,13 @@ def _launch(workdir, cache):
       [sys.executable, "-m", "rlcode", "train", "--config", tiny_runs.CONFIG, *tiny_runs.TINY,
        *MESH, *RUN, f"--config.workdir={workdir}", "--coordinator", f"127.0.0.1:{port}",
        "--num-processes", "2", "--process-id", str(i)],
-      cwd=tiny_runs.ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-      start_new_session=True) for i in range(2)]
+      cwd=tiny_runs.ROOT, env=env, stdout=subprocess.DEVNULL,
+      stderr=open(f"{logs}.{i}.log", "w"), start_new_session=True) for i in range(2)]
+
+
+def _tail(logs, i):
+  with open(f"{logs}.{i}.log") as f:
+    return f.read()[-3000:]
 
 
 def _close(a, b):
@@ -53,27 +60,26 @@ def _close(a, b):
 
 def test_two_processes_killed_and_resumed_match_one_process(tmp_path):
   workdir, cache = tmp_path / "two", tmp_path / "cache"
-  procs = _launch(workdir, cache)
+  procs = _launch(workdir, cache, tmp_path / "first")
   deadline = time.time() + 600
   while not (workdir / "checkpoints" / "1").is_dir():
-    for p in procs:
-      assert p.poll() is None, p.stderr.read().decode()[-3000:]
+    for i, p in enumerate(procs):
+      assert p.poll() is None, _tail(tmp_path / "first", i)
     assert time.time() < deadline, "no checkpoint at step 1 within 600 s"
     time.sleep(0.2)
   for p in procs:
     os.killpg(p.pid, signal.SIGKILL)
     p.wait()
   assert not (workdir / "checkpoints" / "3").exists()
-  procs = _launch(workdir, cache)
-  for p in procs:
-    _, err = p.communicate(timeout=900)
-    assert p.returncode == 0, err.decode()[-3000:]
+  procs = _launch(workdir, cache, tmp_path / "resumed")
+  for i, p in enumerate(procs):
+    assert p.wait(timeout=900) == 0, _tail(tmp_path / "resumed", i)
 
   one = train.train(tiny_runs.config(tmp_path / "one", *MESH, *RUN))
   two = read_metrics(str(workdir))
   drop = lambda rows: [{k: v for k, v in r.items() if not any(t in k for t in tiny_runs.TIMING)}
                        for r in rows]
-  assert [r["step"] for r in two] == [1, 2, 3, 3]  # the steps, then the final eval
+  assert [r["step"] for r in two] == [0, 1, 2, 3, 3]  # evals at 0 and at the end
   assert any(r.get("grad_norm", 0) > 0 for r in two)
   _close(drop(two), drop(one))
   # Only process 0 wrote: one metrics file, one config, one TensorBoard directory.
