@@ -24,7 +24,8 @@ heads, layers, hidden size, MLP width or vocabulary on the mesh axes the shardin
 map them to) or the batch is refused with one line (rlcode.errors.BadInput).
 
 The estimate, per device and per program: compute time = FLOPs / peak dense bf16
-FLOP/s; memory time = bytes / HBM bandwidth (XLA's bytes accessed for the update;
+FLOP/s (for the update, the larger of the analytic share and XLA's count, which sees
+work the mesh repeats on several devices); memory time = bytes / HBM bandwidth (XLA's bytes accessed for the update;
 for decoding, each step reads the device's parameters and its part of the KV cache);
 collective time = bytes on the wire / link bandwidth (ring algorithms: an all-gather or
 reduce-scatter of S bytes over g devices moves S (g - 1) / g per device, an all-reduce
@@ -65,6 +66,8 @@ import re
 import subprocess
 import sys
 from collections.abc import Mapping, Sequence
+
+import numpy as np
 
 from rlcode import config_lib, sharding
 from rlcode.errors import BadInput
@@ -202,7 +205,6 @@ def _groups(line: str, num_devices: int) -> list[list[int]]:
   if explicit:
     return [[int(x) for x in g.split(",") if x] for g in re.findall(r"\{([\d,]*)\}",
                                                                     explicit.group(1))]
-  import numpy as np
   iota = re.search(r"replica_groups=\[(\d+),(\d+)\]<=\[([\d,]+)\](?:T\(([\d,]+)\))?", line)
   if iota:
     n, g = int(iota.group(1)), int(iota.group(2))
@@ -211,14 +213,22 @@ def _groups(line: str, num_devices: int) -> list[list[int]]:
     if iota.group(4):
       ids = ids.transpose([int(x) for x in iota.group(4).split(",")])
     return ids.reshape(n, g).tolist()
-  mesh = re.search(r"replica_groups=mesh\[([^\]]*)\]\s*\{([^}]*)\}", line)
+  mesh = re.search(r"replica_groups=mesh\[([^\]]*)\](?:,\s*device_ids=\(\[([\d,]+)\]"
+                   r"(?:T\(([\d,]+)\))?\))?\s*\{([^}]*)\}", line)
   if mesh:
     names = re.findall(r"'([^']+)'=(\d+)", mesh.group(1))
-    over = re.findall(r"'([^']+)'", mesh.group(2))
+    over = re.findall(r"'([^']+)'", mesh.group(4))
     shape = [int(s) for _, s in names]
     order = [i for i, (a, _) in enumerate(names) if a not in over] + [
         [a for a, _ in names].index(a) for a in over]
-    ids = np.arange(math.prod(shape)).reshape(shape).transpose(order)
+    # device_ids, when printed, numbers the mesh's positions: an iota of its own shape,
+    # maybe transposed, then laid out in the mesh's shape.
+    ids = np.arange(math.prod(shape))
+    if mesh.group(2):
+      ids = ids.reshape([int(x) for x in mesh.group(2).split(",")])
+      if mesh.group(3):
+        ids = ids.transpose([int(x) for x in mesh.group(3).split(",")])
+    ids = ids.reshape(shape).transpose(order)
     size = math.prod(shape[[a for a, _ in names].index(a)] for a in over)
     return ids.reshape(-1, size).tolist()
   pairs = re.search(r"source_target_pairs=\{(.*?)\}\}?", line)
@@ -468,7 +478,9 @@ def analyse(config, devices: int, mesh_spec: str, sampler_spec: str, prompt_len:
 def estimate(result: Mapping, hw: Hardware) -> dict:
   """Seconds per program and per GRPO step from `analyse`'s measurements."""
   up, dec, b = result["update"], result["decode"], result["batch"]
-  update = {"compute": up["flops"] / hw.flops,
+  # The update has no loop, so XLA's count is whole; it exceeds the analytic share of a
+  # device where the mesh does not divide the work (a prompt computed on several devices).
+  update = {"compute": max(up["flops"], up["xla"]["flops"]) / hw.flops,
             "memory": up["xla"]["bytes_accessed"] / hw.hbm_bytes_per_s,
             "collectives": collective_seconds(up["collectives"], hw)}
   update["total"] = max(update["compute"], update["memory"]) + update["collectives"]
