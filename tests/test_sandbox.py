@@ -8,7 +8,6 @@ import json
 import os
 import re
 import socket
-import struct
 import sys
 import time
 from pathlib import Path
@@ -16,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from rlcode import sandbox as sb
+from rlcode.sandbox import launch, supervise
 
 REPO = Path(__file__).resolve().parents[1]
 MARKER = "rlcode-hostile-marker-5c1e"
@@ -42,7 +42,7 @@ EXPECTED_ROOT = sorted(
     [p[1:] for p in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
      if os.path.islink(p) or os.path.isdir(p)]
     + ["dev", "proc", "sandbox", "tmp", "usr"]
-    + (["opt"] if sb._interpreter(None).mount else []))
+    + (["opt"] if launch.interpreter(None).mount else []))
 SECRET = "rlcode-secret-env-value-77"
 os.environ["RLCODE_TEST_SECRET"] = SECRET  # must not reach the sandbox
 
@@ -299,76 +299,6 @@ def test_timeout_midway_counts_nothing(box):
   assert r.tests_passed == 1 and r.fraction == 0.0
 
 
-def test_plan_splits_humaneval_style_check():
-  tests = ("METADATA = {}\n\ndef check(candidate):\n    import math\n"
-           "    assert True, 'always'\n    assert candidate(1) == 1\n"
-           "    for i in range(3):\n        assert candidate(i) == i\n"
-           "    def helper(v):\n        assert v\n    helper(candidate(1))\n")
-  plan = sb.plan_tests(tests, "f")
-  assert plan.format == "generator" and plan.n_tests == 2
-  assert plan.labels == ("assert candidate(1) == 1", "for i in range(3):")
-  compile(plan.source, "<plan>", "exec")
-  no_asserts = ("def check(candidate):\n    x = candidate(1)\n"
-                "    if x != 1:\n        raise ValueError\n")
-  assert sb.plan_tests(no_asserts, "f").n_tests == 1
-
-
-@pytest.mark.parametrize("tests,entry_point,fmt,message", [
-    ("def check(candidate):\n    assert candidate(1)\n", "", "auto", "entry point"),
-    ("assert f(1) ==\n", "", "auto", "do not parse"),
-    ("# nothing\n", "", "auto", "no test statements"),
-    ("", "", "auto", "non-empty"),
-    ("assert f(1)\n", "", "pytest", "tests_format"),
-    ("import unittest\nclass T(unittest.TestCase):\n    def helper(self):\n        pass\n",
-     "", "unittest", "no TestCase method"),
-])
-def test_plan_rejects_bad_tests(tests, entry_point, fmt, message):
-  with pytest.raises(ValueError, match=message):
-    sb.plan_tests(tests, entry_point, fmt)
-
-
-def _run_bpf(program: bytes, nr: int, arch: int, arg0: int = 0) -> int:
-  """A reference interpreter for the classic-BPF subset the filter uses."""
-  data = struct.pack("<iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)
-  ins = [struct.unpack_from("<HBBI", program, 8 * i) for i in range(len(program) // 8)]
-  pc, acc = 0, 0
-  while True:
-    code, jt, jf, k = ins[pc]
-    if code == 0x20:
-      acc = struct.unpack_from("<I", data, k)[0]
-      pc += 1
-    elif code in (0x15, 0x35, 0x45):
-      hit = {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[code]
-      pc += 1 + (jt if hit else jf)
-    elif code == 0x06:
-      return k
-    else:
-      raise AssertionError(f"unexpected opcode {code:#x}")
-
-
-@pytest.mark.parametrize("machine,arch,nrs", [
-    ("x86_64", 0xC000003E, {"read": 0, "fork": 57, "vfork": 58, "clone": 56, "ptrace": 101,
-                            "bpf": 321, "mmap": 9}),
-    ("aarch64", 0xC00000B7, {"read": 63, "clone": 220, "ptrace": 117, "bpf": 280,
-                             "mmap": 222}),
-])
-def test_seccomp_filter_decisions(machine, arch, nrs):
-  prog = sb.seccomp_filter(machine)
-  allow, eperm, enosys = 0x7FFF0000, 0x50001, 0x50026
-  assert _run_bpf(prog, nrs["read"], arch) == allow
-  assert _run_bpf(prog, nrs["mmap"], arch) == allow
-  assert _run_bpf(prog, nrs["ptrace"], arch) == eperm
-  assert _run_bpf(prog, nrs["bpf"], arch) == eperm
-  assert _run_bpf(prog, 435, arch) == enosys
-  assert _run_bpf(prog, nrs["clone"], arch, 0x11) == eperm            # fork-like
-  assert _run_bpf(prog, nrs["clone"], arch, 0x3D0F00) == allow        # pthread flags
-  assert _run_bpf(prog, nrs["read"], 0x40000003) == eperm             # i386 ABI
-  if machine == "x86_64":
-    assert _run_bpf(prog, nrs["fork"], arch) == eperm
-    assert _run_bpf(prog, nrs["vfork"], arch) == eperm
-    assert _run_bpf(prog, 0x40000000 | 0, arch) == eperm              # x32 ABI
-
-
 def test_limits_validate():
   with pytest.raises(ValueError, match="wall_seconds"):
     sb.Limits(wall_seconds=0)
@@ -377,10 +307,10 @@ def test_limits_validate():
 
 
 def test_broken_launch_is_sandbox_error():
-  interp = sb._interpreter(None)
-  launcher = sb._Bwrap(dataclasses.replace(interp, exe="/opt/python/bin/no-such-python"))
+  interp = launch.interpreter(None)
+  launcher = launch.Bwrap(dataclasses.replace(interp, exe="/opt/python/bin/no-such-python"))
   job = sb.Job(GOOD_ADD, ADD_TESTS, "add")
-  r = sb._execute(launcher, sb.plan_tests(ADD_TESTS, "add"), job, LIMITS)
+  r = supervise.execute(launcher, sb.plan_tests(ADD_TESTS, "add"), job, LIMITS)
   assert r.status == "sandbox_error" and "did not start" in r.error
 
 
@@ -389,7 +319,7 @@ def test_unavailable_backend_raises():
     sb.Sandbox(backend="bwrap", python="/no/such/python")
 
 
-@pytest.mark.skipif(not (os.path.exists("/usr/bin/python3") and sb._which("unshare")),
+@pytest.mark.skipif(not (os.path.exists("/usr/bin/python3") and launch.which("unshare")),
                     reason="the fallback test needs /usr/bin/python3 and util-linux unshare")
 def test_unshare_fallback_runs_with_a_warning():
   with pytest.warns(RuntimeWarning, match="FALLING BACK"):

@@ -1,7 +1,7 @@
 """The test harness that runs inside the sandbox: one program, its tests, a report.
 
-`rlcode.sandbox` passes the text of this file to the sandboxed interpreter with
-`python -c`; rlcode never imports it. It must stay standard-library only, import
+`rlcode.sandbox.launch` passes the text of this file to the sandboxed interpreter
+with `python -c`; rlcode never imports it. It must stay standard-library only, import
 nothing once the untrusted program has started, and reach everything it needs
 through locals of `_main`, whose globals are a private dict holding a snapshot of
 the builtins: a program that rebinds names in `builtins`, `__main__` or `os` does
