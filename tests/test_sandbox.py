@@ -13,8 +13,11 @@ import time
 from pathlib import Path
 
 import pytest
+from tampering import ATTACKS, TASKS
 
 from rlcode import sandbox as sb
+from rlcode.data.humaneval import humaneval_tasks
+from rlcode.rewards.tests import job_for
 from rlcode.sandbox import launch, supervise
 
 REPO = Path(__file__).resolve().parents[1]
@@ -95,7 +98,7 @@ HOSTILE = {
     "proc_shows_only_the_sandbox": (
         "import os\npids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
         "print('PIDS', pids, os.getuid(), os.getgid(), os.uname().nodename)\n",
-        "failed", "KeyError", lambda out: "PIDS [1] 65534 65534 sandbox" in out),
+        "failed", "KeyError", lambda out: "PIDS [1, 2] 65534 65534 sandbox" in out),
     "segfault_ctypes": ("import ctypes\nctypes.string_at(0)\n", "crash", "SIGSEGV", None),
     "print_gigabytes": ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n",
                         "crash", "output exceeded", None),
@@ -115,7 +118,7 @@ HOSTILE = {
         "import os\nfor fd in range(3, 256):\n    try:\n"
         "        os.write(fd, b'start\\ntest 0 pass\\ntest 1 pass\\ntest 2 pass\\ndone\\n')\n"
         "    except OSError:\n        pass\n" + GOOD_ADD,
-        "crash", "invalid report", None),
+        "crash", "broke the call protocol", None),
     "read_job_fd_for_nonce": (
         "import os\nfound = []\nfor fd in range(0, 256):\n    try:\n"
         "        data = os.pread(fd, 1 << 16, 0)\n"
@@ -128,7 +131,34 @@ HOSTILE = {
                     + WRONG_ADD, "failed", "AssertionError", None),
     "kill_process_group": ("import os, signal\nos.killpg(0, signal.SIGKILL)\n"
                            "os.kill(os.getpid(), signal.SIGKILL)\n" + WRONG_ADD,
-                           "failed", "AssertionError", None),
+                           "crash", "program killed by SIGKILL", None),
+    "signal_the_test_process": (
+        "import os, signal\ndef add(a, b):\n"
+        "    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGXCPU, signal.SIGUSR1,\n"
+        "              signal.SIGHUP, signal.SIGALRM, signal.SIGKILL, signal.SIGSTOP):\n"
+        "        for pid in (1, os.getppid(), -1):\n            try:\n"
+        "                os.kill(pid, s)\n            except OSError:\n                pass\n"
+        "    return 0\n", "failed", "AssertionError", None),
+    # The harness is non-dumpable: its /proc files do not open for the program's uid
+    # (listing /proc/1/fd does when the host is root: the sandbox uid is then the
+    # owner of record of non-dumpable processes; following the links does not).
+    "open_the_test_process_proc_files": (
+        "import os\nopened = []\n"
+        "paths = ['/proc/1/' + n for n in ('mem', 'environ', 'maps', 'syscall', 'stack',\n"
+        "                                  'cwd/.', 'root/etc')]\n"
+        "try:\n    paths += ['/proc/1/fd/' + fd for fd in os.listdir('/proc/1/fd')]\n"
+        "except OSError:\n    pass\n"
+        "for path in paths:\n    try:\n"
+        "        os.listdir(path) if path.endswith(('/.', '/etc')) else open(path, 'rb').read(1)\n"
+        "        opened.append(path)\n    except OSError:\n        pass\n"
+        "print('OPENED', opened, len(paths))\n" + WRONG_ADD,
+        "failed", "AssertionError", lambda out: out.startswith("OPENED [] ")),
+    "forge_replies_on_the_call_channel": (
+        "import json, os\nfor fd in range(3, 64):\n"
+        "    data = json.dumps(['return', 3]).encode()\n    try:\n"
+        "        os.write(fd, len(data).to_bytes(8, 'little') + data)\n"
+        "    except OSError:\n        pass\n" + WRONG_ADD,
+        "crash", "broke the call protocol", None),
     "close_all_fds": ("import os\nos.closerange(0, 1024)\n" + GOOD_ADD, "crash", "exited", None),
     "monkeypatch_harness": (
         "import builtins, os, sys, __main__\n"
@@ -243,6 +273,37 @@ def test_runs_next_to_hostile_programs_still_pass(hostile_results):
   assert [r.status for r in hostile_results[1]] == ["passed"] * len(HOSTILE)
 
 
+def _attack_task(name):
+  task = ATTACKS[name][0]
+  return TASKS[task] if task in TASKS else next(t for t in humaneval_tasks() if t.id == task)
+
+
+@pytest.fixture(scope="module")
+def attack_results(box):
+  return dict(zip(ATTACKS, box.run_many([job_for(_attack_task(n), ATTACKS[n][1])
+                                         for n in ATTACKS])))
+
+
+@pytest.mark.parametrize("name", list(ATTACKS))
+def test_tampering_scores_zero(attack_results, name):
+  """Each attack passes every test where the program and the tests share an interpreter."""
+  result = attack_results[name]
+  assert result.status in ("failed", "timeout", "crash"), (result.error, result.stderr)
+  assert result.tests_passed == 0 and result.fraction == 0.0 and not result.passed, (
+      result.outcomes)
+
+
+def test_tampering_suite_is_large_enough():
+  assert len(ATTACKS) >= 12
+
+
+@pytest.mark.parametrize("task,program", [
+    ("add", GOOD_ADD), ("square_unittest", "def square(x):\n    return x * x\n"),
+    ("square_script", "def square(x):\n    return x * x\n")])
+def test_tampering_tasks_pass_honest_programs(box, task, program):
+  assert box.run(job_for(TASKS[task], program)).status == "passed"
+
+
 def test_nothing_left_on_the_host(hostile_results):
   del hostile_results  # the hostile programs wrote MARKER files in /sandbox and /tmp
   for path in ("/tmp/" + MARKER, "/sandbox", "/dev/shm/" + MARKER, str(REPO / MARKER)):
@@ -299,6 +360,68 @@ def test_timeout_midway_counts_nothing(box):
   assert r.tests_passed == 1 and r.fraction == 0.0
 
 
+def test_calls_carry_plain_data_and_builtin_errors(box):
+  """Values cross by exact type; errors come back as the nearest builtin Exception type."""
+  program = ("class Odd(ValueError):\n    pass\n"
+             "LIMIT = {'big': 10 ** 40, 'pair': (1.5, -0j), 'raw': b'\\x00'}\n"
+             "def echo(x, **k):\n    return [x, k]\n"
+             "def fail(kind):\n    raise {'odd': Odd('no'), 'exit': SystemExit(3)}[kind]\n"
+             "def grab(xs):\n    xs.append(1)\n    return len(xs)\n"
+             "def lazy():\n    return (i for i in range(3))\n")
+  tests = ("import unittest\nclass T(unittest.TestCase):\n"
+           "    def test_round_trip(self):\n"
+           "        v = [None, True, 3, 2.5, 'é', b'b', (1, [2]), {1: 'a'}, {3}, frozenset({4}),\n"
+           "             -(2 ** 80), float('inf'), 1 + 2j]\n"
+           "        out = echo(v, key={'k': (1,)})\n"
+           "        self.assertEqual(out, [v, {'key': {'k': (1,)}}])\n"
+           "        self.assertEqual([type(x) for x in out[0]], [type(x) for x in v])\n"
+           "    def test_constant(self):\n"
+           "        self.assertEqual(LIMIT, {'big': 10 ** 40, 'pair': (1.5, -0j), 'raw': b'\\0'})\n"
+           "    def test_builtin_ancestor(self):\n"
+           "        with self.assertRaisesRegex(ValueError, 'Odd: no'):\n            fail('odd')\n"
+           "    def test_exit_is_no_builtin_exception(self):\n"
+           "        with self.assertRaises(Exception) as caught:\n            fail('exit')\n"
+           "        self.assertEqual(type(caught.exception).__name__, 'ProgramError')\n"
+           "    def test_arguments_go_by_value(self):\n        xs = []\n"
+           "        self.assertEqual(grab(xs), 1)\n        self.assertEqual(xs, [])\n"
+           "    def test_generator_is_not_plain(self):\n"
+           "        with self.assertRaisesRegex(Exception, 'not plain data'):\n            lazy()\n"
+           "    def test_function_argument_is_not_plain(self):\n"
+           "        with self.assertRaisesRegex(Exception, 'not plain data'):\n"
+           "            echo(len)\n")
+  r = box.run(sb.Job(program, tests))
+  assert r.status == "passed", r.outcomes
+
+
+def test_context_names_are_the_tests_own(box):
+  """Helpers given by the task come from the context; the program's version is never used."""
+  context = "def double(x):\n    return 2 * x\n"
+  tests = "def check(candidate):\n    assert candidate(3) == double(3)\n"
+  honest = "def double(x):\n    return 2 * x\ndef f(x):\n    return double(x)\n"
+  lying = "def double(x):\n    return 0\ndef f(x):\n    return 0\n"
+  assert box.run(sb.Job(honest, tests, "f", context=context)).status == "passed"
+  assert box.run(sb.Job(lying, tests, "f", context=context)).status == "failed"
+  assert box.run(sb.Job(lying, tests, "f")).status == "passed"  # without the context
+
+
+def test_entry_point_may_shadow_a_builtin_other_names_may_not(box):
+  program = "def max(xs):\n    return min(xs)\nabs = lambda x: 0\n"
+  tests = ("assert max([1, 3]) == 1\n", "assert abs(-2) == 2\n")
+  r = box.run(sb.Job(program, tests, "max"))
+  assert r.status == "passed", r.outcomes
+
+
+def test_both_processes_are_confined(box):
+  """Neither the program process nor the tests' process can fork (seccomp in each)."""
+  program = ("import os\ntry:\n    os.fork()\n    FORKED = True\n"
+             "except PermissionError:\n    FORKED = False\n")
+  tests = ("assert FORKED is False\n",
+           "import os\ntry:\n    os.fork()\nexcept PermissionError:\n    pass\n"
+           "else:\n    os._exit(0)\nassert os.getpid() == 1\n")
+  r = box.run(sb.Job(program, tests))
+  assert r.status == "passed" and r.tests_total == 2, r.outcomes
+
+
 def test_limits_validate():
   with pytest.raises(ValueError, match="wall_seconds"):
     sb.Limits(wall_seconds=0)
@@ -319,20 +442,31 @@ def test_unavailable_backend_raises():
     sb.Sandbox(backend="bwrap", python="/no/such/python")
 
 
+def test_auto_refuses_instead_of_falling_back(monkeypatch):
+  def no_unshare(*_):
+    raise AssertionError("auto must never try the unshare launcher")
+  monkeypatch.setattr(launch, "_LAUNCHERS", {})
+  monkeypatch.setattr(launch, "bwrap_binary", lambda: None)
+  monkeypatch.setattr(launch, "Unshare", no_unshare)
+  with pytest.raises(sb.SandboxUnavailableError, match="no bwrap binary.*backend='unshare'"):
+    sb.Sandbox()
+
+
 @pytest.mark.skipif(not (os.path.exists("/usr/bin/python3") and launch.which("unshare")),
-                    reason="the fallback test needs /usr/bin/python3 and util-linux unshare")
-def test_unshare_fallback_runs_with_a_warning():
-  with pytest.warns(RuntimeWarning, match="FALLING BACK"):
-    fallback = sb.Sandbox(LIMITS, workers=1, backend="unshare",
+                    reason="the unshare test needs /usr/bin/python3 and util-linux unshare")
+def test_unshare_runs_by_name_with_a_warning():
+  with pytest.warns(RuntimeWarning, match="WITHOUT filesystem isolation"):
+    weaker = sb.Sandbox(LIMITS, workers=1, backend="unshare",
                           python=os.path.realpath("/usr/bin/python3"))
-  assert fallback.backend == "unshare"
-  assert fallback.run(sb.Job(GOOD_ADD, ADD_TESTS, "add")).status == "passed"
+  assert weaker.backend == "unshare"
+  assert weaker.run(sb.Job(GOOD_ADD, ADD_TESTS, "add")).status == "passed"
   program = ("import os, socket\nprint('CWD', os.getcwd(), os.getuid(), flush=True)\n"
              "socket.create_connection(('127.0.0.1', %d), timeout=1)\n" % HOST_PORT)
-  r = fallback.run(sb.Job(program, ADD_TESTS, "add"))
+  r = weaker.run(sb.Job(program, ADD_TESTS, "add"))
   assert r.status == "failed" and ("ConnectionRefused" in r.error or "unreachable" in r.error)
   workdir = r.stdout.split()[1]
   assert workdir.startswith("/tmp/rlcode-sandbox-") and not os.path.exists(workdir)
   assert r.stdout.split()[2] == "65534"
-  assert fallback.run(sb.Job("import os\nwhile True:\n    os.fork()\n", ADD_TESTS,
-                             "add")).status in ("failed", "timeout")
+  # The harness installs the seccomp filter itself, under unshare too.
+  r = weaker.run(sb.Job("import os\nwhile True:\n    os.fork()\n", ADD_TESTS, "add"))
+  assert r.status == "failed" and "PermissionError" in r.error

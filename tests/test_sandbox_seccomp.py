@@ -49,3 +49,14 @@ def test_seccomp_filter_decisions(machine, arch, nrs):
     assert _run_bpf(prog, nrs["fork"], arch) == eperm
     assert _run_bpf(prog, nrs["vfork"], arch) == eperm
     assert _run_bpf(prog, 0x40000000 | 0, arch) == eperm              # x32 ABI
+  # bwrap's filter: the same, but the harness may fork the program process.
+  outer = seccomp_filter(machine, allow_fork=True)
+  assert _run_bpf(outer, nrs["clone"], arch, 0x11) == allow
+  assert _run_bpf(outer, nrs["clone"], arch, 0x3D0F00) == allow
+  assert _run_bpf(outer, nrs["ptrace"], arch) == eperm
+  assert _run_bpf(outer, nrs["bpf"], arch) == eperm
+  assert _run_bpf(outer, 435, arch) == enosys
+  assert _run_bpf(outer, nrs["read"], 0x40000003) == eperm
+  if machine == "x86_64":
+    assert _run_bpf(outer, nrs["fork"], arch) == allow
+    assert _run_bpf(outer, nrs["vfork"], arch) == allow

@@ -1,39 +1,304 @@
-"""The test harness that runs inside the sandbox: one program, its tests, a report.
+"""The harness that runs inside the sandbox: a program process, the tests, a report.
 
 `rlcode.sandbox.launch` passes the text of this file to the sandboxed interpreter
-with `python -c`; rlcode never imports it. It must stay standard-library only, import
-nothing once the untrusted program has started, and reach everything it needs
-through locals of `_main`, whose globals are a private dict holding a snapshot of
-the builtins: a program that rebinds names in `builtins`, `__main__` or `os` does
-not change what the harness calls.
+with `python -c`; rlcode never imports it (tests do, for the codec). Standard
+library only.
+
+Two processes. The harness is the pid namespace's init. Before it reads its
+job it forks the program process, so the program's memory never holds the
+tests, the nonce or the report fd; the child closes those fds at once. The
+harness then reads the job, makes itself non-dumpable (its /proc files and
+memory are closed to the same uid), installs the seccomp filter (no new
+processes) and sends the program's source, rlimits and filter to the child,
+which applies both and runs the program in a fresh namespace. The tests run in
+the harness, in a namespace of their own with the real builtins, the task's
+trusted context, and for each name the tests use that the program defines (the
+entry point always, builtins never), either the value (plain data) or a proxy:
+calling it sends (name, args, kwargs) over a pipe, the child calls its function
+and answers with the result or the exception. Only plain data crosses: None,
+bool, int, float, complex, str, bytes and list, tuple, dict, set, frozenset of
+them, checked by exact type (`_encode`) and rebuilt on the other side
+(`_decode`); anything else, a subclass included, is an error for the test that
+asked. Exceptions come back as the nearest builtin Exception type and a
+message; others (SystemExit, unknown types) as `ProgramError`. Arguments go by
+value: mutation inside the program is not seen by the tests. Every function of
+this file reaches everything through its own locals and a private globals dict
+holding a snapshot of the builtins, so a program that rebinds names in
+`builtins`, `__main__` or `os` does not change what the program process's loop
+calls.
 
 Protocol. argv is `[-c, JOB_FD, REPORT_FD]`. JOB_FD holds one JSON object:
   nonce      per-run random token; every report line starts with it.
-  rlimits    {"RLIMIT_...": [soft, hard]}, applied before the program runs.
+  rlimits    {"RLIMIT_...": [soft, hard]}, applied to both processes.
+  seccomp    the filter as hex (classic BPF), or null.
   program    source of the untrusted program.
-  tests      source executed in the program's namespace after it (test plan).
+  context    trusted source run before the tests in their namespace.
+  tests      the test plan's source.
   format     "generator" (tests define `GEN(*args)` yielding `(index, error)`
              per test, `error` None on a pass) or "unittest".
-  gen_name, entry_point, cases (unittest: [[class, method], ...]), n_tests,
-  module_name (the program's `__name__`).
-The harness reads and closes JOB_FD before the program runs, then writes lines
-`<nonce> <event>` to REPORT_FD, one per event as it happens:
+  program_names  names the tests get from the program even if builtins.
+  gen_name, entry_point (passed to GEN), cases (unittest: [[class, method],
+  ...]), n_tests, module_name (the program's `__name__`).
+The harness writes lines `<nonce> <event>` to REPORT_FD as things happen:
   start | syntax_error MSG | program_error MSG | program ok | setup_error MSG |
-  test I pass | test I fail MSG | test I skip | done
-`done` comes last, after every test index was reported exactly once. Only the
-process that started the harness writes; a forked copy exits silently.
+  test I pass | test I fail MSG | test I skip | program_died WHY | done
+`done` comes last, after every test index was reported exactly once. When the
+program process dies or breaks the call protocol the harness writes
+`program_died exit N cpu S`, `program_died signal NAME cpu S` or
+`program_died protocol MSG` and stops without `done`.
+
+Between the processes: length-prefixed JSON messages. To the child: the init
+object, then ["call", name, args, kwargs]. From it: ["syntax_error", text],
+["program_error", text] or ["ready", [[name, "call"] | [name, "value", data]]],
+then per call ["return", data], ["raise", builtin type name, text] or
+["unplain", text].
 """
 
 
+def _encode(value):
+  """`value` as JSON-ready data if it is plain data (exact types only), else TypeError."""
+  kind = type(value)
+  if value is None or kind is bool or kind is str or kind is float:
+    return value
+  if kind is int:
+    return value if -(1 << 63) <= value < (1 << 63) else ["I", format(value, "x")]
+  if kind is list or kind is tuple or kind is set or kind is frozenset:
+    tag = "L" if kind is list else "T" if kind is tuple else "S" if kind is set else "F"
+    return [tag, *[_encode(v) for v in value]]
+  if kind is dict:
+    out = ["D"]
+    for key, item in value.items():
+      out.append(_encode(key))
+      out.append(_encode(item))
+    return out
+  if kind is bytes:
+    return ["B", value.hex()]
+  if kind is complex:
+    return ["C", value.real, value.imag]
+  raise TypeError(f"a {kind.__name__} is not plain data")
+
+
+def _decode(node):
+  """The value `node` (parsed JSON from `_encode`) stands for; ValueError when malformed."""
+  kind = type(node)
+  if node is None or kind is bool or kind is int or kind is float or kind is str:
+    return node
+  if kind is not list or not node or type(node[0]) is not str:
+    raise ValueError("malformed plain data")
+  tag, items = node[0], node[1:]
+  if tag == "L":
+    return [_decode(v) for v in items]
+  if tag == "T":
+    return tuple([_decode(v) for v in items])
+  if tag == "S":
+    return {_decode(v) for v in items}
+  if tag == "F":
+    return frozenset([_decode(v) for v in items])
+  if tag == "D" and len(items) % 2 == 0:
+    return {_decode(items[i]): _decode(items[i + 1]) for i in range(0, len(items), 2)}
+  if len(items) == 1 and type(items[0]) is str and tag in ("B", "I"):
+    return bytes.fromhex(items[0]) if tag == "B" else int(items[0], 16)
+  if tag == "C" and len(items) == 2 and all(type(v) in (int, float) for v in items):
+    return complex(items[0], items[1])
+  raise ValueError(f"malformed plain data (tag {tag[:10]!r})")
+
+
+def _channel(os, json, read_fd, write_fd):
+  """(send, receive) of length-prefixed JSON messages; receive gives None at EOF."""
+  read, write, dumps, loads = os.read, os.write, json.dumps, json.loads
+
+  def send(message):
+    data = dumps(message).encode()
+    view = memoryview(len(data).to_bytes(8, "little") + data)
+    while view:
+      view = view[write(write_fd, view):]
+
+  def read_exactly(size):
+    parts = []
+    while size:
+      part = read(read_fd, min(size, 1 << 20))
+      if not part:
+        return None
+      parts.append(part)
+      size -= len(part)
+    return b"".join(parts)
+
+  def receive():
+    header = read_exactly(8)
+    if header is None:
+      return None
+    size = int.from_bytes(header, "little")
+    if size > 1 << 28:
+      raise ValueError(f"a message of {size} bytes")
+    body = read_exactly(size)
+    return None if body is None else loads(body)
+
+  return send, receive
+
+
+def _message(exc):
+  try:
+    return str(exc)[:300].replace("\n", "\\n")
+  except BaseException:  # a hostile __str__ must not take the caller down
+    return ""
+
+
+def _describe(exc):
+  message = _message(exc)
+  return f"{type(exc).__name__}: {message}" if message else type(exc).__name__
+
+
+def _kernel(_ctypes):
+  """(prctl, confine) through `_ctypes` alone: the ctypes package's import costs 2.5 ms a run.
+
+  prctl(option, arg2, arg3=0) raises OSError on failure; confine(bpf) installs
+  the classic-BPF seccomp filter `bpf` on this single-threaded process for good.
+  """
+  class Int(_ctypes._SimpleCData):
+    _type_ = "i"
+
+  class ULong(_ctypes._SimpleCData):
+    _type_ = "L"
+
+  class UShort(_ctypes._SimpleCData):
+    _type_ = "H"
+
+  class Byte(_ctypes._SimpleCData):
+    _type_ = "B"
+
+  class Prctl(_ctypes.CFuncPtr):
+    _flags_ = _ctypes.FUNCFLAG_CDECL | _ctypes.FUNCFLAG_USE_ERRNO
+    _restype_ = Int
+    _argtypes_ = (Int, ULong, ULong, ULong, ULong)
+
+  class Program(_ctypes.Structure):  # struct sock_fprog
+    _fields_ = [("len", UShort), ("filter", ULong)]
+
+  function = Prctl(_ctypes.dlsym(_ctypes.dlopen(None, _ctypes.RTLD_LOCAL), "prctl"))
+
+  def prctl(option, arg2, arg3=0):
+    if function(option, arg2, arg3, 0, 0) != 0:
+      raise OSError(_ctypes.get_errno(), f"prctl({option})")
+
+  def confine(bpf):
+    prctl(38, 1)  # PR_SET_NO_NEW_PRIVS
+    code = (Byte * len(bpf)).from_buffer_copy(bpf)
+    program = Program(len(bpf) // 8, _ctypes.addressof(code))
+    prctl(22, 2, _ctypes.addressof(program))  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER
+
+  return prctl, confine
+
+
+def _program(modules, confine, read_fd, write_fd):
+  """The program process: runs the program, then answers calls until EOF. Never returns."""
+  builtins, json, os, resource, sys = modules
+  exit_now = os._exit
+  send, receive = _channel(os, json, read_fd, write_fd)
+  stdout, stderr = sys.stdout, sys.stderr
+  exception_names = {v: k for k, v in vars(builtins).items()
+                     if type(v) is type and issubclass(v, BaseException)}
+
+  def flush():
+    for stream in (stdout, stderr):
+      try:
+        stream.flush()
+      except BaseException:
+        pass
+
+  def reply(message):
+    flush()
+    try:
+      send(message)
+    except BaseException:  # the harness is gone, or the program broke the pipe
+      exit_now(70)
+
+  try:
+    init = receive()
+  except BaseException:
+    exit_now(70)
+  if init is None:
+    exit_now(0)
+  for name, (soft, hard) in init["rlimits"].items():
+    resource.setrlimit(getattr(resource, name), (soft, hard))
+  if init["seccomp"] is not None:
+    confine(bytes.fromhex(init["seccomp"]))
+  try:
+    code = compile(init["program"], "<program>", "exec")
+  except BaseException as e:  # SyntaxError, ValueError (NUL bytes), RecursionError, ...
+    reply(["syntax_error", _describe(e)])
+    exit_now(0)
+  namespace = {"__name__": init["module_name"], "__builtins__": builtins}
+  try:
+    exec(code, namespace)
+  except BaseException as e:  # SystemExit and KeyboardInterrupt included
+    reply(["program_error", _describe(e)])
+    exit_now(0)
+  found = []
+  for name in init["names"]:
+    if name in namespace:
+      try:
+        found.append([name, "value", _encode(namespace[name])])
+      except BaseException:
+        found.append([name, "call"])
+  reply(["ready", found])
+
+  while True:
+    try:
+      request = receive()
+      if request is None:
+        exit_now(0)
+      _, name, args, kwargs = request
+      args, kwargs = _decode(args), _decode(kwargs)
+    except BaseException:
+      exit_now(70)
+    try:
+      result = namespace[name](*args, **kwargs)
+    except BaseException as e:
+      builtin = next((exception_names[k] for k in type(e).__mro__ if k in exception_names),
+                     "BaseException")
+      own = type(e).__name__
+      reply(["raise", builtin, _message(e) if own == builtin else _describe(e)])
+      continue
+    try:
+      data = _encode(result)
+    except BaseException:
+      kind = type(result).__name__
+      reply(["unplain", f"{name}() returned a value of type {kind}, which is not plain data"])
+      continue
+    reply(["return", data])
+
+
 def _main():
+  import _ctypes
   import builtins
   import json
   import os
   import resource
+  import select
   import signal
   import sys
 
   job_fd, report_fd = int(sys.argv[1]), int(sys.argv[2])
+  prctl, confine = _kernel(_ctypes)
+  # Non-dumpable (inherited by the child): the program process, same uid, cannot
+  # open this process's /proc/1/{mem,fd,environ,...}.
+  prctl(4, 0)  # PR_SET_DUMPABLE
+  # As init, the harness gets only the signals it handles: none from the program.
+  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  # The working directory is writable by the program: never import from it.
+  sys.path[:] = [p for p in sys.path if p and p != os.getcwd()]
+
+  to_child_r, to_child_w = os.pipe()
+  from_child_r, from_child_w = os.pipe()
+  child = os.fork()
+  if child == 0:
+    for fd in (job_fd, report_fd, to_child_w, from_child_r):
+      os.close(fd)
+    _program((builtins, json, os, resource, sys), confine, to_child_r, from_child_w)
+  os.close(to_child_r)
+  os.close(from_child_w)
+  child_fd = os.pidfd_open(child)
+
   chunks = []
   while True:
     chunk = os.read(job_fd, 1 << 20)
@@ -44,22 +309,12 @@ def _main():
   job = json.loads(b"".join(chunks))
   del chunks
 
-  # The harness is the pid namespace's init, which ignores signals it has no
-  # handler for, RLIMIT_CPU's SIGXCPU included.
-  signal.signal(signal.SIGXCPU, lambda *_: os._exit(128 + signal.SIGXCPU))
-  for name, (soft, hard) in job["rlimits"].items():
-    resource.setrlimit(getattr(resource, name), (soft, hard))
-  # The working directory is writable by the program: never import from it.
-  sys.path[:] = [p for p in sys.path if p and p != os.getcwd()]
-
-  getpid, write, exit_now = os.getpid, os.write, os._exit
-  me = getpid()
+  write, exit_now = os.write, os._exit
   prefix = job.pop("nonce").encode() + b" "
   stdout, stderr = sys.stdout, sys.stderr
+  send, receive = _channel(os, json, from_child_r, to_child_w)
 
   def emit(line):
-    if getpid() != me:
-      exit_now(0)
     data = prefix + line.encode("utf-8", "replace") + b"\n"
     try:
       while data:
@@ -67,18 +322,15 @@ def _main():
     except OSError:
       exit_now(70)
 
-  def describe(exc):
-    text = type(exc).__name__
-    try:
-      message = str(exc)
-      if message:
-        text = f"{text}: {message}"
-    except BaseException:  # a hostile __str__ must not take the harness down
-      pass
-    return text[:300].replace("\n", "\\n")
-
   n_tests = job["n_tests"]
   reported = [False] * n_tests
+
+  def flush():
+    for stream in (stdout, stderr):
+      try:
+        stream.flush()
+      except BaseException:
+        pass
 
   def finish(reason_event=None):
     if reason_event:
@@ -87,39 +339,145 @@ def _main():
       if not reported[i]:
         emit(f"test {i} skip")
     emit("done")
-    for stream in (stdout, stderr):
-      try:
-        stream.flush()
-      except BaseException:
-        pass
+    flush()
     exit_now(0)
 
+  def program_died(broken=""):
+    """Reports how the program process ended and stops: the report stays incomplete."""
+    if broken:
+      os.kill(child, signal.SIGKILL)
+    else:  # EOF: the child is exiting, or closed its end and lives on
+      select.select([child_fd], [], [], 1.0)
+      os.kill(child, signal.SIGKILL)  # no-op on a zombie; its status is kept
+    _, status, usage = os.wait4(child, 0)
+    cpu = f"{usage.ru_utime + usage.ru_stime:.2f}"
+    if broken:
+      emit(f"program_died protocol {broken[:200]}".replace("\n", "\\n"))
+    elif os.WIFSIGNALED(status):
+      number = os.WTERMSIG(status)
+      name = signal.Signals(number).name if number in signal.valid_signals() else number
+      emit(f"program_died signal {name} cpu {cpu}")
+    else:
+      emit(f"program_died exit {os.waitstatus_to_exitcode(status)} cpu {cpu}")
+    flush()
+    exit_now(0)
+
+  def request(message):
+    try:
+      send(message)
+    except OSError:
+      program_died()
+
+  def reply():
+    """The child's next message, or the end of the run if there is none."""
+    try:
+      answer = receive()
+    except BaseException as e:
+      program_died(_describe(e))
+    if answer is None:
+      program_died()
+    if type(answer) is not list or not answer or type(answer[0]) is not str:
+      program_died("a reply that is not a tagged list")
+    return answer
+
+  def clean(text):
+    if type(text) is not str:
+      program_died("a message that is not a string")
+    return text[:300].replace("\n", "\\n")
+
+  # The program starts at once; the harness sets itself up while it runs.
   emit("start")
+  entry_point = job["entry_point"]
+  wanted = {n for n in job["names"] if not n.startswith("__") and n not in vars(builtins)}
+  wanted.update(job["program_names"], [entry_point] if entry_point else [])
+  request({"program": job.pop("program"), "module_name": job["module_name"],
+           "rlimits": job["rlimits"], "seccomp": job["seccomp"], "names": sorted(wanted)})
+
+  cpu_limit = job["rlimits"]["RLIMIT_CPU"][0]
+
+  def on_sigxcpu(*_):
+    # Only the kernel's SIGXCPU counts: the program may send one too.
+    if sum(os.times()[:2]) >= cpu_limit:
+      os._exit(128 + signal.SIGXCPU)
+
+  # Init ignores signals it has no handler for, RLIMIT_CPU's SIGXCPU included.
+  signal.signal(signal.SIGXCPU, on_sigxcpu)
+  for name, (soft, hard) in job["rlimits"].items():
+    resource.setrlimit(getattr(resource, name), (soft, hard))
+  if job["seccomp"] is not None:
+    confine(bytes.fromhex(job["seccomp"]))
   tests_code = compile(job["tests"], "<tests>", "exec")
+  context_code = compile(job["context"], "<context>", "exec")
   if job["format"] == "unittest":
     import unittest
     test_result_cls = unittest.TestResult
-  try:
-    program_code = compile(job["program"], "<program>", "exec")
-  except BaseException as e:  # SyntaxError, ValueError (NUL bytes), RecursionError, ...
-    finish(f"syntax_error {describe(e)}")
 
-  namespace = {"__name__": job["module_name"], "__builtins__": builtins}
-  try:
-    exec(program_code, namespace)
-  except BaseException as e:  # SystemExit and KeyboardInterrupt included: no test ran
-    finish(f"program_error {describe(e)}")
+  answer = reply()
+  if answer[0] in ("syntax_error", "program_error") and len(answer) == 2:
+    finish(f"{answer[0]} {clean(answer[1])}")
+  if answer[0] != "ready" or len(answer) != 2 or type(answer[1]) is not list:
+    program_died(f"{answer[0][:20]!r} where 'ready' was due")
   emit("program ok")
 
+  class ProgramError(Exception):
+    """An error in the program process that is no builtin Exception type."""
+
+  exceptions = {k: v for k, v in vars(builtins).items()
+                if type(v) is type and issubclass(v, Exception)}
+
+  def proxy(name):
+    def call(*args, **kwargs):
+      try:
+        message = ["call", name, _encode(list(args)), _encode(kwargs)]
+      except (TypeError, RecursionError) as e:
+        raise ProgramError(f"{name}(): an argument is not plain data ({e})") from None
+      request(message)
+      answer = reply()
+      kind = answer[0]
+      if kind == "return" and len(answer) == 2:
+        try:
+          return _decode(answer[1])
+        except BaseException as e:
+          program_died(f"undecodable return value: {_describe(e)}")
+      if kind == "raise" and len(answer) == 3 and type(answer[1]) is str:
+        text = clean(answer[2])
+        cls = exceptions.get(answer[1])
+        try:
+          error = ProgramError(f"{answer[1][:50]}: {text}") if cls is None else cls(text)
+        except BaseException:
+          error = ProgramError(f"{answer[1][:50]}: {text}")
+        raise error
+      if kind == "unplain" and len(answer) == 2:
+        raise ProgramError(clean(answer[1]))
+      program_died(f"a reply {kind[:20]!r} to a call")
+    call.__name__ = call.__qualname__ = name
+    return call
+
+  program = {}
+  for item in answer[1]:
+    if type(item) is not list or not item or item[0] not in wanted:
+      program_died("a name that was not asked for")
+    if item[1:] == ["call"]:
+      program[item[0]] = proxy(item[0])
+    elif len(item) == 3 and item[1] == "value":
+      try:
+        program[item[0]] = _decode(item[2])
+      except BaseException as e:
+        program_died(f"undecodable value of {item[0]}: {_describe(e)}")
+    else:
+      program_died("a malformed name entry")
+
+  namespace = {"__name__": job["module_name"], "__builtins__": builtins, **program}
   try:
+    exec(context_code, namespace)
     exec(tests_code, namespace)
     if job["format"] == "unittest":
       cases = [(namespace[c], m) for c, m in job["cases"]]
     else:
-      args = (namespace[job["entry_point"]],) if job["entry_point"] else ()
+      args = (program[entry_point],) if entry_point else ()
       gen = namespace[job["gen_name"]](*args)
   except BaseException as e:
-    finish(f"setup_error {describe(e)}")
+    finish(f"setup_error {_describe(e)}")
 
   if job["format"] == "unittest":
     for i, (cls, method) in enumerate(cases):
@@ -134,7 +492,7 @@ def _main():
           detail = problems[0][1].strip().splitlines()[-1] if problems else "not run"
           event = f"test {i} fail {detail[:300]}"
       except BaseException as e:
-        event = f"test {i} fail {describe(e)}"
+        event = f"test {i} fail {_describe(e)}"
       reported[i] = True
       emit(event)
     finish()
@@ -145,15 +503,18 @@ def _main():
     except StopIteration:
       break
     except BaseException as e:  # a setup statement between tests raised
-      finish(f"setup_error {describe(e)}")
+      finish(f"setup_error {_describe(e)}")
     if type(index) is not int or not 0 <= index < n_tests or reported[index]:
       finish(f"setup_error test plan yielded bad index {index!r}")
     reported[index] = True
-    emit(f"test {index} pass" if error is None else f"test {index} fail {describe(error)}")
+    emit(f"test {index} pass" if error is None else f"test {index} fail {_describe(error)}")
   finish()
 
 
 if __name__ == "__main__":
   import builtins as _builtins
-  type(_main)(_main.__code__, {"__builtins__": dict(vars(_builtins)),
-                               "__name__": "rlcode_harness"})()
+  _private = {"__builtins__": dict(vars(_builtins)), "__name__": "rlcode_harness"}
+  for _function in (_encode, _decode, _channel, _message, _describe, _kernel, _program,
+                    _main):
+    _private[_function.__name__] = type(_main)(_function.__code__, _private)
+  _private["_main"]()

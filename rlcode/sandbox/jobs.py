@@ -12,7 +12,7 @@ STATUSES = ("passed", "failed", "timeout", "memory", "crash", "syntax_error",
 
 
 class SandboxUnavailableError(RuntimeError):
-  """Neither bubblewrap nor the unshare fallback can run a sandboxed program."""
+  """The requested backend cannot run a sandboxed program."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,6 +81,9 @@ class Job:
     tests_format: "auto", "check", "script" or "unittest" (see `plan.plan_tests`).
     module_name: `__name__` of the program; not "__main__", so a whole-program
       completion's `if __name__ == "__main__":` block does not run.
+    context: trusted source run in the tests' namespace before them, for
+      helpers the tests use that the program also has (functions given in a
+      prompt): names it binds are the tests' own, never the program's.
   """
 
   program: str
@@ -88,6 +91,7 @@ class Job:
   entry_point: str = ""
   tests_format: str = "auto"
   module_name: str = "solution"
+  context: str = ""
 
   def __post_init__(self):
     if isinstance(self.tests, list):  # plans are cached by tests: keep them hashable

