@@ -15,6 +15,7 @@ def test_plan_splits_humaneval_style_check():
   plan = plan_tests(tests, "f")
   assert plan.format == "generator" and plan.n_tests == 2
   assert plan.labels == ("assert candidate(1) == 1", "for i in range(3):")
+  assert {"METADATA", "candidate", "helper", "i", "range", "v"} <= set(plan.names)
   compile(plan.source, "<plan>", "exec")
   no_asserts = ("def check(candidate):\n    x = candidate(1)\n"
                 "    if x != 1:\n        raise ValueError\n")

@@ -56,59 +56,107 @@ then per call ["return", data], ["raise", builtin type name, text] or
 
 
 def _encode(value):
-  """`value` as JSON-ready data if it is plain data (exact types only), else TypeError."""
-  kind = type(value)
-  if value is None or kind is bool or kind is str or kind is float:
-    return value
-  if kind is int:
-    return value if -(1 << 63) <= value < (1 << 63) else ["I", format(value, "x")]
-  if kind is list or kind is tuple or kind is set or kind is frozenset:
-    tag = "L" if kind is list else "T" if kind is tuple else "S" if kind is set else "F"
-    return [tag, *[_encode(v) for v in value]]
-  if kind is dict:
-    out = ["D"]
-    for key, item in value.items():
-      out.append(_encode(key))
-      out.append(_encode(item))
-    return out
-  if kind is bytes:
-    return ["B", value.hex()]
-  if kind is complex:
-    return ["C", value.real, value.imag]
-  raise TypeError(f"a {kind.__name__} is not plain data")
+  """`value` as bytes if it is plain data (exact types, no subclass), else TypeError.
+
+  None N, True T, False F, int i<hex>;, float f<float.hex>;, complex
+  c<hex>,<hex>;, str s<n>:<utf-8>, bytes b<n>:<bytes>, and list l, tuple t, set
+  e, frozenset g, dict d: <tag><count>: then the items (a dict's as key, value).
+  """
+  parts = []
+  append = parts.append
+  containers = {list: b"l", tuple: b"t", set: b"e", frozenset: b"g"}
+
+  def put(v):
+    kind = type(v)
+    if v is None:
+      append(b"N")
+    elif kind is bool:
+      append(b"T" if v else b"F")
+    elif kind is int:
+      append(b"i%x;" % v)
+    elif kind is float:
+      append(b"f%s;" % v.hex().encode())
+    elif kind is str or kind is bytes:
+      data = v.encode("utf-8", "surrogatepass") if kind is str else v
+      append(b"%s%d:" % (b"s" if kind is str else b"b", len(data)))
+      append(data)
+    elif kind is complex:
+      append(b"c%s,%s;" % (v.real.hex().encode(), v.imag.hex().encode()))
+    elif kind is dict:
+      items = tuple(v.items())
+      append(b"d%d:" % len(items))
+      for key, item in items:
+        put(key)
+        put(item)
+    elif kind in containers:
+      items = tuple(v)
+      append(b"%s%d:" % (containers[kind], len(items)))
+      for item in items:
+        put(item)
+    else:
+      raise TypeError(f"a {kind.__name__} is not plain data")
+
+  put(value)
+  return b"".join(parts)
 
 
-def _decode(node):
-  """The value `node` (parsed JSON from `_encode`) stands for; ValueError when malformed."""
-  kind = type(node)
-  if node is None or kind is bool or kind is int or kind is float or kind is str:
-    return node
-  if kind is not list or not node or type(node[0]) is not str:
-    raise ValueError("malformed plain data")
-  tag, items = node[0], node[1:]
-  if tag == "L":
-    return [_decode(v) for v in items]
-  if tag == "T":
-    return tuple([_decode(v) for v in items])
-  if tag == "S":
-    return {_decode(v) for v in items}
-  if tag == "F":
-    return frozenset([_decode(v) for v in items])
-  if tag == "D" and len(items) % 2 == 0:
-    return {_decode(items[i]): _decode(items[i + 1]) for i in range(0, len(items), 2)}
-  if len(items) == 1 and type(items[0]) is str and tag in ("B", "I"):
-    return bytes.fromhex(items[0]) if tag == "B" else int(items[0], 16)
-  if tag == "C" and len(items) == 2 and all(type(v) in (int, float) for v in items):
-    return complex(items[0], items[1])
-  raise ValueError(f"malformed plain data (tag {tag[:10]!r})")
+def _decode(data):
+  """The value `data` (from `_encode`) stands for; ValueError and kin when malformed."""
+  end = len(data)
+  makers = {108: list, 116: tuple, 101: set, 103: frozenset}
+
+  def field(pos, stop):
+    close = data.index(stop, pos)
+    return data[pos:close], close + 1
+
+  def size(pos):
+    text, pos = field(pos, b":")
+    if not text.isdigit() or len(text) > 12:
+      raise ValueError("malformed length")
+    return int(text), pos
+
+  def get(pos):
+    tag = data[pos]
+    pos += 1
+    if tag in (78, 84, 70):  # N T F
+      return (None, True, False)[(78, 84, 70).index(tag)], pos
+    if tag == 105 or tag == 102:  # i f
+      text, pos = field(pos, b";")
+      return (int(text, 16) if tag == 105 else float.fromhex(text.decode("ascii"))), pos
+    if tag == 99:  # c
+      text, pos = field(pos, b";")
+      real, comma, imag = text.decode("ascii").partition(",")
+      if not comma:
+        raise ValueError("malformed complex")
+      return complex(float.fromhex(real), float.fromhex(imag)), pos
+    if tag == 115 or tag == 98:  # s b
+      n, pos = size(pos)
+      if pos + n > end:
+        raise ValueError("truncated")
+      chunk = data[pos:pos + n]
+      return (chunk.decode("utf-8", "surrogatepass") if tag == 115 else chunk), pos + n
+    if tag in makers or tag == 100:  # l t e g d
+      n, pos = size(pos)
+      items = []
+      for _ in range(n * 2 if tag == 100 else n):
+        item, pos = get(pos)
+        items.append(item)
+      if tag == 100:
+        return {items[i]: items[i + 1] for i in range(0, len(items), 2)}, pos
+      return makers[tag](items), pos
+    raise ValueError(f"unknown tag {tag}")
+
+  value, pos = get(0)
+  if pos != end:
+    raise ValueError("trailing bytes")
+  return value
 
 
-def _channel(os, json, read_fd, write_fd):
-  """(send, receive) of length-prefixed JSON messages; receive gives None at EOF."""
-  read, write, dumps, loads = os.read, os.write, json.dumps, json.loads
+def _channel(os, read_fd, write_fd):
+  """(send, receive) of length-prefixed frames; receive gives None at EOF."""
+  read, write = os.read, os.write
 
-  def send(message):
-    data = dumps(message).encode()
+  def send(data):
     view = memoryview(len(data).to_bytes(8, "little") + data)
     while view:
       view = view[write(write_fd, view):]
@@ -129,9 +177,8 @@ def _channel(os, json, read_fd, write_fd):
       return None
     size = int.from_bytes(header, "little")
     if size > 1 << 28:
-      raise ValueError(f"a message of {size} bytes")
-    body = read_exactly(size)
-    return None if body is None else loads(body)
+      raise ValueError(f"a frame of {size} bytes")
+    return read_exactly(size)
 
   return send, receive
 
@@ -191,37 +238,37 @@ def _kernel(_ctypes):
 
 def _program(modules, confine, read_fd, write_fd):
   """The program process: runs the program, then answers calls until EOF. Never returns."""
-  builtins, json, os, resource, sys = modules
+  builtins, os, resource, sys = modules
   exit_now = os._exit
-  send, receive = _channel(os, json, read_fd, write_fd)
+  send, receive = _channel(os, read_fd, write_fd)
   stdout, stderr = sys.stdout, sys.stderr
   exception_names = {v: k for k, v in vars(builtins).items()
                      if type(v) is type and issubclass(v, BaseException)}
 
-  def flush():
+  def reply(message, fallback=None):
+    """Sends `message`, or `fallback` if `message` is not plain data."""
     for stream in (stdout, stderr):
       try:
         stream.flush()
       except BaseException:
         pass
-
-  def reply(message):
-    flush()
     try:
-      send(message)
+      try:
+        data = _encode(message)
+      except BaseException:
+        data = _encode(fallback)
+      send(data)
     except BaseException:  # the harness is gone, or the program broke the pipe
       exit_now(70)
 
   try:
-    init = receive()
-  except BaseException:
+    init = _decode(receive())
+  except BaseException:  # EOF (None) included: the harness is gone
     exit_now(70)
-  if init is None:
-    exit_now(0)
   for name, (soft, hard) in init["rlimits"].items():
     resource.setrlimit(getattr(resource, name), (soft, hard))
   if init["seccomp"] is not None:
-    confine(bytes.fromhex(init["seccomp"]))
+    confine(init["seccomp"])
   try:
     code = compile(init["program"], "<program>", "exec")
   except BaseException as e:  # SyntaxError, ValueError (NUL bytes), RecursionError, ...
@@ -236,21 +283,19 @@ def _program(modules, confine, read_fd, write_fd):
   found = []
   for name in init["names"]:
     if name in namespace:
+      value = namespace[name]
       try:
-        found.append([name, "value", _encode(namespace[name])])
+        _encode(value)
+        found.append([name, "value", value])
       except BaseException:
         found.append([name, "call"])
   reply(["ready", found])
 
   while True:
     try:
-      request = receive()
-      if request is None:
-        exit_now(0)
-      _, name, args, kwargs = request
-      args, kwargs = _decode(args), _decode(kwargs)
-    except BaseException:
-      exit_now(70)
+      _, name, args, kwargs = _decode(receive())
+    except BaseException:  # EOF (None) included: the harness is done
+      exit_now(0)
     try:
       result = namespace[name](*args, **kwargs)
     except BaseException as e:
@@ -259,24 +304,22 @@ def _program(modules, confine, read_fd, write_fd):
       own = type(e).__name__
       reply(["raise", builtin, _message(e) if own == builtin else _describe(e)])
       continue
-    try:
-      data = _encode(result)
-    except BaseException:
-      kind = type(result).__name__
-      reply(["unplain", f"{name}() returned a value of type {kind}, which is not plain data"])
-      continue
-    reply(["return", data])
+    reply(["return", result],
+          ["unplain", f"{name}() returned a value of type {type(result).__name__}, "
+                      "which is not plain data"])
 
 
 def _main():
+  # Only what both processes need, all cheap: `signal` (enum) or `json` (re)
+  # would cost a fresh interpreter several milliseconds a run.
   import _ctypes
+  import _signal
   import builtins
-  import json
+  import marshal
   import os
   import resource
-  import select
-  import signal
   import sys
+  import time
 
   job_fd, report_fd = int(sys.argv[1]), int(sys.argv[2])
   prctl, confine = _kernel(_ctypes)
@@ -284,7 +327,7 @@ def _main():
   # open this process's /proc/1/{mem,fd,environ,...}.
   prctl(4, 0)  # PR_SET_DUMPABLE
   # As init, the harness gets only the signals it handles: none from the program.
-  signal.signal(signal.SIGINT, signal.SIG_IGN)
+  _signal.signal(_signal.SIGINT, _signal.SIG_IGN)
   # The working directory is writable by the program: never import from it.
   sys.path[:] = [p for p in sys.path if p and p != os.getcwd()]
 
@@ -294,10 +337,9 @@ def _main():
   if child == 0:
     for fd in (job_fd, report_fd, to_child_w, from_child_r):
       os.close(fd)
-    _program((builtins, json, os, resource, sys), confine, to_child_r, from_child_w)
+    _program((builtins, os, resource, sys), confine, to_child_r, from_child_w)
   os.close(to_child_r)
   os.close(from_child_w)
-  child_fd = os.pidfd_open(child)
 
   chunks = []
   while True:
@@ -306,13 +348,15 @@ def _main():
       break
     chunks.append(chunk)
   os.close(job_fd)
-  job = json.loads(b"".join(chunks))
+  job = marshal.loads(b"".join(chunks))  # from the host: trusted
   del chunks
 
   write, exit_now = os.write, os._exit
   prefix = job.pop("nonce").encode() + b" "
   stdout, stderr = sys.stdout, sys.stderr
-  send, receive = _channel(os, json, from_child_r, to_child_w)
+  send, receive = _channel(os, from_child_r, to_child_w)
+  signal_names = {v: k for k, v in vars(_signal).items()
+                  if k.startswith("SIG") and "_" not in k and type(v) is int}
 
   def emit(line):
     data = prefix + line.encode("utf-8", "replace") + b"\n"
@@ -344,19 +388,21 @@ def _main():
 
   def program_died(broken=""):
     """Reports how the program process ended and stops: the report stays incomplete."""
-    if broken:
-      os.kill(child, signal.SIGKILL)
-    else:  # EOF: the child is exiting, or closed its end and lives on
-      select.select([child_fd], [], [], 1.0)
-      os.kill(child, signal.SIGKILL)  # no-op on a zombie; its status is kept
-    _, status, usage = os.wait4(child, 0)
+    if not broken:  # EOF: the child is exiting, or closed its end and lives on
+      for _ in range(100):
+        pid, status, usage = os.wait4(child, os.WNOHANG)
+        if pid:
+          break
+        time.sleep(0.01)
+    if broken or not pid:
+      os.kill(child, _signal.SIGKILL)
+      _, status, usage = os.wait4(child, 0)
     cpu = f"{usage.ru_utime + usage.ru_stime:.2f}"
     if broken:
       emit(f"program_died protocol {broken[:200]}".replace("\n", "\\n"))
     elif os.WIFSIGNALED(status):
       number = os.WTERMSIG(status)
-      name = signal.Signals(number).name if number in signal.valid_signals() else number
-      emit(f"program_died signal {name} cpu {cpu}")
+      emit(f"program_died signal {signal_names.get(number, number)} cpu {cpu}")
     else:
       emit(f"program_died exit {os.waitstatus_to_exitcode(status)} cpu {cpu}")
     flush()
@@ -364,17 +410,18 @@ def _main():
 
   def request(message):
     try:
-      send(message)
+      send(_encode(message))
     except OSError:
       program_died()
 
   def reply():
     """The child's next message, or the end of the run if there is none."""
     try:
-      answer = receive()
+      frame = receive()
+      answer = None if frame is None else _decode(frame)
     except BaseException as e:
-      program_died(_describe(e))
-    if answer is None:
+      program_died(f"an unreadable reply: {_describe(e)}")
+    if frame is None:
       program_died()
     if type(answer) is not list or not answer or type(answer[0]) is not str:
       program_died("a reply that is not a tagged list")
@@ -398,14 +445,14 @@ def _main():
   def on_sigxcpu(*_):
     # Only the kernel's SIGXCPU counts: the program may send one too.
     if sum(os.times()[:2]) >= cpu_limit:
-      os._exit(128 + signal.SIGXCPU)
+      os._exit(128 + _signal.SIGXCPU)
 
   # Init ignores signals it has no handler for, RLIMIT_CPU's SIGXCPU included.
-  signal.signal(signal.SIGXCPU, on_sigxcpu)
+  _signal.signal(_signal.SIGXCPU, on_sigxcpu)
   for name, (soft, hard) in job["rlimits"].items():
     resource.setrlimit(getattr(resource, name), (soft, hard))
   if job["seccomp"] is not None:
-    confine(bytes.fromhex(job["seccomp"]))
+    confine(job["seccomp"])
   tests_code = compile(job["tests"], "<tests>", "exec")
   context_code = compile(job["context"], "<context>", "exec")
   if job["format"] == "unittest":
@@ -428,17 +475,17 @@ def _main():
   def proxy(name):
     def call(*args, **kwargs):
       try:
-        message = ["call", name, _encode(list(args)), _encode(kwargs)]
+        message = _encode(["call", name, list(args), kwargs])
       except (TypeError, RecursionError) as e:
         raise ProgramError(f"{name}(): an argument is not plain data ({e})") from None
-      request(message)
+      try:
+        send(message)
+      except OSError:
+        program_died()
       answer = reply()
       kind = answer[0]
       if kind == "return" and len(answer) == 2:
-        try:
-          return _decode(answer[1])
-        except BaseException as e:
-          program_died(f"undecodable return value: {_describe(e)}")
+        return answer[1]
       if kind == "raise" and len(answer) == 3 and type(answer[1]) is str:
         text = clean(answer[2])
         cls = exceptions.get(answer[1])
@@ -460,10 +507,7 @@ def _main():
     if item[1:] == ["call"]:
       program[item[0]] = proxy(item[0])
     elif len(item) == 3 and item[1] == "value":
-      try:
-        program[item[0]] = _decode(item[2])
-      except BaseException as e:
-        program_died(f"undecodable value of {item[0]}: {_describe(e)}")
+      program[item[0]] = item[2]
     else:
       program_died("a malformed name entry")
 

@@ -39,25 +39,28 @@ class TestPlan:
   labels: tuple[str, ...]
   entry_point: str = ""
   cases: tuple[tuple[str, str], ...] = ()
+  names: tuple[str, ...] = ()  # the identifiers the tests use (see `names_in`)
 
   @property
   def n_tests(self) -> int:
     return len(self.labels)
 
-  @property
-  def names(self) -> tuple[str, ...]:
-    """The names the tests use: those the program defines are taken from it."""
-    return names_used(self.source)
+
+def names_in(tree: ast.AST) -> tuple[str, ...]:
+  """Every plain identifier `tree` reads or binds (ast.Name), sorted.
+
+  The harness asks the program for those of them it defines (builtins aside).
+  """
+  return tuple(sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}))
 
 
 @functools.lru_cache(maxsize=4096)
 def names_used(source: str) -> tuple[str, ...]:
-  """Every plain identifier `source` reads or binds (ast.Name), sorted; () if it does not parse."""
+  """`names_in` the parsed `source`; () if it does not parse."""
   try:
-    tree = ast.parse(source)
+    return names_in(ast.parse(source))
   except (SyntaxError, ValueError, RecursionError, MemoryError):
     return ()
-  return tuple(sorted({n.id for n in ast.walk(tree) if isinstance(n, ast.Name)}))
 
 
 def _is_test(stmt: ast.stmt) -> bool:
@@ -116,7 +119,8 @@ def _generator_plan(units: list[list[ast.stmt]], args: ast.arguments,
                         returns=None, type_comment=None)
   module = ast.Module(body=[*preamble, *hoisted, gen], type_ignores=[])
   ast.fix_missing_locations(module)
-  return TestPlan("generator", ast.unparse(module), tuple(labels), entry_point)
+  return TestPlan("generator", ast.unparse(module), tuple(labels), entry_point,
+                  names=names_in(module))
 
 
 def _no_args() -> ast.arguments:
@@ -194,7 +198,8 @@ def plan_tests(tests: str | tuple[str, ...], entry_point: str = "",
                   and s.name.startswith("test"))
     if not cases:
       raise ValueError("unittest-format tests define no TestCase method named test*")
-    return TestPlan("unittest", tests, tuple(f"{c}.{m}" for c, m in cases), "", cases)
+    return TestPlan("unittest", tests, tuple(f"{c}.{m}" for c, m in cases), "", cases,
+                    names_in(module))
   if tests_format == "check":
     if not entry_point:
       raise ValueError("check-format tests need an entry point")

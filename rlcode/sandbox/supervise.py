@@ -10,8 +10,8 @@ a launcher or know how one isolates.
 
 from __future__ import annotations
 
-import json
 import logging
+import marshal
 import os
 import secrets
 import selectors
@@ -85,16 +85,15 @@ def _write_all(fd: int, data: bytes) -> None:
 def execute(launcher, plan: TestPlan, job: Job, limits: Limits) -> Result:
   """Runs `job` as planned by `plan` through `launcher` under `limits`."""
   nonce = secrets.token_hex(16)
-  payload = json.dumps({
-      "nonce": nonce, "rlimits": limits.rlimits(),
-      "seccomp": None if launcher.seccomp is None else launcher.seccomp.hex(),
+  payload = marshal.dumps({
+      "nonce": nonce, "rlimits": limits.rlimits(), "seccomp": launcher.seccomp,
       "program": job.program, "context": job.context, "tests": plan.source,
       "format": plan.format, "gen_name": GEN_NAME, "entry_point": plan.entry_point,
       "names": sorted(set(plan.names) | set(names_used(job.context))),
       "program_names": [job.entry_point] if job.entry_point else [],
       "cases": [list(c) for c in plan.cases], "n_tests": plan.n_tests,
       "module_name": job.module_name,
-  }).encode()
+  })
   job_fd = os.memfd_create("rlcode-job")
   _write_all(job_fd, payload)
   os.lseek(job_fd, 0, os.SEEK_SET)
