@@ -1,4 +1,4 @@
-"""The sandbox: hostile programs are contained and score 0; honest ones are counted per test."""
+"""The sandbox: hostile and tampering programs are contained and score 0; honest ones count."""
 
 from __future__ import annotations
 
@@ -391,6 +391,15 @@ def test_calls_carry_plain_data_and_builtin_errors(box):
            "            echo(len)\n")
   r = box.run(sb.Job(program, tests))
   assert r.status == "passed", r.outcomes
+
+
+def test_calls_from_test_threads_do_not_mix(box):
+  tests = ("import threading\nout = {}\n"
+           "def work(k):\n    out[k] = [add(k, i) for i in range(40)]\n"
+           "threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]\n"
+           "for t in threads:\n    t.start()\nfor t in threads:\n    t.join()\n"
+           "assert out == {k: [k + i for i in range(40)] for k in range(4)}\n")
+  assert box.run(sb.Job(GOOD_ADD, tests)).status == "passed"
 
 
 def test_context_names_are_the_tests_own(box):

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlcode.sandbox import plan_tests
+from rlcode.sandbox.plan import context_names
 
 
 def test_plan_splits_humaneval_style_check():
@@ -34,3 +35,11 @@ def test_plan_splits_humaneval_style_check():
 def test_plan_rejects_bad_tests(tests, entry_point, fmt, message):
   with pytest.raises(ValueError, match=message):
     plan_tests(tests, entry_point, fmt)
+
+
+def test_context_names_and_bad_context():
+  assert context_names("import math\ndef poly(xs, x):\n    return math.fsum(xs) * x\n") == (
+      "math", "x", "xs")
+  assert context_names("") == ()
+  with pytest.raises(ValueError, match="context does not parse"):
+    context_names("def (")

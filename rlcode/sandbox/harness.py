@@ -2,41 +2,43 @@
 
 `rlcode.sandbox.launch` passes the text of this file to the sandboxed interpreter
 with `python -c`; rlcode never imports it (tests do, for the codec). Standard
-library only.
+library only, and only cheap modules: `json` (re) or `signal` (enum) would cost
+a fresh interpreter several milliseconds a run.
 
-Two processes. The harness is the pid namespace's init. Before it reads its
-job it forks the program process, so the program's memory never holds the
-tests, the nonce or the report fd; the child closes those fds at once. The
-harness then reads the job, makes itself non-dumpable (its /proc files and
-memory are closed to the same uid), installs the seccomp filter (no new
-processes) and sends the program's source, rlimits and filter to the child,
-which applies both and runs the program in a fresh namespace. The tests run in
-the harness, in a namespace of their own with the real builtins, the task's
-trusted context, and for each name the tests use that the program defines (the
-entry point always, builtins never), either the value (plain data) or a proxy:
-calling it sends (name, args, kwargs) over a pipe, the child calls its function
-and answers with the result or the exception. Only plain data crosses: None,
-bool, int, float, complex, str, bytes and list, tuple, dict, set, frozenset of
-them, checked by exact type (`_encode`) and rebuilt on the other side
-(`_decode`); anything else, a subclass included, is an error for the test that
-asked. Exceptions come back as the nearest builtin Exception type and a
-message; others (SystemExit, unknown types) as `ProgramError`. Arguments go by
-value: mutation inside the program is not seen by the tests. Every function of
-this file reaches everything through its own locals and a private globals dict
-holding a snapshot of the builtins, so a program that rebinds names in
-`builtins`, `__main__` or `os` does not change what the program process's loop
-calls.
+Two processes. The harness is the pid namespace's init; it makes itself
+non-dumpable (its /proc files and memory do not open for the same uid) and,
+before it reads its job, forks the program process: the program's memory never
+holds the tests, the nonce or the report fd, and the child closes those fds at
+once. The harness reads the job, sends the child the program's source, rlimits,
+seccomp filter and the names the tests use, and while the child applies the
+limits and the filter and runs the program in a fresh namespace, applies the
+same to itself. The tests run in the harness, in a namespace of their own with
+the real builtins and the job's trusted context; each name the tests use that
+the program defines (the entry point always, builtins never) is there either as
+its value, if plain data, or as a proxy: calling it sends (name, args, kwargs)
+down a pipe, the child calls its function and answers with the result or the
+exception. Only plain data crosses: None, bool, int, float, complex, str, bytes
+and list, tuple, dict, set, frozenset of them, checked by exact type on the way
+out (`_encode`) and rebuilt by the receiver (`_decode`); anything else, a
+subclass included, is an error for the test that sent or asked for it.
+Exceptions come back as the nearest builtin Exception type with its message,
+others (SystemExit, KeyboardInterrupt) as `ProgramError`. Arguments go by value:
+a program's mutation of them is not seen by the tests. The functions of this
+file see only their locals and a private globals dict holding a snapshot of the
+builtins, so a program that rebinds names in `builtins`, `__main__` or `os`
+does not change what the program process's call loop does.
 
-Protocol. argv is `[-c, JOB_FD, REPORT_FD]`. JOB_FD holds one JSON object:
+Protocol. argv is `[-c, JOB_FD, REPORT_FD]`. JOB_FD holds one marshal'd dict:
   nonce      per-run random token; every report line starts with it.
   rlimits    {"RLIMIT_...": [soft, hard]}, applied to both processes.
-  seccomp    the filter as hex (classic BPF), or null.
+  seccomp    the strict filter (classic BPF bytes) both install, or None.
   program    source of the untrusted program.
   context    trusted source run before the tests in their namespace.
-  tests      the test plan's source.
+  tests      the test plan's source; names: the identifiers it and the
+             context use; program_names: names taken from the program even
+             if they are builtins' (the entry point).
   format     "generator" (tests define `GEN(*args)` yielding `(index, error)`
              per test, `error` None on a pass) or "unittest".
-  program_names  names the tests get from the program even if builtins.
   gen_name, entry_point (passed to GEN), cases (unittest: [[class, method],
   ...]), n_tests, module_name (the program's `__name__`).
 The harness writes lines `<nonce> <event>` to REPORT_FD as things happen:
@@ -45,13 +47,14 @@ The harness writes lines `<nonce> <event>` to REPORT_FD as things happen:
 `done` comes last, after every test index was reported exactly once. When the
 program process dies or breaks the call protocol the harness writes
 `program_died exit N cpu S`, `program_died signal NAME cpu S` or
-`program_died protocol MSG` and stops without `done`.
+`program_died protocol MSG` and stops without `done`: the tests that called it
+and all after them count for nothing.
 
-Between the processes: length-prefixed JSON messages. To the child: the init
-object, then ["call", name, args, kwargs]. From it: ["syntax_error", text],
-["program_error", text] or ["ready", [[name, "call"] | [name, "value", data]]],
-then per call ["return", data], ["raise", builtin type name, text] or
-["unplain", text].
+Between the processes: 8-byte length-prefixed frames of `_encode`d messages.
+To the child: the init dict, then ["call", name, args, kwargs]. From it:
+["syntax_error", text], ["program_error", text] or ["ready", [[name, "call"] |
+[name, "value", value], ...]], then per call ["return", value], ["raise",
+builtin type name, text] or ["unplain", text].
 """
 
 
@@ -310,10 +313,9 @@ def _program(modules, confine, read_fd, write_fd):
 
 
 def _main():
-  # Only what both processes need, all cheap: `signal` (enum) or `json` (re)
-  # would cost a fresh interpreter several milliseconds a run.
   import _ctypes
   import _signal
+  import _thread
   import builtins
   import marshal
   import os
@@ -414,7 +416,7 @@ def _main():
     except OSError:
       program_died()
 
-  def reply():
+  def response():
     """The child's next message, or the end of the run if there is none."""
     try:
       frame = receive()
@@ -459,7 +461,7 @@ def _main():
     import unittest
     test_result_cls = unittest.TestResult
 
-  answer = reply()
+  answer = response()
   if answer[0] in ("syntax_error", "program_error") and len(answer) == 2:
     finish(f"{answer[0]} {clean(answer[1])}")
   if answer[0] != "ready" or len(answer) != 2 or type(answer[1]) is not list:
@@ -471,6 +473,7 @@ def _main():
 
   exceptions = {k: v for k, v in vars(builtins).items()
                 if type(v) is type and issubclass(v, Exception)}
+  channel_lock = _thread.allocate_lock()
 
   def proxy(name):
     def call(*args, **kwargs):
@@ -478,11 +481,12 @@ def _main():
         message = _encode(["call", name, list(args), kwargs])
       except (TypeError, RecursionError) as e:
         raise ProgramError(f"{name}(): an argument is not plain data ({e})") from None
-      try:
-        send(message)
-      except OSError:
-        program_died()
-      answer = reply()
+      with channel_lock:  # tests may call from threads; one exchange at a time
+        try:
+          send(message)
+        except OSError:
+          program_died()
+        answer = response()
       kind = answer[0]
       if kind == "return" and len(answer) == 2:
         return answer[1]
@@ -502,7 +506,7 @@ def _main():
 
   program = {}
   for item in answer[1]:
-    if type(item) is not list or not item or item[0] not in wanted:
+    if type(item) is not list or not item or type(item[0]) is not str or item[0] not in wanted:
       program_died("a name that was not asked for")
     if item[1:] == ["call"]:
       program[item[0]] = proxy(item[0])

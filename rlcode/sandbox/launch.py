@@ -2,8 +2,10 @@
 
 Finds the base interpreter (not a venv shim) and how the sandbox sees it,
 builds the bubblewrap and util-linux `unshare` command lines that start the
-harness (`harness.py`, passed as text with `python -c`), and chooses a backend
-by probing it once per process (`choose`). It does not supervise runs or read
+harness (`harness.py`, passed as text with `python -c`), holds the strict
+seccomp filter the harness installs in each of its processes (`seccomp`), and
+chooses a backend by probing it once per process (`choose`: bubblewrap unless
+"unshare" is named; nothing falls back). It does not supervise runs or read
 reports: `supervise.execute` does.
 """
 

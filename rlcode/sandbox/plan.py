@@ -55,12 +55,12 @@ def names_in(tree: ast.AST) -> tuple[str, ...]:
 
 
 @functools.lru_cache(maxsize=4096)
-def names_used(source: str) -> tuple[str, ...]:
-  """`names_in` the parsed `source`; () if it does not parse."""
+def context_names(context: str) -> tuple[str, ...]:
+  """`names_in` a job's context source; ValueError if it does not parse."""
   try:
-    return names_in(ast.parse(source))
-  except (SyntaxError, ValueError, RecursionError, MemoryError):
-    return ()
+    return names_in(ast.parse(context))
+  except SyntaxError as e:
+    raise ValueError(f"the context does not parse: {e}") from e
 
 
 def _is_test(stmt: ast.stmt) -> bool:

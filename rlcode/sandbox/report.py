@@ -2,8 +2,9 @@
 
 `interpret` checks the harness's report line by line (every line carries the
 run's nonce, each test is reported once, `done` comes last) and turns it, with
-the exit code and what the supervisor observed (timeout, caps), into a status.
-It never looks at stdout or exit codes to count a pass, and starts nothing.
+the exit code, how the program process died if it did, and what the supervisor
+observed (timeout, caps), into a status. It never looks at stdout or exit codes
+to count a pass, and starts nothing.
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ import subprocess
 import time
 
 from rlcode.sandbox.jobs import Job, Limits, Result
-from rlcode.sandbox.plan import GEN_NAME, TestPlan, names_used
+from rlcode.sandbox.plan import GEN_NAME, TestPlan, context_names
 from rlcode.sandbox.report import Streams, interpret
 
 log = logging.getLogger(__name__)
@@ -89,7 +89,7 @@ def execute(launcher, plan: TestPlan, job: Job, limits: Limits) -> Result:
       "nonce": nonce, "rlimits": limits.rlimits(), "seccomp": launcher.seccomp,
       "program": job.program, "context": job.context, "tests": plan.source,
       "format": plan.format, "gen_name": GEN_NAME, "entry_point": plan.entry_point,
-      "names": sorted(set(plan.names) | set(names_used(job.context))),
+      "names": sorted(set(plan.names) | set(context_names(job.context))),
       "program_names": [job.entry_point] if job.entry_point else [],
       "cases": [list(c) for c in plan.cases], "n_tests": plan.n_tests,
       "module_name": job.module_name,
