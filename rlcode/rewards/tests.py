@@ -93,6 +93,7 @@ def assemble_program(task: Task, completion: str, *,
 
 
 def _parse(source: str) -> ast.Module | None:
+  """The AST of `source`, None when it does not parse or passes _MAX_PARSE_CHARS."""
   if len(source) > _MAX_PARSE_CHARS:
     return None
   try:
@@ -137,14 +138,14 @@ def _given_code(prompt: str, entry_point: str, tests: str) -> str:
 
 
 def given_code(task: Task) -> str:
-  """The code a prompt+completion task's prompt gives the tests, run as their trusted context.
+  """The prompt code a task's tests use, run with them as trusted context (`Job.context`).
 
-  The prompt's top-level statements, but the definition the completion
-  continues (the last one) and the entry point's, that bind a name the tests
-  use, with what those need in turn: HumanEval/32's `poly` and its `import
-  math`, which its tests call. The tests use these, never the program's
-  versions, so a completion cannot redefine what checks it. Empty when the tests
-  use none, for whole-program tasks, and when the prompt or tests do not parse.
+  Of the prompt's top-level statements other than the definition the
+  completion continues (the last one) and the entry point's: those that bind a
+  name the tests use, and what those need in turn (HumanEval/32: `poly` and its
+  `import math`). The tests use these, never the program's versions, so a
+  completion cannot redefine what checks it. Empty when the tests use none, for
+  whole-program tasks, and when the prompt or the tests do not parse.
   """
   if _style(task) != "prompt+completion":
     return ""
@@ -243,12 +244,7 @@ def format_checks(task: Task, completion: str, *,
     fenced block (completion style).
   """
   program, code, stray = _parts(task, completion, stop_sequences)
-  module = None
-  if len(program) <= _MAX_PARSE_CHARS:
-    try:
-      module = ast.parse(program)
-    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
-      module = None
+  module = _parse(program)
   return {
       "parses": module is not None,
       "non_empty": bool(code.strip()),
