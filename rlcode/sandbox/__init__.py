@@ -118,8 +118,8 @@ expected values, are readable by the program.
 Layout: `jobs` (Limits, Job, Result), `plan` (tests split by AST), `seccomp`
 (the BPF filter), `launch` (interpreter discovery, the bwrap and unshare
 launchers, backend choice), `supervise` (running one job), `report` (reading
-the report into a Result), `harness` (the in-sandbox harness, read as text and
-never imported) and this file, the public API and the pool.
+the report into a Result), `harness` (the in-sandbox harness, read as text,
+never imported by rlcode) and this file, the public API and the pool.
 
 This package must not know about tasks or rewards: it runs programs against
 tests. Assembling programs from tasks lives in rlcode.rewards.tests.
