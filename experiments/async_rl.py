@@ -4,6 +4,9 @@ rl.max_staleness (eta) = 0, 1, 2, 4 over seeds, side by side.
     python experiments/async_rl.py [--etas 0 1 2 4] [--seeds 0 1 2] [--steps 30]
         [--out experiments/out/async_rl] [--config.a.b=value ...]
 
+Arms already recorded in --out (same --steps and overrides) are not rerun, so the grid
+can be run a few seeds at a time; the table covers every recorded arm.
+
 Each arm is `rlcode train --config configs/grpo_tiny.py --config.seed=S
 --config.rl.max_staleness=ETA` in its own workdir (a fresh process; the warm start is the
 config's), cut to --steps GRPO steps with no periodic evaluation; then the final policy's
@@ -26,6 +29,7 @@ import argparse
 import json
 import math
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -91,15 +95,27 @@ def main():
   args, overrides = parser.parse_known_args()
   os.makedirs(args.out, exist_ok=True)
   cache = os.path.join(args.out, "jax_cache")
+  # Arms already in async_rl.json (same steps and overrides) are kept, not rerun: the grid
+  # can be run in pieces (a few seeds at a time) and the table covers all of them.
+  saved = os.path.join(args.out, "async_rl.json")
   runs = []
+  if os.path.exists(saved):
+    with open(saved) as f:
+      old = json.load(f)
+    if old["steps"] == args.steps and old["overrides"] == overrides:
+      runs = old["runs"]
+  done = {(r["seed"], r["eta"]) for r in runs}
   for seed in args.seeds:
     for eta in args.etas:
+      if (seed, eta) in done:
+        continue
       workdir = os.path.join(args.out, f"seed{seed}_eta{eta}")
+      shutil.rmtree(workdir, ignore_errors=True)  # an arm cut short would resume, not restart
       run = arm(seed, eta, args.steps, workdir, overrides, cache)
       run["held_out_pass@1"] = held_out(seed, workdir, overrides)
       runs.append(run)
       print(json.dumps(run), flush=True)
-      with open(os.path.join(args.out, "async_rl.json"), "w") as f:
+      with open(saved, "w") as f:
         json.dump({"steps": args.steps, "overrides": overrides, "runs": runs}, f, indent=1)
 
   short = {"rollout_seconds": "sample", "reward_seconds": "reward", "update_seconds": "update",
@@ -109,12 +125,25 @@ def main():
         + " ".join(f"{short[p]:>8s}" for p in PARTS))
   base = {r["seed"]: r["step_seconds"] for r in runs if r["eta"] == args.etas[0]}
   for eta in args.etas:
-    mine = [r for r in runs if r["eta"] == eta]
+    mine = [r for r in runs if r["eta"] == eta and r["seed"] in base]
     step, step_se = mean_se([r["step_seconds"] for r in mine])
     speed = statistics.mean(base[r["seed"]] / r["step_seconds"] for r in mine)
     p1, p1_se = mean_se([r["held_out_pass@1"] for r in mine])
     parts = " ".join(f"{statistics.mean(r[p] for r in mine):8.2f}" for p in PARTS)
     print(f"{eta:3d} {step:6.2f} ± {step_se:4.2f} {speed:7.2f} {p1:8.3f} ± {p1_se:5.3f} {parts}")
+  print(f"\n{'eta':>3s} {'seeds':>5s} {'rows by lag 0, 1, ... (share)':<32s} {'iw clip':>7s} "
+        f"{'reward, last 5 steps':>20s}")
+  for eta in args.etas:
+    mine = [r for r in runs if r["eta"] == eta and r["seed"] in base]
+    lags = {}
+    for r in mine:
+      for lag, n in r["staleness"].items():
+        lags[int(lag)] = lags.get(int(lag), 0) + n
+    total = sum(lags.values())
+    shares = ", ".join(f"{lags[k] / total:.2f}" for k in sorted(lags))
+    reward, reward_se = mean_se([r["reward_mean_last5"] for r in mine])
+    clip = statistics.mean(r["iw_clip_frac"] for r in mine)
+    print(f"{eta:3d} {len(mine):5d} {shares:<32s} {clip:7.4f} {reward:12.3f} ± {reward_se:5.3f}")
 
 
 if __name__ == "__main__":
