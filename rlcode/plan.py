@@ -25,8 +25,12 @@ map them to) or the batch is refused with one line (rlcode.errors.BadInput).
 
 The estimate, per device and per program: compute time = FLOPs / peak dense bf16
 FLOP/s (for the update, the larger of the analytic share and XLA's count, which sees
-work the mesh repeats on several devices); memory time = bytes / HBM bandwidth (XLA's bytes accessed for the update;
-for decoding, each step reads the device's parameters and its part of the KV cache);
+work the mesh repeats on several devices); memory time = bytes / HBM bandwidth (XLA's
+bytes accessed for the update; for decoding, each step reads the weights as the loop
+holds them and the device's part of the KV cache: XLA gathers fsdp- and data-sharded
+weights once, before the loop, and keeps tensor-parallel splits; the embedding table is
+counted whole, though a lookup reads only its rows. XLA:CPU's bytes accessed for the
+loop body, every operand of every op, are ~8x that for the 7B plan: printed, not used);
 collective time = bytes on the wire / link bandwidth (ring algorithms: an all-gather or
 reduce-scatter of S bytes over g devices moves S (g - 1) / g per device, an all-reduce
 twice that; NVLink within a domain, the network beyond). time = max(compute, memory)
@@ -329,6 +333,21 @@ def _shard_bytes(abstract_tree) -> int:
   return total
 
 
+def _decode_weight_bytes(abstract_tree, mesh) -> int:
+  """Bytes of weights one decode step reads on a device: each weight split only by the
+  mesh axes that stay split inside the loop (tensor)."""
+  import jax
+  total = 0
+  for x in jax.tree.leaves(abstract_tree):
+    split = 1
+    for entry in x.sharding.spec:
+      for axis in (entry if isinstance(entry, tuple) else (entry,)):
+        if axis == "tensor":
+          split *= mesh.shape[axis]
+    total += math.prod(x.shape) * x.dtype.itemsize // split
+  return total
+
+
 def _memory(compiled) -> dict:
   m = compiled.memory_analysis()
   return {"arguments": m.argument_size_in_bytes, "outputs": m.output_size_in_bytes,
@@ -466,6 +485,7 @@ def analyse(config, devices: int, mesh_spec: str, sampler_spec: str, prompt_len:
           "collectives": collectives(update.as_text(), devices)},
       "decode": {
           "parameters": _shard_bytes(sampler_state),
+          "weights_read": _decode_weight_bytes(sampler_state, sampler_mesh),
           "kv_cache": _shard_bytes(prefix) + _shard_bytes(cache),
           "memory": _memory(decode), "xla": _cost(decode),
           "flops": decode_flops(cfg, rows, prompt_len, tc) / (n_sample or n_train),
@@ -484,11 +504,10 @@ def estimate(result: Mapping, hw: Hardware) -> dict:
             "memory": up["xla"]["bytes_accessed"] / hw.hbm_bytes_per_s,
             "collectives": collective_seconds(up["collectives"], hw)}
   update["total"] = max(update["compute"], update["memory"]) + update["collectives"]
-  # XLA counts the loop body once: its bytes (the weights each step reads, gathered
-  # or not, and the KV cache) once per generated token.
+  # Every generated token reads the weights and the KV cache once.
   steps = b["completion_len"]
   decode = {"compute": dec["flops"] / hw.flops,
-            "memory": steps * dec["xla"]["bytes_accessed"] / hw.hbm_bytes_per_s,
+            "memory": steps * (dec["weights_read"] + dec["kv_cache"]) / hw.hbm_bytes_per_s,
             "collectives": collective_seconds(dec["collectives"], hw)}
   decode["total"] = max(decode["compute"], decode["memory"]) + decode["collectives"]
   prefill = dec["prefill_flops"] / hw.flops
@@ -538,6 +557,9 @@ def format_table(result: Mapping, hw: Hardware, est: Mapping) -> str:
       f"{_gb(dec['memory']['peak'])}"
       + ("   exceeds HBM" if max(up['memory']['peak'], dec['memory']['peak']) > hw.hbm_bytes
          else ""),
+      f"  read per decode step (weights, KV)               "
+      f"{_gb(dec['weights_read'] + dec['kv_cache'])}"
+      f"  (XLA:CPU's bytes: {dec['xla']['bytes_accessed'] / 1e9:.2f} GB)",
       f"  FLOPs, analytic               {up['flops']:11.3e}      {dec['flops']:11.3e}",
       f"  FLOPs, XLA cost_analysis      {up['xla']['flops']:11.3e}      "
       f"{dec['xla']['flops']:11.3e}  (the loop body counted once;"

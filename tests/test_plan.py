@@ -108,6 +108,10 @@ def test_plan_of_the_default_job_on_72_devices(tmp_path, capsys):
   # sampler's data parallelism holds whole copies.
   assert total / 8 <= up["parameters"] < total / 6
   assert dec["parameters"] == total
+  # No tensor parallelism in the sampler: a decode step reads every weight, and its KV.
+  assert dec["weights_read"] == total
+  np.testing.assert_allclose(est["decode"]["memory"],
+                             40 * (total + dec["kv_cache"]) / plan.GPUS["h200"].hbm_bytes_per_s)
   # Adam's two moments are laid out like their parameters, not replicated.
   assert 2 * up["parameters"] <= up["optimizer"] < 2 * up["parameters"] + 64
   assert up["memory"]["peak"] > up["parameters"] + up["optimizer"]
