@@ -32,7 +32,7 @@ SLIDING = AttentionSpec("sliding", window=7)
 DOC = AttentionSpec("document")
 
 
-def _shapes(t=37, s=37, h=4, kh=2, d=16):
+def _shapes(t=38, s=38, h=4, kh=2, d=16):
   return dict(q_shape=(2, t, h, d), k_shape=(2, s, kh, d))
 
 
@@ -40,17 +40,21 @@ def _shapes(t=37, s=37, h=4, kh=2, d=16):
 CHOICES = {
     "dense_causal_bf16": (dict(spec=DENSE, dtype=BF16, **_shapes()), "cudnn"),
     "dense_full_t_ne_s": (dict(spec=FULL, dtype=BF16, q_offset=np.array([3, 4]),
-                               **_shapes(t=5, s=37)), "cudnn"),
+                               **_shapes(t=6, s=38)), "cudnn"),
     "sliding_bf16": (dict(spec=SLIDING, dtype=BF16, **_shapes()), "cudnn"),
     "sliding_fp16_offset_0": (dict(spec=SLIDING, dtype=jnp.float16, q_offset=0,
-                                   **_shapes(t=20, s=37)), "cudnn"),
+                                   **_shapes(t=20, s=38)), "cudnn"),
     "dense_head_dim_128": (dict(spec=DENSE, dtype=BF16, **_shapes(d=128)), "cudnn"),
     "needs_lse": (dict(spec=DENSE, dtype=BF16, needs_lse=True, **_shapes()), "pallas"),
     "document": (dict(spec=DOC, dtype=BF16, **_shapes()), "pallas"),
     "float32": (dict(spec=DENSE, dtype=F32, **_shapes()), "pallas"),
     "head_dim_12": (dict(spec=DENSE, dtype=BF16, **_shapes(d=12)), "pallas"),
     "head_dim_256": (dict(spec=DENSE, dtype=BF16, **_shapes(d=256)), "pallas"),
-    "causal_bottom_right": (dict(spec=DENSE, dtype=BF16, **_shapes(t=5, s=37)), "pallas"),
+    "causal_bottom_right": (dict(spec=DENSE, dtype=BF16, **_shapes(t=6, s=38)), "pallas"),
+    "sliding_more_queries_than_keys": (dict(spec=SLIDING, dtype=BF16, q_offset=0,
+                                            **_shapes(t=38, s=24)), "pallas"),
+    "odd_query_length": (dict(spec=DENSE, dtype=BF16, **_shapes(t=37, s=37)), "pallas"),
+    "odd_key_length": (dict(spec=FULL, dtype=BF16, **_shapes(t=6, s=37)), "pallas"),
     "causal_array_offset": (dict(spec=SLIDING, dtype=BF16, q_offset=np.array([0, 0]),
                                  **_shapes()), "pallas"),
     "causal_offset_3": (dict(spec=DENSE, dtype=BF16, q_offset=3, **_shapes()), "pallas"),
@@ -98,14 +102,14 @@ def test_bad_requests_name_the_argument():
 
 # name -> (spec, H, K, T, S, dtype, keyword arguments of the call); B=2, D=16.
 MAPPING = {
-    "dense_causal_gqa_padded_bf16": (DENSE, 4, 2, 37, 37, BF16,
+    "dense_causal_gqa_padded_bf16": (DENSE, 4, 2, 38, 38, BF16,
                                      dict(kv_lengths=np.array([37, 20]))),
-    "dense_causal_mqa_f32": (DENSE, 3, 1, 37, 37, F32, {}),
-    "dense_full_empty_row_bf16": (FULL, 4, 2, 21, 37, BF16,
+    "dense_causal_mqa_f32": (DENSE, 3, 1, 38, 38, F32, {}),
+    "dense_full_empty_row_bf16": (FULL, 4, 2, 22, 38, BF16,
                                   dict(kv_lengths=np.array([37, 0]))),
-    "sliding_padded_f32": (SLIDING, 4, 2, 37, 37, F32, dict(kv_lengths=np.array([37, 11]))),
-    "sliding_offset_0_more_queries_bf16": (SLIDING, 4, 2, 37, 23, BF16, dict(q_offset=0)),
-    "dense_offset_0_fewer_queries_f32": (DENSE, 4, 2, 19, 37, F32, dict(q_offset=0)),
+    "sliding_padded_f32": (SLIDING, 4, 2, 38, 38, F32, dict(kv_lengths=np.array([37, 11]))),
+    "sliding_offset_0_fewer_queries_bf16": (SLIDING, 4, 2, 24, 38, BF16, dict(q_offset=0)),
+    "dense_offset_0_fewer_queries_f32": (DENSE, 4, 2, 20, 38, F32, dict(q_offset=0)),
 }
 
 

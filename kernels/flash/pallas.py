@@ -76,7 +76,8 @@ def _dq_kernel(sc_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qpos_ref
 
 def _dkv_kernel(sc_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qpos_ref, qseg_ref,
                 kpos_ref, kseg_ref, dk_ref, dv_ref, *, mask, scale, bq, groups):
-  lo, hi, kv_len, final = sc_ref[0], sc_ref[1], sc_ref[2], sc_ref[3]
+  lo, hi, lo2, hi2 = sc_ref[0], sc_ref[1], sc_ref[2], sc_ref[3]
+  kv_len, final = sc_ref[4], sc_ref[5]
   kj, vj = k_ref[...], v_ref[...]
   bk = kj.shape[0]
   k_idx = pl.program_id(2) * bk + lax.iota(jnp.int32, bk)
@@ -95,7 +96,7 @@ def _dkv_kernel(sc_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qpos_re
       dv = dv + dot_tn(p.astype(doi.dtype), doi)
       dk = dk + dot_tn(ds.astype(qi.dtype), qi)
       return dk, dv
-    return lax.fori_loop(lo, hi, body, carry)
+    return lax.fori_loop(lo2, hi2, body, lax.fori_loop(lo, hi, body, carry))
 
   zeros = jnp.zeros(kj.shape, F32)
   carry = (zeros, zeros)
@@ -110,15 +111,28 @@ def _dkv_kernel(sc_ref, q_ref, k_ref, v_ref, do_ref, lse_ref, delta_ref, qpos_re
 
 
 def _query_ranges(lo, hi, nk: int):
-  """For each key tile, the range of query tiles that visit it: [B, nk] twice."""
+  """For each key tile, the query tiles that visit it as two ranges: 4 x [B, nk].
+
+  The first range is the first run of visiting tiles; the second runs from the
+  next visiting tile to the last. Document masks visit a key tile from its own
+  document and again from the final segment (which sees every key): one range
+  would walk every document in between, as much work as dense causal. Tiles
+  inside a range that do not visit are masked whole, so the ranges need only
+  cover every visit.
+  """
   nq = lo.shape[1]
   j = jnp.arange(nk)[None, None, :]
   visits = (lo[:, :, None] <= j) & (j < hi[:, :, None])  # [B, nq, nk], tiles only
   any_visit = visits.any(axis=1)
+  i = jnp.arange(nq)[None, :, None]
   first = jnp.argmax(visits, axis=1)
   last = nq - jnp.argmax(visits[:, ::-1], axis=1)
-  return (jnp.where(any_visit, first, 0).astype(jnp.int32),
-          jnp.where(any_visit, last, 0).astype(jnp.int32))
+  gap = ~visits & (i > first[:, None, :])
+  end1 = jnp.where(gap.any(axis=1), jnp.argmax(gap, axis=1), last)
+  rest = visits & (i >= end1[:, None, :])
+  start2 = jnp.where(rest.any(axis=1), jnp.argmax(rest, axis=1), last)
+  zero = lambda x: jnp.where(any_visit, x, 0).astype(jnp.int32)
+  return zero(first), zero(end1), zero(start2), zero(last)
 
 
 def _forward(q, k, v, lay, mask, scale, bq, bk, interpret):
@@ -173,13 +187,13 @@ def _backward(q, k, v, lay, out, lse, dout, dlse, mask, scale, bq, bk, interpret
   )(scalars(lay.lo, lay.hi, lay.kv_len, lay.final), q, k, v, dout, lse, delta,
     lay.q_pos, lay.q_seg, lay.k_pos, lay.k_seg)
 
-  qlo, qhi = _query_ranges(lay.lo, lay.hi, sp // bk)
+  ranges = _query_ranges(lay.lo, lay.hi, sp // bk)
   grouped = lambda x: x.reshape(b, kh, g, *x.shape[2:])
   dk, dv = call(
       functools.partial(_dkv_kernel, mask=mask, scale=scale, bq=bq, groups=g),
       grid=(b, kh, sp // bk), interpret=interpret, name="flash_dkv",
       in_specs=[
-          pl.BlockSpec((None, None, 4), lambda bi, ki, j: (bi, j, 0)),
+          pl.BlockSpec((None, None, 6), lambda bi, ki, j: (bi, j, 0)),
           pl.BlockSpec((None, None, g, tp, d), lambda bi, ki, j: (bi, ki, 0, 0, 0)),
           pl.BlockSpec((None, None, bk, d), lambda bi, ki, j: (bi, ki, j, 0)),
           pl.BlockSpec((None, None, bk, d), lambda bi, ki, j: (bi, ki, j, 0)),
@@ -195,7 +209,7 @@ def _backward(q, k, v, lay, out, lse, dout, dlse, mask, scale, bq, bk, interpret
                  pl.BlockSpec((None, None, bk, d), lambda bi, ki, j: (bi, ki, j, 0))],
       out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype),
                  jax.ShapeDtypeStruct(v.shape, v.dtype)],
-  )(scalars(qlo, qhi, lay.kv_len, lay.final), grouped(q), k, v, grouped(dout),
+  )(scalars(*ranges, lay.kv_len, lay.final), grouped(q), k, v, grouped(dout),
     grouped(lse), grouped(delta), lay.q_pos, lay.q_seg, lay.k_pos, lay.k_seg)
   return dq, dk, dv
 
