@@ -1,6 +1,7 @@
-"""`rlcode <command> ...`: train, eval, sample, plot, mine.
+"""`rlcode <command> ...`: train, train-rm, eval, sample, plot, mine.
 
     rlcode train  --config configs/grpo_tiny.py [--config.a.b=value ...]
+    rlcode train-rm --config configs/rm_choices.py
     rlcode eval   --tasks humaneval --completions samples.jsonl [--k 1,10,100]
     rlcode eval   --config configs/grpo_tiny.py --checkpoint workdirs/grpo_tiny
     rlcode sample --config configs/sample_tiny.py
@@ -36,6 +37,8 @@ def _parse(argv: Sequence[str]):
   config_help = "configs/NAME.py[:arg]; override keys with --config.a.b=value"
   train = commands.add_parser("train", help="train a policy with GRPO")
   train.add_argument("--config", required=True, help=config_help)
+  train_rm = commands.add_parser("train-rm", help="train a reward model on choices")
+  train_rm.add_argument("--config", required=True, help=config_help)
   sample = commands.add_parser("sample", help="sample completions from a policy")
   sample.add_argument("--config", required=True, help=config_help)
   ev = commands.add_parser("eval", help="pass@k of a completions file or of a checkpoint")
@@ -132,6 +135,9 @@ def _run(parser, args, overrides) -> None:
     if args.command == "train":
       from rlcode import train
       train.train(config)
+    elif args.command == "train-rm":
+      from rlcode.rm import train as rm_train
+      rm_train.train_rm(config)
     else:
       from rlcode import jobs
       jobs.sample(config)
