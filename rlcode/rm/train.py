@@ -145,11 +145,11 @@ def recorded_config(path: str, what: str = "path") -> ml_collections.ConfigDict:
                      "up; name a run's workdir or checkpoint directory")
 
 
-def load_backbone(model: RewardModel, path: str, mesh: Mesh) -> None:
-  """Copies the policy at `path` into the reward model's decoder (same ModelConfig)."""
+def load_backbone(model: RewardModel, path: str, policy_config, mesh: Mesh) -> None:
+  """Copies the policy at `path`, trained with `policy_config`, into the reward model's
+  decoder (same ModelConfig)."""
   from rlcode import evaluate
-  policy, _, _, _ = evaluate.restore_policy(recorded_config(path, "config.rm.init_from"), path,
-                                            mesh)
+  policy, _, _, _ = evaluate.restore_policy(policy_config, path, mesh)
   if policy.cfg != model.backbone.cfg:
     differ = [f.name for f in dataclasses.fields(policy.cfg)
               if getattr(policy.cfg, f.name) != getattr(model.backbone.cfg, f.name)]
@@ -183,6 +183,7 @@ def train_rm(config) -> list[dict]:
 
   # ══════════════════════════════════════════════════════════════ 3. model, optimiser, checkpoint
   tokenizer = load_tokenizer(config.model.get("tokenizer") or "bytes")
+  policy_config = recorded_config(rm.init_from, "config.rm.init_from") if rm.init_from else None
   model = build_reward_model(config, mesh)
   max_len = model.backbone.cfg.max_seq_len
   graphdef, params = nnx.split(model, nnx.Param)
@@ -194,7 +195,7 @@ def train_rm(config) -> list[dict]:
     metrics = MetricsWriter(config.workdir)
     config_lib.write_run_config(config, config.workdir)
     if rm.init_from:
-      load_backbone(model, rm.init_from, mesh)
+      load_backbone(model, rm.init_from, policy_config, mesh)
     state = grpo.init_state(model, optimizer, mesh)
   else:
     config_lib.check_resume(config, config.workdir)
@@ -216,8 +217,8 @@ def train_rm(config) -> list[dict]:
                               | {"choices_seen": step * rm.batch_choices}))
 
   eval_steps = set(tr.eval_steps)
-  due = lambda done: ((tr.eval_every and done % tr.eval_every == 0) or done in eval_steps
-                      or done == tr.steps)
+  due = lambda done: ((tr.eval_every and (done % tr.eval_every == 0 or done == tr.steps))
+                      or done in eval_steps)
 
   # ══════════════════════════════════════════════════════════════ 5. loop
   if start_step == 0 and (tr.eval_every or eval_steps):
