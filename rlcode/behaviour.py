@@ -10,9 +10,12 @@ the entry point:
             also see
 Calls whose arguments are not literals (variables, comprehensions) are skipped.
 
-Outputs come from the sandbox as plain data (rlcode.sandbox), rebuilt on this side: they
-are values, never code, and nothing the program defines is called here. A signature is a
-tuple of one frozen outcome per input; None (no vote) when the program did not run (syntax
+The answers come from the sandbox's probes (sandbox.Job.probes): the harness calls the
+entry point after the tests and sends back what it returned as plain data it rebuilt
+itself, or the name of the exception it raised; the host decodes data, never code, and
+nothing the program defines is called here. Tests and probes share one run, so a
+program's verdict and its signature come from the same execution. A signature is a tuple
+of one frozen answer per input; None (no vote) when the program did not run (syntax
 error, crash at import, timeout), when it raised on every input, or when the task has no
 usable inputs.
 """
@@ -20,11 +23,14 @@ usable inputs.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import math
 import re
 from collections.abc import Hashable, Sequence
 
+from rlcode import sandbox
 from rlcode.data.tasks import Task
+from rlcode.rewards.tests import HUMANEVAL_STOP, job_for
 
 INPUT_SOURCES = ("tests", "prompt")
 _DOCTEST = re.compile(r"^\s*>>>\s?(.*)$", re.MULTILINE)
@@ -86,9 +92,31 @@ def freeze(value) -> Hashable:
   return value
 
 
-def signature(outcomes: Sequence[tuple[str, object]] | None) -> Hashable | None:
-  """The signature of one program's outcomes [("ok", value) | ("error", type name)] per
-  input; None when it did not run (outcomes None), has no inputs or raised on all."""
-  if not outcomes or all(kind == "error" for kind, _ in outcomes):
+def signature(outputs: Sequence[tuple[str, object]]) -> Hashable | None:
+  """The signature of one program's answers, in the sandbox's terms (Result.outputs):
+  ("return", value), ("raise", type name) or ("large", digest) per input. None when there
+  are none (it did not run, or no inputs) or it raised on every input."""
+  if not outputs or all(kind == "raise" for kind, _ in outputs):
     return None
-  return tuple((kind, freeze(value) if kind == "ok" else value) for kind, value in outcomes)
+  return tuple((kind, freeze(value) if kind == "return" else value) for kind, value in outputs)
+
+
+def run(tasks: Sequence[Task], completions: Sequence[str], *, inputs: str = "tests",
+        workers: int | None = None, limits: sandbox.Limits | None = None,
+        stop_sequences: Sequence[str] = HUMANEVAL_STOP) -> list[sandbox.Result]:
+  """Each completion against its task's tests, then probed on the task's inputs, in one
+  sandboxed run: the results carry the test verdict and the answers (Result.outputs)."""
+  cached: dict[str, list[tuple]] = {}
+  jobs = []
+  for task, completion in zip(tasks, completions, strict=True):
+    if task.id not in cached:
+      cached[task.id] = task_inputs(task, inputs)
+    job = job_for(task, completion, stop_sequences=tuple(stop_sequences))
+    jobs.append(dataclasses.replace(job, probes=tuple(cached[task.id])) if job.entry_point
+                else job)
+  return sandbox.Sandbox(limits, workers=workers).run_many(jobs)
+
+
+def signatures(tasks: Sequence[Task], completions: Sequence[str], **kwargs) -> list:
+  """`signature` of each completion's answers (`run`; kwargs as there)."""
+  return [signature(r.outputs) for r in run(tasks, completions, **kwargs)]

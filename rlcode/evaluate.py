@@ -323,14 +323,23 @@ def selection_groups(tasks: Sequence[Task], pairs: Sequence[tuple[str, str]],
   if "rm" in selectors and not rm_checkpoint:
     raise BadInput("--select rm needs --rm: a reward model's workdir (rlcode train-rm)")
   by_id = {t.id: t for t in tasks}
-  _, rows = evaluate_completions(tasks, pairs, k=[1], workers=workers, limits=limits,
-                                 stop_sequences=stop_sequences)
-  groups: dict[str, dict] = {}
-  for row in rows:
-    groups.setdefault(row["task_id"], {"passed": []})["passed"].append(bool(row["passed"]))
   row_tasks = [by_id[tid] for tid, _ in pairs]
   texts = [text for _, text in pairs]
   per_sample: dict[str, list] = {}
+  if "majority" in selectors:
+    # One run per sample gives its verdict and its answers on the inputs.
+    from rlcode import behaviour
+    results = behaviour.run(row_tasks, texts, inputs=behaviour_inputs, workers=workers,
+                            limits=limits, stop_sequences=stop_sequences)
+    passed = [r.passed for r in results]
+    per_sample["signatures"] = [behaviour.signature(r.outputs) for r in results]
+  else:
+    _, rows = evaluate_completions(tasks, pairs, k=[1], workers=workers, limits=limits,
+                                   stop_sequences=stop_sequences)
+    passed = [bool(row["passed"]) for row in rows]
+  groups: dict[str, dict] = {}
+  for (tid, _), ok in zip(pairs, passed):
+    groups.setdefault(tid, {"passed": []})["passed"].append(ok)
   if "rm" in selectors:
     from rlcode.rm import features, scorer
     rm = scorer.load(rm_checkpoint)
@@ -339,11 +348,6 @@ def selection_groups(tasks: Sequence[Task], pairs: Sequence[tuple[str, str]],
                               workers=workers) if rm.features else None)
     per_sample["scores"] = [float(s) for s in rm.score([t.prompt for t in row_tasks], shown,
                                                          feats)]
-  if "majority" in selectors:
-    from rlcode import behaviour
-    per_sample["signatures"] = behaviour.signatures(
-        row_tasks, texts, inputs=behaviour_inputs, workers=workers, limits=limits,
-        stop_sequences=stop_sequences)
   for name, values in per_sample.items():
     for (tid, _), value in zip(pairs, values):
       groups[tid].setdefault(name, []).append(value)

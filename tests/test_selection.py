@@ -2,11 +2,12 @@
 groups (ties, crashes, mixed clusters); gap fractions by hand."""
 
 import itertools
+import json
 
 import numpy as np
 import pytest
 
-from rlcode import evaluate, selection
+from rlcode import cli, evaluate, selection
 
 
 def _brute(pick, n, k):
@@ -91,3 +92,50 @@ def test_selection_table_and_gap_fractions():
     selection.selection_table(groups, ["rm"], [8])
   with pytest.raises(ValueError, match="unknown selector"):
     selection.selection_table(groups, ["best"], [1])
+
+
+PROBLEMS = [
+    {"id": "p/inc", "prompt": "def inc(x):\n", "entry_point": "inc", "reference": "    return x + 1\n",
+     "tests": "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(-1) == 0\n"},
+    {"id": "p/neg", "prompt": "def neg(x):\n", "entry_point": "neg", "reference": "    return -x\n",
+     "tests": "def check(candidate):\n    assert candidate(3) == -3\n"},
+]
+SAMPLES = [("p/inc", "    return x + 1\n"), ("p/inc", "    return 1 + x\n"),
+           ("p/inc", "    return x + 2\n"), ("p/inc", "    return (\n"),
+           ("p/neg", "    return 0 - x\n"), ("p/neg", "    return x\n"),
+           ("p/neg", "    return x * 1\n"), ("p/neg", "    return -x\n")]
+
+
+def _files(tmp_path):
+  tasks = tmp_path / "problems.jsonl"
+  tasks.write_text("".join(json.dumps({**p, "split": "train"}) + "\n" for p in PROBLEMS))
+  samples = tmp_path / "samples.jsonl"
+  samples.write_text("".join(json.dumps({"task_id": t, "completion": c}) + "\n"
+                             for t, c in SAMPLES))
+  return str(tasks), str(samples)
+
+
+def test_majority_by_behaviour_through_the_cli(tmp_path, capsys):
+  tasks, samples = _files(tmp_path)
+  assert cli.main(["eval", "--tasks", tasks, "--completions", samples, "--select",
+                   "majority,oracle", "--k", "1,4", "--workers", "2"]) == 0
+  out = capsys.readouterr().out
+  # p/inc: "x + 1" and "1 + x" behave alike and outvote "x + 2" (the syntax error has no
+  # vote): 1.0; p/neg: "0 - x" and "-x" tie with "x" and "x * 1": 0.5.
+  rows = {line.split()[0]: line.split()[1:] for line in out.splitlines() if "@k" in line}
+  assert [float(v) for v in rows["first@k"]] == [0.5, 0.5]
+  assert [float(v) for v in rows["oracle@k"]] == [0.5, 1.0]
+  assert [float(v) for v in rows["majority@k"]] == [0.5, 0.75]
+  assert "gap closed" in out
+
+
+@pytest.mark.parametrize("argv,needle", [
+    (["--select", "best"], "unknown selector(s) ['best']"),
+    (["--select", "rm"], "--select rm needs --rm"),
+    (["--select", "majority", "--k", "1,8"], "only 4 samples"),
+])
+def test_selection_errors_are_one_line(tmp_path, capsys, argv, needle):
+  tasks, samples = _files(tmp_path)
+  assert cli.main(["eval", "--tasks", tasks, "--completions", samples, *argv]) == 2
+  err = capsys.readouterr().err
+  assert err.count("\n") == 1 and needle in err and "Traceback" not in err
