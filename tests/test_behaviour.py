@@ -10,7 +10,8 @@ TASK = Task(
     prompt='def scale(xs, k):\n    """Scale.\n    >>> scale([1, 2], 3)\n    [3, 6]\n'
            '    >>> scale(not_literal, 2)\n    >>> broken(\n    >>> scale([], 0)\n    """\n',
     tests="def check(candidate):\n    assert candidate([1, 2], 3) == [3, 6]\n"
-          "    assert candidate((1,), -1) == [-1]\n    x = [5]\n    assert candidate(x, 2) == [10]\n"
+          "    assert candidate((1,), -1) == [-1]\n    x = [5]\n"
+          "    assert candidate(x, 2) == [10]\n"
           "    assert candidate([1, 2], 3) == [3, 6]\n    assert scale([0.5], k=2) == [1.0]\n"
           "    assert candidate(*[[1], 2]) == [2]\n")
 

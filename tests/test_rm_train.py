@@ -7,7 +7,6 @@ import os
 import shutil
 
 import numpy as np
-import pytest
 
 from rlcode import cli, config_lib, rewards
 from rlcode.data.choices import Choice, write_choices
@@ -24,7 +23,8 @@ SMALL = ["--config.model.arch.hidden_size=32", "--config.model.arch.intermediate
          "--config.model.arch.num_layers=1", "--config.model.arch.num_heads=2",
          "--config.model.arch.num_kv_heads=1", "--config.model.arch.head_dim=16",
          "--config.model.arch.max_seq_len=64", "--config.rm.head_hidden=16",
-         "--config.rm.batch_choices=8", "--config.train.progress_bar=false"]
+         "--config.rm.batch_choices=8", "--config.rm.init_from=",
+         "--config.train.progress_bar=false"]
 
 
 def _choices_file(tmp_path, n=120):

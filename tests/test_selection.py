@@ -95,8 +95,10 @@ def test_selection_table_and_gap_fractions():
 
 
 PROBLEMS = [
-    {"id": "p/inc", "prompt": "def inc(x):\n", "entry_point": "inc", "reference": "    return x + 1\n",
-     "tests": "def check(candidate):\n    assert candidate(1) == 2\n    assert candidate(-1) == 0\n"},
+    {"id": "p/inc", "prompt": "def inc(x):\n", "entry_point": "inc",
+     "reference": "    return x + 1\n",
+     "tests": "def check(candidate):\n    assert candidate(1) == 2\n"
+              "    assert candidate(-1) == 0\n"},
     {"id": "p/neg", "prompt": "def neg(x):\n", "entry_point": "neg", "reference": "    return -x\n",
      "tests": "def check(candidate):\n    assert candidate(3) == -3\n"},
 ]

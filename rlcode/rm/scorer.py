@@ -65,8 +65,9 @@ class RewardModelScorer:
     if len(prompts) != n:
       raise ValueError(f"{len(prompts)} prompts but {n} completions")
     if self.features and (features is None or np.shape(features) != (n, len(self.features))):
+      got = None if features is None else np.shape(features)
       raise ValueError(f"the reward model takes features {self.features}: give [{n}, "
-                       f"{len(self.features)}], got {None if features is None else np.shape(features)}")
+                       f"{len(self.features)}], got {got}")
     feats = (np.zeros((n, 0), np.float32) if features is None
              else np.asarray(features, np.float32))
     out = []

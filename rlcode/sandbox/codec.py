@@ -53,7 +53,8 @@ def decode(data: bytes):
       if not comma:
         raise ValueError("malformed complex")
       try:
-        return complex(float.fromhex(real.decode("ascii")), float.fromhex(imag.decode("ascii"))), pos
+        parts = [float.fromhex(x.decode("ascii")) for x in (real, imag)]
+        return complex(*parts), pos
       except (ValueError, UnicodeDecodeError) as e:
         raise ValueError(f"malformed complex {text[:40]!r}") from e
     if tag in b"sb":
