@@ -121,8 +121,8 @@ def main():
                     "minutes": [r["minutes"] for r in per]}
     summary[arm]["flattens_at"] = flatten_point(ns, [m for m, _ in summary[arm]["mean_se"]])
   for i, n in enumerate(ns):
-    print(f"{n:8d} " + " ".join(f"{summary[a]['mean_se'][i][0]:9.3f} ± {summary[a]['mean_se'][i][1]:.3f}"
-                                for a in args.arms))
+    cells = [summary[a]["mean_se"][i] for a in args.arms]
+    print(f"{n:8d} " + " ".join(f"{m:9.3f} ± {se:.3f}" for m, se in cells))
   for arm in args.arms:
     print(f"{arm}: flattens at {summary[arm]['flattens_at']} choices (first point within "
           f"{FLAT} of its best mean accuracy); minutes per run "

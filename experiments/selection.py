@@ -3,9 +3,9 @@
 Claim (the seed's): pass@k is far above pass@1; majority voting or a reward model picking
 one of k samples closes part of that gap.
 
-For each task set (the tiny held-out problems; HumanEval, the problems whose prompt fits
-the policy's context), --n samples per task from a trained policy at the eval
-temperature, each run against its tests; then, for k = 1, 2, 4, ..., n: pass@1 (first@k),
+For each task set (the tiny held-out problems; HumanEval, the problems whose prompt and
+max_new_tokens fit the policy's context), --n samples per task from a trained policy at
+the eval temperature, each run against its tests; then, for k = 1, 2, 4, ..., n: pass@1 (first@k),
 pass@k (oracle@k), majority@k (votes by behaviour on the tests' inputs, rlcode.behaviour)
 and rm@k (the highest score of a reward model trained on choices, rlcode train-rm), each
 the expectation over draws of k of the n samples (rlcode.selection), and the fraction of
@@ -29,7 +29,7 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from rlcode import evaluate, rollout, selection, sharding  # noqa: E402
+from rlcode import evaluate, selection, sharding  # noqa: E402
 from rlcode.data import sources  # noqa: E402
 from rlcode.data.humaneval import humaneval_tasks  # noqa: E402
 from rlcode.rm.train import recorded_config  # noqa: E402
@@ -64,9 +64,11 @@ def main():
              "temperature": ev.temperature, "max_new_tokens": ev.max_new_tokens, "sets": {}}
   for name in args.sets:
     start, load_before = time.time(), os.getloadavg()
-    tasks, fit = rollout.fit_tasks(task_set(name, config), tokenizer, split=name,
-                                   max_seq_len=model.cfg.max_seq_len,
-                                   max_new_tokens=ev.max_new_tokens, drop_too_long=True)
+    every = task_set(name, config)
+    # Sampling needs the prompt and the new tokens to fit the context (references do not).
+    tasks = [t for t in every
+             if len(tokenizer.encode(t.prompt)) + ev.max_new_tokens <= model.cfg.max_seq_len]
+    fit = {"tasks": len(every), "kept": len(tasks)}
     row_tasks, texts = evaluate.sample_completions(
         model, tokenizer, tasks, num_samples=args.n, temperature=ev.temperature,
         max_new_tokens=ev.max_new_tokens, seed=config.seed + 7919,
