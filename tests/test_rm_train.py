@@ -7,8 +7,9 @@ import os
 import shutil
 
 import numpy as np
+import pytest
 
-from rlcode import cli, config_lib, rewards
+from rlcode import cli, config_lib, evaluate, rewards
 from rlcode.data.choices import Choice, write_choices
 from rlcode.data.tasks import Task
 from rlcode.metrics import read_metrics
@@ -72,6 +73,13 @@ def test_learns_and_scores_through_the_reward(tmp_path):
   assert int(np.argmax(scores)) == 0
   out = rewards.compute({"rm": 1.0}, [task] * 5, BODIES, {"rm": {"checkpoint": workdir}})
   np.testing.assert_allclose(out.scores, scores, rtol=1e-5)
+  # As a selector: the reward model's pick among five samples is the passing one.
+  coded = Task(id="t", prompt="def f3(x):\n", entry_point="f3",
+               tests="def check(candidate):\n    assert candidate(3) == 4\n")
+  table = evaluate.evaluate_selection([coded], [("t", b) for b in BODIES],
+                                      selectors=["rm"], ks=[1, 5], rm_checkpoint=workdir)
+  assert table["first"][5] == pytest.approx(0.2) and table["rm"][5] == 1.0
+  assert table["gap_closed"]["rm"][5] == 1.0
   # The reward reads the answer up to the tests reward's stop sequences, so do the tokens.
   ends = rewards.answer_ends({"rm": 1.0}, [task], [BODIES[0] + "\ndef g(): pass\n"])
   assert ends.tolist() == [len(BODIES[0])]
