@@ -131,6 +131,8 @@ import concurrent.futures
 import os
 from collections.abc import Sequence
 
+from tqdm import tqdm
+
 from rlcode.sandbox import launch
 from rlcode.sandbox.jobs import STATUSES, Job, Limits, Result, SandboxUnavailableError
 from rlcode.sandbox.plan import TEST_FORMATS, TestPlan, context_names, plan_tests
@@ -179,21 +181,32 @@ class Sandbox:
     """Runs one job; bad tests (unparsable, none found) or context raise ValueError."""
     return self.run_many([job])[0]
 
-  def run_many(self, jobs: Sequence[Job]) -> list[Result]:
+  def run_many(self, jobs: Sequence[Job], *, progress: bool = False) -> list[Result]:
     """Runs `jobs` on the worker pool; results in the order of `jobs`.
 
     Identical jobs (a GRPO group often repeats a completion) run once and
     share their result: a run is a deterministic function of its job.
+    `progress` draws a bar (stderr) over the distinct jobs.
     """
     unique = list(dict.fromkeys(jobs))
     plans = [plan_tests(j.tests, j.entry_point, j.tests_format) for j in unique]
     for job in unique:
       context_names(job.context)
+    run = lambda pj: execute(self._launcher, pj[0], pj[1], self.limits)
+    bar = tqdm(total=len(unique), desc="sandbox", unit="program", leave=False,
+               disable=not progress)
     if self.workers == 1 or len(unique) <= 1:
-      results = [execute(self._launcher, p, j, self.limits) for p, j in zip(plans, unique)]
+      results = []
+      for pj in zip(plans, unique):
+        results.append(run(pj))
+        bar.update()
     else:
       with concurrent.futures.ThreadPoolExecutor(self.workers) as pool:
-        results = list(pool.map(lambda pj: execute(self._launcher, pj[0], pj[1], self.limits),
-                                zip(plans, unique)))
+        futures = [pool.submit(run, pj) for pj in zip(plans, unique)]
+        for future in concurrent.futures.as_completed(futures):
+          future.result()
+          bar.update()
+        results = [f.result() for f in futures]
+    bar.close()
     by_job = dict(zip(unique, results))
     return [by_job[j] for j in jobs]
