@@ -13,9 +13,10 @@ candidate, sum over choices of max softmax(u / T)), and chance (mean 1/k).
 
     python experiments/rm_saturation.py [--seeds 0 1 2] [--split validation|held_out]
         [--choices experiments/out/choices/choices_warm.jsonl] [--init-from WORKDIR/warm_start]
-        [--out experiments/out/rm_saturation] [--config.a.b=value ...]
+        [--max-choices N] [--out experiments/out/rm_saturation] [--config.a.b=value ...]
 
-Tune with --split validation; report --split held_out once. Prints the table (mean ±
+--max-choices N trains on a fixed random N of the training choices (data.max_train_choices;
+0: all of them), for a shorter curve on a loaded machine. Tune with --split validation; report --split held_out once. Prints the table (mean ±
 standard error over seeds per point), the point where each mean curve flattens (the
 fewest choices after which it stays within 0.02 of its best), wall-clock and load; writes
 the runs under --out and rm_saturation.json and rm_saturation.png under --plots.
@@ -75,6 +76,7 @@ def run(seed, arm, args, overrides, batch, steps, eval_steps):
          f"--config.rm.batch_choices={batch}", f"--config.train.steps={steps}",
          "--config.train.eval_every=0", f"--config.train.eval_steps={tuple(eval_steps)}",
          f"--config.train.checkpoint_every={steps}", "--config.train.progress_bar=false",
+         f"--config.data.max_train_choices={args.max_choices}",
          "--config.optimizer.end_lr_fraction=1.0", *overrides]
   start = time.time()
   subprocess.run(cmd, cwd=ROOT, check=True)
@@ -93,11 +95,14 @@ def main():
   parser.add_argument("--choices", default="experiments/out/choices/choices_warm.jsonl")
   parser.add_argument("--init-from", default="experiments/out/grpo_rm/tests_seed0/warm_start")
   parser.add_argument("--batch", type=int, default=16)
+  parser.add_argument("--max-choices", type=int, default=0)
   parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/rm_saturation"))
   parser.add_argument("--plots", default=os.path.join(ROOT, "experiments/plots"))
   args, overrides = parser.parse_known_args()
   os.makedirs(args.out, exist_ok=True)
   n_train = len(read_choices(os.path.join(ROOT, args.choices))["train"])
+  if args.max_choices:
+    n_train = min(n_train, args.max_choices)
   steps = n_train // args.batch
   eval_steps = sorted({max(1, (16 << i) // args.batch) for i in range(20)
                        if (16 << i) <= steps * args.batch} | {steps})
