@@ -84,6 +84,9 @@ class Job:
     context: trusted source run in the tests' namespace before them, for
       helpers the tests use that the program also has (functions given in a
       prompt): names it binds are the tests' own, never the program's.
+    probes: argument tuples (plain data) for calls of the entry point after the
+      tests, whose answers come back as `Result.outputs`: what the program
+      does on inputs, as data (behaviour signatures for majority voting).
   """
 
   program: str
@@ -92,10 +95,19 @@ class Job:
   tests_format: str = "auto"
   module_name: str = "solution"
   context: str = ""
+  # Arguments may hold lists: left out of the hash, compared by ==.
+  probes: tuple[tuple, ...] = dataclasses.field(default=(), hash=False)
 
   def __post_init__(self):
     if isinstance(self.tests, list):  # plans are cached by tests: keep them hashable
       object.__setattr__(self, "tests", tuple(self.tests))
+    probes = self.probes
+    if not isinstance(probes, (tuple, list)) or not all(isinstance(a, (tuple, list))
+                                                        for a in probes):
+      raise ValueError(f"Job.probes must be a sequence of argument tuples, got {probes!r:.80}")
+    object.__setattr__(self, "probes", tuple(tuple(a) for a in probes))
+    if self.probes and not self.entry_point:
+      raise ValueError("Job.probes call the entry point: give entry_point")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +124,11 @@ class Result:
       run's nonce-marked `done`.
     error: a one-line reason when not passed.
     outcomes: per test, "pass", "skip" or "fail: <test> -> <error>".
+    outputs: per probe of the job, ("return", value) with the value rebuilt as
+      plain data, ("raise", the builtin exception type's name, or
+      "ProgramError"), or ("large", sha256 hex of the value's encoding) for a
+      value whose encoding passes 16 KiB; empty unless the report is complete
+      (the probes run after the tests, in the same program process).
     stdout, stderr: the first `Limits.max_output_bytes` of each.
     exit_code: of the launcher (bwrap: 128+N when the harness died of signal N).
     seconds: wall time of the run.
@@ -125,6 +142,7 @@ class Result:
   complete: bool = False
   error: str = ""
   outcomes: tuple[str, ...] = ()
+  outputs: tuple[tuple[str, object], ...] = ()
   stdout: str = ""
   stderr: str = ""
   exit_code: int | None = None

@@ -92,7 +92,7 @@ def execute(launcher, plan: TestPlan, job: Job, limits: Limits) -> Result:
       "names": sorted(set(plan.names) | set(context_names(job.context))),
       "program_names": [job.entry_point] if job.entry_point else [],
       "cases": [list(c) for c in plan.cases], "n_tests": plan.n_tests,
-      "module_name": job.module_name,
+      "module_name": job.module_name, "probes": [list(a) for a in job.probes],
   })
   job_fd = os.memfd_create("rlcode-job")
   _write_all(job_fd, payload)
@@ -121,7 +121,8 @@ def execute(launcher, plan: TestPlan, job: Job, limits: Limits) -> Result:
   finally:
     for path in launch.cleanup:
       _remove_tree(path)
-  return interpret(streams, plan, nonce, limits, time.monotonic() - start)
+  return interpret(streams, plan, nonce, limits, time.monotonic() - start,
+                   n_probes=len(job.probes))
 
 
 
