@@ -55,12 +55,14 @@ def get_config():
   config.seed = 0
   config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1))
   config.model = tiny_model()
+  config.model.tokenizer = "data/code_bpe.json"
+  config.model.arch.vocab_size = 4096
 
   config.data = ml_collections.ConfigDict(dict(
-      source="sections", sources=(), data_dir="", count_tokens="bytes",
+      source="sections", sources=(), data_dir="", count_tokens="data/code_bpe.json",
       options=dict(context_budget=255, max_target_tokens=255, min_target_chars=20,
-                   min_block_chars=200, held_out_fraction=0.3),
-      train_split="train", eval_split="test", max_eval_tasks=0))
+                   min_block_chars=200, held_out_fraction=0.2, validation_fraction=0.2),
+      train_split="train", eval_split="validation", test_split="", max_eval_tasks=64))
 
   config.rewards = ml_collections.ConfigDict({"semantic": 1.0})
   # No group_size: groups are runs of a task id, right for both rollouts (G=8)
@@ -76,7 +78,7 @@ def get_config():
   config.optimizer = optimizer(lr=3e-4, warmup=5, decay=STEPS)
 
   config.warmstart = ml_collections.ConfigDict(dict(
-      steps=40, batch_size=16, optimizer=optimizer(lr=3e-3, warmup=10, decay=40)))
+      steps=40, batch_size=16, cache_dir="", optimizer=optimizer(lr=3e-3, warmup=10, decay=40)))
 
   config.train = ml_collections.ConfigDict(dict(
       steps=STEPS, checkpoint_every=10, eval_every=10, keep_checkpoints=2,
