@@ -33,7 +33,7 @@ def get_config():
 
   config.data = ml_collections.ConfigDict(dict(
       source="jsonl", path="data/tiny_tasks.jsonl", data_dir="",
-      train_split="train", eval_split="held_out", max_eval_tasks=0))
+      train_split="train", eval_split="validation", max_eval_tasks=0))
 
   config.rewards = ml_collections.ConfigDict({"tests": 1.0, "format": 0.0})
   config.reward_options = ml_collections.ConfigDict({

@@ -5,12 +5,14 @@ a one-line reference body, and assert tests whose expected values come from
 running the reference on fixed inputs. Problems come in families (add a
 constant, filter a list, change a string's case, ...); within a family the
 constants, names and phrasings vary. The split is fixed in the file: a unit
-goes to held_out with probability 0.2 by a hash of its name, in all its
-phrasings at once. For families with a constant the unit is (family, constant),
+goes to held_out with probability 0.2 and to validation with probability 0.15
+by a hash of its name, in all its phrasings at once (validation is for tuning;
+held_out is reported once per config). For families with a constant the unit is (family, constant),
 so "add 7" is held out while "add 3" and "multiply by 7" are trained on; for
 the fixed functions (square, reverse a list, ...) it is (family, function name),
 so a held-out problem there shares its docstrings with a training problem and
-differs in the name it must define. No held-out problem appears in training.
+differs in the name it must define. No held-out or validation problem appears
+in training.
 
     python data/make_tiny_tasks.py     # rewrites data/tiny_tasks.jsonl deterministically
 
@@ -163,12 +165,15 @@ def make_task(key, kind, fname, args, expr, doc):
     asserts.append(f"    assert candidate({call}) == {want!r}")
   tests = "def check(candidate):\n" + "\n".join(asserts) + "\n"
   unit = key.rsplit("/d", 1)[0]
-  split = "held_out" if _hash_fraction(unit) < HELD_OUT_FRACTION else "train"
+  fraction = _hash_fraction(unit)
+  split = ("held_out" if fraction < HELD_OUT_FRACTION
+           else "validation" if fraction < HELD_OUT_FRACTION + VALIDATION_FRACTION else "train")
   return {"id": f"tiny/{key}/{fname}", "prompt": prompt, "reference": body, "tests": tests,
           "entry_point": fname, "split": split}
 
 
 HELD_OUT_FRACTION = 0.2
+VALIDATION_FRACTION = 0.15
 
 
 def _hash_fraction(key: str) -> float:

@@ -1,18 +1,23 @@
-"""Supervised warm start: cross-entropy on reference solutions, one jitted step.
+"""Supervised training on reference solutions: the warm start, and cross-entropy controls.
 
 Models trained from scratch cannot sample a single passing program, so GRPO's
 group-relative advantages would all be zero; a short supervised phase on the
-training split's reference solutions gives RL something to sharpen.
+training split's reference solutions gives RL something to sharpen. The same loop
+(`run`) continued for another run's wall-clock is the control an RL result is
+compared with: did RL beat simply training longer on the references?
 """
 
 from __future__ import annotations
+
+import time
 
 import jax
 import optax
 from flax import nnx
 from jax.sharding import Mesh
+from tqdm import tqdm
 
-from rlcode import grpo, sharding
+from rlcode import grpo, rollout, sharding
 
 
 def make_sft_step(graphdef, optimizer: optax.GradientTransformation, mesh: Mesh,
@@ -35,3 +40,40 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation, mesh: Mesh,
   state_sh = grpo.state_shardings(state, mesh)
   return jax.jit(step, in_shardings=(state_sh, grpo.batch_shardings(mesh, example_batch)),
                  out_shardings=(state_sh, None), donate_argnums=(0,))
+
+
+def run(graphdef, params, tasks, tokenizer, mesh: Mesh, *, optimizer: grpo.OptimizerConfig,
+        batch_size: int, seed: int, steps: int | None = None, seconds: float | None = None,
+        multiple: int = rollout.LENGTH_MULTIPLE, progress: bool = False,
+        desc: str = "sft") -> tuple[nnx.State, dict]:
+  """Cross-entropy steps on the tasks' reference solutions, from `params`.
+
+  Runs `steps` steps, or, with `seconds`, steps until that much time was spent in them
+  (a wall-clock budget, for controls that match another run's training time; batch
+  building and the step count towards it, compilation of the first step too).
+  Batches come from a TaskStream seeded with `seed`, lengths padded to multiples of
+  `multiple` (rlcode.rollout.sft_batch). Returns the new params and
+  {"steps", "seconds", "loss_first", "loss_last", "target_tokens"}.
+  """
+  if (steps is None) == (seconds is None):
+    raise ValueError("sft.run: give exactly one of steps and seconds")
+  opt = grpo.make_optimizer(optimizer)
+  state = grpo.init_state(nnx.merge(graphdef, params), opt, mesh)
+  stream = rollout.TaskStream(tasks, batch_size, seed)
+  step_fn = make_sft_step(graphdef, opt, mesh, state, grpo.SequenceBatch.abstract(batch_size))
+  losses, targets, spent = [], 0, 0.0
+  bar = tqdm(total=steps, desc=desc, disable=not progress, leave=False)
+  while (len(losses) < steps) if steps is not None else (spent < seconds):
+    start = time.perf_counter()
+    batch = rollout.sft_batch(tokenizer, stream.next(), multiple)
+    state, m = step_fn(state, batch)
+    losses.append(m["sft_loss"])
+    targets += int(batch.mask.sum())
+    if seconds is not None:
+      jax.block_until_ready(m["sft_loss"])
+      spent += time.perf_counter() - start
+    bar.update()
+  bar.close()
+  losses = [float(x) for x in jax.device_get(losses)]
+  return state.params, {"steps": len(losses), "seconds": spent, "loss_first": losses[0],
+                        "loss_last": losses[-1], "target_tokens": targets}

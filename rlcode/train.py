@@ -93,6 +93,11 @@ def train(config) -> list[dict]:
       metrics.write(0, {**fit_train, **fit_eval, **fit_test, **fit_warm})
     state = grpo.init_state(policy(params), optimizer, mesh)
     ref_params = jax.tree.map(lambda x: x.copy(), params) if keeps_reference else {}
+    if config.warmstart.steps > 0:
+      # The warm-started policy, kept for evaluation and controls (rlcode eval
+      # --checkpoint WORKDIR/warm_start); the run's own checkpoints rotate.
+      save_checkpoint(os.path.join(config.workdir, WARM_START), 0, state, ref_params,
+                      {"data_position": 0, "seed": config.seed, "step": 0})
   else:
     config_lib.check_resume(config, config.workdir)
     restored, meta, start_step = ckpt.restore(
@@ -183,6 +188,17 @@ def train(config) -> list[dict]:
   return rows
 
 
+WARM_START = "warm_start"
+
+
+def save_checkpoint(directory: str, step: int, state, ref_params, meta: dict) -> None:
+  """One checkpoint in its own directory, written before returning."""
+  ckpt = checkpoint.Checkpointer(directory, keep=1)
+  ckpt.save(step, {"state": state, "ref": ref_params}, meta)
+  ckpt.wait()
+  ckpt.close()
+
+
 def warm_start_tasks(config, tokenizer, max_seq_len: int, train_tasks):
   """The warm start's tasks: the training tasks, and the train split of
   `warmstart.data` (a data section like config.data) when the config has one, fitted
@@ -217,25 +233,20 @@ def warm_start(config, graphdef, params, tasks, tokenizer, mesh, metrics):
     ckpt.close()
     metrics.write(0, row)
     return params
-  multiple = int(config.rl.get("length_multiple", rollout.LENGTH_MULTIPLE))
-  optimizer = grpo.make_optimizer(grpo.OptimizerConfig.from_config(ws.optimizer))
-  state = grpo.init_state(nnx.merge(graphdef, params), optimizer, mesh)
-  stream = rollout.TaskStream(tasks, ws.batch_size, config.seed + 1)
-  step_fn = sft.make_sft_step(graphdef, optimizer, mesh, state,
-                              grpo.SequenceBatch.abstract(ws.batch_size))
-  losses = []
-  for _ in tqdm(range(ws.steps), desc="warm start", disable=not config.train.progress_bar):
-    state, m = step_fn(state, rollout.sft_batch(tokenizer, stream.next(), multiple))
-    losses.append(m["sft_loss"])
-  losses = [float(x) for x in jax.device_get(losses)]
-  row = {"sft_loss_first": losses[0], "sft_loss_last": losses[-1], "sft_steps": ws.steps}
+  params, stats = sft.run(graphdef, params, tasks, tokenizer, mesh,
+                          optimizer=grpo.OptimizerConfig.from_config(ws.optimizer),
+                          batch_size=ws.batch_size, seed=config.seed + 1, steps=ws.steps,
+                          multiple=int(config.rl.get("length_multiple", rollout.LENGTH_MULTIPLE)),
+                          progress=config.train.progress_bar, desc="warm start")
+  row = {"sft_loss_first": stats["loss_first"], "sft_loss_last": stats["loss_last"],
+         "sft_steps": ws.steps}
   metrics.write(0, row)
   if cache:
     ckpt = checkpoint.Checkpointer(cache)
-    ckpt.save(ws.steps, state.params, row)
+    ckpt.save(ws.steps, params, row)
     ckpt.wait()
     ckpt.close()
-  return state.params
+  return params
 
 
 def warm_start_key(config) -> str:

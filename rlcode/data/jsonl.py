@@ -8,15 +8,17 @@ Each line is one problem object:
   entry_point  string ("" for script-style tests that call functions by name)
   reference    string, a reference solution (assembled like a completion)
   family       optional string: problems of one family share a split
-  split        optional "train" or "held_out": overrides the hash
+  split        optional "train", "validation" or "held_out": overrides the hash
   extra        optional object, merged into Task.extra (for example
                {"assemble": "completion"} or {"tests_format": "script"})
 Unknown fields are errors, so a misspelt key cannot silently drop data.
 
-Splits: "train" and "held_out". A problem without a `split` field is held out
-when sha256(family or id) maps below `held_out_fraction`, so the split of a
-problem never changes when others are added or removed, and variants of one
-family never straddle train and held-out.
+Splits: "train" and "held_out", and "validation" when some problem names it. A
+problem without a `split` field is held out when sha256(family or id) maps below
+`held_out_fraction`, so the split of a problem never changes when others are added
+or removed, and variants of one family never straddle train and held-out. A
+validation split (for tuning, so that held_out is reported once) is only ever
+explicit in the file.
 
 This module knows no particular problem set; the embedded sets live in data/.
 """
@@ -34,7 +36,7 @@ import tensorflow_datasets as tfds
 from rlcode.data.tasks import Task, TaskBuilder
 from rlcode.errors import BadInput
 
-SPLITS = ("train", "held_out")
+SPLITS = ("train", "validation", "held_out")
 _REQUIRED = ("id", "prompt", "tests", "entry_point", "reference")
 _OPTIONAL = ("family", "split", "extra")
 
@@ -73,7 +75,8 @@ def _text(row: dict, key: str, where: str) -> str:
 
 
 def read_jsonl_tasks(path: str | Path, held_out_fraction: float) -> dict[str, list[Task]]:
-  """Reads `path` into {"train": [...], "held_out": [...]}, each in file order.
+  """Reads `path` into {"train": [...], "held_out": [...]} (and "validation" when a row
+  names it), each in file order.
 
   Raises:
     ValueError: naming the file and line, for bad JSON, missing, unknown or
@@ -115,6 +118,8 @@ def read_jsonl_tasks(path: str | Path, held_out_fraction: float) -> dict[str, li
         entry_point=_text(row, "entry_point", where), extra=extra))
   if not seen:
     raise BadInput(f"{path}: no problems")
+  if not splits["validation"]:
+    del splits["validation"]
   return splits
 
 

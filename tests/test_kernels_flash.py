@@ -1,4 +1,5 @@
-"""Every attention implementation against the dense-mask reference, forward and gradients.
+"""Masked attention (dense, sliding, document): every implementation against the
+dense-mask reference, forward and gradients.
 
 Shapes are small and deliberately awkward: GQA and MQA, lengths that are not
 multiples of the tiles, padding (kv_lengths), fully masked rows (a row with no
@@ -23,13 +24,17 @@ import numpy as np
 import pytest
 
 import kernels
-from kernels import blockwise, pallas_flash, reference, tiling
+from kernels import pallas_common, tiling
+from kernels.flash import reference
+from kernels.flash import pallas as flash_pallas
+from kernels.flash import xla as flash_xla
 from kernels.spec import AttentionSpec
 from kernel_impls import ON_GPU, PALLAS
 
 TOL = {jnp.float32: 2e-5, jnp.bfloat16: 3e-2}
 
 _SEG = np.array([[0] * 10 + [1] * 20 + [2] * 23, [0] * 30 + [4] * 23], np.int32)
+_SEG4 = np.array([np.repeat([0, 1, 2, 3, 4], [8, 8, 8, 8, 21]), [0] * 16 + [1] * 37], np.int32)
 
 # name -> (spec, H, K, S, dtype, keyword arguments); B=2, T=37, D=16.
 CASES = {
@@ -45,6 +50,9 @@ CASES = {
     "document_kv_segments_bf16": (
         AttentionSpec("document", block_q=8, block_k=8), 4, 2, 53, jnp.bfloat16,
         dict(segment_ids=_SEG[:, 16:], kv_segment_ids=_SEG)),
+    "document_gap_between_visits": (  # key tiles of document 2 skip document 3's queries
+        AttentionSpec("document", block_q=8, block_k=8), 2, 1, 53, jnp.float32,
+        dict(segment_ids=_SEG4[:, 16:], kv_segment_ids=_SEG4)),
     "document_square_padded": (
         AttentionSpec("document", block_q=16, block_k=8), 2, 2, 37, jnp.float32,
         dict(segment_ids=_SEG[:, 16:], kv_lengths=np.array([30, 37]))),
@@ -117,7 +125,7 @@ def test_matches_reference(case, impl):
 def test_fully_masked_rows_are_zero_with_minus_inf_lse():
   spec, _, kwargs, (q, k, v, w_out, w_lse) = _case("sliding_offsets")
   out, lse, grads = jax.jit(lambda *a: _value_and_grads(
-      lambda q, k, v: blockwise.attention(q, k, v, spec, **kwargs), *a))(q, k, v, w_out, w_lse)
+      lambda q, k, v: flash_xla.attention(q, k, v, spec, **kwargs), *a))(q, k, v, w_out, w_lse)
   # Row 1 starts at position -5: its first five queries precede every key.
   assert np.all(np.asarray(out[1, :5]) == 0)
   assert np.all(np.isneginf(np.asarray(lse[1, :5])))
@@ -153,6 +161,19 @@ def test_tiles_outside_the_attended_area_are_skipped():
   doc = tiling.make_layout(tiling.Mask(document=True), 1, t, s, 64, 64, segment_ids=seg)
   # Documents 0-2 start at tile 0, 4 and 8; the final one (tiles 12-15) sees everything.
   np.testing.assert_array_equal(doc.lo[0], [0] * 4 + [4] * 4 + [8] * 4 + [0] * 4)
+  # The backward walks, for each key tile, its own document's query tiles and then
+  # the final document's: not the documents in between.
+  first, end1, start2, last = (np.asarray(x[0]) for x in flash_pallas._query_ranges(
+      doc.lo, doc.hi, s // 64))
+  walked = (end1 - first) + (last - start2)
+  own_tiles_up_to_end = 4 - np.arange(16) % 4  # causal inside the document
+  np.testing.assert_array_equal(walked[:12], own_tiles_up_to_end[:12] + 4)
+  np.testing.assert_array_equal(walked[12:], own_tiles_up_to_end[12:])
+  visits = (doc.lo[0][:, None] <= np.arange(16)) & (np.arange(16) < doc.hi[0][:, None])
+  for j in range(16):
+    in_ranges = np.zeros(16, bool)
+    in_ranges[first[j]:end1[j]] = in_ranges[start2[j]:last[j]] = True
+    np.testing.assert_array_equal(in_ranges, visits[:, j])
 
 
 def test_blockwise_never_materialises_t_by_s():
@@ -168,7 +189,7 @@ def test_blockwise_never_materialises_t_by_s():
   # The dense reference needs several T x S buffers; forward + backward of the
   # blockwise version stays below 1% of one.
   assert temp_bytes(reference.attention) > t * t * 4
-  assert temp_bytes(blockwise.attention) < t * t * 4 // 100
+  assert temp_bytes(flash_xla.attention) < t * t * 4 // 100
 
 
 def test_merge_of_key_halves_equals_whole():
@@ -231,10 +252,10 @@ def test_bad_spec_names_the_field(kwargs, message):
 
 
 def test_triton_sizes_must_be_powers_of_two():
-  pallas_flash.check_gpu_sizes(True, block_q=24)  # the interpreter takes any size
+  pallas_common.check_gpu_sizes(True, block_q=24)  # the interpreter takes any size
   with pytest.raises(ValueError, match="block_q=24"):
-    pallas_flash.check_gpu_sizes(False, block_q=24, block_k=64)
+    pallas_common.check_gpu_sizes(False, block_q=24, block_k=64)
   with pytest.raises(ValueError, match="head_dim=8"):  # below Triton's matmul minimum
-    pallas_flash.check_gpu_sizes(False, block_q=16, head_dim=8)
+    pallas_common.check_gpu_sizes(False, block_q=16, head_dim=8)
   # Tiles asked smaller than 16 are raised to 16 on GPU, never passed to Triton.
-  assert pallas_flash.tile_sizes(8, 8, 37, 53, interpret=False) == (16, 16)
+  assert pallas_common.tile_sizes(8, 8, 37, 53, interpret=False) == (16, 16)
