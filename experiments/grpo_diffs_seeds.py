@@ -1,6 +1,7 @@
 """configs/grpo_diffs.py over seeds: the learning curve, the held-out result, a CE control.
 
-    python experiments/grpo_diffs_seeds.py [--seeds 0 1 2] [--out DIR] [--config.a.b=v ...]
+    python experiments/grpo_diffs_seeds.py [--seeds 0 1 2] [--out DIR] [--no-control]
+        [--config.a.b=v ...]
 
 For each seed, in this one process, one after another:
 1. `rlcode.train.train` on configs/grpo_diffs.py with `--config.seed=S`,
@@ -11,7 +12,8 @@ For each seed, in this one process, one after another:
 2. The cross-entropy control: the same warm start (loaded from the cache)
    trained on with supervised steps for as long as the GRPO steps took
    (sampling, reward and update seconds; experiments/ce_control.py), then
-   evaluated the same way on both splits.
+   evaluated the same way on both splits. --no-control skips it (its columns
+   then read "-").
 
 Prints a table per split (per seed, and the mean with its standard error over
 seeds) and writes grpo_diffs_seeds.json and grpo_diffs_seeds.png (validation
@@ -61,7 +63,7 @@ def eval_splits(config, graphdef, params, tokenizer, mesh) -> dict:
   return out
 
 
-def run_seed(seed: int, out: str, overrides: list[str]) -> dict:
+def run_seed(seed: int, out: str, overrides: list[str], control: bool = True) -> dict:
   workdir = os.path.join(out, f"seed{seed}")
   config = config_lib.load_config(CONFIG, overrides + [
       f"--config.seed={seed}", f"--config.workdir={workdir}", "--config.data.test_split=test",
@@ -80,20 +82,22 @@ def run_seed(seed: int, out: str, overrides: list[str]) -> dict:
                      for r in steps)
   curve = {"step": [r["step"] for r in evals], **{k: [r[f"eval/{k}"] for r in evals]
                                                  for k in KEYS}}
-  ce_dir = os.path.join(out, f"seed{seed}_cross_entropy")
-  graphdef, params, tokenizer, mesh, tasks = warm_started(config, ce_dir)
-  ce = continue_cross_entropy(config, graphdef, params, tasks, tokenizer, mesh,
-                              seconds=grpo_seconds)
-  ce_eval = eval_splits(config, graphdef, ce["params"], tokenizer, mesh)
-  return {
+  result = {
       "seed": seed, **run, "grpo_seconds": grpo_seconds, "grpo_steps": len(steps),
       "warm_start": {"eval": _pick(evals[0], "eval"), "test": _pick(tests[0], "test")},
       "grpo": {"eval": _pick(evals[-1], "eval"), "test": _pick(tests[-1], "test")},
-      "cross_entropy": {**ce_eval, "steps": ce["steps"], "seconds": ce["seconds"],
-                        "loss_first": ce["loss_first"], "loss_last": ce["loss_last"]},
       "curve": curve, "groups_with_signal": [r["groups_with_signal"] for r in steps],
       "sft": next(r for r in read_metrics(workdir) if "sft_loss_last" in r),
   }
+  if control:
+    ce_dir = os.path.join(out, f"seed{seed}_cross_entropy")
+    graphdef, params, tokenizer, mesh, tasks = warm_started(config, ce_dir)
+    ce = continue_cross_entropy(config, graphdef, params, tasks, tokenizer, mesh,
+                                seconds=grpo_seconds)
+    result["cross_entropy"] = {**eval_splits(config, graphdef, ce["params"], tokenizer, mesh),
+                               "steps": ce["steps"], "seconds": ce["seconds"],
+                               "loss_first": ce["loss_first"], "loss_last": ce["loss_last"]}
+  return result
 
 
 def table(runs: list[dict], split: str) -> str:
@@ -101,18 +105,23 @@ def table(runs: list[dict], split: str) -> str:
           "| exact | reward gain | CE control: format valid | reward | exact |")
   lines = [head, "|---|" + "---:|" * 10]
 
+  nan = float("nan")
+
   def cells(r):
-    w, g, c = r["warm_start"][split], r["grpo"][split], r["cross_entropy"][split]
+    w, g = r["warm_start"][split], r["grpo"][split]
+    c = r["cross_entropy"][split] if "cross_entropy" in r else dict.fromkeys(KEYS, nan)
     return [w["diff/format_valid"], w["diff/reward_mean"], w["diff/exact"],
             g["diff/format_valid"], g["diff/reward_mean"], g["diff/exact"],
             g["diff/reward_mean"] - w["diff/reward_mean"],
             c["diff/format_valid"], c["diff/reward_mean"], c["diff/exact"]]
 
+  show = lambda x: "-" if x != x else f"{x:.3f}"
   values = [cells(r) for r in runs]
   for r, v in zip(runs, values):
-    lines.append(f"| {r['seed']} | " + " | ".join(f"{x:.3f}" for x in v) + " |")
+    lines.append(f"| {r['seed']} | " + " | ".join(show(x) for x in v) + " |")
   stats = [mean_se(col) for col in zip(*values)]
-  lines.append("| mean ± SE | " + " | ".join(f"{m:.3f} ± {s:.3f}" for m, s in stats) + " |")
+  lines.append("| mean ± SE | " + " | ".join("-" if m != m else f"{m:.3f} ± {s:.3f}"
+                                             for m, s in stats) + " |")
   return "\n".join(lines)
 
 
@@ -120,6 +129,8 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
   parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/grpo_diffs_seeds"))
+  parser.add_argument("--no-control", action="store_true",
+                      help="skip the cross-entropy control")
   args, overrides = parser.parse_known_args()
   for item in overrides:
     if not item.startswith(config_lib.PREFIX):
@@ -127,7 +138,7 @@ def main():
   os.makedirs(args.out, exist_ok=True)
   runs = []
   for seed in args.seeds:
-    runs.append(run_seed(seed, args.out, overrides))
+    runs.append(run_seed(seed, args.out, overrides, control=not args.no_control))
     with open(os.path.join(args.out, "grpo_diffs_seeds.json"), "w") as f:
       json.dump({"runs": runs, "overrides": overrides}, f, indent=2)
   for split, name in (("eval", "validation"), ("test", "test")):
