@@ -76,6 +76,9 @@ def cudnn_gap(spec: AttentionSpec, *, needs_lse: bool, q_shape, k_shape, dtype,
     # Seen on jax 0.11.2 (H200): its cuDNN rule refuses odd lengths when a gradient is
     # taken, and whether one will be is not known here.
     return f"odd sequence lengths (T={t}, S={s}): cuDNN's training path takes even ones"
+  if spec.kind == "sliding" and t > s:
+    # Seen on the H200: cuDNN validates sliding windows only with max_s_q <= max_s_kv.
+    return f"a sliding window with more queries than keys (T={t} > S={s})"
   if spec.causal:
     aligned = (q_offset is None and t == s) or (
         isinstance(q_offset, (int, np.integer)) and int(q_offset) == 0)

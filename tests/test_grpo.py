@@ -173,3 +173,28 @@ def test_update_on_eight_devices_matches_one():
       out.append(float(m["loss"]))
     losses.append(out)
   np.testing.assert_allclose(losses[1], losses[0], atol=1e-5)
+
+
+def test_window_logprobs_equal_full_logits_at_each_rows_completion():
+  """Rows with prompts of different lengths: the windowed output layer gives, at each
+  completion position, numpy's log-softmax of the full forward's logits (temperature 0.7),
+  and the entropy of that distribution."""
+  model = Decoder(CFG, rngs=nnx.Rngs(3))
+  rng = np.random.default_rng(1)
+  tokens = rng.integers(0, CFG.vocab_size, (3, 14)).astype(np.int32)
+  start = np.array([2, 5, 9], np.int32)
+  w = 4
+  mask = np.ones((3, w), np.float32)
+  batch = grpo.SequenceBatch(tokens=tokens, start=start, mask=mask, old_logp=mask,
+                             ref_logp=mask, adv=np.zeros(3, np.float32))
+  logp, ent = grpo.sequence_logprobs(model, batch, 0.7)
+  logits = np.asarray(model(jnp.asarray(tokens)), np.float64) / 0.7
+  logits -= logits.max(-1, keepdims=True)
+  log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
+  for i in range(3):
+    for j in range(w):
+      pos = start[i] + j
+      np.testing.assert_allclose(float(logp[i, j]), log_softmax[i, pos, tokens[i, pos + 1]],
+                                 atol=1e-5)
+      p = np.exp(log_softmax[i, pos])
+      np.testing.assert_allclose(float(ent[i, j]), -(p * log_softmax[i, pos]).sum(), atol=1e-5)

@@ -51,6 +51,8 @@ CHOICES = {
     "head_dim_12": (dict(spec=DENSE, dtype=BF16, **_shapes(d=12)), "pallas"),
     "head_dim_256": (dict(spec=DENSE, dtype=BF16, **_shapes(d=256)), "pallas"),
     "causal_bottom_right": (dict(spec=DENSE, dtype=BF16, **_shapes(t=6, s=38)), "pallas"),
+    "sliding_more_queries_than_keys": (dict(spec=SLIDING, dtype=BF16, q_offset=0,
+                                            **_shapes(t=38, s=24)), "pallas"),
     "odd_query_length": (dict(spec=DENSE, dtype=BF16, **_shapes(t=37, s=37)), "pallas"),
     "odd_key_length": (dict(spec=FULL, dtype=BF16, **_shapes(t=6, s=37)), "pallas"),
     "causal_array_offset": (dict(spec=SLIDING, dtype=BF16, q_offset=np.array([0, 0]),
@@ -106,7 +108,7 @@ MAPPING = {
     "dense_full_empty_row_bf16": (FULL, 4, 2, 22, 38, BF16,
                                   dict(kv_lengths=np.array([37, 0]))),
     "sliding_padded_f32": (SLIDING, 4, 2, 38, 38, F32, dict(kv_lengths=np.array([37, 11]))),
-    "sliding_offset_0_more_queries_bf16": (SLIDING, 4, 2, 38, 24, BF16, dict(q_offset=0)),
+    "sliding_offset_0_fewer_queries_bf16": (SLIDING, 4, 2, 24, 38, BF16, dict(q_offset=0)),
     "dense_offset_0_fewer_queries_f32": (DENSE, 4, 2, 20, 38, F32, dict(q_offset=0)),
 }
 
