@@ -25,7 +25,20 @@ with the diff reward (-1 for an answer that does not parse or apply, else the
 SWE-RL similarity of its patch to the real one). Eval rows carry
 `eval/diff/format_valid`, `eval/diff/reward_mean`, `eval/diff/exact`.
 
-Expected result: see experiments/grpo_diffs_seeds.py (filled in when measured).
+Measured result (a miss; seed 0 only, this file unchanged, through
+`experiments/grpo_diffs_seeds.py --seeds 0 --no-control` on 2 CPU cores shared
+with ~15 other processes, load average 14-16): 200 train / 54 validation / 50
+test hunk tasks, none dropped; the warm start's extra PR hunks 3388 kept (895
+prompts and 159 references too long). Warm-start loss 8.33 -> 2.18 in 100 steps,
+after which eval/diff/format_valid is 0.0 on validation and test (reward -1.0):
+every answer is a format error (24 samples of 12 validation tasks: 11 no_edits,
+11 tag_count, 2 search_not_found), so GRPO steps 1-6 had no group with signal
+and zero gradients; the run was stopped there (32 min wall, 12 CPU-minutes).
+Tuning on validation, also a miss: the warm start on the edit history's 200
+training hunks alone (no PR hunks, 100 steps) takes the loss to 0.49 but leaves
+validation format_valid at 0.0 (24 samples: 13 no_edits, 9 tag_count, 2
+search_not_found): the answers have the tags and block markers roughly right but
+garble the SEARCH lines, which the policy does not copy from the prompt.
 """
 
 import ml_collections

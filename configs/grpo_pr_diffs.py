@@ -21,7 +21,7 @@ parameters) with a 1024-token context; tasks whose prompt leaves no room for
 counted (a step-0 row). A supervised warm start on the training hunks'
 reference answers, then GRPO with the diff reward.
 
-Expected result: see the README (filled in when measured).
+Not yet measured: no run of this config has finished.
 """
 
 import ml_collections
