@@ -26,9 +26,9 @@ with other jobs, load average 7-10; validation only, no control, so not a
 result): warm-start loss 8.36 -> 6.09 in 40 steps; validation semantic
 similarity 0.195 after the warm start, 0.226 at step 10, 0.229 at step 20
 (eval/semantic/lexical 0.115 -> 0.161 -> 0.166); `reward/semantic/group_std`
-0.045-0.121 over the steps; 555 s of sampling + reward + update, ~18 minutes in all. The held-out result
-over 3 seeds against cross-entropy controls is experiments/section_vs_token.py's
-(not yet run on this config).
+0.045-0.121 over the steps; 555 s of sampling + reward + update, ~18 minutes in
+all. The held-out result over 3 seeds against cross-entropy controls is
+experiments/section_vs_token.py's (not yet run on this config).
 """
 
 import ml_collections
