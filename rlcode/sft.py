@@ -44,13 +44,15 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation, mesh: Mesh,
 
 def run(graphdef, params, tasks, tokenizer, mesh: Mesh, *, optimizer: grpo.OptimizerConfig,
         batch_size: int, seed: int, steps: int | None = None, seconds: float | None = None,
-        progress: bool = False, desc: str = "sft") -> tuple[nnx.State, dict]:
+        multiple: int = rollout.LENGTH_MULTIPLE, progress: bool = False,
+        desc: str = "sft") -> tuple[nnx.State, dict]:
   """Cross-entropy steps on the tasks' reference solutions, from `params`.
 
   Runs `steps` steps, or, with `seconds`, steps until that much time was spent in them
   (a wall-clock budget, for controls that match another run's training time; batch
   building and the step count towards it, compilation of the first step too).
-  Batches come from a TaskStream seeded with `seed`. Returns the new params and
+  Batches come from a TaskStream seeded with `seed`, lengths padded to multiples of
+  `multiple` (rlcode.rollout.sft_batch). Returns the new params and
   {"steps", "seconds", "loss_first", "loss_last", "target_tokens"}.
   """
   if (steps is None) == (seconds is None):
@@ -63,7 +65,7 @@ def run(graphdef, params, tasks, tokenizer, mesh: Mesh, *, optimizer: grpo.Optim
   bar = tqdm(total=steps, desc=desc, disable=not progress, leave=False)
   while (len(losses) < steps) if steps is not None else (spent < seconds):
     start = time.perf_counter()
-    batch = rollout.sft_batch(tokenizer, stream.next())
+    batch = rollout.sft_batch(tokenizer, stream.next(), multiple)
     state, m = step_fn(state, batch)
     losses.append(m["sft_loss"])
     targets += int(batch.mask.sum())

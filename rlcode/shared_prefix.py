@@ -86,7 +86,8 @@ def logprob_fn(temperature: float):
 
 def grouped_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
                   pad_id: int, completion_len: int, old_logp=None, adv=None,
-                  padding_side: str = "right") -> GroupedBatch:
+                  padding_side: str = "right",
+                  prompt_multiple: int = PROMPT_MULTIPLE) -> GroupedBatch:
   """Host arrays for the shared-prefix update.
 
   prompts: P token lists; completions: P*G token lists, prompt-major.
@@ -94,6 +95,7 @@ def grouped_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequen
   padding_side: how `prompts` arrive when they are arrays padded to one length
   with pad_id: "right" (as given) or "left" (the pads are stripped here; the
   device layout is always right-padded).
+  prompt_multiple: prompts are padded to a multiple of this.
   """
   if padding_side not in ("left", "right"):
     raise ValueError(f"padding_side={padding_side!r}: expected 'left' or 'right'")
@@ -109,7 +111,7 @@ def grouped_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequen
   if longest > completion_len:
     raise ValueError(f"a completion has {longest} tokens, more than completion_len="
                      f"{completion_len}")
-  tp = round_up(int(lengths.max()), PROMPT_MULTIPLE)
+  tp = round_up(int(lengths.max()), prompt_multiple)
   prompt_tokens = np.full((p, tp), pad_id, np.int32)
   for i, x in enumerate(prompts):
     prompt_tokens[i, :len(x)] = x
@@ -131,15 +133,16 @@ COMPLETION_MULTIPLE = 32
 
 
 def rl_batch(ro: rollout.Rollout, adv: np.ndarray, pad_id: int,
-             max_completion_len: int) -> GroupedBatch:
+             max_completion_len: int, multiple: int = COMPLETION_MULTIPLE) -> GroupedBatch:
   """The rollout's batch of trained tokens (rlcode.rollout.trained_completions),
-  completions padded to a multiple of 32 of the longest one (at most
-  max_completion_len): a few compiled shapes, little padding."""
+  completions padded to a multiple of `multiple` of the longest one (at most
+  max_completion_len) and prompts to a multiple of it: a few compiled shapes,
+  little padding."""
   completions, logprobs = rollout.trained_completions(ro)
   longest = max(max(len(c) for c in completions), 1)
-  length = min(round_up(longest, COMPLETION_MULTIPLE), max_completion_len)
+  length = min(round_up(longest, multiple), max_completion_len)
   return grouped_batch(ro.prompts, completions, pad_id=pad_id, completion_len=length,
-                       old_logp=logprobs, adv=adv)
+                       old_logp=logprobs, adv=adv, prompt_multiple=multiple)
 
 
 def update_step(graphdef, optimizer, cfg: grpo.LossConfig, mesh, state, example: GroupedBatch):

@@ -7,12 +7,19 @@ Sections: mesh -> data -> model, optimiser and checkpoint -> sampler -> loop
 same command in the same workdir resumes from the latest checkpoint, and the
 metrics of the remaining steps equal those of an uninterrupted run.
 
+Evaluation: every `train.eval_every` steps on `data.eval_split` (rows "eval/...",
+the split to tune on). With `data.test_split` set, the first and the last
+evaluation also cover that split (rows "test/..."): the held-out result of a
+configuration once it is tuned, before and after RL; leave it empty while tuning.
+
 An experiment that needs a different loop copies this file into experiments/
 rather than growing flags here.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
 
@@ -46,6 +53,8 @@ def train(config) -> list[dict]:
   # ══════════════════════════════════════════════════════════════ 2. data
   train_tasks = sources.load(config.data, config.data.train_split)
   eval_tasks = sources.load_eval(config.data)
+  test_split = config.data.get("test_split") or ""
+  test_tasks = sources.load(config.data, test_split) if test_split else []
 
   # ══════════════════════════════════════════════════════════════ 3. model, optimiser, checkpoint
   model, tokenizer = build_model(config.model, mesh, config.seed)
@@ -57,6 +66,13 @@ def train(config) -> list[dict]:
                                            max_seq_len=model.cfg.max_seq_len,
                                            max_new_tokens=config.eval.max_new_tokens,
                                            drop_too_long=drop)
+  fit_test = {}
+  if test_split:
+    test_tasks, fit_test = rollout.fit_tasks(test_tasks, tokenizer, split="test",
+                                             max_seq_len=model.cfg.max_seq_len,
+                                             max_new_tokens=config.eval.max_new_tokens,
+                                             drop_too_long=drop)
+  multiple = int(rl.get("length_multiple", rollout.LENGTH_MULTIPLE))
   graphdef, params = nnx.split(model, nnx.Param)
   policy = lambda params: nnx.merge(graphdef, params)
   optimizer = grpo.make_optimizer(grpo.OptimizerConfig.from_config(config.optimizer))
@@ -68,10 +84,13 @@ def train(config) -> list[dict]:
   if ckpt.latest_step() is None:
     metrics = MetricsWriter(config.workdir)
     config_lib.write_run_config(config, config.workdir)
+    fit_warm = {}
     if config.warmstart.steps > 0:
-      params = warm_start(config, graphdef, params, train_tasks, tokenizer, mesh, metrics)
+      warm_tasks, fit_warm = warm_start_tasks(config, tokenizer, model.cfg.max_seq_len,
+                                              train_tasks)
+      params = warm_start(config, graphdef, params, warm_tasks, tokenizer, mesh, metrics)
     if drop:
-      metrics.write(0, {**fit_train, **fit_eval})
+      metrics.write(0, {**fit_train, **fit_eval, **fit_test, **fit_warm})
     state = grpo.init_state(policy(params), optimizer, mesh)
     ref_params = jax.tree.map(lambda x: x.copy(), params) if keeps_reference else {}
     if config.warmstart.steps > 0:
@@ -99,13 +118,17 @@ def train(config) -> list[dict]:
   ref_logprobs = (grpo.make_logprob_fn(graphdef, mesh, rl.temperature, logprob_fn)
                   if keeps_reference else None)
 
-  def run_eval(step, params):
+  def run_eval(step, params, test=False):
     result = evaluate.held_out_eval(config, policy(params), tokenizer, eval_tasks, mesh)
-    rows.append(metrics.write(step, {f"eval/{k}": v for k, v in result.items()}))
+    row = {f"eval/{k}": v for k, v in result.items()}
+    if test and test_tasks:
+      result = evaluate.held_out_eval(config, policy(params), tokenizer, test_tasks, mesh)
+      row.update({f"test/{k}": v for k, v in result.items()})
+    rows.append(metrics.write(step, row))
 
   # ══════════════════════════════════════════════════════════════ 5. loop
   if start_step == 0 and config.train.eval_every:
-    run_eval(0, state.params)
+    run_eval(0, state.params, test=True)
   bar = tqdm(range(start_step, config.train.steps), initial=start_step,
              total=config.train.steps, desc="grpo", disable=not config.train.progress_bar)
   for step in bar:
@@ -118,9 +141,9 @@ def train(config) -> list[dict]:
     reward_s = time.perf_counter() - start
     adv = grpo.group_advantages(reward.scores, rl.group_size, rl.advantage)
     if rl.shared_prefix:
-      batch = shared_prefix.rl_batch(ro, adv, tokenizer.pad_id, rl.max_new_tokens)
+      batch = shared_prefix.rl_batch(ro, adv, tokenizer.pad_id, rl.max_new_tokens, multiple)
     else:
-      batch = rollout.rl_batch(ro, adv, tokenizer.pad_id, rl.max_new_tokens)
+      batch = rollout.rl_batch(ro, adv, tokenizer.pad_id, rl.max_new_tokens, multiple)
     if ref_logprobs is not None:
       batch.ref_logp = np.asarray(ref_logprobs(ref_params, batch))
 
@@ -153,7 +176,7 @@ def train(config) -> list[dict]:
     done = step + 1
     if config.train.eval_every and (done % config.train.eval_every == 0
                                     or done == config.train.steps):
-      run_eval(done, state.params)
+      run_eval(done, state.params, test=done == config.train.steps)
     if done % config.train.checkpoint_every == 0 or done == config.train.steps:
       ckpt.save(done, {"state": state, "ref": ref_params},
                 {"data_position": stream.position, "seed": config.seed, "step": done})
@@ -176,16 +199,72 @@ def save_checkpoint(directory: str, step: int, state, ref_params, meta: dict) ->
   ckpt.close()
 
 
+def warm_start_tasks(config, tokenizer, max_seq_len: int, train_tasks):
+  """The warm start's tasks: the training tasks, and the train split of
+  `warmstart.data` (a data section like config.data) when the config has one, fitted
+  to the context as the training tasks are (dropped and counted, "data/warmstart_*").
+
+  Returns (tasks, counts).
+  """
+  extra_cfg = config.warmstart.get("data")
+  if not extra_cfg:
+    return list(train_tasks), {}
+  extra, counts = rollout.fit_tasks(
+      sources.load(extra_cfg, extra_cfg.train_split), tokenizer, split="warmstart",
+      max_seq_len=max_seq_len, max_new_tokens=config.rl.max_new_tokens, drop_too_long=True)
+  return list(train_tasks) + extra, counts
+
+
 def warm_start(config, graphdef, params, tasks, tokenizer, mesh, metrics):
-  """Supervised steps on reference solutions; returns the params (logs one step-0 row)."""
+  """Supervised steps on reference solutions; returns the params (logs one step-0 row).
+
+  Batches are padded to multiples of `rl.length_multiple` (default 32), as the GRPO
+  updates are. With `warmstart.cache_dir` set, the result is kept there under a hash
+  of everything it depends on (`warm_start_key`) and a later run with the same key
+  loads it instead of training again: several runs (arms of an experiment, a
+  cross-entropy control) then start from the very same parameters.
+  """
   ws = config.warmstart
+  cache = (os.path.join(ws.cache_dir, warm_start_key(config))
+           if ws.get("cache_dir") else "")
+  if cache and checkpoint.Checkpointer(cache).latest_step() is not None:
+    ckpt = checkpoint.Checkpointer(cache)
+    params, row, _ = ckpt.restore(checkpoint.abstract_like(params))
+    ckpt.close()
+    metrics.write(0, row)
+    return params
   params, stats = sft.run(graphdef, params, tasks, tokenizer, mesh,
                           optimizer=grpo.OptimizerConfig.from_config(ws.optimizer),
                           batch_size=ws.batch_size, seed=config.seed + 1, steps=ws.steps,
+                          multiple=int(config.rl.get("length_multiple", rollout.LENGTH_MULTIPLE)),
                           progress=config.train.progress_bar, desc="warm start")
-  metrics.write(0, {"sft_loss_first": stats["loss_first"], "sft_loss_last": stats["loss_last"],
-                    "sft_steps": ws.steps})
+  row = {"sft_loss_first": stats["loss_first"], "sft_loss_last": stats["loss_last"],
+         "sft_steps": ws.steps}
+  metrics.write(0, row)
+  if cache:
+    ckpt = checkpoint.Checkpointer(cache)
+    ckpt.save(ws.steps, params, row)
+    ckpt.wait()
+    ckpt.close()
   return params
+
+
+def warm_start_key(config) -> str:
+  """A hash of what the warm start's parameters depend on: the seed, model, data,
+  warm-start settings (its cache_dir aside), the batch length multiple and the
+  rollout budget (which decides the training tasks that fit)."""
+  ws = {k: v for k, v in config.warmstart.to_dict().items() if k != "cache_dir"}
+  parts = {"seed": config.seed, "model": config.model.to_dict(), "data": config.data.to_dict(),
+           "warmstart": ws, "length_multiple": config.rl.get("length_multiple"),
+           # Tasks whose prompt leaves no room for the rollouts are dropped before it.
+           "max_new_tokens": config.rl.max_new_tokens}
+  # The data section's splits and evaluation size do not change the training tasks.
+  for key in ("eval_split", "test_split", "max_eval_tasks", "data_dir"):
+    parts["data"].pop(key, None)
+  if ws.get("data"):
+    ws["data"].pop("data_dir", None)  # where its datasets are cached, not what they hold
+  text = json.dumps(parts, sort_keys=True, default=list)
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _batch_tokens(batch) -> int:
