@@ -204,12 +204,12 @@ def decode(state, first_logits, prefix, cache, key, done, *, graphdef, max_new_t
 
 def prefill(model: Decoder, prompts: Sequence[Sequence[int]], *, group_size: int,
             cache_size: int, pad_id: int = 0, mesh: Mesh | None = None,
-            share_prompt: bool = True, offload_kv: bool = False):
+            share_prompt: bool = True, offload_kv: bool = False, min_prompts: int = 0):
   """Each prompt once; returns (first_logits [B, V], prefix, cache) for `decode`.
 
   The P prompts are padded into bucketed shapes: P to a power of two (at least the
-  mesh's data-parallel size), so B = P_pad * group_size rows, prompt-major, of which
-  the first P * group_size are real. With share_prompt the prompts' KV is a Prefix
+  mesh's data-parallel size and `min_prompts`), so B = P_pad * group_size rows,
+  prompt-major, of which the first P * group_size are real. With share_prompt the prompts' KV is a Prefix
   the G rows of a group read and the cache ([B, cache_size]) is empty; without, the
   cache holds each row's copy of its prompt plus cache_size free positions.
   """
@@ -217,7 +217,7 @@ def prefill(model: Decoder, prompts: Sequence[Sequence[int]], *, group_size: int
   lengths = [len(p) for p in prompts]
   dp = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
   p = len(prompts)
-  p_pad = max(bucket(p), dp)
+  p_pad = max(bucket(p), dp, bucket(min_prompts))
   t_pad = bucket(max(lengths), MIN_PROMPT_BUCKET)
   tokens = np.full((p_pad, t_pad), pad_id, np.int32)
   for i, prompt in enumerate(prompts):

@@ -6,8 +6,9 @@ Two formats:
     schemas inside <tools></tools>, the task as the user turn, each call as
     `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in an assistant turn,
     each observation as a user turn inside <tool_response></tool_response>.
-  "compact": the same tags without the chat turns and with one line per tool, for
-    byte-level policies trained from scratch, whose context is short.
+  "compact": the same tags without the chat turns, and the tools named in one line
+    (no schemas), for byte-level policies trained from scratch: their context is
+    short, and they learn the calls' arguments from their warm start's examples.
 
 A turn of the policy ends at the closing call tag or at an end-of-sequence token,
 so the closing tag must be one token of the tokenizer (it is in Qwen2.5's
@@ -68,13 +69,11 @@ class ChatFormat:
     return (self.close_id, *self.tokenizer.eos_ids)
 
   def system(self, tools: Sequence) -> str:
-    """The tool listing: JSON schemas (hermes) or one line per tool (compact)."""
+    """The tool listing: JSON schemas (hermes) or the tools' names (compact)."""
     if self.name == "hermes":
       schemas = "\n".join(json.dumps(t.schema(), sort_keys=True) for t in tools)
       return _HERMES_SYSTEM.format(schemas=schemas)
-    return ("tools: " + "; ".join(t.signature() for t in tools)
-            + f"\ncall one per turn: {CALL_OPEN}{{\"name\": ..., \"arguments\": {{...}}}}"
-            + CALL_CLOSE)
+    return "tools: " + ", ".join(t.name for t in tools)
 
   def prompt_text(self, tools: Sequence, task_text: str) -> str:
     if self.name == "hermes":
@@ -106,9 +105,11 @@ class ChatFormat:
     body = self._bare(text)
     cut = len(body) > max_tokens
     if cut:
-      marker = self._bare(f"\n[... {len(body) - max_tokens} tokens cut ...]\n")
-      keep = max(max_tokens - len(marker), 0)
-      body = body[:keep - keep // 2] + marker + body[len(body) - keep // 2:]
+      n = len(body)
+      # The marker is sized for the largest count first; the true count is no longer.
+      keep = max(max_tokens - len(self._bare(f"\n[... {n} tokens cut ...]\n")), 0)
+      marker = self._bare(f"\n[... {n - keep} tokens cut ...]\n")
+      body = body[:keep - keep // 2] + marker + body[n - keep // 2:]
     return self._bare(head) + body + self._bare(tail), cut
 
   def decode(self, ids: Sequence[int]) -> str:

@@ -7,8 +7,8 @@ the episode, so files written in turn 3 are there in turn 7. Each step parses th
 policy's turn (rlcode.agent.calls), runs the named tool in that session, and
 returns its text; a malformed call, an unknown tool or wrong arguments is an error
 observation. The episode ends at `finish`, at a turn that is a final answer (ended
-by end-of-sequence), at `max_turns`, when its wall clock
-(`episode_seconds`) is spent, when its session dies, or when the caller `abort`s
+by end-of-sequence), at `max_turns`, when its tools have spent `episode_seconds`
+of wall clock (the policy's own sampling time does not count), when its session dies, or when the caller `abort`s
 it (a token budget). Its reward is then the configured rewards (rlcode.rewards) of
 the solution file the workspace holds, scored as a whole program; earlier steps
 return reward 0 and per-turn signals in `info`.
@@ -95,7 +95,8 @@ class ToolEnv:
     embed: texts -> embeddings for semantic search, or None.
     session_limits: limits of the session and its commands.
     bash_seconds: wall clock of one bash command.
-    episode_seconds: wall clock of the whole episode (status timeout).
+    episode_seconds: wall clock the episode's tool calls may spend together (status
+      timeout).
     open_session: makes the session (default: rlcode.sandbox.session.Session).
   """
 
@@ -120,7 +121,7 @@ class ToolEnv:
     observation, the task's statement."""
     self.close()
     self.task, self.turns, self.done, self.status = task, 0, False, ""
-    self.started = time.monotonic()
+    self.tool_seconds = 0.0
     self.session = self.open_session(self.session_limits)
     for path, text in task.extra.get("files", {}).items():
       self.session.write(path, text)
@@ -149,11 +150,14 @@ class ToolEnv:
       observation = ""
     if call is not None:
       info["tool"] = call.name
+      start = time.monotonic()
       try:
         result = self.tools[call.name](self.ctx, call.arguments)
       except SessionError as e:
         info["session_error"] = str(e)
         return self._end("timeout", info, f"error: {e}")
+      finally:
+        self.tool_seconds += time.monotonic() - start
       observation = result.text
       info.update(result.info)
       self._track_tests(result.info)
@@ -161,7 +165,7 @@ class ToolEnv:
         return self._end("finished", info, observation)
     if self.turns >= self.max_turns:
       return self._end("max_turns", info, observation)
-    if time.monotonic() - self.started > self.episode_seconds:
+    if self.tool_seconds > self.episode_seconds:
       return self._end("timeout", info, observation)
     return Step(observation, 0.0, False, info)
 

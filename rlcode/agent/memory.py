@@ -123,6 +123,17 @@ class Memory:
         if self._vecs:
           del self._vecs[0]
 
+  def restore(self, notes: Sequence[str]) -> None:
+    """Replaces the notes (a resumed run's, saved with its checkpoint)."""
+    with self._lock:
+      self.notes, self._vecs = [], []
+    for text in notes:
+      vec = self._vector(text)
+      with self._lock:
+        self.notes.append(text)
+        if vec is not None:
+          self._vecs.append(vec)
+
   def end_episode(self, record: EpisodeRecord) -> None:
     """Applies the rule to a finished episode."""
     rule = self.rule

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from kernels.tiling import round_up
 from rlcode import sampling, sharding
 from rlcode.agent.chat import ChatFormat
 from rlcode.agent.env import CUT, ToolEnv
@@ -44,6 +45,7 @@ from rlcode.data.tasks import Task
 from rlcode.models.decoder import Decoder
 
 MIN_EXTEND_BUCKET = 16
+CACHE_MULTIPLE = 128
 
 
 @dataclasses.dataclass(frozen=True)
@@ -136,10 +138,13 @@ class Timing:
 def run_episodes(model: Decoder, chat: ChatFormat, envs: Sequence[ToolEnv],
                  tasks: Sequence[Task], *, group_size: int, budgets: Budgets,
                  temperature: float, seed: int, mesh=None, reuse_kv: bool = True,
-                 workers: int = 8, timing: Timing | None = None) -> list[Trajectory]:
+                 workers: int = 8, timing: Timing | None = None,
+                 min_tasks: int = 0) -> list[Trajectory]:
   """Plays len(tasks) * group_size episodes; envs[p * G + g] plays task p.
 
-  Returns the trajectories, task-major (the order of `envs`).
+  The compiled batch holds at least `min_tasks` groups (a last, smaller batch of
+  tasks then reuses the programs compiled for the full ones). Returns the
+  trajectories, task-major (the order of `envs`).
   """
   g = group_size
   if len(envs) != len(tasks) * g:
@@ -151,13 +156,13 @@ def run_episodes(model: Decoder, chat: ChatFormat, envs: Sequence[ToolEnv],
   pool = concurrent.futures.ThreadPoolExecutor(max(1, min(workers, len(envs))))
   try:
     return _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv,
-                pool, timing)
+                pool, timing, min_tasks)
   finally:
     pool.shutdown(wait=True)
 
 
 def _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv, pool,
-         timing):
+         timing, min_tasks):
   tok = chat.tokenizer
   start = time.perf_counter()
   first = list(pool.map(lambda pe: pe[0].reset(pe[1]),
@@ -181,22 +186,24 @@ def _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv
                    stop_tokens=tuple(int(s) for s in chat.stop_ids), pad_id=int(tok.pad_id),
                    mesh=mesh)
   extend_max = sampling.bucket(budgets.max_observation_tokens + 64, MIN_EXTEND_BUCKET)
-  # Room for the longest trajectory plus what a turn or an extension writes past a
-  # row's length (they write whole padded blocks).
-  cache_size = budgets.max_total_tokens + extend_max + budgets.max_turn_tokens
+  # A row's own cache (the prompt is the shared prefix) holds at most max_total_tokens
+  # minus its prompt, plus what a turn or an extension writes past the row's length
+  # (they write whole padded blocks); rounded up so that few sizes compile.
+  cache_size = round_up(budgets.max_total_tokens - min(len(p) for p in prompts)
+                        + max(extend_max, budgets.max_turn_tokens), CACHE_MULTIPLE)
 
   start = time.perf_counter()
   prefix = None
   if reuse_kv:
     first_logits, prefix, cache = sampling.prefill(
         model, prompts, group_size=g, cache_size=cache_size, pad_id=tok.pad_id, mesh=mesh,
-        share_prompt=True)
+        share_prompt=True, min_prompts=min_tasks)
     jax.block_until_ready(first_logits)
   timing.prefill += time.perf_counter() - start
   # The rows of the compiled batch: tasks padded to a power of two, G rows each (and,
   # re-prefilling, each row its own prompt, padded again).
   rows = (first_logits.shape[0] if reuse_kv
-          else sampling.bucket(sampling.bucket(len(tasks)) * g))
+          else sampling.bucket(sampling.bucket(max(len(tasks), min_tasks)) * g))
   active = np.zeros((rows,), bool)
   active[:n] = True
   valid = np.zeros((rows,), np.int32)  # tokens of each row in its own cache

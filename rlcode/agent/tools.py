@@ -73,13 +73,6 @@ class Tool:
     return {"type": "function", "function": {
         "name": self.name, "description": self.description, "parameters": self.parameters}}
 
-  def signature(self) -> str:
-    """One line for the compact chat format: name(arg, arg=a|b, ...)."""
-    parts = []
-    for key, sub in self.parameters.get("properties", {}).items():
-      parts.append(f"{key}={'|'.join(sub['enum'])}" if "enum" in sub else key)
-    return f"{self.name}({', '.join(parts)})"
-
   def __call__(self, ctx: Context, args: dict[str, Any]) -> ToolResult:
     raise NotImplementedError
 
