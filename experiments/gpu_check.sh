@@ -1,29 +1,62 @@
 #!/usr/bin/env bash
-# The accelerator checks in one go (run from the repository root on a GPU machine):
-#   1. the kernel tests with the compiled Triton kernels added to the interpreter
-#      runs (tests/kernel_impls.py), at the same tolerances as on CPU, and the
-#      Hugging Face parity tests (logits, greedy generation) with impl="auto",
-#      which is Pallas on GPU;
-#   2. experiments/attention_scaling.py in bfloat16 for each impl in $IMPLS,
-#      dense XLA attention as the baseline.
-# Writes its logs and JSON under $OUT (default experiments/out/gpu).
+# The accelerator check in one run, from the repository root on a GPU machine
+# (one H200: about 8 minutes, each part under its own time limit):
+#   1. tests: the kernel tests with the compiled Triton kernels and cuDNN added
+#      to the interpreter runs (tests/kernel_impls.py), at the same tolerances
+#      as on CPU, and the Hugging Face parity tests with impl="auto";
+#   2. experiments/attention_vs_cudnn.py: dense, sliding, document (16
+#      documents) and NSA against cuDNN at 8k, 32k and 64k;
+#   3. experiments/decode_roofline.py: decode steps against the HBM bound;
+#   4. experiments/kv_offload.py: prompt KV in pinned host memory vs on device;
+#   5. experiments/shared_prefix_update.py: the shared-prompt update per token.
+# Every part writes its JSON (rows as they finish) and its log under $OUT
+# (default experiments/gpu_h200); a part cut by its limit keeps its rows.
+#
+#   bash experiments/gpu_check.sh                 # on the GPU
+#   SMOKE=1 OUT=/tmp/smoke bash experiments/gpu_check.sh   # CPU: tiny sizes, no tests
 set -u
-OUT=${OUT:-experiments/out/gpu}
+OUT=${OUT:-experiments/gpu_h200}
+SMOKE=${SMOKE:-0}
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 JAX_PLATFORMS=cuda XLA_PYTHON_CLIENT_PREALLOCATE=false
+export PYTHONPATH=$PWD PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+PY=${PYTHON:-python3}
+if [ "$SMOKE" = 1 ]; then
+  ARGS=(--smoke)
+  LIMIT=900  # a loaded CPU compiles slowly; the limits below are sized for the GPU
+  export JAX_PLATFORMS=${JAX_PLATFORMS:-cpu}
+else
+  ARGS=()
+  LIMIT=
+  export JAX_PLATFORMS=${JAX_PLATFORMS:-cuda}
+fi
 {
-  python3 -c "import jax, jaxlib; print('jax', jax.__version__, jax.devices())"
-  nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
+  "$PY" -c "import jax, jaxlib; print('jax', jax.__version__, jax.devices())"
+  command -v nvidia-smi >/dev/null &&
+    nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader
 } 2>&1 | tee "$OUT/env.txt"
 
-# float32 matmuls at full precision on the XLA side too (TF32 is XLA's GPU default).
-JAX_DEFAULT_MATMUL_PRECISION=highest timeout "${TEST_TIMEOUT:-240}" \
-  python3 -m pytest -q -n 4 -p no:cacheprovider --tb=short -k "not interpret" \
-  tests/test_kernels_attention.py tests/test_kernels_decode.py tests/test_kernels_nsa.py \
-  tests/test_models_hf.py 2>&1 | tee "$OUT/tests.txt"
+part() {  # part NAME LIMIT_S COMMAND...: runs COMMAND under a time limit, logs to $OUT/NAME.txt
+  local name=$1 limit=$2
+  shift 2
+  local start=$SECONDS
+  timeout "$limit" "$@" 2>&1 | tee "$OUT/$name.txt"
+  echo "== $name: exit ${PIPESTATUS[0]} after $((SECONDS - start)) s (limit $limit s)" |
+    tee -a "$OUT/$name.txt"
+}
 
-for impl in ${IMPLS:-pallas xla}; do
-  timeout "${BENCH_TIMEOUT:-150}" python3 experiments/attention_scaling.py --dtype bfloat16 \
-    --impl "$impl" --lengths "${LENGTHS:-8192,32768}" --max-gib "${MAX_GIB:-100}" \
-    --repeats 5 --budget-s 3 --out "$OUT" 2>&1 | tee "$OUT/bench_$impl.txt"
-done
+if [ "$SMOKE" != 1 ]; then
+  # float32 matmuls at full precision on the XLA side too (TF32 is XLA's GPU default).
+  JAX_DEFAULT_MATMUL_PRECISION=highest part tests "${TEST_TIMEOUT:-110}" \
+    "$PY" -m pytest -q -n 4 -p no:cacheprovider --tb=short -k "not interpret" \
+    tests/test_kernels_flash.py tests/test_kernels_decode.py tests/test_kernels_nsa.py \
+    tests/test_kernels_dispatch.py tests/test_models_hf.py
+fi
+part attention_vs_cudnn "${ATTENTION_TIMEOUT:-${LIMIT:-150}}" \
+  "$PY" experiments/attention_vs_cudnn.py ${ARGS[@]+"${ARGS[@]}"} --out "$OUT"
+part decode_roofline "${ROOFLINE_TIMEOUT:-${LIMIT:-60}}" \
+  "$PY" experiments/decode_roofline.py ${ARGS[@]+"${ARGS[@]}"} --out "$OUT"
+part kv_offload "${OFFLOAD_TIMEOUT:-${LIMIT:-90}}" \
+  "$PY" experiments/kv_offload.py ${ARGS[@]+"${ARGS[@]}"} --out "$OUT"
+part shared_prefix_update "${UPDATE_TIMEOUT:-${LIMIT:-70}}" \
+  "$PY" experiments/shared_prefix_update.py ${ARGS[@]+"${ARGS[@]}"} --out "$OUT"
+echo "== total $SECONDS s"

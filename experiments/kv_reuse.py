@@ -57,11 +57,11 @@ def best_time(fn, repeats):
   return min(times)
 
 
-def update_step_row(prompt_len, completion_len, group, repeats, mesh):
-  """Times one update step both ways; returns the table row."""
+def update_step_row(prompt_len, completion_len, group, repeats, mesh, cfg=CFG):
+  """Times one update step of a `cfg` model both ways; returns the table row."""
   rng = np.random.default_rng(prompt_len)
-  prompts = [rng.integers(1, CFG.vocab_size, prompt_len).tolist()]
-  completions = [rng.integers(1, CFG.vocab_size, completion_len).tolist() for _ in range(group)]
+  prompts = [rng.integers(1, cfg.vocab_size, prompt_len).tolist()]
+  completions = [rng.integers(1, cfg.vocab_size, completion_len).tolist() for _ in range(group)]
   old = [np.full(completion_len, -1.0, np.float32)] * group
   adv = rng.normal(size=group).astype(np.float32)
   batches = {
@@ -70,7 +70,7 @@ def update_step_row(prompt_len, completion_len, group, repeats, mesh):
       "shared": shared_prefix.grouped_batch(prompts, completions, pad_id=0,
                                             completion_len=completion_len, old_logp=old,
                                             adv=adv)}
-  model = Decoder(CFG, rngs=nnx.Rngs(0))
+  model = Decoder(cfg, rngs=nnx.Rngs(0))
   graphdef, _ = nnx.split(model, nnx.Param)
   optimizer = grpo.make_optimizer(OPT)
   loss_cfg = grpo.LossConfig(max_completion_len=completion_len)

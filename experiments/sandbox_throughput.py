@@ -4,9 +4,10 @@ Command (from the repository root):
   /work/main/.venv/bin/python experiments/sandbox_throughput.py
 
 Scores all 164 HumanEval reference solutions through `rlcode.sandbox` (bubblewrap
-namespaces, seccomp, rlimits, nonce-checked per-test report: the same path the
-"tests" reward takes) with 1 and with 2 workers, side by side in one run, and
-prints programs per second. The claim to reproduce: at least 10 programs/s on 2
+namespaces, seccomp, rlimits, the tests in their own process calling the
+program's through a plain-data channel, nonce-checked per-test report: the same
+path the "tests" reward takes) with 1 and with 2 workers, side by side in one
+run, and prints programs per second. The claim to reproduce: at least 10 programs/s on 2
 cores with 2 workers. Writes experiments/out/sandbox_throughput.json. The load
 average before and after is recorded because the machine may be shared.
 """

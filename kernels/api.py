@@ -1,7 +1,10 @@
-"""The dispatcher: argument checks, implementation choice, fallbacks with warnings.
+"""The entry point: argument checks, implementation choice, fallbacks with warnings.
 
-No attention math lives here: it only validates, picks an implementation
-(reference, blockwise XLA, Pallas) and forwards.
+No attention math lives here: it only validates, asks `kernels.dispatch` which
+implementation (reference, blockwise XLA, Pallas, cuDNN) of a family serves the
+call (`kernels.flash` for masked attention, `kernels.decode` for decoding),
+warns where a request falls back, and forwards. NSA's entry points
+(`kernels.nsa`) use the same checks and choice.
 """
 
 from __future__ import annotations
@@ -11,10 +14,17 @@ import warnings
 import jax
 import jax.numpy as jnp
 
-from kernels import blockwise, pallas_flash, reference, tiling
+from kernels import dispatch, tiling
+from kernels.decode import pallas as decode_pallas
+from kernels.decode import reference as decode_reference
+from kernels.decode import xla as decode_xla
+from kernels.flash import library as flash_library
+from kernels.flash import pallas as flash_pallas
+from kernels.flash import reference as flash_reference
+from kernels.flash import xla as flash_xla
 from kernels.spec import AttentionSpec
 
-IMPLS = ("auto", "reference", "xla", "pallas", "pallas_interpret")
+IMPLS = dispatch.IMPLS
 
 
 def _check_shape(fn: str, name: str, x, shape) -> None:
@@ -63,21 +73,25 @@ def _check(q, k, v, spec, segment_ids, kv_segment_ids, q_offset, kv_lengths):
                      f"not {spec.kind!r}")
 
 
-def resolve_impl(impl: str, fn: str = "attention") -> str:
-  """The implementation that will run: "auto" resolved, unavailable ones replaced.
+def _backend() -> str:
+  return jax.default_backend()
 
-  "pallas" needs a GPU; elsewhere it falls back to "xla" with a warning.
+
+def _resolve(fn: str, impl: str, **call) -> str:
+  choice = dispatch.choose(impl, backend=_backend(), fn=fn, **call)
+  if choice.fallback:
+    warnings.warn(f"{fn}: {choice.reason}", stacklevel=3)
+  dispatch.log_once(fn, choice)
+  return choice.impl
+
+
+def resolve_impl(impl: str, fn: str = "nsa", family: str = "nsa") -> str:
+  """The implementation that runs for a family without a library path (NSA, decode).
+
+  "auto" is Pallas on GPU and xla elsewhere; "pallas" falls back to "xla"
+  with a warning where there is no GPU; "cudnn" is refused.
   """
-  if impl not in IMPLS:
-    raise ValueError(f"{fn}: impl={impl!r}; expected one of {IMPLS}")
-  on_gpu = jax.default_backend() == "gpu"
-  if impl == "auto":
-    return "pallas" if on_gpu else "xla"
-  if impl == "pallas" and not on_gpu:
-    warnings.warn(f"{fn}: impl='pallas' needs a GPU (backend is "
-                  f"{jax.default_backend()!r}); falling back to impl='xla'", stacklevel=3)
-    return "xla"
-  return impl
+  return _resolve(fn, impl, family=family)
 
 
 def attention(q, k, v, spec: AttentionSpec = AttentionSpec(), *, impl: str = "auto",
@@ -88,8 +102,11 @@ def attention(q, k, v, spec: AttentionSpec = AttentionSpec(), *, impl: str = "au
   Args:
     q: [B, T, H, D]. k, v: [B, S, K, D].
     spec: the kind of attention (see AttentionSpec for the masks).
-    impl: "auto" (Pallas on GPU, xla elsewhere), "reference", "xla", "pallas",
-      "pallas_interpret". One that cannot run here falls back with a warning.
+    impl: "auto", "reference", "xla", "pallas", "pallas_interpret", "cudnn".
+      "auto" is xla off GPU; on GPU cuDNN where it computes this mask and the
+      lse is not asked for, else Pallas (`kernels.dispatch`). One that cannot
+      run here falls back to xla with a warning; "cudnn" where cuDNN cannot
+      compute the call is an error.
     segment_ids: [B, T] non-decreasing document ids of the queries (document
       kind). Checked when concrete; under jit they cannot be checked and must
       be validated by the caller (decreasing ids give undefined results).
@@ -105,15 +122,19 @@ def attention(q, k, v, spec: AttentionSpec = AttentionSpec(), *, impl: str = "au
   k, v, also through lse.
   """
   _check(q, k, v, spec, segment_ids, kv_segment_ids, q_offset, kv_lengths)
-  impl = resolve_impl(impl)
+  impl = _resolve("attention", impl, family="attention", spec=spec, needs_lse=return_lse,
+                  q_shape=q.shape, k_shape=k.shape, dtype=q.dtype, q_offset=q_offset)
+  if impl == "cudnn":
+    return flash_library.attention(q, k, v, spec, implementation="cudnn",
+                                   kv_lengths=kv_lengths, scale=scale)
   kwargs = dict(q_offset=q_offset, kv_lengths=kv_lengths, segment_ids=segment_ids,
                 kv_segment_ids=kv_segment_ids, scale=scale)
   if impl == "reference":
-    out, lse = reference.attention(q, k, v, spec, **kwargs)
+    out, lse = flash_reference.attention(q, k, v, spec, **kwargs)
   elif impl == "xla":
-    out, lse = blockwise.attention(q, k, v, spec, **kwargs)
+    out, lse = flash_xla.attention(q, k, v, spec, **kwargs)
   else:
-    out, lse = pallas_flash.attention(q, k, v, spec, interpret=impl == "pallas_interpret",
+    out, lse = flash_pallas.attention(q, k, v, spec, interpret=impl == "pallas_interpret",
                                       **kwargs)
   return (out, lse) if return_lse else out
 
@@ -132,14 +153,14 @@ def decode_attention(q, k, v, lengths, *, spec: AttentionSpec = AttentionSpec(),
       (decoded tokens belong to the final segment, which sees every earlier
       key: the same as dense causal).
     impl: as for `attention`. "xla" computes the [B, H, Tq, S] scores in one
-      piece while they are small (blockwise.DIRECT_DECODE_MAX_SCORES), else
+      piece while they are small (decode.xla.DIRECT_DECODE_MAX_SCORES), else
       runs an online softmax over the key tiles up to the longest row (cost ~
       the valid length); Pallas splits the cache into `num_splits` parts
       computed in parallel, each skipping its tiles beyond its row's length,
       merged by log-sum-exp.
     scale: logit scale, default D ** -0.5.
     return_lse: also return lse [B, Tq, H], so that attentions over KV that
-      arrives in chunks merge exactly with `merge`.
+      arrives in chunks merge exactly with `kernels.merge`.
     q_offset: int or [B], position of query 0 relative to key 0 of this
       cache; default lengths - Tq (the queries are the last Tq entries). A
       chunk of a longer cache passes the queries' position minus the chunk's start.
@@ -160,43 +181,20 @@ def decode_attention(q, k, v, lengths, *, spec: AttentionSpec = AttentionSpec(),
   _check_shape("decode_attention", "lengths", lengths, (b,))
   if q_offset is None:
     q_offset = lengths - tq
-  impl = resolve_impl(impl, "decode_attention")
+  impl = resolve_impl(impl, "decode_attention", family="decode")
   causal = spec.causal or spec.kind != "dense"
   mask = tiling.Mask(causal=causal, window=spec.window if spec.kind == "sliding" else 0)
   if impl == "reference":
-    ref_spec = spec if spec.kind != "document" else AttentionSpec()
-    out, lse = reference.attention(q, k, v, ref_spec, q_offset=q_offset,
-                                   kv_lengths=lengths, scale=scale)
-  elif impl == "xla" and b * q.shape[2] * tq * k.shape[1] <= blockwise.DIRECT_DECODE_MAX_SCORES:
-    out, lse = blockwise.direct_decode(q, k_in, v_in, mask, lengths=lengths, q_offset=q_offset,
-                                       scale=scale, kv_head_major=kv_head_major)
+    out, lse = decode_reference.attention(q, k, v, spec, lengths=lengths, q_offset=q_offset,
+                                          scale=scale)
   elif impl == "xla":
-    _, bk = spec.blocks("xla")
-    out, lse = blockwise.masked_flash(q, k, v, mask, bq=tiling.round_up(tq, 8), bk=bk,
-                                      scale=scale, q_offset=q_offset, kv_lengths=lengths)
+    out, lse = decode_xla.attention(q, k_in, v_in, mask, lengths=lengths, q_offset=q_offset,
+                                    bk=spec.blocks("xla")[1], scale=scale,
+                                    kv_head_major=kv_head_major)
   else:
-    _, bk = spec.blocks("pallas")
-    out, lse = pallas_flash.decode(q, k, v, mask, lengths=lengths, q_offset=q_offset, bk=bk,
-                                   interpret=impl == "pallas_interpret", scale=scale,
-                                   num_splits=num_splits)
+    out, lse = decode_pallas.attention(q, k, v, mask, lengths=lengths, q_offset=q_offset,
+                                       bk=spec.blocks("pallas")[1], scale=scale,
+                                       interpret=impl == "pallas_interpret",
+                                       num_splits=num_splits)
   return (out, lse) if return_lse else out
 
-
-def merge(outs, lses):
-  """Exact merge of partial attentions over disjoint key sets.
-
-  outs: sequence of [B, T, H, D]; lses: sequence of [B, T, H]. Returns the merged
-  (out, lse). Parts with lse = -inf (no visible key) contribute nothing.
-  """
-  if len(outs) != len(lses) or not outs:
-    raise ValueError(f"merge: need as many outs as lses (at least one); got "
-                     f"{len(outs)} and {len(lses)}")
-  lse_all = jnp.stack([l.astype(jnp.float32) for l in lses])
-  m = jnp.max(lse_all, axis=0)
-  m_safe = jnp.where(jnp.isfinite(m), m, 0.0)
-  w = jnp.exp(lse_all - m_safe)
-  denom = jnp.sum(w, axis=0)
-  out = sum(wi[..., None] * o.astype(jnp.float32) for wi, o in zip(w, outs))
-  out = out / jnp.where(denom > 0, denom, 1.0)[..., None]
-  lse = jnp.where(denom > 0, m_safe + jnp.log(jnp.where(denom > 0, denom, 1.0)), -jnp.inf)
-  return out.astype(outs[0].dtype), lse

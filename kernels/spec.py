@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import dataclasses
 
+from kernels.tiling import cdiv
+
 KINDS = ("dense", "sliding", "document")
 
 # Tile sizes when a spec leaves them unset. XLA on CPU: measured at T=8192,
@@ -128,4 +130,4 @@ class NSAConfig:
 
   def num_blocks(self, t: int) -> int:
     """Selection blocks covering a length-t sequence (the last may be partial)."""
-    return -(-t // self.block_sel)
+    return cdiv(t, self.block_sel)

@@ -1,22 +1,25 @@
-"""Tile bookkeeping shared by the blockwise XLA and Pallas versions.
+"""Tile bookkeeping shared by every family's blockwise XLA and Pallas versions.
 
 A mask is described by integer arrays (positions, segment ids, valid lengths)
 plus a static `Mask`; `block_mask` evaluates it on one tile pair, and
 `make_layout` pads the arrays and computes, for each query tile, the range
 [lo, hi) of key tiles that can hold a visible key. Visiting only that range is
-what makes the cost grow with the attended area. Nothing here is T x S.
+what makes the cost grow with the attended area. Also here: the one `cdiv` /
+`round_up`, padding, and the head-major layout the tiled versions compute in.
+Nothing here is T x S, and nothing here computes attention.
 """
 
 from __future__ import annotations
 
 import dataclasses
-from typing import NamedTuple
+from typing import TYPE_CHECKING, NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels.spec import AttentionSpec
+if TYPE_CHECKING:  # spec imports cdiv from here
+  from kernels.spec import AttentionSpec
 
 _BIG = 2 ** 30
 
@@ -76,8 +79,14 @@ def block_mask(mask: Mask, q_pos, q_seg, k_idx, k_pos, k_seg, kv_len, final):
   return ok
 
 
-def round_up(n: int, m: int) -> int:
-  return -(-n // m) * m
+def cdiv(n, m):
+  """Ceiling of n / m for non-negative integers (Python ints or integer arrays)."""
+  return -(-n // m)
+
+
+def round_up(n, m):
+  """n rounded up to a multiple of m."""
+  return cdiv(n, m) * m
 
 
 def pad_axis(x, axis: int, size: int, mode: str = "constant"):
@@ -159,7 +168,7 @@ def make_layout(mask: Mask, b: int, t: int, s: int, bq: int, bk: int, *, q_offse
   n_keys = jnp.broadcast_to(kv_len[:, None], (b, nq))
   if mask.causal:
     n_keys = jnp.minimum(n_keys, jnp.searchsorted(k_pos, q_max, side="right"))
-  hi = -(-n_keys // bk)
+  hi = cdiv(n_keys, bk)
   first = jnp.zeros((b, nq), jnp.int32)
   if mask.window:
     first = jnp.searchsorted(k_pos, q_min - mask.window, side="right").astype(jnp.int32)
@@ -170,3 +179,26 @@ def make_layout(mask: Mask, b: int, t: int, s: int, bq: int, bk: int, *, q_offse
   lo = jnp.minimum(first // bk, hi)
   return Layout(q_pos, q_seg, k_pos, k_seg, kv_len, final,
                 lo.astype(jnp.int32), hi.astype(jnp.int32))
+
+
+def to_head_major(q, k, v, tp: int, sp: int):
+  """[B, T, H, D], [B, S, K, D] -> padded [B, K, G, Tp, D], [B, K, Sp, D]."""
+  b, t, h, d = q.shape
+  kh = k.shape[2]
+  q = pad_axis(q, 1, tp).reshape(b, tp, kh, h // kh, d).transpose(0, 2, 3, 1, 4)
+  k = pad_axis(k, 1, sp).transpose(0, 2, 1, 3)
+  v = pad_axis(v, 1, sp).transpose(0, 2, 1, 3)
+  return q, k, v
+
+
+def from_head_major(out, lse, t: int):
+  """Inverse of `to_head_major` for the results: [B, T, H, D], [B, T, H]."""
+  b, kh, g, tp, d = out.shape
+  out = out.transpose(0, 3, 1, 2, 4).reshape(b, tp, kh * g, d)[:, :t]
+  lse = lse.transpose(0, 3, 1, 2).reshape(b, tp, kh * g)[:, :t]
+  return out, lse
+
+
+def tile_sizes(bq: int, bk: int, t: int, s: int, multiple: int = 8) -> tuple[int, int]:
+  """Tiles no larger than the (rounded-up) lengths: a short input is one tile."""
+  return min(bq, round_up(t, multiple)), min(bk, round_up(s, multiple))

@@ -94,7 +94,8 @@ def _eval(parser, args, overrides) -> None:
       parser.error("eval --completions needs --tasks (and no --checkpoint)")
     out = args.out or os.path.dirname(os.path.abspath(args.completions))
     report = evaluate.evaluate_completions_file(_tasks(args.tasks), args.completions,
-                                                out_dir=out, k=ks, workers=args.workers)
+                                                out_dir=out, k=ks, workers=args.workers,
+                                                progress=True)
     print(evaluate.format_report(report))
     return
   if not (args.config and args.checkpoint):

@@ -28,15 +28,12 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from kernels.tiling import round_up
 from rlcode.models.decoder import Decoder, Prefix
 
 DOC_MULTIPLE = 64      # document lengths are padded to this for compute
 PREFIX_MULTIPLE = 256  # composed prefix lengths are padded to this
 QUERY_MULTIPLE = 16
-
-
-def _round_up(n: int, m: int) -> int:
-  return -(-n // m) * m
 
 
 @dataclasses.dataclass
@@ -111,7 +108,7 @@ class DocumentStore:
 
   def _compute(self, tokens: Sequence[int]) -> _Entry:
     n = len(tokens)
-    padded = np.zeros((1, _round_up(n, DOC_MULTIPLE)), np.int32)
+    padded = np.zeros((1, round_up(n, DOC_MULTIPLE)), np.int32)
     padded[0, :n] = tokens
     ks, vs = _document_kv(self.state, padded, graphdef=self.graphdef)
     # Right padding cannot change a causal document's own keys: keep the first n.
@@ -155,7 +152,7 @@ class DocumentStore:
       computed += 1
     entries = [self._entries[k] for k in keys]
     length = sum(e.length for e in entries)
-    pad = _round_up(length, PREFIX_MULTIPLE) - length
+    pad = round_up(length, PREFIX_MULTIPLE) - length
 
     def compose(layer_parts):
       parts = [jax.device_put(x, jax.memory.Space.Device) if self.memory == "pinned_host"
@@ -164,7 +161,7 @@ class DocumentStore:
 
     k_layers = tuple(compose([e.k[i] for e in entries]) for i in range(self.cfg.num_layers))
     v_layers = tuple(compose([e.v[i] for e in entries]) for i in range(self.cfg.num_layers))
-    tokens = np.zeros((1, _round_up(len(query), QUERY_MULTIPLE)), np.int32)
+    tokens = np.zeros((1, round_up(len(query), QUERY_MULTIPLE)), np.int32)
     tokens[0, :len(query)] = query
     logits = _query(self.state, k_layers, v_layers, jnp.int32(length), tokens,
                     graphdef=self.graphdef)

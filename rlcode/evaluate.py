@@ -111,7 +111,8 @@ def evaluate_completions(
     tasks: Sequence[Task], pairs: Sequence[tuple[str, str]], *,
     k: Sequence[int] = (1, 10, 100), workers: int | None = None,
     limits: sandbox.Limits | None = None,
-    stop_sequences: Sequence[str] = HUMANEVAL_STOP) -> tuple[dict, list[dict]]:
+    stop_sequences: Sequence[str] = HUMANEVAL_STOP,
+    progress: bool = False) -> tuple[dict, list[dict]]:
   """Scores (task_id, completion) pairs; returns (report, one result row per pair).
 
   pass@k is reported for each k with k <= n for every task; the other ks are
@@ -123,7 +124,7 @@ def evaluate_completions(
   jobs = [job_for(by_id[tid], comp, stop_sequences=tuple(stop_sequences))
           for tid, comp in pairs]
   box = sandbox.Sandbox(limits, workers=workers)
-  results = box.run_many(jobs)
+  results = box.run_many(jobs, progress=progress)
   n: dict[str, int] = collections.Counter()
   c: dict[str, int] = collections.Counter()
   rows = []
@@ -152,7 +153,7 @@ def evaluate_completions(
 def evaluate_completions_file(
     tasks: Sequence[Task], path: str | Path, *, out_dir: str | Path,
     k: Sequence[int] = (1, 10, 100), workers: int | None = None,
-    limits: sandbox.Limits | None = None) -> dict:
+    limits: sandbox.Limits | None = None, progress: bool = False) -> dict:
   """Scores a completions file against `tasks`; writes and returns the report.
 
   Writes `out_dir/eval_report.json` (the report) and `out_dir/eval_results.jsonl`
@@ -160,7 +161,8 @@ def evaluate_completions_file(
   returned report also carries both paths.
   """
   pairs = read_completions(path, tasks)
-  report, rows = evaluate_completions(tasks, pairs, k=k, workers=workers, limits=limits)
+  report, rows = evaluate_completions(tasks, pairs, k=k, workers=workers, limits=limits,
+                                      progress=progress)
   out = Path(out_dir)
   out.mkdir(parents=True, exist_ok=True)
   results_path = out / RESULTS_NAME
@@ -224,7 +226,7 @@ def evaluate_policy(model, tokenizer, tasks: Sequence[Task], *, num_samples: int
   report, _ = evaluate_completions(
       tasks, pairs, k=[k for k in ks if k <= num_samples], workers=options.pop("workers", None),
       limits=sandbox.Limits(**{k: v for k, v in options.items() if k != "stop_sequences"}),
-      stop_sequences=options.get("stop_sequences", HUMANEVAL_STOP))
+      stop_sequences=options.get("stop_sequences", HUMANEVAL_STOP), progress=progress)
   return {**report["pass_at_k"], "n_tasks": report["n_tasks"], "n_samples": report["n_samples"]}
 
 

@@ -14,7 +14,9 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import nsa, reference
+from kernels import nsa
+from kernels.nsa import pallas as nsa_pallas
+from kernels.nsa import reference
 from kernels.spec import NSAConfig
 from kernel_impls import PALLAS
 
@@ -157,9 +159,39 @@ def _selected(impl, dtype):
 
 
 @pytest.mark.parametrize("impl, dtype", [("xla", jnp.float32), ("xla", jnp.bfloat16),
-                                         *((p, jnp.float32) for p in PALLAS)])
+                                         *((p, d) for p in PALLAS
+                                           for d in (jnp.float32, jnp.bfloat16))])
 def test_selected_branch_matches_reference(impl, dtype):
   _assert_all_close(_selected(impl, dtype), _selected("reference", dtype), dtype)
+
+
+def test_selected_branch_pallas_backward_is_kernels_not_a_scatter():
+  q, kc, _, k, v = _inputs(seed=5)
+  idx = _select(q, kc)
+  loss = lambda q, k, v: jnp.sum(nsa.selected_attention(q, k, v, idx, CFG,
+                                                         impl="pallas_interpret"))
+  jaxpr = str(jax.make_jaxpr(jax.grad(loss, argnums=(0, 1, 2)))(q, k, v))
+  for name in ("nsa_selected", "nsa_selected_dq", "nsa_selected_dkv"):
+    assert f"name={name}" in jaxpr
+  assert "scatter" not in jaxpr
+
+
+def test_block_queries_inverts_the_selection():
+  rng = np.random.default_rng(8)
+  b, kh, t, n, nb = 2, 3, 11, 4, 5
+  idx = np.full((b, kh, t, n), -1, np.int32)
+  for bi in range(b):
+    for ki in range(kh):
+      for ti in range(t):
+        chosen = rng.choice(nb, size=rng.integers(0, n + 1), replace=False)
+        idx[bi, ki, ti, :len(chosen)] = chosen
+  queries, ranges = (np.asarray(x) for x in nsa_pallas.block_queries(jnp.asarray(idx), nb))
+  for bi in range(b):
+    for ki in range(kh):
+      for j in range(nb):
+        lo, hi = ranges[bi, ki, j]
+        want = [ti for ti in range(t) if j in idx[bi, ki, ti]]
+        assert queries[bi, ki, lo:hi].tolist() == want, (bi, ki, j)
 
 
 def test_sliding_branch_is_windowed_attention():

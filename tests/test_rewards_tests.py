@@ -50,6 +50,17 @@ def test_assemble_both_styles():
     rt.assemble_program(Task(id="x", prompt="", extra={"assemble": "diff"}), "")
 
 
+def test_given_code_is_what_the_tests_use_from_the_prompt():
+  helper = Task(id="h", prompt=("import math\nimport os\n\ndef area(r):\n"
+                                "    return math.pi * r * r\n\n\ndef unused():\n"
+                                '    return os.sep\n\n\ndef disc(r):\n    """Area of a disc."""\n'),
+                tests="def check(candidate):\n    assert candidate(2) == area(2)\n",
+                entry_point="disc")
+  assert rt.given_code(helper) == "import math\n\ndef area(r):\n    return math.pi * r * r"
+  assert rt.job_for(helper, "    return 0\n").context == rt.given_code(helper)
+  assert rt.given_code(ADD) == "" and rt.given_code(WHOLE) == ""
+
+
 def test_tests_reward_modes_metrics_and_details():
   completions = ["    return a + b\n", "    return a + b if a > 0 else 7\n",
                  "    return (\n", "    import os\n    os._exit(0)\n"]

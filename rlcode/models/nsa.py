@@ -50,7 +50,7 @@ class NSACache:
   @staticmethod
   def capacity(cfg: NSAConfig, size: int) -> int:
     """Cache positions for `size` tokens: rounded up to whole selection blocks."""
-    return -(-size // cfg.block_sel) * cfg.block_sel
+    return cfg.num_blocks(size) * cfg.block_sel
 
   @classmethod
   def zeros(cls, cfg: NSAConfig, batch: int, num_kv_heads: int, head_dim: int, size: int,

@@ -12,7 +12,8 @@ chosen by `task.extra["assemble"]`:
     prompt (a signature and docstring) with the function body; it is cut at the
     first stop sequence (HUMANEVAL_STOP by default: HumanEval's, so that helper
     code, tests or prints the model appends after the function are dropped) and
-    the program is `task.prompt + completion`.
+    the program is `task.prompt + completion`. The prompt's other top-level
+    code (`given_code`: imports, helpers) runs with the tests as trusted context.
   "completion": the completion is the whole program; if it contains a fenced
     block (```python, ```py, ```python3, or an untagged ```), the first python
     block (else the first untagged one) is the program, otherwise all of it.
@@ -35,6 +36,7 @@ from __future__ import annotations
 
 import ast
 import dataclasses
+import functools
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
@@ -182,6 +184,67 @@ def assemble_program(task: Task, completion: str, *,
   return _parts(task, completion, stop_sequences)[0]
 
 
+def _parse(source: str) -> ast.Module | None:
+  """The AST of `source`, None when it does not parse or passes _MAX_PARSE_CHARS."""
+  if len(source) > _MAX_PARSE_CHARS:
+    return None
+  try:
+    return ast.parse(source)
+  except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
+    return None
+
+
+def _binds(stmt: ast.stmt) -> set[str]:
+  if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+    return {stmt.name}
+  if isinstance(stmt, (ast.Import, ast.ImportFrom)):
+    return {(a.asname or a.name).split(".")[0] for a in stmt.names}
+  return {n.id for n in ast.walk(stmt) if isinstance(n, ast.Name) and isinstance(n.ctx, ast.Store)}
+
+
+def _uses(node: ast.AST) -> set[str]:
+  return {n.id for n in ast.walk(node) if isinstance(n, ast.Name)}
+
+
+@functools.lru_cache(maxsize=4096)
+def _given_code(prompt: str, entry_point: str, tests: str) -> str:
+  prompt_tree, tests_tree = _parse(prompt), _parse(tests)
+  if prompt_tree is None or tests_tree is None:
+    return ""
+  defs = (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)
+  completed = next((s for s in reversed(prompt_tree.body) if isinstance(s, defs)), None)
+  candidates = [s for s in prompt_tree.body
+                if s is not completed and not (isinstance(s, defs) and s.name == entry_point)]
+  # What the tests use, and what that needs in turn (a helper's imports, say).
+  needed, kept = _uses(tests_tree), set()
+  grew = True
+  while grew:
+    grew = False
+    for stmt in candidates:
+      if id(stmt) not in kept and _binds(stmt) & needed:
+        kept.add(id(stmt))
+        needed |= _uses(stmt)
+        grew = True
+  body = [s for s in candidates if id(s) in kept]
+  return ast.unparse(ast.Module(body, [])) if body else ""
+
+
+def given_code(task: Task, tests: str | None = None) -> str:
+  """The prompt code a task's tests use, run with them as trusted context (`Job.context`).
+
+  Of the prompt's top-level statements other than the definition the
+  completion continues (the last one) and the entry point's: those that bind a
+  name the tests use, and what those need in turn (HumanEval/32: `poly` and its
+  `import math`). The tests use these, never the program's versions, so a
+  completion cannot redefine what checks it. Empty when the tests use none, for
+  whole-program tasks, and when the prompt or the tests do not parse. `tests`: the
+  test source that will run (default: the task's hidden tests).
+  """
+  if _style(task) != "prompt+completion":
+    return ""
+  return _given_code(task.prompt, task.entry_point, task.tests if tests is None else tests)
+
+
 def job_for(task: Task, completion: str, *,
             stop_sequences: Sequence[str] = HUMANEVAL_STOP,
             test_set: str = "hidden") -> sandbox.Job:
@@ -200,7 +263,7 @@ def job_for(task: Task, completion: str, *,
   return sandbox.Job(
       program=assemble_program(task, completion, stop_sequences=stop_sequences),
       tests=tests, entry_point=task.entry_point,
-      tests_format=task.extra.get("tests_format", "auto"))
+      tests_format=task.extra.get("tests_format", "auto"), context=given_code(task, tests))
 
 
 @register_answer_end("tests")
@@ -294,12 +357,7 @@ def format_checks(task: Task, completion: str, *,
     fenced block (completion style).
   """
   program, code, stray = _parts(task, completion, stop_sequences)
-  module = None
-  if len(program) <= _MAX_PARSE_CHARS:
-    try:
-      module = ast.parse(program)
-    except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
-      module = None
+  module = _parse(program)
   return {
       "parses": module is not None,
       "non_empty": bool(code.strip()),

@@ -1,4 +1,4 @@
-"""Blockwise (flash-attention style) attention in plain XLA: the CPU default.
+"""Masked attention, blockwise (flash-attention style) in plain XLA: the CPU default.
 
 Queries are cut into tiles of block_q and keys into tiles of block_k. Each
 query tile visits only its range [lo, hi) of key tiles (`tiling.make_layout`:
@@ -14,13 +14,11 @@ Must not: materialise [T, S]; depend on a backend (it runs anywhere XLA does).
 
 from __future__ import annotations
 
-import functools
-
 import jax
 import jax.numpy as jnp
 from jax import lax
 
-from kernels import tiling
+from kernels import tiling, vjp
 from kernels.spec import AttentionSpec
 
 F32 = jnp.float32
@@ -30,9 +28,12 @@ def _tile(x, i, size, axis):
   return lax.dynamic_slice_in_dim(x, i * size, size, axis=axis)
 
 
-def _key_tile(lay: tiling.Layout, j, bk):
+def _key_tile(k, v, lay: tiling.Layout, mask: tiling.Mask, q_pos, q_seg, j, bk):
+  """Key tile j in float32 and its visibility [B, 1, 1, bq, bk] from the query tile."""
   k_idx = j * bk + jnp.arange(bk, dtype=jnp.int32)
-  return k_idx, _tile(lay.k_pos, j, bk, 0), _tile(lay.k_seg, j, bk, 1)
+  ok = tiling.block_mask(mask, q_pos, q_seg, k_idx, _tile(lay.k_pos, j, bk, 0),
+                         _tile(lay.k_seg, j, bk, 1), lay.kv_len, lay.final)
+  return _tile(k, j, bk, 2).astype(F32), _tile(v, j, bk, 2).astype(F32), ok[:, None, None]
 
 
 def _forward(q, k, v, lay: tiling.Layout, mask: tiling.Mask, scale: float, bq: int, bk: int):
@@ -46,10 +47,7 @@ def _forward(q, k, v, lay: tiling.Layout, mask: tiling.Mask, scale: float, bq: i
 
     def body(j, carry):
       m, l, acc = carry
-      kj, vj = _tile(k, j, bk, 2).astype(F32), _tile(v, j, bk, 2).astype(F32)
-      k_idx, k_pos, k_seg = _key_tile(lay, j, bk)
-      ok = tiling.block_mask(mask, q_pos, q_seg, k_idx, k_pos, k_seg, lay.kv_len,
-                             lay.final)[:, None, None]
+      kj, vj, ok = _key_tile(k, v, lay, mask, q_pos, q_seg, j, bk)
       s = jnp.where(ok, jnp.einsum("bkgqd,bksd->bkgqs", qi, kj), -jnp.inf)
       m_new = jnp.maximum(m, jnp.max(s, axis=-1))
       # A row with nothing visible yet keeps max -inf; shift by 0 so exp gives 0, not NaN.
@@ -74,7 +72,7 @@ def _forward(q, k, v, lay: tiling.Layout, mask: tiling.Mask, scale: float, bq: i
   return out, lse
 
 
-def _backward(q, k, v, out, lse, dout, dlse, lay: tiling.Layout, mask: tiling.Mask,
+def _backward(q, k, v, lay: tiling.Layout, out, lse, dout, dlse, mask: tiling.Mask,
               scale: float, bq: int, bk: int):
   """Gradients (dq, dk, dv) given cotangents of out and lse."""
   b, kh, g, tp, d = q.shape
@@ -92,10 +90,7 @@ def _backward(q, k, v, out, lse, dout, dlse, lay: tiling.Layout, mask: tiling.Ma
 
     def body(j, c):
       dq, dk, dv = c
-      kj, vj = _tile(k, j, bk, 2).astype(F32), _tile(v, j, bk, 2).astype(F32)
-      k_idx, k_pos, k_seg = _key_tile(lay, j, bk)
-      ok = tiling.block_mask(mask, q_pos, q_seg, k_idx, k_pos, k_seg, lay.kv_len,
-                             lay.final)[:, None, None]
+      kj, vj, ok = _key_tile(k, v, lay, mask, q_pos, q_seg, j, bk)
       s = jnp.einsum("bkgqd,bksd->bkgqs", qi, kj)
       p = jnp.where(ok, jnp.exp(s - lse_i[..., None]), 0.0)
       dp = jnp.einsum("bkgqd,bksd->bkgqs", doi, vj)
@@ -117,53 +112,11 @@ def _backward(q, k, v, out, lse, dout, dlse, lay: tiling.Layout, mask: tiling.Ma
   return dq.astype(q.dtype), dk.astype(k.dtype), dv.astype(v.dtype)
 
 
-@functools.partial(jax.custom_vjp, nondiff_argnums=(4, 5, 6, 7))
-def flash(q, k, v, lay, mask, scale, bq, bk):
-  """Blockwise attention on head-major, tile-padded inputs.
-
-  q [B, K, G, Tp, D], k/v [B, K, Sp, D], lay a `tiling.Layout`. Returns
-  (out [B, K, G, Tp, D], lse [B, K, G, Tp] float32), differentiable in q, k, v
-  (and through lse).
-  """
-  return _forward(q, k, v, lay, mask, scale, bq, bk)
-
-
-def _flash_fwd(q, k, v, lay, mask, scale, bq, bk):
-  out, lse = _forward(q, k, v, lay, mask, scale, bq, bk)
-  return (out, lse), (q, k, v, out, lse, lay)
-
-
-def _flash_bwd(mask, scale, bq, bk, res, cts):
-  q, k, v, out, lse, lay = res
-  dout, dlse = cts
-  dq, dk, dv = _backward(q, k, v, out, lse, dout, dlse, lay, mask, scale, bq, bk)
-  return dq, dk, dv, None
-
-
-flash.defvjp(_flash_fwd, _flash_bwd)
-
-
-def to_head_major(q, k, v, tp: int, sp: int):
-  """[B, T, H, D], [B, S, K, D] -> padded [B, K, G, Tp, D], [B, K, Sp, D]."""
-  b, t, h, d = q.shape
-  kh = k.shape[2]
-  q = tiling.pad_axis(q, 1, tp).reshape(b, tp, kh, h // kh, d).transpose(0, 2, 3, 1, 4)
-  k = tiling.pad_axis(k, 1, sp).transpose(0, 2, 1, 3)
-  v = tiling.pad_axis(v, 1, sp).transpose(0, 2, 1, 3)
-  return q, k, v
-
-
-def from_head_major(out, lse, t: int):
-  """Inverse of `to_head_major` for the results: [B, T, H, D], [B, T, H]."""
-  b, kh, g, tp, d = out.shape
-  out = out.transpose(0, 3, 1, 2, 4).reshape(b, tp, kh * g, d)[:, :t]
-  lse = lse.transpose(0, 3, 1, 2).reshape(b, tp, kh * g)[:, :t]
-  return out, lse
-
-
-def tile_sizes(bq: int, bk: int, t: int, s: int, multiple: int = 8) -> tuple[int, int]:
-  """Tiles no larger than the (rounded-up) lengths: a short input is one tile."""
-  return min(bq, tiling.round_up(t, multiple)), min(bk, tiling.round_up(s, multiple))
+# Blockwise attention on head-major, tile-padded inputs: flash(q, k, v, lay, mask,
+# scale, bq, bk) with q [B, K, G, Tp, D], k/v [B, K, Sp, D], lay a `tiling.Layout`,
+# returns (out [B, K, G, Tp, D], lse [B, K, G, Tp] float32), differentiable in
+# q, k, v (and through lse).
+flash = vjp.attention_vjp(_forward, _backward, num_inputs=4)
 
 
 def masked_flash(q, k, v, mask: tiling.Mask, *, bq: int, bk: int, scale=None, q_offset=None,
@@ -176,13 +129,13 @@ def masked_flash(q, k, v, mask: tiling.Mask, *, bq: int, bk: int, scale=None, q_
   b, t, h, d = q.shape
   s = k.shape[1]
   scale = d ** -0.5 if scale is None else float(scale)
-  bq, bk = tile_sizes(bq, bk, t, s)
+  bq, bk = tiling.tile_sizes(bq, bk, t, s)
   lay = tiling.make_layout(mask, b, t, s, bq, bk, q_offset=q_offset, kv_lengths=kv_lengths,
                            segment_ids=segment_ids, kv_segment_ids=kv_segment_ids,
                            k_pos=k_pos)
-  qh, kh, vh = to_head_major(q, k, v, tiling.round_up(t, bq), tiling.round_up(s, bk))
+  qh, kh, vh = tiling.to_head_major(q, k, v, tiling.round_up(t, bq), tiling.round_up(s, bk))
   out, lse = flash(qh, kh, vh, lay, mask, scale, bq, bk)
-  return from_head_major(out, lse, t)
+  return tiling.from_head_major(out, lse, t)
 
 
 def attention(q, k, v, spec: AttentionSpec, *, q_offset=None, kv_lengths=None,
@@ -192,45 +145,3 @@ def attention(q, k, v, spec: AttentionSpec, *, q_offset=None, kv_lengths=None,
   return masked_flash(q, k, v, tiling.Mask.from_spec(spec), bq=bq, bk=bk, scale=scale,
                       q_offset=q_offset, kv_lengths=kv_lengths, segment_ids=segment_ids,
                       kv_segment_ids=kv_segment_ids)
-
-
-# Decode queries are few, so their whole score matrix [B, H, Tq, S] is linear in
-# S: below this many scores it is computed in one piece, which on CPU beats
-# tiling (no padding of Tq up to a tile, one matmul pair instead of a loop).
-DIRECT_DECODE_MAX_SCORES = 1 << 24
-
-
-def direct_decode(q, k, v, mask: tiling.Mask, *, lengths, q_offset, scale=None,
-                  kv_head_major: bool = False):
-  """Decode attention in one piece: q [B, Tq, H, D], k/v [B, S, K, D] -> (out, lse).
-
-  With kv_head_major, k/v are [B, K, S, D].
-
-  Query t of row b sits at position q_offset[b] + t; keys at j >= lengths[b]
-  are padding; `mask` gives causality and the window. Differentiable by
-  plain autodiff (the score matrix is small by construction).
-  """
-  b, tq, h, d = q.shape
-  kv = "bksd" if kv_head_major else "bskd"
-  s, kh = (k.shape[2], k.shape[1]) if kv_head_major else (k.shape[1], k.shape[2])
-  scale = d ** -0.5 if scale is None else scale
-  qg = q.reshape(b, tq, kh, h // kh, d).astype(F32) * scale
-  scores = jnp.einsum(f"btkgd,{kv}->bkgts", qg, k.astype(F32))
-  q_pos = jnp.asarray(q_offset, jnp.int32).reshape(-1, 1) + jnp.arange(tq, dtype=jnp.int32)
-  k_pos = jnp.arange(s, dtype=jnp.int32)
-  ok = k_pos[None, None, :] < jnp.asarray(lengths, jnp.int32)[:, None, None]
-  if mask.causal:
-    ok &= k_pos[None, None, :] <= q_pos[:, :, None]
-  if mask.window:
-    ok &= k_pos[None, None, :] > q_pos[:, :, None] - mask.window
-  scores = jnp.where(ok[:, None, None], scores, -jnp.inf)
-  m = jnp.max(scores, axis=-1, keepdims=True)
-  m = jnp.where(jnp.isfinite(m), m, 0.0)
-  p = jnp.exp(scores - m)
-  l = jnp.sum(p, axis=-1, keepdims=True)
-  # Probabilities as the left operand ([.., queries, S] x [.., S, D]), so the
-  # product is a plain batched matmul; the small result is transposed after.
-  out = jnp.einsum(f"bkgts,{kv}->bkgtd", p / jnp.where(l > 0, l, 1.0), v.astype(F32))
-  lse = jnp.where(l > 0, m + jnp.log(jnp.where(l > 0, l, 1.0)), -jnp.inf)[..., 0]
-  return (out.transpose(0, 3, 1, 2, 4).reshape(b, tq, h, d).astype(q.dtype),
-          lse.transpose(0, 3, 1, 2).reshape(b, tq, h))

@@ -1,4 +1,5 @@
-"""Every attention implementation against the dense-mask reference, forward and gradients.
+"""Masked attention (dense, sliding, document): every implementation against the
+dense-mask reference, forward and gradients.
 
 Shapes are small and deliberately awkward: GQA and MQA, lengths that are not
 multiples of the tiles, padding (kv_lengths), fully masked rows (a row with no
@@ -23,7 +24,9 @@ import numpy as np
 import pytest
 
 import kernels
-from kernels import blockwise, pallas_flash, reference, tiling
+from kernels import pallas_common, tiling
+from kernels.flash import reference
+from kernels.flash import xla as flash_xla
 from kernels.spec import AttentionSpec
 from kernel_impls import ON_GPU, PALLAS
 
@@ -117,7 +120,7 @@ def test_matches_reference(case, impl):
 def test_fully_masked_rows_are_zero_with_minus_inf_lse():
   spec, _, kwargs, (q, k, v, w_out, w_lse) = _case("sliding_offsets")
   out, lse, grads = jax.jit(lambda *a: _value_and_grads(
-      lambda q, k, v: blockwise.attention(q, k, v, spec, **kwargs), *a))(q, k, v, w_out, w_lse)
+      lambda q, k, v: flash_xla.attention(q, k, v, spec, **kwargs), *a))(q, k, v, w_out, w_lse)
   # Row 1 starts at position -5: its first five queries precede every key.
   assert np.all(np.asarray(out[1, :5]) == 0)
   assert np.all(np.isneginf(np.asarray(lse[1, :5])))
@@ -168,7 +171,7 @@ def test_blockwise_never_materialises_t_by_s():
   # The dense reference needs several T x S buffers; forward + backward of the
   # blockwise version stays below 1% of one.
   assert temp_bytes(reference.attention) > t * t * 4
-  assert temp_bytes(blockwise.attention) < t * t * 4 // 100
+  assert temp_bytes(flash_xla.attention) < t * t * 4 // 100
 
 
 def test_merge_of_key_halves_equals_whole():
@@ -231,10 +234,10 @@ def test_bad_spec_names_the_field(kwargs, message):
 
 
 def test_triton_sizes_must_be_powers_of_two():
-  pallas_flash.check_gpu_sizes(True, block_q=24)  # the interpreter takes any size
+  pallas_common.check_gpu_sizes(True, block_q=24)  # the interpreter takes any size
   with pytest.raises(ValueError, match="block_q=24"):
-    pallas_flash.check_gpu_sizes(False, block_q=24, block_k=64)
+    pallas_common.check_gpu_sizes(False, block_q=24, block_k=64)
   with pytest.raises(ValueError, match="head_dim=8"):  # below Triton's matmul minimum
-    pallas_flash.check_gpu_sizes(False, block_q=16, head_dim=8)
+    pallas_common.check_gpu_sizes(False, block_q=16, head_dim=8)
   # Tiles asked smaller than 16 are raised to 16 on GPU, never passed to Triton.
-  assert pallas_flash.tile_sizes(8, 8, 37, 53, interpret=False) == (16, 16)
+  assert pallas_common.tile_sizes(8, 8, 37, 53, interpret=False) == (16, 16)
