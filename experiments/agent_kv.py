@@ -10,7 +10,7 @@ and the times measure the sampler alone: rlcode.agent.sampler.run_episodes with
 reuse_kv=True (each row's cache kept, only the new tokens prefilled) against
 reuse_kv=False (every row's whole context prefilled from scratch every turn, what a
 peer without a prefix cache does). Each mode runs once to compile, then `--repeats`
-timed runs; the table shows the median.
+timed runs of each, alternating; the table shows the median.
 
     python experiments/agent_kv.py [--repeats 3]
 
@@ -29,6 +29,7 @@ import time
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
+import jax  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from rlcode.agent import env as env_lib, sampler, tools  # noqa: E402
@@ -82,14 +83,15 @@ def main():
   args = parser.parse_args()
   chat = ChatFormat("compact", load_tokenizer("bytes+tools"))
   model = Decoder(CFG, rngs=nnx.Rngs(0))
-  params = sum(x.size for x in __import__("jax").tree.leaves(nnx.state(model, nnx.Param)))
-  results, tokens = {}, {}
+  params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
+  results, tokens = {True: [], False: []}, {}
   load_before = os.getloadavg()
   for reuse in (True, False):
     _, _, trajs = run(model, chat, reuse)  # compiles every shape this mode meets
     tokens[reuse] = [t.tokens for t in trajs]
-    runs = [run(model, chat, reuse) for _ in range(args.repeats)]
-    results[reuse] = runs
+  for _ in range(args.repeats):  # alternating, so that both modes see the same load
+    for reuse in (True, False):
+      results[reuse].append(run(model, chat, reuse))
   load_after = os.getloadavg()
   if tokens[True] != tokens[False]:
     raise SystemExit("the two modes sampled different tokens")

@@ -42,9 +42,10 @@ from rlcode import sampling, sharding
 from rlcode.agent.chat import ChatFormat
 from rlcode.agent.env import CUT, ToolEnv
 from rlcode.data.tasks import Task
-from rlcode.models.decoder import Decoder
+from rlcode.models.decoder import Decoder, KVCache
 
 MIN_EXTEND_BUCKET = 16
+MIN_CACHE = 256
 CACHE_MULTIPLE = 128
 
 
@@ -185,12 +186,15 @@ def _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv
                    temperature=float(temperature), top_k=0, top_p=1.0,
                    stop_tokens=tuple(int(s) for s in chat.stop_ids), pad_id=int(tok.pad_id),
                    mesh=mesh)
-  extend_max = sampling.bucket(budgets.max_observation_tokens + 64, MIN_EXTEND_BUCKET)
+  extend_max = _width(budgets.max_observation_tokens + 64)
   # A row's own cache (the prompt is the shared prefix) holds at most max_total_tokens
   # minus its prompt, plus what a turn or an extension writes past the row's length
-  # (they write whole padded blocks); rounded up so that few sizes compile.
-  cache_size = round_up(budgets.max_total_tokens - min(len(p) for p in prompts)
-                        + max(extend_max, budgets.max_turn_tokens), CACHE_MULTIPLE)
+  # (they write whole padded blocks). It starts small and grows by powers of two up to
+  # that (a decode step reads the whole cache, so a cache sized for the end of the
+  # longest episode would make every early step pay for it).
+  max_cache = round_up(budgets.max_total_tokens - min(len(p) for p in prompts)
+                       + max(extend_max, budgets.max_turn_tokens), CACHE_MULTIPLE)
+  cache_size = min(sampling.bucket(budgets.max_turn_tokens, MIN_CACHE), max_cache)
 
   start = time.perf_counter()
   prefix = None
@@ -215,6 +219,8 @@ def _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv
       first_logits, cache = _reprefill(model, trajs, active, budgets, tok.pad_id, rows,
                                        mesh, timing)
     start = time.perf_counter()
+    if reuse_kv:
+      cache = _fit(cache, int(valid.max()) + budgets.max_turn_tokens, max_cache)
     out_tok, out_lp, lengths, _, cache = sampling.decode(
         state, first_logits, prefix, cache, jax.random.fold_in(key, turn),
         jnp.asarray(~active), **decode_kw)
@@ -275,12 +281,13 @@ def _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv
     if not new or not reuse_kv:
       continue
     start = time.perf_counter()
-    width = sampling.bucket(max(len(x) for x in new.values()), MIN_EXTEND_BUCKET)
+    width = _width(max(len(x) for x in new.values()))
     tokens = np.full((rows, width), tok.pad_id, np.int32)
     n_new = np.zeros((rows,), np.int32)
     for b, x in new.items():
       tokens[b, :len(x)] = x
       n_new[b] = len(x)
+    cache = _fit(cache, int(valid.max()) + width, max_cache)
     cache = dataclasses.replace(cache, lengths=jnp.asarray(valid))
     first_logits, cache = _extend(state, prefix, cache, jnp.asarray(tokens),
                                   jnp.asarray(n_new), graphdef=graphdef, mesh=mesh)
@@ -288,6 +295,27 @@ def _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv
     valid += n_new
     timing.extend += time.perf_counter() - start
   return trajs
+
+
+def _width(n: int) -> int:
+  """The padded width of an extension of n tokens: a power of two up to 64, then a
+  multiple of 64 (observations are long; a power of two would waste up to half)."""
+  return sampling.bucket(n, MIN_EXTEND_BUCKET) if n <= 64 else round_up(n, 64)
+
+
+@functools.partial(jax.jit, static_argnames=("size",))
+def _grow(cache, *, size):
+  pad = lambda x: jnp.pad(x, ((0, 0), (0, 0), (0, size - x.shape[2]), (0, 0)))
+  return KVCache(k=tuple(pad(k) for k in cache.k), v=tuple(pad(v) for v in cache.v),
+                 lengths=cache.lengths)
+
+
+def _fit(cache, need: int, max_size: int):
+  """The cache, grown (by powers of two, at most max_size) to hold `need` positions."""
+  size = cache.k[0].shape[2]
+  if need <= size:
+    return cache
+  return _grow(cache, size=min(max(sampling.bucket(need), size), max_size))
 
 
 def _reprefill(model, trajs, active, budgets, pad_id, rows, mesh, timing):
