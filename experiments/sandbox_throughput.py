@@ -1,7 +1,7 @@
 """Sandbox throughput: HumanEval reference solutions scored per second, isolation on.
 
 Command (from the repository root):
-  /work/main/.venv/bin/python experiments/sandbox_throughput.py
+  .venv/bin/python experiments/sandbox_throughput.py [--workers N]
 
 Scores all 164 HumanEval reference solutions through `rlcode.sandbox` (bubblewrap
 namespaces, seccomp, rlimits, the tests in their own process calling the
