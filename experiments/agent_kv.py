@@ -3,7 +3,7 @@
 Setup: 10-turn episodes whose context grows to ~4k tokens: a 200-token prompt, then
 per turn 24 sampled tokens and a 360-token observation. One task, G = 4 episodes
 run together (their prompt is a shared prefix in both modes). The policy is a
-random decoder (~3.4M parameters, 4 layers, width 256, head dim 64, context 4096,
+random decoder (~3.0M parameters, 4 layers, width 256, head dim 64, context 4096,
 the tool-calling byte tokenizer) and the environment answers every turn with a
 fixed-length observation, so both modes sample exactly the same tokens (checked)
 and the times measure the sampler alone: rlcode.agent.sampler.run_episodes with

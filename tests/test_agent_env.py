@@ -1,5 +1,7 @@
 """The environment over real sandbox sessions, scripted experts, and the memory rules."""
 
+import re
+
 import pytest
 
 from rlcode.agent import env as env_lib, expert, memory, sampler, tools
@@ -8,7 +10,8 @@ from rlcode.data import jsonl, sources
 from rlcode.models.tokenizer import load_tokenizer
 
 CHAT = ChatFormat("compact", load_tokenizer("bytes+tools"))
-TASKS = jsonl.read_jsonl_tasks(sources.resolve("data/agent_tasks.jsonl"), 0.2)["train"]
+SPLITS = jsonl.read_jsonl_tasks(sources.resolve("data/agent_tasks.jsonl"), 0.2)
+TASKS = SPLITS["train"]
 
 
 def by_variant(variant):
@@ -69,6 +72,27 @@ def test_an_eos_turn_ends_the_episode_and_abort_scores_the_workspace(scorer):
     env.step(*call("finish"))
 
 
+def test_what_a_task_needs_is_only_in_its_workspace_or_its_test_output():
+  """The constant (file, search) or the function's name (tests) is in no prompt, the name
+  in no workspace file either; a held-out unit (operation and constant or name) is never
+  a training one."""
+  units = {}
+  for split, tasks in SPLITS.items():
+    for t in tasks:
+      hint, op = t.extra["hint"], t.id.split("/")[2]
+      if hint["variant"] == "tests":
+        assert hint["name"] not in t.prompt + "".join(t.extra["files"].values()), t.id
+        units.setdefault(split, set()).add((op, hint["name"]))
+      else:
+        value = t.reference.split()[-1]
+        assert not re.search(rf"\b{value}\b", t.prompt), t.id
+        assert any(f"{hint['symbol']} = {value}" in text
+                   for text in t.extra["files"].values()), t.id
+        units.setdefault(split, set()).add((op, value))
+  assert min(len(SPLITS[s]) for s in ("train", "validation", "held_out")) >= 48
+  assert not units["held_out"] & units["train"]
+
+
 @pytest.mark.parametrize("variant", ["file", "search", "tests"])
 def test_experts_solve_every_variant(scorer, variant):
   env = make_env(scorer)
@@ -94,6 +118,27 @@ def test_the_tests_variant_needs_the_test_run(scorer):
   assert task.extra["hint"]["name"] not in s.observation + task.prompt
   s = env.step(*call("run_tests"))
   assert f"name '{task.extra['hint']['name']}' is not defined" in s.observation
+
+
+def test_memory_persists_across_episodes_in_other_sessions(scorer):
+  """A note stored in a solved episode is read back in a later episode of the run (another
+  environment, another sandbox session); a failed episode's note is not kept."""
+  notes = memory.Memory("after_success")
+  first, second = (make_env(scorer, names=("editor", "memory", "finish"), memory=notes)
+                   for _ in range(2))
+  task = by_variant("file")
+  fact = f"{task.extra['hint']['symbol']} is {task.reference.split()[-1]}"
+  first.reset(task)
+  assert first.step(*call("memory", action="store", text=fact)).observation == "Noted."
+  first.step(*call("editor", command="create", path="solution.py", file_text=task.reference))
+  assert first.step(*call("finish")).reward == 1.0
+  second.reset(task)
+  s = second.step(*call("memory", action="retrieve",
+                        text=f"what is {task.extra['hint']['symbol']}"))
+  assert s.observation == f"- {fact}"
+  second.step(*call("memory", action="store", text="a guess"))
+  assert second.step(*call("finish")).reward == 0.0
+  assert notes.notes == [fact]
 
 
 def test_memory_rules():

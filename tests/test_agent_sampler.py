@@ -84,11 +84,21 @@ def model():
 
 @pytest.fixture(scope="module")
 def episodes(model):
-  """One batch of episodes (3 tasks x 2), with its timing."""
-  timing = sampler.Timing()
-  trajs = sampler.run_episodes(model, CHAT, make_envs(6, max_turns=4), TASKS, timing=timing,
-                               **KW)
-  return trajs, timing
+  """One batch of episodes (3 tasks x 2), with its timing and the sizes its rows' caches
+  grew to (the first cache is made small here, so that it grows several times)."""
+  timing, grown = sampler.Timing(), []
+  grow = sampler._grow
+
+  def spy(cache, *, size):
+    grown.append(size)
+    return grow(cache, size=size)
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(sampler, "MIN_CACHE", 16)
+    patch.setattr(sampler, "_grow", spy)
+    trajs = sampler.run_episodes(model, CHAT, make_envs(6, max_turns=4), TASKS,
+                                 timing=timing, **KW)
+  return trajs, timing, grown
 
 
 @pytest.fixture(scope="module")
@@ -108,8 +118,9 @@ def forward(model):
 
 
 def test_kept_kv_logprobs_equal_a_prefill_of_the_whole_trajectory(episodes, forward):
-  trajs, timing = episodes
+  trajs, timing, grown = episodes
   assert timing.turns >= 3 and timing.extend > 0  # several turns, KV extended between them
+  assert len(grown) >= 2 and grown == sorted(set(grown))  # the kept caches grew, and kept
   assert sum(len(t.turns) >= 2 for t in trajs) >= 3
   for t in trajs:
     m = np.array(t.mask, bool)
@@ -118,7 +129,7 @@ def test_kept_kv_logprobs_equal_a_prefill_of_the_whole_trajectory(episodes, forw
 
 
 def test_resending_the_context_each_turn_gives_the_same_episodes(model, episodes):
-  kept, _ = episodes
+  kept = episodes[0]
   resent = sampler.run_episodes(model, CHAT, make_envs(6, max_turns=4), TASKS,
                                 reuse_kv=False, **KW)
   for a, b in zip(kept, resent):
@@ -127,7 +138,7 @@ def test_resending_the_context_each_turn_gives_the_same_episodes(model, episodes
 
 
 def test_budgets_bound_every_trajectory(episodes):
-  trajs, _ = episodes
+  trajs = episodes[0]
   statuses = {t.status for t in trajs}
   assert statuses <= set(env_lib.STATUSES) and statuses & {"max_tokens", "max_turns"}
   for t in trajs:
@@ -149,7 +160,7 @@ def test_budgets_bound_every_trajectory(episodes):
 
 
 def test_grpo_batch_masks_observations_and_cut_trajectories(episodes):
-  trajs, _ = episodes
+  trajs = episodes[0]
   adv = np.linspace(-1, 1, 6).astype(np.float32)
   for mask_cut in (False, True):
     batch = rollout.grpo_batch(trajs, 2, adv, pad_id=TOK.pad_id, max_len=300,

@@ -16,7 +16,9 @@ Rules (`RULES`):
   dedupe         `all`, but a note whose embedding is within `dedupe_cosine` of a kept
                  one replaces it instead of joining it.
   success_dedupe after_success, deduplicated as by dedupe, and capped as by last_n.
-experiments/agent_memory.py compares them; DEFAULT_RULE is its winner.
+experiments/agent_memory.py compares them on a benchmark where an earlier episode's
+note helps a later one. DEFAULT_RULE is a prior until that table exists (keep what
+worked, once), not a measured winner.
 
 Retrieval ranks notes by cosine similarity of MiniLM embeddings when an `embed`
 function is given, else by word overlap (Jaccard). Thread-safe: a GRPO step runs
