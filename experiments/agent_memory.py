@@ -14,7 +14,7 @@ and, if an error-fix note gives a program, takes its constant. Everything runs
 through rlcode.agent.env with real sandbox sessions and tests; notes are ranked
 by MiniLM embeddings. The rule decides what is kept (rlcode.agent.memory.RULES).
 
-    python experiments/agent_memory.py [--seeds 0,1,2]
+    python experiments/agent_memory.py [--seeds 0,1,2] [--rules never,all,...]
 
 Prints one row per rule (success rate, context tokens and turns per episode, notes
 kept at the end; mean over seeds) and the line
@@ -150,15 +150,22 @@ def run_rule(rule, seed, chat, embed, scorer):
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--seeds", default="0,1,2")
+  parser.add_argument("--rules", default=",".join(memory_lib.RULES),
+                      help=f"comma-separated subset of {memory_lib.RULES}")
   args = parser.parse_args()
   seeds = [int(s) for s in args.seeds.split(",")]
+  rules = args.rules.split(",")
+  unknown = sorted(set(rules) - set(memory_lib.RULES))
+  if unknown or "never" not in rules:
+    parser.error(f"--rules: unknown {unknown}; known: {list(memory_lib.RULES)}; "
+                 "'never' must be among them (the baseline)")
   from rlcode.rewards import semantic
   embed = lambda texts: semantic.embed(list(texts))
   chat = ChatFormat("compact", load_tokenizer("bytes+tools"))
   scorer = env_lib.Scorer({"tests": 1.0})
   results, start = {}, time.time()
   load = [os.getloadavg()[0]]
-  for rule in memory_lib.RULES:
+  for rule in rules:
     results[rule] = [run_rule(rule, seed, chat, embed, scorer) for seed in seeds]
     load.append(os.getloadavg()[0])
     print(f"  {rule}: {results[rule]}", flush=True)
@@ -167,10 +174,10 @@ def main():
         f"{time.time() - start:.0f} s, load average {min(load):.1f}-{max(load):.1f}")
   print("| rule | success | context tokens / episode | turns / episode | notes kept |")
   print("|---|---:|---:|---:|---:|")
-  for rule in memory_lib.RULES:
+  for rule in rules:
     print(f"| {rule} | {mean(rule, 'success'):.3f} | {mean(rule, 'context_tokens'):.0f} | "
           f"{mean(rule, 'turns'):.2f} | {mean(rule, 'notes'):.0f} |")
-  best = max(memory_lib.RULES, key=lambda r: (mean(r, "success"), -mean(r, "context_tokens")))
+  best = max(rules, key=lambda r: (mean(r, "success"), -mean(r, "context_tokens")))
   gain = mean(best, "success") - mean("never", "success")
   print(f"best memory rule: {best} (+{gain:.3f} success over never, "
         f"{mean(best, 'context_tokens') - mean('never', 'context_tokens'):+.0f} context tokens)")
