@@ -42,7 +42,7 @@ def get_config():
   config.agent = ml_collections.ConfigDict(dict(
       tools=TOOLS, chat_format="compact", toolset="rich", think="none", variants=(),
       max_turns=5, max_total_tokens=640, max_turn_tokens=160, max_observation_tokens=96,
-      mask_cut=True, success_reward=1.0, memory_rule="success_dedupe",
+      mask_cut=True, success_reward=1.0, memory_rule="dedupe",
       semantic_search=False, bash_seconds=5.0, episode_seconds=120.0, workers=8))
 
   config.rl = ml_collections.ConfigDict(dict(

@@ -177,7 +177,9 @@ def main():
   for rule in rules:
     print(f"| {rule} | {mean(rule, 'success'):.3f} | {mean(rule, 'context_tokens'):.0f} | "
           f"{mean(rule, 'turns'):.2f} | {mean(rule, 'notes'):.0f} |")
-  best = max(rules, key=lambda r: (mean(r, "success"), -mean(r, "context_tokens")))
+  # Ties in success go to fewer context tokens, then to fewer notes kept.
+  best = max(rules, key=lambda r: (mean(r, "success"), -mean(r, "context_tokens"),
+                                   -mean(r, "notes")))
   gain = mean(best, "success") - mean("never", "success")
   print(f"best memory rule: {best} (+{gain:.3f} success over never, "
         f"{mean(best, 'context_tokens') - mean('never', 'context_tokens'):+.0f} context tokens)")

@@ -16,9 +16,11 @@ Rules (`RULES`):
   dedupe         `all`, but a note whose embedding is within `dedupe_cosine` of a kept
                  one replaces it instead of joining it.
   success_dedupe after_success, deduplicated as by dedupe, and capped as by last_n.
-experiments/agent_memory.py compares them on a benchmark where an earlier episode's
-note helps a later one. DEFAULT_RULE is a prior until that table exists (keep what
-worked, once), not a measured winner.
+experiments/agent_memory.py compares them on 240 tasks where an earlier episode's
+note helps a later one: all, after_success and dedupe tie for the best success (0.685
+against 0.490 with never, 2 seeds; its tiebreak on context tokens picks all, by 0.04
+tokens per episode). DEFAULT_RULE is dedupe: the same success with a quarter of the
+notes. The capped rules (last_n, success_dedupe; 16 notes there) lose what they forget.
 
 Retrieval ranks notes by cosine similarity of MiniLM embeddings when an `embed`
 function is given, else by word overlap (Jaccard). Thread-safe: a GRPO step runs
@@ -37,7 +39,7 @@ import numpy as np
 from rlcode.errors import UnknownKey
 
 RULES = ("never", "all", "after_success", "error_fix", "last_n", "dedupe", "success_dedupe")
-DEFAULT_RULE = "success_dedupe"
+DEFAULT_RULE = "dedupe"
 
 
 @dataclasses.dataclass
