@@ -151,7 +151,10 @@ def _run(parser, args, overrides) -> None:
     print(metrics.plot(args.workdir))
   else:
     config = config_lib.load_config(args.config, overrides)
-    if args.command == "train":
+    if args.command == "train" and "agent" in config:
+      from rlcode.agent import train as agent_train  # multi-turn episodes with tools
+      agent_train.train(config)
+    elif args.command == "train":
       from rlcode import train
       train.train(config)
     elif args.command == "train-rm":

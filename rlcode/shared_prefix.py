@@ -86,12 +86,14 @@ def logprob_fn(temperature: float):
 
 def grouped_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
                   pad_id: int, completion_len: int, old_logp=None, adv=None,
-                  padding_side: str = "right",
-                  prompt_multiple: int = PROMPT_MULTIPLE) -> GroupedBatch:
+                  padding_side: str = "right", prompt_multiple: int = PROMPT_MULTIPLE,
+                  masks=None) -> GroupedBatch:
   """Host arrays for the shared-prefix update.
 
   prompts: P token lists; completions: P*G token lists, prompt-major.
   completion_len: the padded completion length (the sampling budget, so one shape).
+  masks: per completion, 0/1 per token (a multi-turn trajectory trains on its own
+  turns, not on the observations between them); default all 1.
   padding_side: how `prompts` arrive when they are arrays padded to one length
   with pad_id: "right" (as given) or "left" (the pads are stripped here; the
   device layout is always right-padded).
@@ -120,7 +122,7 @@ def grouped_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequen
   old = np.zeros((n, completion_len), np.float32)
   for i, c in enumerate(completions):
     tokens[i, :len(c)] = c
-    mask[i, :len(c)] = 1.0
+    mask[i, :len(c)] = 1.0 if masks is None else masks[i][:len(c)]
     if old_logp is not None:
       old[i, :len(c)] = old_logp[i][:len(c)]
   adv = np.zeros((n,), np.float32) if adv is None else np.asarray(adv, np.float32)

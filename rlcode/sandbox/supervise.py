@@ -30,7 +30,7 @@ _MAX_REPORT_BYTES = 1 << 20
 _KILL_GRACE_S = 5.0
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def kill(proc: subprocess.Popen) -> None:
   """Kills the sandbox's init so the launcher can reap it and exit.
 
   Killing the launcher instead would orphan the init to the host's pid 1, which
@@ -56,10 +56,10 @@ def _kill(proc: subprocess.Popen) -> None:
     finally:
       os.close(fd)
   if not children:
-    _kill_group(proc)
+    kill_group(proc)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen) -> None:
   try:
     os.killpg(proc.pid, signal.SIGKILL)
   except ProcessLookupError:
@@ -144,7 +144,7 @@ def _collect(proc: subprocess.Popen, report_r: int, info_r: int | None,
       now = time.monotonic()
       if killed_at is None and now >= deadline:
         s.timed_out = True
-        _kill(proc)
+        kill(proc)
         killed_at = now
       if killed_at is not None and now >= killed_at + _KILL_GRACE_S:
         log.warning("rlcode.sandbox: streams still open %.1f s after kill", _KILL_GRACE_S)
@@ -164,13 +164,13 @@ def _collect(proc: subprocess.Popen, report_r: int, info_r: int | None,
           s.output_total += len(data)
           if s.output_total > limits.output_limit_bytes and killed_at is None:
             s.output_exceeded = True
-            _kill(proc)
+            kill(proc)
             killed_at = time.monotonic()
         elif kind == "report":
           if len(s.report) + len(data) > _MAX_REPORT_BYTES:
             if killed_at is None:
               s.report_exceeded = True
-              _kill(proc)
+              kill(proc)
               killed_at = time.monotonic()
           else:
             s.report += data
@@ -186,7 +186,7 @@ def _collect(proc: subprocess.Popen, report_r: int, info_r: int | None,
   try:
     s.exit_code = proc.wait(timeout=_KILL_GRACE_S)
   except subprocess.TimeoutExpired:
-    _kill_group(proc)
+    kill_group(proc)
     s.exit_code = proc.wait()
   return s
 
