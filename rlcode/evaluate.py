@@ -292,11 +292,9 @@ def restore_policy(config, path: str, mesh):
   return nnx.merge(graphdef, restored["state"].params), tokenizer, step, directory
 
 
-def evaluate_checkpoint(config, path: str, ks=(1,)) -> dict:
-  """Held-out evaluation (config.eval, config.data.eval_split) of a saved policy.
-
-  `path` is a workdir or its checkpoints/ directory; the latest step is used.
-  """
+def _restored_with_eval_tasks(config, path: str):
+  """(mesh, model, tokenizer, step, directory, tasks): a saved policy on its config's mesh,
+  and the eval split's tasks that fit its context."""
   from rlcode import rollout, sharding
   from rlcode.data import sources
   mesh = sharding.mesh_from_config(config.mesh)
@@ -305,6 +303,15 @@ def evaluate_checkpoint(config, path: str, ks=(1,)) -> dict:
                                max_seq_len=model.cfg.max_seq_len,
                                max_new_tokens=config.eval.max_new_tokens,
                                drop_too_long=bool(config.data.get("drop_too_long")))
+  return mesh, model, tokenizer, step, directory, tasks
+
+
+def evaluate_checkpoint(config, path: str, ks=(1,)) -> dict:
+  """Held-out evaluation (config.eval, config.data.eval_split) of a saved policy.
+
+  `path` is a workdir or its checkpoints/ directory; the latest step is used.
+  """
+  mesh, model, tokenizer, step, directory, tasks = _restored_with_eval_tasks(config, path)
   result = held_out_eval(config, model, tokenizer, tasks, mesh, ks=ks)
   return {"step": step, "checkpoint": directory, **result}
 
@@ -377,14 +384,7 @@ def sample_and_select(config, path: str, *, selectors: Sequence[str], ks: Sequen
                       rm_checkpoint: str = "", behaviour_inputs: str = "tests") -> dict:
   """`evaluate_selection` of a saved policy on its config's eval split, with
   max(max(ks), config.eval.num_samples) samples per task."""
-  from rlcode import rollout, sharding
-  from rlcode.data import sources
-  mesh = sharding.mesh_from_config(config.mesh)
-  model, tokenizer, step, directory = restore_policy(config, path, mesh)
-  tasks, _ = rollout.fit_tasks(sources.load_eval(config.data), tokenizer, split="eval",
-                               max_seq_len=model.cfg.max_seq_len,
-                               max_new_tokens=config.eval.max_new_tokens,
-                               drop_too_long=bool(config.data.get("drop_too_long")))
+  mesh, model, tokenizer, step, directory, tasks = _restored_with_eval_tasks(config, path)
   ev = config.eval
   row_tasks, texts = sample_completions(
       model, tokenizer, tasks, num_samples=max(max(ks), ev.num_samples),

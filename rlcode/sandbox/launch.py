@@ -183,15 +183,19 @@ class Bwrap:
     for key, value in _sandbox_env(interp).items():
       self.static += ["--setenv", key, value]
 
-  def launch(self, limits: Limits, job_fd: int, report_fd: int) -> Launch:
-    fds, ours = [job_fd, report_fd], []
-    argv = list(self.static)
+  def _pass_outer_filter(self, argv: list[str], fds: list[int]) -> None:
+    """bwrap reads its seccomp filter from a pipe: add the pipe to argv and fds."""
     if self.outer_filter is not None:
       r, w = os.pipe()
       os.write(w, self.outer_filter)  # a few hundred bytes: never blocks
       os.close(w)
       argv += ["--seccomp", str(r)]
       fds.append(r)
+
+  def launch(self, limits: Limits, job_fd: int, report_fd: int) -> Launch:
+    fds, ours = [job_fd, report_fd], []
+    argv = list(self.static)
+    self._pass_outer_filter(argv, fds)
     info_r, info_w = os.pipe()
     fds.append(info_w)
     ours.append(info_r)
@@ -224,12 +228,7 @@ class Bwrap:
       prefix = [setpriv, f"--reuid={_SANDBOX_UID}", f"--regid={_SANDBOX_UID}",
                 "--clear-groups", "--"]
     fds, argv = [request_fd, response_fd], [*prefix, *self.static]
-    if self.outer_filter is not None:
-      r, w = os.pipe()
-      os.write(w, self.outer_filter)  # a few hundred bytes: never blocks
-      os.close(w)
-      argv += ["--seccomp", str(r)]
-      fds.append(r)
+    self._pass_outer_filter(argv, fds)
     size = str(workdir_bytes)
     argv += ["--size", size, "--tmpfs", _WORKDIR, "--size", size, "--tmpfs", "/tmp",
              "--remount-ro", "/", "--chdir", _WORKDIR,
