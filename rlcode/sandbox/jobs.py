@@ -15,6 +15,28 @@ class SandboxUnavailableError(RuntimeError):
   """The requested backend cannot run a sandboxed program."""
 
 
+def check_positive(limits) -> None:
+  """Every field of a limits dataclass must be a positive number (the error names it)."""
+  for field in dataclasses.fields(limits):
+    value = getattr(limits, field.name)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+      raise ValueError(f"{type(limits).__name__}.{field.name} must be a positive number, "
+                       f"got {value!r}")
+
+
+def rlimits(limits) -> dict[str, list[int]]:
+  """The setrlimit values (soft, hard) a sandboxed process takes from its limits."""
+  cpu = int(-(-limits.cpu_seconds // 1))
+  return {
+      "RLIMIT_CPU": [cpu, cpu + 1],
+      "RLIMIT_AS": [limits.memory_bytes, limits.memory_bytes],
+      "RLIMIT_NPROC": [limits.max_processes, limits.max_processes],
+      "RLIMIT_FSIZE": [limits.max_file_bytes, limits.max_file_bytes],
+      "RLIMIT_NOFILE": [limits.max_open_files, limits.max_open_files],
+      "RLIMIT_CORE": [0, 0],
+  }
+
+
 @dataclasses.dataclass(frozen=True)
 class Limits:
   """Resource limits of one sandboxed run.
@@ -49,24 +71,13 @@ class Limits:
   output_limit_bytes: int = 8 << 20
 
   def __post_init__(self):
-    for field in dataclasses.fields(self):
-      value = getattr(self, field.name)
-      if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"Limits.{field.name} must be a positive number, got {value!r}")
+    check_positive(self)
     if self.max_open_files < 16:
       raise ValueError(f"Limits.max_open_files={self.max_open_files} is too small "
                        "for the interpreter to start; use at least 16")
 
   def rlimits(self) -> dict[str, list[int]]:
-    cpu = int(-(-self.cpu_seconds // 1))
-    return {
-        "RLIMIT_CPU": [cpu, cpu + 1],
-        "RLIMIT_AS": [self.memory_bytes, self.memory_bytes],
-        "RLIMIT_NPROC": [self.max_processes, self.max_processes],
-        "RLIMIT_FSIZE": [self.max_file_bytes, self.max_file_bytes],
-        "RLIMIT_NOFILE": [self.max_open_files, self.max_open_files],
-        "RLIMIT_CORE": [0, 0],
-    }
+    return rlimits(self)
 
 
 @dataclasses.dataclass(frozen=True)

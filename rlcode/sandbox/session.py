@@ -59,7 +59,7 @@ import threading
 import time
 from pathlib import Path
 
-from rlcode.sandbox import launch, supervise
+from rlcode.sandbox import jobs, launch, supervise
 from rlcode.sandbox.jobs import SandboxUnavailableError
 
 _SERVER_SOURCE = Path(__file__).with_name("session_server.py").read_text()
@@ -103,24 +103,13 @@ class SessionLimits:
   max_files: int = 1000
 
   def __post_init__(self):
-    for field in dataclasses.fields(self):
-      value = getattr(self, field.name)
-      if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"SessionLimits.{field.name} must be a positive number, got {value!r}")
+    jobs.check_positive(self)
     if self.max_processes < 4:
       raise ValueError(f"SessionLimits.max_processes={self.max_processes}: the server and "
                        "bash need at least 4")
 
   def rlimits(self) -> dict[str, list[int]]:
-    cpu = int(-(-self.cpu_seconds // 1))
-    return {
-        "RLIMIT_CPU": [cpu, cpu + 1],
-        "RLIMIT_AS": [self.memory_bytes, self.memory_bytes],
-        "RLIMIT_NPROC": [self.max_processes, self.max_processes],
-        "RLIMIT_FSIZE": [self.max_file_bytes, self.max_file_bytes],
-        "RLIMIT_NOFILE": [self.max_open_files, self.max_open_files],
-        "RLIMIT_CORE": [0, 0],
-    }
+    return jobs.rlimits(self)
 
 
 @dataclasses.dataclass(frozen=True)
