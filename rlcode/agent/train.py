@@ -225,28 +225,15 @@ def imitate(graphdef, params, trajs, pad_id, mesh, *, optimizer: grpo.OptimizerC
   """Cross-entropy on the sampled (expert) tokens of `trajs`, batches drawn with
   replacement: `steps` steps, or steps until `seconds` of training time were spent (a
   control at another run's training time). Returns the params and
-  {"steps", "seconds", "loss_first", "loss_last"}."""
-  if (steps is None) == (seconds is None):
-    raise ValueError("imitate: give exactly one of steps and seconds")
-  opt = grpo.make_optimizer(optimizer)
-  state = grpo.init_state(nnx.merge(graphdef, params), opt, mesh)
-  step_fn = sft.make_sft_step(graphdef, opt, mesh, state, grpo.SequenceBatch.abstract(batch_size))
+  {"steps", "seconds", "loss_first", "loss_last", "target_tokens"}."""
   rng = np.random.default_rng(seed)
-  losses, spent = [], 0.0
-  bar = tqdm(total=steps, desc="imitate", leave=False, disable=not progress)
-  while (len(losses) < steps) if steps is not None else (spent < seconds):
-    start = time.perf_counter()
+
+  def next_batch():
     pick = rng.choice(len(trajs), batch_size, replace=len(trajs) < batch_size)
-    state, m = step_fn(state, rollout.sft_batch([trajs[i] for i in pick], pad_id))
-    losses.append(m["sft_loss"])
-    if seconds is not None:
-      jax.block_until_ready(m["sft_loss"])
-      spent += time.perf_counter() - start
-    bar.update()
-  bar.close()
-  losses = [float(x) for x in jax.device_get(losses)]
-  return state.params, {"steps": len(losses), "seconds": spent, "loss_first": losses[0],
-                        "loss_last": losses[-1]}
+    return rollout.sft_batch([trajs[i] for i in pick], pad_id)
+  return sft.train_on_batches(graphdef, params, next_batch, mesh, optimizer=optimizer,
+                              batch_size=batch_size, steps=steps, seconds=seconds,
+                              progress=progress, desc="imitate")
 
 
 def restore_policy(config, path: str, mesh):
