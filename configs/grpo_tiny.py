@@ -46,13 +46,13 @@ def get_config():
       max_new_tokens=40, num_passes=2, advantage="grpo", shared_prefix=True,
       loss_aggregation="seq_mean_token_mean", clip_eps_low=0.2, clip_eps_high=0.28,
       beta=0.0, log_kl=True))
-  config.optimizer = optimizer(lr=3e-4, warmup=5, decay=240)
+  config.optimizer = optimizer(lr=3e-4, warmup=5, decay=120)
 
   config.warmstart = ml_collections.ConfigDict(dict(
       steps=120, batch_size=32, optimizer=optimizer(lr=3e-3, warmup=20, decay=120)))
 
   config.train = ml_collections.ConfigDict(dict(
-      steps=240, checkpoint_every=40, eval_every=40, keep_checkpoints=2,
+      steps=120, checkpoint_every=40, eval_every=40, keep_checkpoints=2,
       on_nonfinite="skip", progress_bar=True))
   config.eval = ml_collections.ConfigDict(dict(
       num_samples=8, temperature=1.0, max_new_tokens=40, ks=(1, 8), batch_prompts=32))
