@@ -25,3 +25,36 @@ def optimizer(lr: float, warmup: int, decay: int, grad_clip: float = 1.0,
   return ml_collections.ConfigDict(dict(
       learning_rate=lr, warmup_steps=warmup, decay_steps=decay, end_lr_fraction=0.1,
       grad_clip=grad_clip, b1=0.9, b2=0.99, weight_decay=weight_decay))
+
+
+# The real PR histories (data/repos) and how the diff configs mine them.
+PR_REPOS = ("data/repos/attrs.bundle", "data/repos/more-itertools.bundle")
+
+
+def pr_mining() -> ml_collections.ConfigDict:
+  """rlcode.data.git.MiningConfig of the PR bundles: Python hunks of PRs touching at most
+  8 files and 400 lines, excerpts of 3 lines, references of the changed lines only, the
+  format named in one line; the latest 10% of PRs test, the 10% before validation."""
+  return ml_collections.ConfigDict(dict(
+      branch="HEAD", granularity="hunk", edit_format="search_replace", max_commits=0,
+      max_files=8, max_changed_lines=400, languages=("python",), context_lines=3,
+      oracle_context_lines=0, instructions=False, test_fraction=0.1,
+      validation_fraction=0.1))
+
+
+# The generated edit history (data/make_edit_history.py) and how the diff configs mine it.
+EDIT_HISTORY = "data/repos/edit-history.bundle"
+
+
+def edit_history_mining() -> ml_collections.ConfigDict:
+  """MiningConfig of the edit history: hunks of the package's sources (its test files
+  are the tasks' hidden and visible tests, not part of the edit; a commit that adds a
+  module, or only tests, gives no task), excerpts and references as `pr_mining`; the
+  latest 15% of the commits test, the 15% before validation."""
+  return ml_collections.ConfigDict(dict(
+      branch="HEAD", granularity="hunk", edit_format="search_replace", max_commits=0,
+      max_files=8, max_changed_lines=400, languages=("python",),
+      exclude=("tests/", "checks/"), allow_added_files=False, context_lines=3,
+      oracle_context_lines=0, instructions=False, test_fraction=0.15,
+      validation_fraction=0.15, tests_hidden=("tests/test_*.py",),
+      tests_visible=("checks/test_*.py",), tests_support=("toolkit/*.py",)))

@@ -1,56 +1,49 @@
-"""GRPO on real diffs (SWE-RL's reward) mined from a git repository, on CPU.
+"""GRPO with SWE-RL's diff reward on a generated edit history, from scratch on CPU.
 
     rlcode train --config configs/grpo_diffs.py
-    rlcode train --config configs/grpo_diffs.py --config.data.repo=/path/to/repo
+    rlcode train --config configs/grpo_diffs.py --config.data.test_split=test   # once tuned
 
-Tasks: the PRs of the repository's first-parent history (each merge with the
-commits it brings in, each other commit on its own; default: this project's
-own repository, found from this file's location; a path that is not a
-repository, or one without commits, is the miner's error) that touch Python
-files, one task per hunk (rlcode.data.git): the PR's title and messages are
-the request, the answer is SEARCH/REPLACE edits, the reward
-the SWE-RL similarity of the predicted patch to the real one (-1 for an answer
-that does not parse or apply). The latest quarter of the PRs is held out.
+Tasks: data/repos/edit-history.bundle (data/make_edit_history.py: 360 commits
+of small edits to a package of small modules: bug fixes, renames across files,
+added parameters, changed constants, new modules), mined through
+rlcode.data.git like any repository: every commit one PR, one task per hunk of
+the package's sources (the test files are the hidden tests, not part of the
+edit: commits that only add a test give no task). The request is the commit
+message; the prompt shows the lines within 3 of the change
+(`context_lines=3`) and names the answer format in one line
+(`instructions=False`: the warm start teaches it); the reference answer is
+SEARCH/REPLACE blocks holding only the changed lines, widened until unique
+(`oracle_context_lines=0`). Splits by commit time: the latest 15% of the PRs
+are the test split, the 15% before them the validation split (the eval rows,
+what this config was tuned on), the rest train.
 
-Fitting a byte-level context: whole files of a real repository are tens of
-kilobytes, so prompts show excerpts (`context_lines=3`: the lines within 3
-lines of the hunk, the rest of the file elided by a marker line; the reward
-still applies answers to the whole files) and the commit-level size filters
-are loose. A task whose prompt leaves less than `rl.max_new_tokens` of the
-3072-token context, or whose reference answer does not fit after its prompt,
-is dropped (`data.drop_too_long`; rlcode.rollout.fit_context), and the counts
-kept and dropped per split are a step-0 row of metrics.jsonl
-("data/train_kept", "data/train_prompt_too_long", ...).
+The policy: the ~1.3M-parameter decoder of configs/common.py over the code BPE
+tokenizer (data/code_bpe.json, 4096 tokens) with a 768-token context (every
+prompt is under 330 tokens, every reference under 410); a supervised warm
+start on the training split's reference answers (the answer format), then GRPO
+with the diff reward (-1 for an answer that does not parse or apply, else the
+SWE-RL similarity of its patch to the real one). Eval rows carry
+`eval/diff/format_valid`, `eval/diff/reward_mean`, `eval/diff/exact`.
 
-The policy is configs/sample_tiny.py's ~1M-parameter decoder with a 3072-token
-context, from scratch, given a supervised warm start on the training split's
-oracle answers so that it can learn the answer format, then 6 GRPO steps of 2
-tasks x 4 samples. Evaluation: the held-out tasks, eval.num_samples each;
-eval/reward_mean and eval/diff/success_rate (similarity >= 0.9).
-
-Expected result (measured before merges were mined as PRs, when they were
-skipped, so the task counts below are of non-merge commits only; this file
-otherwise unchanged, this repository at 39a8865, i.e. with
---config.data.mining.branch=39a8865cdd69 for a fixed history; two runs gave
-identical metrics apart from timings): 115 training
-and 30 held-out hunk tasks, of which 56 and 15 fit (15 and 5 prompts too
-long, 44 and 10 answers too long); warm-start loss 5.64 -> 3.15 in 30 steps;
-then every sampled answer is a format error (reward -1.0 at every step,
-groups_with_signal 0.0, so every GRPO update is zero: grad_norm 0.0), and
-eval/reward_mean -1.0, eval/diff/success_rate 0.0 at steps 0 and 6. So this
-reproduces the pipeline on real history, not learning: a policy this small
-and this briefly warm-started never writes an answer that applies. About 7
-minutes on 2 shared CPU cores; a GRPO step took 6-22 s (sampling 2-7 s, update
-4-15 s). experiments/decomposition.py measures this policy per granularity.
+Measured result (a miss; seed 0 only, this file unchanged, through
+`experiments/grpo_diffs_seeds.py --seeds 0 --no-control` on 2 CPU cores shared
+with ~15 other processes, load average 14-16): 200 train / 54 validation / 50
+test hunk tasks, none dropped; the warm start's extra PR hunks 3388 kept (895
+prompts and 159 references too long). Warm-start loss 8.33 -> 2.18 in 100 steps,
+after which eval/diff/format_valid is 0.0 on validation and test (reward -1.0):
+every answer is a format error (24 samples of 12 validation tasks: 11 no_edits,
+11 tag_count, 2 search_not_found), so GRPO steps 1-6 had no group with signal
+and zero gradients; the run was stopped there (32 min wall, 12 CPU-minutes).
+Tuning on validation, also a miss: the warm start on the edit history's 200
+training hunks alone (no PR hunks, 100 steps) takes the loss to 0.49 but leaves
+validation format_valid at 0.0 (24 samples: 13 no_edits, 9 tag_count, 2
+search_not_found): the answers have the tags and block markers roughly right but
+garble the SEARCH lines, which the policy does not copy from the prompt.
 """
-
-import os
 
 import ml_collections
 
-from common import optimizer, tiny_model
-
-REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+from common import EDIT_HISTORY, PR_REPOS, edit_history_mining, optimizer, pr_mining, tiny_model
 
 
 def get_config():
@@ -62,41 +55,40 @@ def get_config():
   # on the devices after the trainer's (rlcode.distributed.meshes).
   config.sampler_mesh = ""
   config.model = tiny_model()
-  config.model.arch.max_seq_len = 3072
+  config.model.tokenizer = "data/code_bpe.json"
+  config.model.arch.vocab_size = 4096
+  config.model.arch.max_seq_len = 768
 
   config.data = ml_collections.ConfigDict(dict(
-      source="git", repo=REPO, data_dir="", train_split="train", eval_split="test",
-      max_eval_tasks=0, drop_too_long=True))
+      source="git", repo=EDIT_HISTORY, data_dir="", train_split="train",
+      eval_split="validation", test_split="", max_eval_tasks=0, drop_too_long=True))
   # rlcode.data.git.MiningConfig; its `source` is config.data.repo.
-  config.data.mining = ml_collections.ConfigDict(dict(
-      branch="HEAD", granularity="hunk", edit_format="search_replace", max_commits=0,
-      max_files=64, max_changed_lines=5000, max_file_bytes=200_000, languages=("python",),
-      allow_added_files=True, related_bytes=0, context_lines=3, test_fraction=0.25))
+  config.data.mining = edit_history_mining()
 
   config.rewards = ml_collections.ConfigDict({"diff": 1.0})
   config.reward_options = ml_collections.ConfigDict({"diff": {}})
 
-  # shared_prefix=False: with ~2k-byte prompts the shared-prefix update ran
-  # slower on CPU than repeating the prompt (35 s against 20 s a step, measured
-  # once each at 4 prompts x 4 samples, max_new_tokens=768, on a loaded machine,
-  # while the shared batch still padded every completion to max_new_tokens; it
-  # now pads to the longest completion, not measured again here).
   config.rl = ml_collections.ConfigDict(dict(
-      group_size=4, prompts_per_step=2, temperature=1.0, top_p=1.0, top_k=0,
-      max_new_tokens=1024, num_passes=1, advantage="grpo", shared_prefix=False,
+      group_size=4, prompts_per_step=8, temperature=1.0, top_p=1.0, top_k=0,
+      max_new_tokens=384, num_passes=1, advantage="grpo", shared_prefix=False,
       loss_aggregation="seq_mean_token_mean", clip_eps_low=0.2, clip_eps_high=0.28,
-      beta=0.0,
+      beta=0.0, length_multiple=64,
       # Asynchronous rollouts (rlcode.async_rollouts): sample up to max_staleness
       # policy versions ahead of the update; 0 is the synchronous loop.
       max_staleness=0, max_importance_weight=2.0, sample_version="latest"))
-  config.optimizer = optimizer(lr=1e-4, warmup=5, decay=100)
+  config.optimizer = optimizer(lr=3e-4, warmup=3, decay=30)
 
   config.warmstart = ml_collections.ConfigDict(dict(
-      steps=30, batch_size=4, optimizer=optimizer(lr=3e-3, warmup=5, decay=30)))
+      steps=100, batch_size=16, cache_dir="", optimizer=optimizer(lr=3e-3, warmup=10, decay=100)))
+  # The warm start also reads the real PRs' training hunks (configs/grpo_pr_diffs.py's
+  # tasks and splits), whose variety teaches copying lines from the prompt.
+  config.warmstart.data = ml_collections.ConfigDict(dict(
+      source="git", repo=PR_REPOS, data_dir="", train_split="train"))
+  config.warmstart.data.mining = pr_mining()
 
   config.train = ml_collections.ConfigDict(dict(
-      steps=6, checkpoint_every=6, eval_every=6, keep_checkpoints=2,
+      steps=30, checkpoint_every=10, eval_every=10, keep_checkpoints=2,
       on_nonfinite="skip", progress_bar=True))
   config.eval = ml_collections.ConfigDict(dict(
-      num_samples=4, temperature=1.0, max_new_tokens=1024, ks=(1,), batch_prompts=8))
+      num_samples=2, temperature=1.0, max_new_tokens=384, ks=(1,), batch_prompts=32))
   return config

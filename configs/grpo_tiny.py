@@ -52,13 +52,13 @@ def get_config():
       # Asynchronous rollouts (rlcode.async_rollouts): sample up to max_staleness
       # policy versions ahead of the update; 0 is the synchronous loop.
       max_staleness=0, max_importance_weight=2.0, sample_version="latest"))
-  config.optimizer = optimizer(lr=3e-4, warmup=5, decay=240)
+  config.optimizer = optimizer(lr=3e-4, warmup=5, decay=120)
 
   config.warmstart = ml_collections.ConfigDict(dict(
       steps=120, batch_size=32, optimizer=optimizer(lr=3e-3, warmup=20, decay=120)))
 
   config.train = ml_collections.ConfigDict(dict(
-      steps=240, checkpoint_every=40, eval_every=40, keep_checkpoints=2,
+      steps=120, checkpoint_every=40, eval_every=40, keep_checkpoints=2,
       on_nonfinite="skip", progress_bar=True))
   config.eval = ml_collections.ConfigDict(dict(
       num_samples=8, temperature=1.0, max_new_tokens=40, ks=(1, 8), batch_prompts=32))

@@ -1,34 +1,41 @@
-"""Does splitting commits into files and hunks give GRPO a usable signal?
+"""Does cutting PRs into commits, files and hunks give GRPO a usable signal?
 
-The seed's claim: a whole commit is solved about one time in a thousand, too
-rarely for group-relative advantages to see it, and decomposing it into file
-and hunk tasks turns that into a usable signal. This measures, for one policy
-and one repository, at each granularity (commit, file, hunk) on the held-out
-split: the success rate (SWE-RL similarity >= 0.9, the diff reward's
-success), the fraction of tasks with at least one success among G samples,
-and the fraction of GRPO groups whose G rewards are not all equal (a group
-with any non-zero advantage).
+The seed's claim: a whole PR is solved about one time in a thousand, too
+rarely for group-relative advantages to see it, and smaller units (commits,
+files, hunks) reach the usable one-in-a-hundred range. This measures, for one
+policy, on the held-out (test-split) PRs of each repository, at each
+granularity (pr, commit, file, hunk):
+
+- exact: the fraction of samples whose patch equals the real one after
+  normalisation (rlcode.rewards.diffs.compare), and success: the fraction with
+  SWE-RL similarity >= 0.9 (the diff reward's success);
+- tasks with a success among G samples, and the fraction of GRPO groups (G
+  samples of one task) whose rewards are not all equal: the groups that give an
+  update any signal;
+- units solved among all held-out units: a unit whose prompt or reference does
+  not fit the policy's context counts as unsolved (the policy cannot try it).
+
+95% intervals are Wilson score intervals. Per-sample rates use the samples as
+the count, which understates the width when one task's samples succeed together
+(they are not independent); per-task rates (tasks with a success, groups with
+signal, units solved) count tasks, which are.
 
 Command (from the repository root):
 
   python experiments/decomposition.py
-  python experiments/decomposition.py --repo /path/to/repo --workdir workdirs/other
+  python experiments/decomposition.py --workdir workdirs/other --max-tasks 0
 
-The policy is the one configs/grpo_diffs.py trains: the ~1M-parameter byte-level
-decoder after its supervised warm start on the training split's hunk tasks
-and its GRPO steps, read from --workdir (default workdirs/grpo_diffs). When that
-workdir holds no checkpoint, the script first runs that job there, exactly
-`rlcode train --config configs/grpo_diffs.py --config.data.repo=REPO
+The policy is the one configs/grpo_pr_diffs.py trains (attrs and
+more-itertools hunks, warm start then GRPO), read from --workdir (default
+workdirs/grpo_pr_diffs). When that workdir holds no checkpoint, the script first
+runs that job there, exactly `rlcode train --config configs/grpo_pr_diffs.py
 --config.workdir=WORKDIR`. Extra `--config.KEY=VALUE` arguments override the
-config for both (give the same ones to reuse a workdir).
-
-Tasks: the config's held-out split (the latest quarter of the kept commits;
-the "held-out commits" column shows it is the same commits at every
-granularity, which holds unless a commit's units at one granularity are all
-inexpressible), mined at each granularity with the config's filters and excerpts. Only tasks
-that fit the policy's context with eval.max_new_tokens are sampled
-(rlcode.rollout.fit_context); the table counts the rest. Each task gets
---samples completions at the config's eval temperature.
+config for both (give the same ones to reuse a workdir). Each repository of the
+config's `data.repo` is measured on its own, mined at each granularity with the
+config's filters and excerpts. At most --max-tasks fitting tasks per
+(repository, granularity) are sampled (the first by id: task ids are commit
+hashes, so a pseudo-random subset of PRs), G = --samples (default: the config's
+rl.group_size) completions each at the config's eval temperature and budget.
 
 Prints a table; writes experiments/out/decomposition.json and
 experiments/out/decomposition.png.
@@ -38,84 +45,115 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import sys
 import time
 
 import numpy as np
 
-from rlcode import config_lib, evaluate, rollout, sharding, train
-from rlcode.data import sources
-from rlcode.data.git import GRANULARITIES
-from rlcode.rewards.diffs import FORMAT_ERROR_SCORE, SUCCESS_THRESHOLD
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CONFIG = os.path.join(ROOT, "configs", "grpo_diffs.py")
+sys.path.insert(0, ROOT)
+
+from rlcode import config_lib, evaluate, rollout, sharding, train  # noqa: E402
+from rlcode.data import sources  # noqa: E402
+from rlcode.data.git import GRANULARITIES  # noqa: E402
+from rlcode.rewards.diffs import FORMAT_ERROR_SCORE, SUCCESS_THRESHOLD  # noqa: E402
+
+CONFIG = os.path.join(ROOT, "configs", "grpo_pr_diffs.py")
 
 
-def group_stats(scores_pg: np.ndarray) -> dict:
-  """Success and signal statistics of rewards [P tasks, G samples]."""
+def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
+  """The Wilson score interval of k successes in n trials (95% for the default z)."""
+  if n <= 0:
+    raise ValueError(f"wilson: n={n} trials")
+  if not 0 <= k <= n:
+    raise ValueError(f"wilson: k={k} outside [0, n={n}]")
+  p = k / n
+  centre = (p + z * z / (2 * n)) / (1 + z * z / n)
+  half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
+  # At k = 0 (k = n) the lower (upper) end is 0 (1) exactly; rounding would leave ~1e-19.
+  lo = 0.0 if k == 0 else max(0.0, centre - half)
+  hi = 1.0 if k == n else min(1.0, centre + half)
+  return lo, hi
+
+
+def rate(k: int, n: int) -> dict:
+  """k of n with its rate and Wilson interval."""
+  lo, hi = wilson(k, n)
+  return {"k": int(k), "n": int(n), "rate": k / n, "lo": lo, "hi": hi}
+
+
+def group_stats(scores_pg: np.ndarray, exact_pg: np.ndarray) -> dict:
+  """Success and signal statistics of rewards and exact flags [P tasks, G samples]."""
   success = scores_pg >= SUCCESS_THRESHOLD
-  valid = scores_pg != FORMAT_ERROR_SCORE
-  n = scores_pg.size
+  p, g = scores_pg.shape
   return {
-      "samples": int(n),
-      "success_rate": float(success.mean()),
-      # No success in n samples: the one-sided 95% upper bound (1 - 0.05**(1/n)).
-      "success_rate_upper95": float(1 - 0.05 ** (1 / n)) if not success.any() else None,
-      "tasks_with_a_success": float(success.any(1).mean()),
-      "groups_with_signal": float((scores_pg.max(1) > scores_pg.min(1)).mean()),
-      "format_error_rate": float(1 - valid.mean()),
-      "similarity_of_valid": float(scores_pg[valid].mean()) if valid.any() else None,
+      "samples": int(p * g),
+      "format_valid": float((scores_pg != FORMAT_ERROR_SCORE).mean()),
       "reward_mean": float(scores_pg.mean()),
+      "exact": rate(int(exact_pg.sum()), p * g),
+      "success": rate(int(success.sum()), p * g),
+      "tasks_with_a_success": rate(int(success.any(1).sum()), p),
+      "groups_with_signal": rate(int((scores_pg.max(1) > scores_pg.min(1)).sum()), p),
   }
 
 
-def measure(config, model, tokenizer, mesh, granularity: str, split: str, samples: int,
-            seed: int) -> dict:
-  config.data.mining.granularity = granularity
-  tasks = sources.load(config.data, split)
+def measure(config, model, tokenizer, mesh, repo: str, granularity: str, split: str,
+            samples: int, max_tasks: int, seed: int) -> dict:
+  data = config.data.copy_and_resolve_references()
+  with data.unlocked():
+    del data["repo"]
+    data.repo = repo
+    data.mining.granularity = granularity
+  tasks = sources.load(data, split)
   ev = config.eval
   kept, counts = rollout.fit_context(tasks, tokenizer, max_seq_len=model.cfg.max_seq_len,
                                      max_new_tokens=ev.max_new_tokens)
-  row = {"granularity": granularity, "tasks": len(tasks), **counts,
-         "commits": len({t.extra["commit"] for t in tasks}),
-         # Kept tasks whose oracle answer is longer than the sampling budget.
+  chosen = kept[:max_tasks] if max_tasks else kept
+  row = {"repo": os.path.basename(repo), "granularity": granularity, "units": len(tasks),
+         **counts, "prs": len({t.extra["pr"] for t in tasks}), "sampled": len(chosen),
+         # Fitting tasks whose reference answer is longer than the sampling budget.
          "oracle_over_budget": sum(
-             len(tokenizer.encode(t.reference)) >= ev.max_new_tokens for t in kept)}
-  if not kept:
+             len(tokenizer.encode(t.reference)) >= ev.max_new_tokens for t in chosen)}
+  if not chosen:
     return row
-  groups = []
-  for start in range(0, len(kept), ev.batch_prompts):
-    chunk = kept[start:start + ev.batch_prompts]
+  scores, exact = [], []
+  for start in range(0, len(chosen), ev.batch_prompts):
+    chunk = chosen[start:start + ev.batch_prompts]
     ro = rollout.sample(model, tokenizer, chunk, group_size=samples,
                         max_new_tokens=ev.max_new_tokens, temperature=ev.temperature,
                         seed=seed + start, mesh=mesh)
-    out = rollout.score(ro, dict(config.rewards),
-                        {k: dict(v) for k, v in config.reward_options.items()})
-    groups.append(np.asarray(out.scores).reshape(len(chunk), samples))
-  return {**row, **group_stats(np.concatenate(groups))}
+    out = rollout.score(ro, {"diff": 1.0})
+    scores.append(np.asarray(out.scores).reshape(len(chunk), samples))
+    exact.append(np.array([bool(d["diff"].get("exact")) for d in out.details]
+                          ).reshape(len(chunk), samples))
+  stats = group_stats(np.concatenate(scores), np.concatenate(exact))
+  # Every held-out unit: one not sampled (too long for the context, or beyond
+  # --max-tasks) counts as unsolved only when it did not fit.
+  solved = stats["tasks_with_a_success"]["k"]
+  row["units_solved"] = rate(solved, len(chosen) + len(tasks) - len(kept))
+  return {**row, **stats}
 
 
-def _fmt(value, digits=3) -> str:
-  if value is None:
+def _interval(r: dict | None, digits: int = 4) -> str:
+  if r is None:
     return "-"
-  return f"{value:.{digits}f}" if isinstance(value, float) else str(value)
+  return f"{r['k']}/{r['n']} = {r['rate']:.{digits}f} [{r['lo']:.{digits}f}, {r['hi']:.{digits}f}]"
 
 
 def table(rows: list[dict]) -> str:
-  cols = [("granularity", "granularity"), ("commits", "held-out commits"),
-          ("tasks", "tasks"), ("kept", "fit the context"),
-          ("prompt_too_long", "prompt too long"), ("reference_too_long", "answer too long"),
-          ("oracle_over_budget", "oracle > budget"), ("samples", "samples"),
-          ("success_rate", "success rate"), ("success_rate_upper95", "95% upper bound"),
-          ("tasks_with_a_success", "tasks with a success"),
-          ("groups_with_signal", "groups with signal"),
-          ("format_error_rate", "format errors"), ("similarity_of_valid", "similarity (valid)")]
-  lines = ["| " + " | ".join(c[1] for c in cols) + " |",
-           "|---|" + "---:|" * (len(cols) - 1)]
+  cols = ["repo", "granularity", "held-out PRs", "units", "fit", "sampled", "format valid",
+          "exact (per sample)", "similarity >= 0.9 (per sample)", "tasks with a success",
+          "groups with signal", "units solved (all units)"]
+  lines = ["| " + " | ".join(cols) + " |", "|---|---|" + "---:|" * (len(cols) - 2)]
   for r in rows:
-    lines.append("| " + " | ".join(_fmt(r.get(k)) for k, _ in cols) + " |")
+    fv = r.get("format_valid")
+    lines.append("| " + " | ".join([
+        r["repo"], r["granularity"], str(r["prs"]), str(r["units"]), str(r["kept"]),
+        str(r["sampled"]), "-" if fv is None else f"{fv:.3f}", _interval(r.get("exact")),
+        _interval(r.get("success")), _interval(r.get("tasks_with_a_success"), 3),
+        _interval(r.get("groups_with_signal"), 3), _interval(r.get("units_solved"), 3)]) + " |")
   return "\n".join(lines)
 
 
@@ -123,24 +161,24 @@ def plot(rows: list[dict], path: str, title: str) -> None:
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  names = [r["granularity"] for r in rows]
-  x = np.arange(len(rows))
-  fig, axes = plt.subplots(1, 2, figsize=(9, 3.5))
-  for ax, key, label in ((axes[0], "success_rate", "success rate (similarity >= 0.9)"),
+  repos = list(dict.fromkeys(r["repo"] for r in rows))
+  fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+  for ax, key, label in ((axes[0], "success", "similarity >= 0.9, per sample"),
                          (axes[1], "groups_with_signal", "groups with signal")):
-    values = [r.get(key, 0.0) for r in rows]
-    ax.bar(x, values, color="tab:blue")
-    if key == "success_rate":
-      upper = [r.get("success_rate_upper95") or 0.0 for r in rows]
-      ax.errorbar(x, values, yerr=[np.zeros(len(rows)), upper], fmt="none", ecolor="k",
-                  capsize=4, label="95% upper bound when none")
-      ax.legend(fontsize=7)
-    for i, r in enumerate(rows):
-      ax.annotate(f"{r['kept']}/{r['tasks']} tasks fit", (i, 0), textcoords="offset points",
-                  xytext=(0, 3), ha="center", fontsize=7)
-    ax.set_xticks(x, names)
-    ax.set_ylim(0, 1)
-    ax.set_title(label, fontsize=9)
+    for k, repo in enumerate(repos):
+      mine = [r for r in rows if r["repo"] == repo]
+      x = np.arange(len(mine)) + 0.35 * (k - (len(repos) - 1) / 2)
+      got = [r.get(key) or {"rate": 0.0, "lo": 0.0, "hi": 0.0} for r in mine]
+      values = np.array([g["rate"] for g in got])
+      err = np.array([[v - g["lo"] for v, g in zip(values, got)],
+                      [g["hi"] - v for v, g in zip(values, got)]])
+      ax.bar(x, values, width=0.35, label=repo, yerr=err, capsize=3)
+    ax.set_xticks(np.arange(len(GRANULARITIES)), GRANULARITIES)
+    ax.set_yscale("symlog", linthresh=1e-3)
+    ax.axhline(0.01, color="gray", lw=0.8, ls="--")
+    ax.axhline(0.001, color="gray", lw=0.8, ls=":")
+    ax.set_title(label + " (95% Wilson)", fontsize=9)
+    ax.legend(fontsize=7)
   fig.suptitle(title, fontsize=9)
   fig.tight_layout()
   fig.savefig(path, dpi=120)
@@ -149,20 +187,21 @@ def plot(rows: list[dict], path: str, title: str) -> None:
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--config", default=CONFIG)
-  parser.add_argument("--repo", default="", help="default: the config's data.repo")
-  parser.add_argument("--workdir", default="workdirs/grpo_diffs")
-  parser.add_argument("--split", default="", help="default: the config's eval split")
-  parser.add_argument("--samples", type=int, default=8, help="G, completions per task")
+  parser.add_argument("--workdir", default="workdirs/grpo_pr_diffs")
+  parser.add_argument("--split", default="test", help="the held-out split (default test)")
+  parser.add_argument("--samples", type=int, default=0,
+                      help="G, completions per task (default: the config's rl.group_size)")
+  parser.add_argument("--max-tasks", type=int, default=100,
+                      help="fitting tasks sampled per repository and granularity (0: all)")
   parser.add_argument("--out", default="experiments/out/decomposition.json")
   args, overrides = parser.parse_known_args(argv)
   for item in overrides:
     if not item.startswith(config_lib.PREFIX):
       parser.error(f"unknown argument {item!r}")
   overrides = [f"--config.workdir={args.workdir}", *overrides]
-  if args.repo:
-    overrides.append(f"--config.data.repo={args.repo}")
   config = config_lib.load_config(args.config, overrides)
   config.train.progress_bar = False
+  samples = args.samples or config.rl.group_size
 
   mesh = sharding.mesh_from_config(config.mesh)
   start = time.perf_counter()
@@ -171,24 +210,26 @@ def main(argv=None):
     print(f"no checkpoint in {args.workdir}: training the policy there", file=sys.stderr)
     train.train(config)
   model, tokenizer, step, _ = evaluate.restore_policy(config, args.workdir, mesh)
-  split = args.split or config.data.eval_split
-  rows = [measure(config, model, tokenizer, mesh, g, split, args.samples, config.seed + 7919)
-          for g in GRANULARITIES]
+  repos = config.data.repo if isinstance(config.data.repo, tuple) else (config.data.repo,)
+  rows = [measure(config, model, tokenizer, mesh, repo, g, args.split, samples,
+                  args.max_tasks, config.seed + 7919)
+          for repo in repos for g in GRANULARITIES]
   seconds = time.perf_counter() - start
 
   print(table(rows))
-  mined = sources.builder(config.data).builder_config
-  result = {"repo": mined.mining.source, "head": mined.head,
-            "split": split, "policy": {"workdir": args.workdir, "step": step,
-                                       "trained_here": trained_here, "overrides": overrides},
-            "samples_per_task": args.samples, "max_new_tokens": config.eval.max_new_tokens,
+  heads = {os.path.basename(b.builder_config.mining.source): b.builder_config.head
+           for b in sources.builders(config.data)}
+  result = {"heads": heads, "split": args.split,
+            "policy": {"workdir": args.workdir, "step": step, "trained_here": trained_here,
+                       "overrides": overrides},
+            "samples_per_task": samples, "max_tasks": args.max_tasks,
+            "max_new_tokens": config.eval.max_new_tokens,
             "temperature": config.eval.temperature, "seconds": seconds, "rows": rows}
   os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
   with open(args.out, "w") as f:
     json.dump(result, f, indent=2)
   png = os.path.splitext(args.out)[0] + ".png"
-  plot(rows, png, f"{os.path.basename(result['repo'])} @ {result['head'][:8]}, "
-       f"{split} split, G={args.samples}, policy step {step}")
+  plot(rows, png, f"{args.split} split, G={samples}, policy step {step}")
   print(f"wrote {args.out} and {png} ({seconds:.0f} s)")
 
 

@@ -1,9 +1,11 @@
-"""`rlcode <command> ...`: train, eval, sample, plot, mine, plan.
+"""`rlcode <command> ...`: train, train-rm, eval, sample, plot, mine, plan.
 
     rlcode train  --config configs/grpo_tiny.py [--config.a.b=value ...]
                   [--coordinator HOST:PORT --num-processes N --process-id I]
+    rlcode train-rm --config configs/rm_choices.py
     rlcode eval   --tasks humaneval --completions samples.jsonl [--k 1,10,100]
     rlcode eval   --config configs/grpo_tiny.py --checkpoint workdirs/grpo_tiny
+    rlcode eval   ... --select first,majority,rm,oracle --k 1,4,16,64 [--rm workdirs/rm_choices]
     rlcode sample --config configs/sample_tiny.py
     rlcode plot   workdirs/grpo_tiny
     rlcode mine   data/repos/more-itertools.bundle --out /tmp/tfds [--granularity hunk ...]
@@ -45,6 +47,8 @@ def _parse(argv: Sequence[str]):
   train.add_argument("--num-processes", type=int,
                      help="processes in the run (or $JAX_NUM_PROCESSES)")
   train.add_argument("--process-id", type=int, help="this process, 0..N-1 (or $JAX_PROCESS_ID)")
+  train_rm = commands.add_parser("train-rm", help="train a reward model on choices")
+  train_rm.add_argument("--config", required=True, help=config_help)
   sample = commands.add_parser("sample", help="sample completions from a policy")
   sample.add_argument("--config", required=True, help=config_help)
   ev = commands.add_parser("eval", help="pass@k of a completions file or of a checkpoint")
@@ -55,6 +59,10 @@ def _parse(argv: Sequence[str]):
   ev.add_argument("--k", default="1,10,100", help="comma-separated k for pass@k")
   ev.add_argument("--out", default="", help="directory for the report (default: beside the input)")
   ev.add_argument("--workers", type=int, default=None, help="sandbox workers (default: CPUs)")
+  ev.add_argument("--select", default="", help="selectors among k samples, comma-separated: "
+                  "first, majority, rm, oracle (selector@k instead of pass@k)")
+  ev.add_argument("--rm", default="", help="the reward model's workdir, for --select rm")
+  ev.add_argument("--inputs", default="tests", help="majority vote's inputs: tests or prompt")
   plot = commands.add_parser("plot", help="PNG curves of a workdir's metrics.jsonl")
   plot.add_argument("workdir")
   plan = commands.add_parser("plan", help="per-device memory, FLOPs, collectives and time of a "
@@ -111,11 +119,20 @@ def _ks(text: str) -> list[int]:
 
 
 def _eval(parser, args, overrides) -> None:
-  from rlcode import evaluate
+  from rlcode import evaluate, selection
   ks = _ks(args.k)
+  selectors = [x.strip() for x in args.select.split(",") if x.strip()]
+  select = dict(selectors=selectors, ks=ks, rm_checkpoint=args.rm,
+                behaviour_inputs=args.inputs)
   if args.completions:
     if not args.tasks or args.checkpoint:
       parser.error("eval --completions needs --tasks (and no --checkpoint)")
+    if selectors:
+      tasks = _tasks(args.tasks)
+      pairs = evaluate.read_completions(args.completions, tasks)
+      table = evaluate.evaluate_selection(tasks, pairs, workers=args.workers, **select)
+      print(selection.format_table(table, selectors))
+      return
     out = args.out or os.path.dirname(os.path.abspath(args.completions))
     report = evaluate.evaluate_completions_file(_tasks(args.tasks), args.completions,
                                                 out_dir=out, k=ks, workers=args.workers,
@@ -125,6 +142,10 @@ def _eval(parser, args, overrides) -> None:
   if not (args.config and args.checkpoint):
     parser.error("eval needs --tasks with --completions, or --config with --checkpoint")
   config = config_lib.load_config(args.config, overrides)
+  if selectors:
+    table = evaluate.sample_and_select(config, args.checkpoint, **select)
+    print(selection.format_table(table, selectors))
+    return
   result = evaluate.evaluate_checkpoint(config, args.checkpoint, ks=ks)
   print(json.dumps(result, indent=2))
 
@@ -162,10 +183,19 @@ def _run(parser, args, overrides) -> None:
         json.dump({"hardware": hw.name, "result": result, "estimate": est}, f, indent=1)
   else:
     config = config_lib.load_config(args.config, overrides)
-    if args.command == "train":
+    if args.command == "train" and "agent" in config:
+      if args.coordinator or args.num_processes:
+        raise BadInput("--coordinator/--num-processes: multi-turn agent configs train in one "
+                       "process (multi-process runs are GRPO's, rlcode.train)")
+      from rlcode.agent import train as agent_train  # multi-turn episodes with tools
+      agent_train.train(config)
+    elif args.command == "train":
       from rlcode import distributed, train
       distributed.initialize(args.coordinator, args.num_processes, args.process_id)
       train.train(config)
+    elif args.command == "train-rm":
+      from rlcode.rm import train as rm_train
+      rm_train.train_rm(config)
     else:
       from rlcode import jobs
       jobs.sample(config)

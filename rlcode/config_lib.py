@@ -24,7 +24,8 @@ RUN_CONFIG = "config.json"
 # What a resumed run may change: where it writes, how long it runs, how often it
 # evaluates and saves, where prepared datasets are cached, whether a bar is drawn.
 RESUMABLE_KEYS = ("workdir", "train.steps", "train.eval_every", "train.checkpoint_every",
-                  "train.keep_checkpoints", "train.progress_bar", "data.data_dir")
+                  "train.keep_checkpoints", "train.progress_bar", "data.data_dir",
+                  "warmstart.cache_dir")
 
 
 def load_config(spec: str, overrides: Sequence[str] = ()) -> ml_collections.ConfigDict:

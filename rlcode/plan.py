@@ -459,9 +459,11 @@ def analyse(config, devices: int, mesh_spec: str, sampler_spec: str, prompt_len:
                 for x in cache_shape.v),
         lengths=on(("batch",), (rows,), jnp.int32))
     first_logits = on(("batch", "vocab"), (rows, cfg.vocab_size), jnp.float32)
+    done = on(("batch",), (rows,), jnp.bool_)
   key = jax.eval_shape(lambda: jax.random.key(0))
-  decode = sampling._decode.lower(
-      sampler_state, first_logits, prefix, cache, key, jax.ShapeDtypeStruct((), jnp.int32),
+  decode = sampling.decode.lower(
+      sampler_state, first_logits, prefix, cache, key, done,
+      jax.ShapeDtypeStruct((), jnp.int32),
       graphdef=full_graphdef, max_new_tokens=tc, temperature=float(rl.temperature), top_k=0,
       top_p=1.0, stop_tokens=(2,), pad_id=0, mesh=sampler_mesh).compile(COMPILE_OPTIONS)
 

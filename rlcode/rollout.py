@@ -185,28 +185,30 @@ LENGTH_MULTIPLE = 32
 def sequence_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
                    prompt_index: Sequence[int], *, pad_id: int, old_logp=None,
                    adv=None, window: int | None = None,
+                   multiple: int = LENGTH_MULTIPLE,
                    min_prompt_len: int = 0) -> grpo.SequenceBatch:
   """Host arrays of prompt + completion rows and each row's completion window.
 
   The window is `window` positions wide (default: the longest completion rounded up to
-  a multiple of 32); rows are right-padded to a multiple of 32 long enough for every
-  row's window after its prompt, and after a prompt of `min_prompt_len` tokens (so
-  processes that each build part of one batch agree on its length). Multiples rather
-  than powers of two: the update's cost is linear in the padded lengths, and the few
-  lengths a run meets compile once each.
+  a multiple of `multiple`); rows are right-padded to a multiple of `multiple` long
+  enough for every row's window after its prompt, and after a prompt of
+  `min_prompt_len` tokens (so processes that each build part of one batch agree on its
+  length). Multiples rather than powers of two: the update's cost is linear in the
+  padded lengths, and the few lengths a run meets compile once each (a larger
+  multiple: fewer shapes to compile, more padding).
 
   old_logp[i] holds the behaviour log-probabilities of completion i's tokens
   (its first len(completions[i]) entries are used).
   """
   n = len(completions)
   longest = max(len(c) for c in completions)
-  width = round_up(max(longest, 1), LENGTH_MULTIPLE) if window is None else window
+  width = round_up(max(longest, 1), multiple) if window is None else window
   if longest > width:
     raise ValueError(f"a completion has {longest} tokens, more than the window of {width}")
   plens = [len(prompts[p]) for p in prompt_index]
   if min(plens) < 1:
     raise ValueError("sequence_batch: a prompt is empty")
-  seq_len = round_up(max(max(plens), min_prompt_len) + width, LENGTH_MULTIPLE)
+  seq_len = round_up(max(max(plens), min_prompt_len) + width, multiple)
   tokens = np.full((n, seq_len), pad_id, np.int32)
   mask = np.zeros((n, width), np.float32)
   old = np.zeros((n, width), np.float32)
@@ -231,26 +233,30 @@ def batch_widths(rollout: Rollout) -> tuple[int, int]:
 
 
 def rl_batch(rollout: Rollout, adv: np.ndarray, pad_id: int, max_completion_len: int,
+             multiple: int = LENGTH_MULTIPLE,
              widths: tuple[int, int] | None = None) -> grpo.SequenceBatch:
   """The rollout's batch of trained tokens (`trained_completions`); the window is the
-  longest rounded up to a multiple of 32, at most max_completion_len (as
+  longest rounded up to a multiple of `multiple`, at most max_completion_len (as
   rlcode.shared_prefix.rl_batch). `widths` (default: `batch_widths(rollout)`) pads for
   longer completions and prompts: processes building parts of one batch pass the
   maximum of theirs."""
   completions, logprobs = trained_completions(rollout)
   longest, longest_prompt = widths or batch_widths(rollout)
-  window = min(round_up(longest, LENGTH_MULTIPLE), max_completion_len)
+  window = min(round_up(longest, multiple), max_completion_len)
   return sequence_batch(rollout.prompts, completions, rollout.generation.prompt_index,
                         pad_id=pad_id, old_logp=logprobs, adv=adv, window=window,
-                        min_prompt_len=longest_prompt)
+                        multiple=multiple, min_prompt_len=longest_prompt)
 
 
-def sft_batch(tokenizer: Tokenizer, tasks: Sequence[Task]) -> grpo.SequenceBatch:
-  """Prompt + reference solution + end-of-sequence, for supervised warm starts."""
+def sft_batch(tokenizer: Tokenizer, tasks: Sequence[Task],
+              multiple: int = LENGTH_MULTIPLE) -> grpo.SequenceBatch:
+  """Prompt + reference solution + end-of-sequence, for supervised warm starts; lengths
+  padded to multiples of `multiple` (`sequence_batch`)."""
   prompts = encode_prompts(tokenizer, tasks)
   eos = list(tokenizer.eos_ids[:1])
   targets = [tokenizer.encode(t.reference)[_bos_len(tokenizer):] + eos for t in tasks]
-  return sequence_batch(prompts, targets, range(len(tasks)), pad_id=tokenizer.pad_id)
+  return sequence_batch(prompts, targets, range(len(tasks)), pad_id=tokenizer.pad_id,
+                        multiple=multiple)
 
 
 def _bos_len(tokenizer: Tokenizer) -> int:

@@ -90,7 +90,8 @@ def sample_logits(logits_bv: jax.Array, keys_b: jax.Array, *, temperature: float
   return tok, jnp.take_along_axis(logp, tok[:, None], -1)[:, 0]
 
 
-def _row_keys(key, step, rows_b):
+def row_keys(key, step, rows_b):
+  """Per-row sampling keys of one decode step: (key, step, row) folded in."""
   step_key = jax.random.fold_in(key, step)
   return jax.vmap(lambda r: jax.random.fold_in(step_key, r))(rows_b)
 
@@ -154,10 +155,19 @@ def _prefill_fn(mesh: Mesh | None, num_layers: int, offload_kv: bool):
 
 @functools.partial(jax.jit, static_argnames=(
     "graphdef", "max_new_tokens", "temperature", "top_k", "top_p", "stop_tokens", "pad_id",
-    "mesh"))
-def _decode(state, first_logits, prefix, cache, key, row_offset, *, graphdef, max_new_tokens,
-            temperature, top_k, top_p, stop_tokens, pad_id, mesh):
-  """The decode loop: one token per row per step until all rows stopped."""
+    "mesh"), donate_argnames=("cache",))
+def decode(state, first_logits, prefix, cache, key, done, row_offset=0, *, graphdef,
+           max_new_tokens, temperature, top_k, top_p, stop_tokens, pad_id, mesh):
+  """The decode loop: one token per row per step until all rows stopped.
+
+  first_logits [B, V] predict each row's first token; `done` [B] marks rows that take
+  no part (they sample nothing: length 0, pad tokens); row r draws the randomness of
+  global row `row_offset + r` (a process's share of a larger batch). Returns (tokens
+  [B, max_new_tokens], logprobs, lengths [B], done [B] (a row stopped, or was done from
+  the start), cache). The returned cache holds each row's tokens but its last one (the
+  last token sampled is never fed back); its `lengths` advanced by the number of loop
+  steps for every row, so a caller that continues a row resets them (rlcode.agent.sampler).
+  """
   with _context(mesh):
     model: Decoder = nnx.merge(graphdef, state)
     b = first_logits.shape[0]
@@ -174,10 +184,10 @@ def _decode(state, first_logits, prefix, cache, key, row_offset, *, graphdef, ma
       return out_tok, out_lp, done, n
 
     sample = functools.partial(sample_logits, temperature=temperature, top_k=top_k, top_p=top_p)
-    tok, lp = sample(first_logits, _row_keys(key, 0, rows))
+    tok, lp = sample(first_logits, row_keys(key, 0, rows))
     out = record((jnp.full((b, max_new_tokens), pad_id, jnp.int32),
                   jnp.zeros((b, max_new_tokens), jnp.float32),
-                  jnp.zeros((b,), bool), jnp.zeros((b,), jnp.int32)), 0, tok, lp)
+                  done, jnp.zeros((b,), jnp.int32)), 0, tok, lp)
 
     def cond(loop):
       step, _, _, (_, _, done, _) = loop
@@ -186,12 +196,45 @@ def _decode(state, first_logits, prefix, cache, key, row_offset, *, graphdef, ma
     def body(loop):
       step, tok, cache, out = loop
       h, cache = model.hidden(tok[:, None], cache=cache, prefix=prefix)
-      tok, lp = sample(model.logits(h)[:, 0], _row_keys(key, step, rows))
+      tok, lp = sample(model.logits(h)[:, 0], row_keys(key, step, rows))
       return step + 1, tok, cache, record(out, step, tok, lp)
 
-    _, _, _, (out_tok, out_lp, done, n) = jax.lax.while_loop(
+    _, _, cache, (out_tok, out_lp, done, n) = jax.lax.while_loop(
         cond, body, (jnp.int32(1), tok, cache, out))
-    return out_tok, out_lp, n, done
+    return out_tok, out_lp, n, done, cache
+
+
+def prefill(model: Decoder, prompts: Sequence[Sequence[int]], *, group_size: int,
+            cache_size: int, pad_id: int = 0, mesh: Mesh | None = None,
+            share_prompt: bool = True, offload_kv: bool = False, min_prompts: int = 0):
+  """Each prompt once; returns (first_logits [B, V], prefix, cache) for `decode`.
+
+  The P prompts are padded into bucketed shapes: P to a power of two (at least the
+  mesh's data-parallel size and `min_prompts`), so B = P_pad * group_size rows,
+  prompt-major, of which the first P * group_size are real. With share_prompt the prompts' KV is a Prefix
+  the G rows of a group read and the cache ([B, cache_size]) is empty; without, the
+  cache holds each row's copy of its prompt plus cache_size free positions.
+  """
+  graphdef, state = nnx.split(model)
+  lengths = [len(p) for p in prompts]
+  dp = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+  p = len(prompts)
+  p_pad = max(bucket(p), dp, bucket(min_prompts))
+  t_pad = bucket(max(lengths), MIN_PROMPT_BUCKET)
+  tokens = np.full((p_pad, t_pad), pad_id, np.int32)
+  for i, prompt in enumerate(prompts):
+    tokens[i, :lengths[i]] = prompt
+  prompt_lengths = np.ones((p_pad,), np.int32)
+  prompt_lengths[:p] = lengths
+  tokens, prompt_lengths = jnp.asarray(tokens), jnp.asarray(prompt_lengths)
+  if mesh is not None:
+    with sharding.activate(mesh):
+      tokens = jax.device_put(tokens, sharding.logical_sharding(("batch", "length")))
+      prompt_lengths = jax.device_put(prompt_lengths, sharding.logical_sharding(("batch",)))
+  fn = _prefill_fn(mesh, model.cfg.num_layers, bool(offload_kv))
+  return fn(state, tokens, prompt_lengths, graphdef=graphdef, group_size=group_size,
+            max_new_tokens=cache_size, mesh=mesh, share_prompt=share_prompt,
+            offload_kv=bool(offload_kv))
 
 
 def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens: int,
@@ -251,31 +294,16 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
                        f"{max_new_tokens} that exceeds the model's context of "
                        f"{cfg.max_seq_len} tokens")
   mesh = mesh if mesh is not None else sharding.active_mesh()
-  dp = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
-  p = len(prompts)
-  p_pad = max(bucket(p), dp)
-  t_pad = bucket(max(lengths), MIN_PROMPT_BUCKET)
-  tokens = np.full((p_pad, t_pad), pad_id, np.int32)
-  for i, prompt in enumerate(prompts):
-    tokens[i, :lengths[i]] = prompt
-  prompt_lengths = np.ones((p_pad,), np.int32)
-  prompt_lengths[:p] = lengths
-  tokens, prompt_lengths = jnp.asarray(tokens), jnp.asarray(prompt_lengths)
-  if mesh is not None:
-    with sharding.activate(mesh):
-      tokens = jax.device_put(tokens, sharding.logical_sharding(("batch", "length")))
-      prompt_lengths = jax.device_put(prompt_lengths, sharding.logical_sharding(("batch",)))
   graphdef, state = nnx.split(model)
   # An NSA layer's cache (compressed tokens, selection) is per row: no shared prompt.
   share = not has_nsa and (bool(offload_kv) or (bool(share_prompt) and group_size > 1))
-  prefill = _prefill_fn(mesh, cfg.num_layers, bool(offload_kv))
   first_logits, prefix, cache = prefill(
-      state, tokens, prompt_lengths, graphdef=graphdef, group_size=group_size,
-      max_new_tokens=max_new_tokens, mesh=mesh, share_prompt=share,
-      offload_kv=bool(offload_kv))
-  out_tok, out_lp, n, done = _decode(
-      state, first_logits, prefix, cache, jax.random.key(seed), jnp.int32(row_offset),
-      graphdef=graphdef,
+      model, prompts, group_size=group_size, cache_size=max_new_tokens,
+      pad_id=pad_id, mesh=mesh, share_prompt=share, offload_kv=bool(offload_kv))
+  p = len(prompts)
+  out_tok, out_lp, n, done, _ = decode(
+      state, first_logits, prefix, cache, jax.random.key(seed),
+      jnp.zeros((first_logits.shape[0],), bool), jnp.int32(row_offset), graphdef=graphdef,
       max_new_tokens=max_new_tokens, temperature=float(temperature), top_k=int(top_k),
       top_p=float(top_p), stop_tokens=tuple(int(s) for s in stop_tokens), pad_id=int(pad_id),
       mesh=mesh)

@@ -42,22 +42,23 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation, mesh: Mesh,
                  out_shardings=(state_sh, None), donate_argnums=(0,))
 
 
-def run(graphdef, params, tasks, tokenizer, mesh: Mesh, *, optimizer: grpo.OptimizerConfig,
-        batch_size: int, seed: int, steps: int | None = None, seconds: float | None = None,
-        progress: bool = False, desc: str = "sft") -> tuple[nnx.State, dict]:
-  """Cross-entropy steps on the tasks' reference solutions, from `params`.
+def train_on_batches(graphdef, params, next_batch, mesh: Mesh, *,
+                     optimizer: grpo.OptimizerConfig, batch_size: int,
+                     steps: int | None = None, seconds: float | None = None,
+                     progress: bool = False, desc: str = "sft") -> tuple[nnx.State, dict]:
+  """Cross-entropy steps from `params` on batches of `batch_size` rows from `next_batch()`
+  (SequenceBatches whose masks mark the targets).
 
   Runs `steps` steps, or, with `seconds`, steps until that much time was spent in them
   (a wall-clock budget, for controls that match another run's training time; batch
   building and the step count towards it, compilation of the first step too).
-  Batches come from a TaskStream seeded with `seed`. Returns the new params and
-  {"steps", "seconds", "loss_first", "loss_last", "target_tokens"}.
+  Returns the new params and {"steps", "seconds", "loss_first", "loss_last",
+  "target_tokens"}.
   """
   if (steps is None) == (seconds is None):
-    raise ValueError("sft.run: give exactly one of steps and seconds")
+    raise ValueError(f"{desc}: give exactly one of steps and seconds")
   opt = grpo.make_optimizer(optimizer)
   state = grpo.init_state(nnx.merge(graphdef, params), opt, mesh)
-  stream = rollout.TaskStream(tasks, batch_size, seed)
   example = grpo.SequenceBatch.abstract(batch_size)
   step_fn = make_sft_step(graphdef, opt, mesh, state, example)
   batch_sh = grpo.batch_shardings(mesh, example)
@@ -65,7 +66,7 @@ def run(graphdef, params, tasks, tokenizer, mesh: Mesh, *, optimizer: grpo.Optim
   bar = tqdm(total=steps, desc=desc, disable=not progress, leave=False)
   while (len(losses) < steps) if steps is not None else (spent < seconds):
     start = time.perf_counter()
-    batch = rollout.sft_batch(tokenizer, stream.next())
+    batch = next_batch()
     # Every process builds the whole batch (the same stream); each places its part.
     state, m = step_fn(state, distributed.put_global(batch, batch_sh))
     losses.append(m["sft_loss"])
@@ -78,3 +79,17 @@ def run(graphdef, params, tasks, tokenizer, mesh: Mesh, *, optimizer: grpo.Optim
   losses = [float(x) for x in jax.device_get(losses)]
   return state.params, {"steps": len(losses), "seconds": spent, "loss_first": losses[0],
                         "loss_last": losses[-1], "target_tokens": targets}
+
+
+def run(graphdef, params, tasks, tokenizer, mesh: Mesh, *, optimizer: grpo.OptimizerConfig,
+        batch_size: int, seed: int, steps: int | None = None, seconds: float | None = None,
+        multiple: int = rollout.LENGTH_MULTIPLE, progress: bool = False,
+        desc: str = "sft") -> tuple[nnx.State, dict]:
+  """`train_on_batches` on the tasks' reference solutions: batches from a TaskStream
+  seeded with `seed`, lengths padded to multiples of `multiple`
+  (rlcode.rollout.sft_batch)."""
+  stream = rollout.TaskStream(tasks, batch_size, seed)
+  return train_on_batches(
+      graphdef, params, lambda: rollout.sft_batch(tokenizer, stream.next(), multiple), mesh,
+      optimizer=optimizer, batch_size=batch_size, steps=steps, seconds=seconds,
+      progress=progress, desc=desc)

@@ -88,16 +88,20 @@ def logprob_fn(temperature: float):
 
 def grouped_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
                   pad_id: int, completion_len: int, old_logp=None, adv=None,
-                  padding_side: str = "right", min_prompt_len: int = 0) -> GroupedBatch:
+                  padding_side: str = "right", prompt_multiple: int = PROMPT_MULTIPLE,
+                  masks=None, min_prompt_len: int = 0) -> GroupedBatch:
   """Host arrays for the shared-prefix update.
 
   prompts: P token lists; completions: P*G token lists, prompt-major.
   completion_len: the padded completion length (the sampling budget, so one shape).
+  masks: per completion, 0/1 per token (a multi-turn trajectory trains on its own
+  turns, not on the observations between them); default all 1.
   padding_side: how `prompts` arrive when they are arrays padded to one length
   with pad_id: "right" (as given) or "left" (the pads are stripped here; the
   device layout is always right-padded).
-  min_prompt_len: pad prompts for at least this many tokens (processes that each
-  build part of one batch agree on its shape).
+  prompt_multiple: prompts are padded to a multiple of this, and for at least
+  `min_prompt_len` tokens (processes that each build part of one batch agree on its
+  shape).
   """
   if padding_side not in ("left", "right"):
     raise ValueError(f"padding_side={padding_side!r}: expected 'left' or 'right'")
@@ -113,7 +117,7 @@ def grouped_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequen
   if longest > completion_len:
     raise ValueError(f"a completion has {longest} tokens, more than completion_len="
                      f"{completion_len}")
-  tp = round_up(max(int(lengths.max()), min_prompt_len), PROMPT_MULTIPLE)
+  tp = round_up(max(int(lengths.max()), min_prompt_len), prompt_multiple)
   prompt_tokens = np.full((p, tp), pad_id, np.int32)
   for i, x in enumerate(prompts):
     prompt_tokens[i, :len(x)] = x
@@ -122,7 +126,7 @@ def grouped_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequen
   old = np.zeros((n, completion_len), np.float32)
   for i, c in enumerate(completions):
     tokens[i, :len(c)] = c
-    mask[i, :len(c)] = 1.0
+    mask[i, :len(c)] = 1.0 if masks is None else masks[i][:len(c)]
     if old_logp is not None:
       old[i, :len(c)] = old_logp[i][:len(c)]
   adv = np.zeros((n,), np.float32) if adv is None else np.asarray(adv, np.float32)
@@ -135,16 +139,18 @@ COMPLETION_MULTIPLE = 32
 
 
 def rl_batch(ro: rollout.Rollout, adv: np.ndarray, pad_id: int, max_completion_len: int,
+             multiple: int = COMPLETION_MULTIPLE,
              widths: tuple[int, int] | None = None) -> GroupedBatch:
   """The rollout's batch of trained tokens (rlcode.rollout.trained_completions),
-  completions padded to a multiple of 32 of the longest one (at most
-  max_completion_len): a few compiled shapes, little padding. `widths` as in
-  rlcode.rollout.rl_batch."""
+  completions padded to a multiple of `multiple` of the longest one (at most
+  max_completion_len) and prompts to a multiple of it: a few compiled shapes, little
+  padding. `widths` as in rlcode.rollout.rl_batch."""
   completions, logprobs = rollout.trained_completions(ro)
   longest, longest_prompt = widths or rollout.batch_widths(ro)
-  length = min(round_up(longest, COMPLETION_MULTIPLE), max_completion_len)
+  length = min(round_up(longest, multiple), max_completion_len)
   return grouped_batch(ro.prompts, completions, pad_id=pad_id, completion_len=length,
-                       old_logp=logprobs, adv=adv, min_prompt_len=longest_prompt)
+                       old_logp=logprobs, adv=adv, prompt_multiple=multiple,
+                       min_prompt_len=longest_prompt)
 
 
 def update_step(graphdef, optimizer, cfg: grpo.LossConfig, mesh, state, example: GroupedBatch):

@@ -14,12 +14,19 @@ config.sampler_mesh puts the sampler on its own devices. The same command runs a
 processes (rlcode.distributed): each samples its share of the prompts, the update
 is one program over all of them, and process 0 writes the files.
 
+Evaluation: every `train.eval_every` steps on `data.eval_split` (rows "eval/...",
+the split to tune on). With `data.test_split` set, the first and the last
+evaluation also cover that split (rows "test/..."): the held-out result of a
+configuration once it is tuned, before and after RL; leave it empty while tuning.
+
 An experiment that needs a different loop copies this file into experiments/
 rather than growing flags here.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import time
 
@@ -59,6 +66,8 @@ def train(config) -> list[dict]:
   with distributed.main_first("rlcode data"):
     train_tasks = sources.load(config.data, config.data.train_split)
     eval_tasks = sources.load_eval(config.data)
+    test_split = config.data.get("test_split") or ""
+    test_tasks = sources.load(config.data, test_split) if test_split else []
 
   # ══════════════════════════════════════════════════════════════ 3. model, optimiser, checkpoint
   model, tokenizer = build_model(config.model, mesh, config.seed)
@@ -70,6 +79,13 @@ def train(config) -> list[dict]:
                                            max_seq_len=model.cfg.max_seq_len,
                                            max_new_tokens=config.eval.max_new_tokens,
                                            drop_too_long=drop)
+  fit_test = {}
+  if test_split:
+    test_tasks, fit_test = rollout.fit_tasks(test_tasks, tokenizer, split="test",
+                                             max_seq_len=model.cfg.max_seq_len,
+                                             max_new_tokens=config.eval.max_new_tokens,
+                                             drop_too_long=drop)
+  multiple = int(rl.get("length_multiple", rollout.LENGTH_MULTIPLE))
   graphdef, params = nnx.split(model, nnx.Param)
   policy = lambda params: nnx.merge(graphdef, params)
   optimizer = grpo.make_optimizer(grpo.OptimizerConfig.from_config(config.optimizer))
@@ -82,10 +98,14 @@ def train(config) -> list[dict]:
     metrics = MetricsWriter(config.workdir, enabled=main)
     if main:
       config_lib.write_run_config(config, config.workdir)
+    fit_warm = {}
     if config.warmstart.steps > 0:
-      params = warm_start(config, graphdef, params, train_tasks, tokenizer, mesh, metrics)
+      with distributed.main_first("rlcode warm-start data"):
+        warm_tasks, fit_warm = warm_start_tasks(config, tokenizer, model.cfg.max_seq_len,
+                                                train_tasks)
+      params = warm_start(config, graphdef, params, warm_tasks, tokenizer, mesh, metrics)
     if drop:
-      metrics.write(0, {**fit_train, **fit_eval})
+      metrics.write(0, {**fit_train, **fit_eval, **fit_test, **fit_warm})
     state = grpo.init_state(policy(params), optimizer, mesh)
     ref_params = jax.tree.map(lambda x: x.copy(), params) if keeps_reference else {}
     if config.warmstart.steps > 0:
@@ -123,6 +143,17 @@ def train(config) -> list[dict]:
   store = async_rollouts.WeightStore(rl.max_staleness, rl.sample_version)
   store.publish(start_step, sync(state.params)[0])
 
+  def run_eval(step, test=False):
+    """The validation split (and the test split, with `test`) with the trainer's newest
+    params, on the sampler's devices."""
+    _, weights = store.latest()
+    row = {}
+    for prefix, tasks in (("eval", eval_tasks), ("test", test_tasks if test else [])):
+      if tasks:
+        result = evaluate.held_out_eval(config, policy(weights), tokenizer, tasks, sampler_mesh)
+        row.update({f"{prefix}/{k}": v for k, v in result.items()})
+    rows.append(metrics.write(step, row))
+
   def produce(step, version, weights):
     """In the sampler thread: this process's share of step `step`'s rollouts."""
     tasks = share.take(stream.next())
@@ -136,14 +167,9 @@ def train(config) -> list[dict]:
     adv = grpo.group_advantages(reward.scores, rl.group_size, rl.advantage)
     return ro, adv, reward_s, stream.position
 
-  def run_eval(step):
-    _, weights = store.latest()  # the trainer's newest params, on the sampler's devices
-    result = evaluate.held_out_eval(config, policy(weights), tokenizer, eval_tasks, sampler_mesh)
-    rows.append(metrics.write(step, {f"eval/{k}": v for k, v in result.items()}))
-
   # ══════════════════════════════════════════════════════════════ 5. loop
   if start_step == 0 and config.train.eval_every:
-    run_eval(0)
+    run_eval(0, test=True)
   bar = tqdm(range(start_step, config.train.steps), initial=start_step,
              total=config.train.steps, desc="grpo",
              disable=not (config.train.progress_bar and main))
@@ -157,7 +183,7 @@ def train(config) -> list[dict]:
       seen = distributed.gather(_row_stats(got))
       widths = tuple(int(w) for w in seen["widths"].reshape(-1, 2).max(0))
       batch = distributed.global_batch(
-          make_batch(ro, adv, tokenizer.pad_id, rl.max_new_tokens, widths), batch_sh)
+          make_batch(ro, adv, tokenizer.pad_id, rl.max_new_tokens, multiple, widths), batch_sh)
       lag = step - seen["version"]
 
       start = time.perf_counter()
@@ -209,7 +235,7 @@ def train(config) -> list[dict]:
       done = step + 1
       if config.train.eval_every and (done % config.train.eval_every == 0
                                       or done == config.train.steps):
-        run_eval(done)
+        run_eval(done, test=done == config.train.steps)
       if done % config.train.checkpoint_every == 0 or done == config.train.steps:
         ckpt.save(done, {"state": state, "ref": ref_params},
                   {"data_position": position, "seed": config.seed, "step": done})
@@ -232,15 +258,53 @@ def save_checkpoint(directory: str, step: int, state, ref_params, meta: dict) ->
   ckpt.close()
 
 
+def warm_start_tasks(config, tokenizer, max_seq_len: int, train_tasks):
+  """The warm start's tasks: the training tasks, and the train split of
+  `warmstart.data` (a data section like config.data) when the config has one, fitted
+  to the context as the training tasks are (dropped and counted, "data/warmstart_*").
+
+  Returns (tasks, counts).
+  """
+  extra_cfg = config.warmstart.get("data")
+  if not extra_cfg:
+    return list(train_tasks), {}
+  extra, counts = rollout.fit_tasks(
+      sources.load(extra_cfg, extra_cfg.train_split), tokenizer, split="warmstart",
+      max_seq_len=max_seq_len, max_new_tokens=config.rl.max_new_tokens, drop_too_long=True)
+  return list(train_tasks) + extra, counts
+
+
 def warm_start(config, graphdef, params, tasks, tokenizer, mesh, metrics):
-  """Supervised steps on reference solutions; returns the params (logs one step-0 row)."""
+  """Supervised steps on reference solutions; returns the params (logs one step-0 row).
+
+  Batches are padded to multiples of `rl.length_multiple` (default 32), as the GRPO
+  updates are. With `warmstart.cache_dir` set, the result is kept there under a hash
+  of everything it depends on (`warm_start_key`) and a later run with the same key
+  loads it instead of training again: several runs (arms of an experiment, a
+  cross-entropy control) then start from the very same parameters.
+  """
   ws = config.warmstart
+  cache = (os.path.join(ws.cache_dir, warm_start_key(config))
+           if ws.get("cache_dir") else "")
+  if cache and checkpoint.Checkpointer(cache).latest_step() is not None:
+    ckpt = checkpoint.Checkpointer(cache)
+    params, row, _ = ckpt.restore(checkpoint.abstract_like(params))
+    ckpt.close()
+    metrics.write(0, row)
+    return params
   params, stats = sft.run(graphdef, params, tasks, tokenizer, mesh,
                           optimizer=grpo.OptimizerConfig.from_config(ws.optimizer),
                           batch_size=ws.batch_size, seed=config.seed + 1, steps=ws.steps,
+                          multiple=int(config.rl.get("length_multiple", rollout.LENGTH_MULTIPLE)),
                           progress=config.train.progress_bar, desc="warm start")
-  metrics.write(0, {"sft_loss_first": stats["loss_first"], "sft_loss_last": stats["loss_last"],
-                    "sft_steps": ws.steps})
+  row = {"sft_loss_first": stats["loss_first"], "sft_loss_last": stats["loss_last"],
+         "sft_steps": ws.steps}
+  metrics.write(0, row)
+  if cache:
+    ckpt = checkpoint.Checkpointer(cache)
+    ckpt.save(ws.steps, params, row)
+    ckpt.wait()
+    ckpt.close()
   return params
 
 
@@ -259,6 +323,24 @@ def _row_stats(got: async_rollouts.Produced) -> dict[str, np.ndarray]:
       "widths": np.array(rollout.batch_widths(ro), np.int32),
       "rollout_seconds": one(ro.seconds), "reward_seconds": one(reward_s),
       "sampler_idle_seconds": one(got.sampler_idle_seconds)}
+
+
+def warm_start_key(config) -> str:
+  """A hash of what the warm start's parameters depend on: the seed, model, data,
+  warm-start settings (its cache_dir aside), the batch length multiple and the
+  rollout budget (which decides the training tasks that fit)."""
+  ws = {k: v for k, v in config.warmstart.to_dict().items() if k != "cache_dir"}
+  parts = {"seed": config.seed, "model": config.model.to_dict(), "data": config.data.to_dict(),
+           "warmstart": ws, "length_multiple": config.rl.get("length_multiple"),
+           # Tasks whose prompt leaves no room for the rollouts are dropped before it.
+           "max_new_tokens": config.rl.max_new_tokens}
+  # The data section's splits and evaluation size do not change the training tasks.
+  for key in ("eval_split", "test_split", "max_eval_tasks", "data_dir"):
+    parts["data"].pop(key, None)
+  if ws.get("data"):
+    ws["data"].pop("data_dir", None)  # where its datasets are cached, not what they hold
+  text = json.dumps(parts, sort_keys=True, default=list)
+  return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
 def _batch_tokens(batch) -> int:

@@ -99,7 +99,7 @@ def test_hand_computed_ratio():
   reward, details = diffs.score_details(answer(block("f.py", "a", "b")),
                                         files, oracle)
   assert reward == 16 / 17
-  assert details == {"similarities": {"f.py": 16 / 17}}
+  assert details == {"similarities": {"f.py": 16 / 17}, "exact": False}
 
 
 def test_two_file_mean_of_ratios():
@@ -208,10 +208,11 @@ def test_registered_batch_reward():
   out = rewards.get("diff")([sr, sr, sr, ud], completions)
   np.testing.assert_array_equal(
       out.scores, np.array([1.0, 0.5, -1.0, 16 / 17], np.float32))
-  assert out.details[1] == {"similarities": {"a.py": 0.0, "b.py": 1.0}}
+  assert out.details[1] == {"similarities": {"a.py": 0.0, "b.py": 1.0}, "exact": False}
   assert out.details[2]["error"] == "tag_count"
-  assert out.metrics == {"format_error_rate": 0.25, "exact_rate": 0.25,
-                         "success_rate": 0.50,
+  assert out.metrics == {"format_valid": 0.75, "reward_mean": pytest.approx(
+                             (1 + 0.5 - 1 + 16 / 17) / 4),
+                         "exact": 0.25, "success_rate": 0.50,
                          "similarity": pytest.approx((1 + 0.5 + 16 / 17) / 3)}
   mixed = rewards.compute({"diff": 2.0}, [sr, sr], completions[:2])
   np.testing.assert_array_equal(mixed.scores, np.array([2.0, 1.0], np.float32))
@@ -221,3 +222,25 @@ def test_registered_batch_reward():
 def test_batch_reward_rejects_other_task_kinds():
   with pytest.raises(ValueError, match="kind 'code'"):
     rewards.get("diff")([Task(id="c", prompt="p")], ["x"])
+
+
+def test_exact_is_the_same_change_after_normalisation():
+  # Patches are compared line by line (str.splitlines), so a prediction that
+  # drops the final newline or ends the line with CR/LF is the same change;
+  # one that also edits another file, or writes another line, is not.
+  files = {"f.py": "a\nb\n", "g.py": "x\n"}
+  oracle = {"f.py": "a\nB\n"}
+  same = answer(block("f.py", "a\nb", "a\nB"))
+  no_final_newline = answer(block("f.py", "a\nb\n", "a\nB"))
+  extra_file = answer(block("f.py", "b", "B"), block("g.py", "x", "y"))
+  other_line = answer(block("f.py", "b", "C"))
+  crlf = answer(block("f.py", "b", "B\r"))
+  tasks = [_task("t", files, oracle)] * 6
+  out = rewards.get("diff")(tasks, [same, no_final_newline, extra_file, other_line, crlf,
+                                    "no tags"])
+  assert [d.get("exact") for d in out.details] == [True, True, False, False, True, None]
+  np.testing.assert_array_equal(out.scores[[0, 1, 4]], [1.0, 1.0, 1.0])
+  assert out.scores[2] == 0.5 and out.scores[3] < 1.0
+  assert out.metrics["exact"] == 3 / 6
+  assert out.metrics["format_valid"] == 5 / 6
+  assert out.metrics["reward_mean"] == pytest.approx(float(out.scores.mean()))

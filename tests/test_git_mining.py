@@ -233,6 +233,62 @@ def test_time_split_fraction_and_cutoff(tmp_path):
   assert iso.report["split"]["cutoff_time"] == cutoff
 
 
+def test_validation_split_sits_between_train_and_test(tmp_path):
+  repo = _linear_repo(tmp_path / "lin", 10)
+  result = mine(MiningConfig(source=str(repo.path), test_fraction=0.2,
+                             validation_fraction=0.3))
+  times = {name: sorted(t.extra["time"] for t in tasks)
+           for name, tasks in result.splits.items()}
+  # 10 PRs at T0 + 100 ... T0 + 1000: the last 2 test, the 3 before them validation.
+  assert times == {"train": [T0 + 100 * k for k in range(1, 6)],
+                   "validation": [T0 + 600, T0 + 700, T0 + 800],
+                   "test": [T0 + 900, T0 + 1000]}
+  split = result.report["split"]
+  assert (split["train_commits"], split["validation_commits"], split["test_commits"]) == (5, 3, 2)
+  assert (split["validation_cutoff_time"], split["cutoff_time"]) == (T0 + 600, T0 + 900)
+  assert result.report["tasks"] == {"train": 5, "validation": 3, "test": 2}
+  # Without a validation fraction there is no such split.
+  assert set(mine(MiningConfig(source=str(repo.path))).splits) == {"train", "test"}
+  with pytest.raises(ValueError, match="validation_fraction=0.9"):
+    MiningConfig(source=str(repo.path), test_fraction=0.2, validation_fraction=0.9)
+
+
+def test_reference_without_context_and_brief_prompt(tmp_path):
+  repo = Repo(tmp_path / "ctx")
+  lines = [f"v{i} = {i}\n" for i in range(12)] + ["w = 0\n", "w = 0\n"]
+  repo.commit("Add", {"m.py": "".join(lines)})
+  changed = list(lines)
+  changed[5] = "v5 = 50\n"
+  changed[13] = "w = 1\n"
+  repo.commit("Change v5 and the last w", {"m.py": "".join(changed)})
+  tasks = {}
+  for context, instructions in ((3, True), (0, False)):
+    found = mine(MiningConfig(source=str(repo.path), test_fraction=0.0, context_lines=3,
+                              oracle_context_lines=context, instructions=instructions)
+                 ).splits["train"]
+    tasks[context] = next(t for t in found if "Change v5" in t.prompt)
+  _, solution = edits.extract_thought_solution(tasks[0].reference)
+  # Only the changed lines, except the second w: "w = 0" is not unique, so its
+  # block takes the line before it too.
+  assert edits.parse_search_replace(solution) == {
+      "m.py": [("v5 = 5", "v5 = 50"), ("w = 0\nw = 0", "w = 0\nw = 1")]}
+  _, solution = edits.extract_thought_solution(tasks[3].reference)
+  assert [s for s, _ in edits.parse_search_replace(solution)["m.py"]] == [
+      "".join(lines[2:9]).rstrip("\n"), "".join(lines[10:]).rstrip("\n")]
+  for task in tasks.values():
+    assert diffs.score(task.reference, task.extra["files"], task.extra["oracle"]) == 1.0
+  # The brief prompt is the full one without the format's explanation and example.
+  brief, full = tasks[0].prompt, tasks[3].prompt
+  body = brief[:brief.rindex("--- END FILE ---")]
+  assert brief.startswith("Here is a change request") and body in full
+  assert brief[len(body):] == ("--- END FILE ---\n\nMake the requested change: reasoning "
+                               "inside <think> </think>, then *SEARCH/REPLACE* edits inside "
+                               "<solution> </solution>.")
+  assert "<<<<<<< SEARCH" in full and "<<<<<<< SEARCH" not in brief
+  with pytest.raises(ValueError, match="oracle_context_lines=0"):
+    MiningConfig(source=str(repo.path), edit_format="unified_diff", oracle_context_lines=0)
+
+
 def test_commits_at_the_boundary_time_all_go_to_test(tmp_path):
   repo = Repo(tmp_path / "ties")
   for i in range(4):

@@ -1,8 +1,8 @@
 """configs/grpo_diffs.py end to end on a git history made here, and its pieces.
 
 The history's commits are built so that the number of hunk tasks, and which
-of them do not fit the test's context (a 2 kB line, a 2.5 kB new file), are
-known by construction.
+of them do not fit the test's context (a 2 kB line, a 2.5 kB new file, with the
+byte-level tokenizer these tests use), are known by construction.
 """
 
 from __future__ import annotations
@@ -15,7 +15,7 @@ import ml_collections
 import numpy as np
 import pytest
 
-from rlcode import checkpoint, config_lib, rollout, train
+from rlcode import checkpoint, config_lib, rollout, sft, train
 from rlcode.data import edits, sources
 from rlcode.data.git import EmptyRepositoryError, MiningConfig, NotARepositoryError, mine
 from rlcode.data.tasks import Task
@@ -25,6 +25,9 @@ from rlcode.models.tokenizer import ByteTokenizer
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "grpo_diffs.py")
 SMALL = [
+    "--config.model.tokenizer=bytes", "--config.model.arch.vocab_size=264",
+    "--config.data.mining.test_fraction=0.2", "--config.data.mining.validation_fraction=0.2",
+    "--config.data.mining.allow_added_files=true", "--config.data.mining.max_changed_lines=5000",
     "--config.model.arch.hidden_size=32", "--config.model.arch.intermediate_size=64",
     "--config.model.arch.num_layers=1", "--config.model.arch.num_heads=2",
     "--config.model.arch.num_kv_heads=1", "--config.model.arch.head_dim=16",
@@ -68,7 +71,8 @@ UTIL = '"""Helpers."""\n\n\ndef clamp(x, lo, hi):\n  return max(lo, min(x, hi))\
 
 
 def _shop_history(repo: Repo) -> None:
-  """Six commits: 7 hunk tasks in the first four (train), 3 in the last two (test)."""
+  """Six commits: 4 hunk tasks in the first two (train), 3 in the next two
+  (validation), 3 in the last two (test)."""
   repo.commit("Add the shop package", {                      # 3 hunks (new files)
       "shop/cart.py": CART, "shop/util.py": UTIL,
       "shop/data.py": "ROWS = [\n" + "  1,\n" * 600 + "]\n"})  # 2.4 kB answer
@@ -93,19 +97,29 @@ def shop(tmp_path_factory):
 
 
 def _config(shop, tmp_path, *extra):
-  return config_lib.load_config(CONFIG, SMALL + [
+  config = config_lib.load_config(CONFIG, SMALL + [
       f"--config.workdir={tmp_path / 'work'}", f"--config.data.repo={shop}",
       f"--config.data.data_dir={tmp_path / 'data'}", *extra])
+  # The warm start's extra data: the same history mined the same way (the real
+  # bundles take minutes to mine), so its counts are the training split's.
+  with config.unlocked():
+    config.warmstart.data = ml_collections.ConfigDict(dict(
+        source="git", repo=str(shop), data_dir=str(tmp_path / "data"), train_split="train",
+        mining=config.data.mining.to_dict()))
+  return config
 
 
 def test_grpo_steps_on_a_mined_history(shop, tmp_path):
-  train.train(_config(shop, tmp_path))
+  train.train(_config(shop, tmp_path, "--config.data.test_split=test"))
   rows = read_metrics(str(tmp_path / "work"))
   data = [r for r in rows if "data/train_kept" in r]
   assert data == [{
-      "step": 0, "data/train_kept": 5, "data/train_prompt_too_long": 1,
-      "data/train_reference_too_long": 1, "data/eval_kept": 3,
-      "data/eval_prompt_too_long": 0, "data/eval_reference_too_long": 0}]
+      "step": 0, "data/train_kept": 3, "data/train_prompt_too_long": 0,
+      "data/train_reference_too_long": 1, "data/eval_kept": 2,
+      "data/eval_prompt_too_long": 1, "data/eval_reference_too_long": 0,
+      "data/test_kept": 3, "data/test_prompt_too_long": 0, "data/test_reference_too_long": 0,
+      "data/warmstart_kept": 3, "data/warmstart_prompt_too_long": 0,
+      "data/warmstart_reference_too_long": 1}]
   steps = [r for r in rows if "loss" in r]
   assert [r["step"] for r in steps] == [1, 2]
   for r in steps:
@@ -113,13 +127,44 @@ def test_grpo_steps_on_a_mined_history(shop, tmp_path):
       assert np.isfinite(r[key]), key
     # 16 bytes cannot hold <think>..</think><solution>..</solution>: every
     # answer is a format error, scored -1 by the diff reward.
-    assert r["reward_mean"] == -1.0 and r["reward/diff/format_error_rate"] == 1.0
+    assert r["reward_mean"] == -1.0 and r["reward/diff/format_valid"] == 0.0
     assert r["groups_with_signal"] == 0.0
   evals = [r for r in rows if "eval/reward_mean" in r]
   assert [r["step"] for r in evals] == [0, 2]
   for r in evals:
-    assert r["eval/n_tasks"] == 3 and r["eval/n_samples"] == 6
-    assert r["eval/reward_mean"] == -1.0 and r["eval/diff/success_rate"] == 0.0
+    # The validation split every eval row covers; the test split the first and the last.
+    assert r["eval/n_tasks"] == 2 and r["eval/n_samples"] == 4
+    assert r["test/n_tasks"] == 3 and r["test/n_samples"] == 6
+    for split in ("eval", "test"):
+      assert r[f"{split}/reward_mean"] == -1.0 and r[f"{split}/diff/success_rate"] == 0.0
+      assert r[f"{split}/diff/format_valid"] == 0.0 and r[f"{split}/diff/exact"] == 0.0
+      assert r[f"{split}/diff/reward_mean"] == -1.0
+
+
+def test_warm_start_cache_is_reused_for_the_same_key_only(shop, tmp_path, monkeypatch):
+  only_warm_start = ["--config.train.steps=0", "--config.train.eval_every=0",
+                     f"--config.warmstart.cache_dir={tmp_path / 'cache'}"]
+  first = _config(shop, tmp_path / "a", *only_warm_start)
+  train.train(first)
+  [key] = os.listdir(tmp_path / "cache")
+  assert key == train.warm_start_key(first)
+
+  def refuse(*args, **kwargs):
+    raise AssertionError("the warm start ran again")
+
+  monkeypatch.setattr(sft, "make_sft_step", refuse)
+  # The same warm start (the evaluation splits and the workdir do not change it): loaded.
+  again = _config(shop, tmp_path / "b", *only_warm_start, "--config.data.test_split=test")
+  assert train.warm_start_key(again) == key
+  train.train(again)
+  sft_rows = [[r for r in read_metrics(str(tmp_path / d / "work")) if "sft_loss_last" in r]
+              for d in ("a", "b")]
+  assert sft_rows[0] == sft_rows[1] and len(sft_rows[0]) == 1
+  # Another seed is another warm start: it must train.
+  other = _config(shop, tmp_path / "c", *only_warm_start, "--config.seed=1")
+  assert train.warm_start_key(other) != key
+  with pytest.raises(AssertionError, match="ran again"):
+    train.train(other)
 
 
 def test_repo_that_is_not_a_repository_or_empty(tmp_path):
@@ -196,3 +241,25 @@ def test_checkpoint_under_a_relative_workdir(tmp_path, monkeypatch):
   ckpt.close()
   assert step == 1 and meta == {"seed": 0}
   np.testing.assert_array_equal(state["w"], np.arange(3.0))
+
+
+def test_several_repositories_mine_alike_and_merge_by_id(shop, tmp_path):
+  other = Repo(tmp_path / "other")
+  other.commit("Add", {"m.py": "a = 1\n"})
+  other.commit("Bump a", {"m.py": "a = 2\n"})
+  other.commit("Bump a again", {"m.py": "a = 3\n"})
+  one = lambda repo: _config(repo, tmp_path).data
+  both = _config(shop, tmp_path).data
+  with both.unlocked():
+    del both["repo"]
+    both.repo = (str(shop), str(other.path))
+  assert len(sources.builders(both)) == 2
+  for split in ("train", "validation", "test"):
+    merged = sources.load(both, split)
+    alone = sources.load(one(shop), split) + sources.load(one(other.path), split)
+    assert merged == sorted(alone, key=lambda t: t.id)
+    assert {t.extra["pr"] for t in merged} == {t.extra["pr"] for t in alone}
+  with both.unlocked():
+    both.repo = ()
+  with pytest.raises(ValueError, match="empty tuple"):
+    sources.load(both, "train")

@@ -98,10 +98,10 @@ def test_group_samples_differ_and_share_the_prompt(model):
 
 
 def test_prompt_lengths_share_compiled_shapes(model):
-  before = sampling._decode._cache_size()
+  before = sampling.decode._cache_size()
   for n in (2, 5, 9, 16):  # all in the 16-token bucket
     generate(model, [list(range(1, n + 1))], max_new_tokens=4, temperature=0.0)
-  assert sampling._decode._cache_size() - before <= 1
+  assert sampling.decode._cache_size() - before <= 1
 
 
 def test_top_k_one_and_tiny_top_p_are_greedy():

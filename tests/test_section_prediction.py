@@ -10,12 +10,15 @@ import pytest
 from rlcode import config_lib, rollout, train
 from rlcode.data import sources
 from rlcode.metrics import read_metrics
-from rlcode.models.tokenizer import ByteTokenizer
+from rlcode.models.tokenizer import load_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "section_prediction.py")
-# The config's data and rewards, a much smaller model and much shorter samples.
+# The config's data and rewards, a much smaller model over bytes (budgets in bytes) and
+# much shorter samples.
 SMALL = [
+    "--config.model.tokenizer=bytes", "--config.model.arch.vocab_size=264",
+    "--config.data.count_tokens=bytes",
     "--config.model.arch.hidden_size=32", "--config.model.arch.intermediate_size=64",
     "--config.model.arch.num_layers=1", "--config.model.arch.num_heads=2",
     "--config.model.arch.num_kv_heads=1", "--config.model.arch.head_dim=16",
@@ -37,10 +40,11 @@ def data_dir(tmp_path_factory):
 
 def test_every_prompt_and_reference_fits_the_context(data_dir):
   config = config_lib.load_config(CONFIG, [f"--config.data.data_dir={data_dir}"])
-  assert config.model.tokenizer == "" and not config.model.hf_path  # the byte tokenizer
+  # The budgets count the model's own tokenizer.
+  assert config.data.count_tokens == config.model.tokenizer and not config.model.hf_path
   context = config.model.arch.max_seq_len
-  tokenizer = ByteTokenizer()
-  for split in (config.data.train_split, config.data.eval_split):
+  tokenizer = load_tokenizer(sources.resolve(config.model.tokenizer))
+  for split in (config.data.train_split, config.data.eval_split, "test"):
     tasks = sources.load(config.data, split)
     assert tasks, split
     for task in tasks:

@@ -337,9 +337,9 @@ def apply_completion(completion: str, files: Mapping[str, str],
 # ---------------------------------------------------------------------------
 # Oracle answers.
 
-def line_hunks(old: str, new: str
+def line_hunks(old: str, new: str, context: int = 3
                ) -> tuple[list[str], list[str], list[tuple[int, int, int, int]]]:
-  """The hunks (3 context lines) that take `old` to `new`.
+  """The hunks (`context` unchanged lines around each change) that take `old` to `new`.
 
   Returns (old lines, new lines, [(i1, i2, j1, j2), ...]): hunk k replaces
   old lines [i1, i2) by new lines [j1, j2); hunks are ordered and disjoint.
@@ -349,7 +349,7 @@ def line_hunks(old: str, new: str
   hunks reproduces the text byte for byte.
   """
   a, b = split_keepends(old), split_keepends(new)
-  groups = difflib.SequenceMatcher(None, a, b).get_grouped_opcodes(3)
+  groups = difflib.SequenceMatcher(None, a, b).get_grouped_opcodes(context)
   return a, b, [(g[0][1], g[-1][2], g[0][3], g[-1][4]) for g in groups]
 
 
@@ -386,9 +386,14 @@ def _unique_at_line_start(content: str, search: str) -> bool:
   return first >= 0 and haystack.find(needle, first + 1) < 0
 
 
-def _file_blocks(path: str, old: str, new: str) -> list[str]:
-  """SEARCH/REPLACE blocks taking `old` to `new`, each unique when applied."""
-  a, b, groups = line_hunks(old, new)
+def _file_blocks(path: str, old: str, new: str, context: int) -> list[str]:
+  """SEARCH/REPLACE blocks taking `old` to `new`, each unique when applied.
+
+  Each block starts as a hunk with `context` unchanged lines around its change
+  and grows a line on each side until its SEARCH text occurs once (an empty
+  SEARCH, a pure insertion with no context, never does in a non-empty file).
+  """
+  a, b, groups = line_hunks(old, new, context)
   current = list(a)
   blocks = []
   shift = 0
@@ -444,8 +449,13 @@ def _range(start: int, stop: int) -> str:
 
 def oracle_completion(files: Mapping[str, str], oracle: Mapping[str, str],
                       edit_format: str = "search_replace",
-                      thought: str = "The change follows the request.") -> str:
+                      thought: str = "The change follows the request.",
+                      context_lines: int = 3) -> str:
   """A completion in `edit_format` that takes `files` to `oracle` exactly.
+
+  `context_lines`: the unchanged lines each SEARCH/REPLACE block starts with
+  around its change (3, as a unified diff's hunks; 0, the changed lines only,
+  widened just enough to be unique). A unified diff always has 3.
 
   Raises:
     ValueError: the format cannot express the change (for example a SEARCH
@@ -461,7 +471,7 @@ def oracle_completion(files: Mapping[str, str], oracle: Mapping[str, str],
     if old == new:
       continue
     if edit_format == "search_replace":
-      parts.extend(_file_blocks(path, old, new))
+      parts.extend(_file_blocks(path, old, new, context_lines))
     else:
       parts.append("```diff\n" + _render_unified_diff(path, old, new) + "\n```")
   completion = (f"{THINK_START}\n{thought}\n{THINK_END}\n{SOLUTION_START}\n"
@@ -537,10 +547,19 @@ hunk's lines. For example, to make `total` round its result:
 To create a new file, use "--- /dev/null" and a hunk "@@ -0,0 +1,N @@"."""
 
 
+_BRIEF = {
+    "search_replace": "Make the requested change: reasoning inside <think> </think>, then "
+                      "*SEARCH/REPLACE* edits inside <solution> </solution>.",
+    "unified_diff": "Make the requested change: reasoning inside <think> </think>, then a "
+                    "unified diff inside <solution> </solution>.",
+}
+
+
 def build_prompt(request: str, files: Mapping[str, str],
                  edit_format: str = "search_replace",
                  new_files: Iterable[str] = (),
-                 applied_diff: str = "") -> str:
+                 applied_diff: str = "",
+                 instructions: bool = True) -> str:
   """The prompt of a diff task.
 
   Args:
@@ -550,13 +569,16 @@ def build_prompt(request: str, files: Mapping[str, str],
     new_files: paths of `files` that do not exist yet (content "").
     applied_diff: for a task that is part of a larger change, the rest of the
       change as a unified diff; the files already include it.
+    instructions: explain the answer format with an example (True), or name it
+      in one closing line (False: about 400 fewer tokens, for a policy that
+      learns the format from a warm start).
   """
   if edit_format not in EDIT_FORMATS:
     raise ValueError(f"edit_format={edit_format!r}; expected one of "
                      f"{EDIT_FORMATS}")
   new_files = set(new_files)
-  parts = [_THINKING, "",
-           "Here is a change request for a repository:",
+  parts = [_THINKING, ""] if instructions else []
+  parts += ["Here is a change request for a repository:",
            "--- BEGIN REQUEST ---", request.strip(), "--- END REQUEST ---", ""]
   if applied_diff:
     parts += ["Part of this change has already been made (the files below "
@@ -572,6 +594,8 @@ def build_prompt(request: str, files: Mapping[str, str],
     else:
       parts.append(files[path].rstrip("\n"))
     parts.append("--- END FILE ---")
+  if not instructions:
+    return "\n".join(parts + ["", _BRIEF[edit_format]])
   parts += ["", "Make the requested change. "
             + (_SEARCH_REPLACE_HOWTO if edit_format == "search_replace"
                else _UNIFIED_DIFF_HOWTO)]

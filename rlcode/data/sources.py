@@ -3,13 +3,15 @@
     config.data.source = "jsonl"       # config.data.path: a problems file (data/tiny_tasks.jsonl)
     config.data.source = "humaneval"   # the 164 HumanEval problems (split "test")
     config.data.source = "git"         # config.data.repo: mined PRs (rlcode.data.git)
-                                       #   with config.data.mining: MiningConfig's other fields
+                                       #   with config.data.mining: MiningConfig's other fields;
+                                       #   a tuple of repositories mines each alike
     config.data.source = "sections"    # config.data.sources: documents (rlcode.data.sections)
 
 For "sections", config.data.count_tokens (default "words") is the unit of the
 SectionOptions budgets: "words" counts whitespace-separated words, "bytes" counts
-UTF-8 bytes, which are the tokens of a byte-level model (less its BOS), so a
-prompt's length in tokens is bounded by context_budget + 1.
+UTF-8 bytes, which are the tokens of a byte-level model (less its BOS), and a
+path to a tokenizer.json counts that tokenizer's tokens (less its BOS): with the
+model's own tokenizer a prompt's length in tokens is bounded by context_budget + 1.
 
 Prepared datasets live under config.data.data_dir, else $TFDS_DATA_DIR, else
 ~/.cache/rlcode/tfds. Relative paths are tried against the working directory,
@@ -40,9 +42,43 @@ def utf8_bytes(text: str) -> int:
   return len(text.encode("utf-8"))
 
 
+def _section_counter(unit: str) -> dict:
+  """SectionTasks' count_tokens and count_tokens_name for config.data.count_tokens."""
+  if unit == "words":
+    return {}
+  if unit == "bytes":
+    return dict(count_tokens=utf8_bytes, count_tokens_name="utf8_bytes")
+  path = resolve(unit)
+  if not unit.endswith(".json") or not os.path.isfile(path):
+    raise BadInput(f"config.data.count_tokens={unit!r}; expected one of {SECTION_COUNTS} "
+                   "or the path of a tokenizer.json")
+  import hashlib
+
+  from rlcode.models.tokenizer import load_tokenizer
+  tokenizer = load_tokenizer(path)
+  bos = len(tokenizer.encode(""))
+  with open(path, "rb") as f:
+    digest = hashlib.sha256(f.read()).hexdigest()[:12]
+  return dict(count_tokens=lambda text: len(tokenizer.encode(text)) - bos,
+              count_tokens_name=f"tokenizer_{digest}")
+
+
 def data_dir(data_cfg) -> str:
   return (data_cfg.get("data_dir") or os.environ.get("TFDS_DATA_DIR")
           or os.path.expanduser("~/.cache/rlcode/tfds"))
+
+
+def builders(data_cfg) -> list[TaskBuilder]:
+  """The builders a data section reads: one, or one per repository of a "git" source
+  whose config.data.repo is a tuple."""
+  repo = data_cfg.get("repo", "")
+  if data_cfg.source == "git" and isinstance(repo, (tuple, list)):
+    if not repo:
+      raise BadInput("config.data.repo is an empty tuple: name at least one repository")
+    import ml_collections
+    fields = data_cfg.to_dict()
+    return [builder(ml_collections.ConfigDict({**fields, "repo": one})) for one in repo]
+  return [builder(data_cfg)]
 
 
 def builder(data_cfg) -> TaskBuilder:
@@ -73,20 +109,19 @@ def builder(data_cfg) -> TaskBuilder:
     return GitDiffs(data_dir=root, mining=mining)
   if source == "sections":
     from rlcode.data.sections import SectionOptions, SectionTasks
-    unit = data_cfg.get("count_tokens", "words")
-    if unit not in SECTION_COUNTS:
-      raise BadInput(f"config.data.count_tokens={unit!r}; expected one of {SECTION_COUNTS}")
-    counter = {} if unit == "words" else dict(count_tokens=utf8_bytes,
-                                              count_tokens_name="utf8_bytes")
+    counter = _section_counter(data_cfg.get("count_tokens", "words"))
     return SectionTasks(data_dir=root, sources=tuple(resolve(s) for s in data_cfg.sources),
                         options=SectionOptions(**dict(data_cfg.options)), **counter)
   raise BadInput(f"config.data.source={source!r}; expected one of {SOURCES}")
 
 
 def load(data_cfg, split: str) -> list[Task]:
+  """The tasks of `split` of every builder (`builders`), sorted by id as each
+  builder's are (so max_eval_tasks takes from every repository)."""
   import tensorflow_datasets as tfds
   tfds.disable_progress_bar()
-  return load_tasks(builder(data_cfg), split)
+  tasks = [t for b in builders(data_cfg) for t in load_tasks(b, split)]
+  return sorted(tasks, key=lambda t: t.id)
 
 
 def load_eval(data_cfg) -> list[Task]:

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Sequence
 from typing import Protocol
 
@@ -24,28 +25,66 @@ class Tokenizer(Protocol):
   def decode(self, ids: Sequence[int]) -> str: ...
 
 
+# The special strings of the tool-calling chat format (rlcode.agent.chat), one token each
+# in the "bytes+tools" tokenizer, as they are in Qwen2.5's vocabulary.
+TOOL_SPECIALS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+
+
 class ByteTokenizer:
-  """Bytes 0..255 are tokens 0..255; then <pad>, <bos>, <eos>."""
+  """Bytes 0..255 are tokens 0..255; then <pad>, <bos>, <eos>, then `specials`.
+
+  Each special string is one token (ids 259, 260, ...): `encode` matches them in the
+  text before falling back to bytes, and `decode` writes them back as their strings.
+  """
 
   pad_id = 256
   bos_id = 257
   eos_id = 258
-  vocab_size = 259
 
-  def __init__(self, add_bos: bool = True):
+  def __init__(self, add_bos: bool = True, specials: Sequence[str] = ()):
     self.add_bos = add_bos
+    self.specials = tuple(specials)
+    if len(set(self.specials)) != len(self.specials) or not all(self.specials):
+      raise ValueError(f"specials must be distinct non-empty strings, got {self.specials}")
+    self._special_ids = {s: 259 + i for i, s in enumerate(self.specials)}
+    # Longest first, so a special that contains another wins.
+    self._pattern = (re.compile("|".join(re.escape(s) for s in sorted(
+        self.specials, key=len, reverse=True))) if self.specials else None)
+    self.vocab_size = 259 + len(self.specials)
 
   @property
   def eos_ids(self) -> tuple[int, ...]:
     return (self.eos_id,)
 
+  def special_id(self, text: str) -> int | None:
+    """The id of `text` when it is one token by itself, else None."""
+    if text in self._special_ids:
+      return self._special_ids[text]
+    data = text.encode("utf-8")
+    return data[0] if len(data) == 1 else None
+
   def encode(self, text: str) -> list[int]:
-    ids = list(text.encode("utf-8"))
-    return [self.bos_id] + ids if self.add_bos else ids
+    ids = [self.bos_id] if self.add_bos else []
+    start = 0
+    if self._pattern is not None:
+      for m in self._pattern.finditer(text):
+        ids += text[start:m.start()].encode("utf-8")
+        ids.append(self._special_ids[m.group()])
+        start = m.end()
+    ids += text[start:].encode("utf-8")
+    return ids
 
   def decode(self, ids: Sequence[int]) -> str:
-    data = bytes(int(i) for i in ids if 0 <= int(i) < 256)
-    return data.decode("utf-8", errors="replace")
+    out, data = [], bytearray()
+    for i in map(int, ids):
+      if 0 <= i < 256:
+        data.append(i)
+      elif 259 <= i < self.vocab_size:
+        out.append(data.decode("utf-8", errors="replace"))
+        data = bytearray()
+        out.append(self.specials[i - 259])
+    out.append(data.decode("utf-8", errors="replace"))
+    return "".join(out)
 
 
 _EOS_TOKENS = ("<|eos|>", "<eos>", "</s>", "<|endoftext|>")
@@ -95,9 +134,19 @@ class HFTokenizer:
   def decode(self, ids: Sequence[int]) -> str:
     return self._tok.decode([int(i) for i in ids])
 
+  def special_id(self, text: str) -> int | None:
+    """The id of `text` when it is one token by itself (an added special token), else None."""
+    return self._tok.token_to_id(text)
+
+
+BYTE_TOKENIZERS = ("bytes", "bytes+tools")
+
 
 def load_tokenizer(path: str | None) -> Tokenizer:
-  """tokenizer.json under `path`, or the byte-level tokenizer for path None/"bytes"."""
+  """tokenizer.json under `path`, or a byte-level tokenizer: path None/"bytes", or
+  "bytes+tools" (with TOOL_SPECIALS as single tokens)."""
   if path in (None, "bytes"):
     return ByteTokenizer()
+  if path == "bytes+tools":
+    return ByteTokenizer(specials=TOOL_SPECIALS)
   return HFTokenizer(path)

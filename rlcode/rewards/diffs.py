@@ -51,9 +51,10 @@ def _patches(files: Mapping[str, str], new: Mapping[str, str]) -> dict[str, str]
   return out
 
 
-def similarities(files: Mapping[str, str], oracle: Mapping[str, str],
-                 predicted: Mapping[str, str]) -> dict[str, float]:
-  """path -> similarity over the files either side changes.
+def compare(files: Mapping[str, str], oracle: Mapping[str, str],
+            predicted: Mapping[str, str]) -> tuple[dict[str, float], bool]:
+  """(path -> similarity over the files either side changes, whether the prediction's
+  normalized patches equal the oracle's: the same change, line terminators aside).
 
   Raises:
     ValueError: the oracle changes nothing the reward can see.
@@ -68,19 +69,19 @@ def similarities(files: Mapping[str, str], oracle: Mapping[str, str],
     pred, want = pred_patches.get(path, ""), oracle_patches.get(path, "")
     out[path] = (difflib.SequenceMatcher(None, pred, want, autojunk=False).ratio()
                  if pred and want else 0.0)
-  return out
+  return out, pred_patches == oracle_patches
 
 
 def score_details(completion: str, files: Mapping[str, str],
                   oracle: Mapping[str, str],
                   edit_format: str = "search_replace") -> tuple[float, dict[str, Any]]:
-  """The reward and why: {"error", "message"} or {"similarities"}."""
+  """The reward and why: {"error", "message"} or {"similarities", "exact"} (`compare`)."""
   try:
     predicted = edits.apply_completion(completion, files, edit_format)
   except edits.FormatError as e:
     return FORMAT_ERROR_SCORE, {"error": e.code, "message": str(e)}
-  sims = similarities(files, oracle, predicted)
-  return sum(sims.values()) / len(sims), {"similarities": sims}
+  sims, exact = compare(files, oracle, predicted)
+  return sum(sims.values()) / len(sims), {"similarities": sims, "exact": exact}
 
 
 def score(completion: str, files: Mapping[str, str], oracle: Mapping[str, str],
@@ -101,7 +102,14 @@ def score(completion: str, files: Mapping[str, str], oracle: Mapping[str, str],
 
 @register("diff")
 def diff_reward(tasks: Sequence[Task], completions: Sequence[str]) -> RewardOutput:
-  """`score` for each (task, completion) of a batch of diff tasks."""
+  """`score` for each (task, completion) of a batch of diff tasks.
+
+  Metrics (fractions of the batch's completions unless said otherwise):
+  format_valid (the answer parses and applies), reward_mean (the mean score,
+  format errors at -1 included), exact (the same change as the oracle:
+  `compare`), success_rate (score >= SUCCESS_THRESHOLD) and similarity (the
+  mean score of the valid answers; 0 when none is).
+  """
   if len(tasks) != len(completions):
     raise ValueError(f"{len(tasks)} tasks but {len(completions)} completions")
   scores = np.zeros(len(completions), np.float32)
@@ -118,11 +126,13 @@ def diff_reward(tasks: Sequence[Task], completions: Sequence[str]) -> RewardOutp
                               task.extra.get("edit_format", "search_replace"))
     scores[i] = s
     details.append(detail)
-  valid = scores[scores != FORMAT_ERROR_SCORE]
+  is_valid = np.array(["error" not in d for d in details], bool)
+  valid = scores[is_valid]
   n = max(len(scores), 1)
   metrics = {
-      "format_error_rate": float(np.sum(scores == FORMAT_ERROR_SCORE)) / n,
-      "exact_rate": float(np.sum(scores == 1.0)) / n,
+      "format_valid": float(is_valid.sum()) / n,
+      "reward_mean": float(scores.sum()) / n,
+      "exact": sum(bool(d.get("exact")) for d in details) / n,
       "success_rate": float(np.sum(scores >= SUCCESS_THRESHOLD)) / n,
       "similarity": float(valid.mean()) if len(valid) else 0.0,
   }

@@ -38,6 +38,7 @@ _MODULES = {
     "format": "rlcode.rewards.tests",
     "diff": "rlcode.rewards.diffs",
     "semantic": "rlcode.rewards.semantic",
+    "rm": "rlcode.rm.reward",
 }
 
 

@@ -115,11 +115,23 @@ deleted afterwards. It has NO filesystem isolation: the host's world-readable
 files, including the project and any task files holding the tests and their
 expected values, are readable by the program.
 
+Sessions (`session.Session`, for multi-turn episodes) are the other use: one
+long-lived bubblewrap sandbox, the same namespaces, root and environment, whose
+server (`session_server.py`) holds a workspace across many calls and runs bash
+commands in it. Commands must create processes, so a session has bwrap's
+fork-allowing filter only and bounds processes by RLIMIT_NPROC; on a root host
+it starts as uid 65534 through setpriv, so that the rlimit applies. Each command
+has its own rlimits, wall clock and output cap, and every process it leaves is
+killed when it returns; paths are confined to the workspace. session.py states
+its threat model. Rewards never come from a session: a workspace's files are
+scored as a program by a `Sandbox` job like any other.
+
 Layout: `jobs` (Limits, Job, Result), `plan` (tests split by AST), `seccomp`
 (the BPF filter), `launch` (interpreter discovery, the bwrap and unshare
 launchers, backend choice), `supervise` (running one job), `report` (reading
 the report into a Result), `harness` (the in-sandbox harness, read as text,
-never imported by rlcode) and this file, the public API and the pool.
+never imported by rlcode), `session` and `session_server` (long-lived
+workspaces) and this file, the public API and the pool.
 
 This package must not know about tasks or rewards: it runs programs against
 tests. Assembling programs from tasks lives in rlcode.rewards.tests.

@@ -41,10 +41,16 @@ Protocol. argv is `[-c, JOB_FD, REPORT_FD]`. JOB_FD holds one marshal'd dict:
              per test, `error` None on a pass) or "unittest".
   gen_name, entry_point (passed to GEN), cases (unittest: [[class, method],
   ...]), n_tests, module_name (the program's `__name__`).
+  probes     argument lists for calls of the entry point after the tests.
 The harness writes lines `<nonce> <event>` to REPORT_FD as things happen:
   start | syntax_error MSG | program_error MSG | program ok | setup_error MSG |
-  test I pass | test I fail MSG | test I skip | program_died WHY | done
-`done` comes last, after every test index was reported exactly once. When the
+  test I pass | test I fail MSG | test I skip | program_died WHY |
+  output I return HEX | output I raise NAME | output I large SHA256 | done
+`done` comes last, after every test index was reported exactly once, and, when
+the tests ran to their end, every probe: HEX is `_encode` of the answer as the
+harness rebuilt it (plain data by construction), NAME the exception's type as
+the harness raised it (a builtin's name or ProgramError), and an answer whose
+encoding passes 16 KiB is reported by its digest. When the
 program process dies or breaks the call protocol the harness writes
 `program_died exit N cpu S`, `program_died signal NAME cpu S` or
 `program_died protocol MSG` and stops without `done`: the tests that called it
@@ -527,6 +533,23 @@ def _main():
   except BaseException as e:
     finish(f"setup_error {_describe(e)}")
 
+  def probe():
+    """Calls the entry point on each probe's arguments and reports the answers as data."""
+    call = program.get(entry_point)
+    for i, args in enumerate(job["probes"]):
+      try:
+        if call is None:
+          raise NameError(f"the program defines no {entry_point}")
+        data = _encode(call(*args))
+      except BaseException as e:  # the proxy's builtin exception or ProgramError
+        emit(f"output {i} raise {type(e).__name__}")
+        continue
+      if len(data) > 1 << 14:
+        import hashlib
+        emit(f"output {i} large {hashlib.sha256(data).hexdigest()}")
+      else:
+        emit(f"output {i} return {data.hex()}")
+
   if job["format"] == "unittest":
     for i, (cls, method) in enumerate(cases):
       try:
@@ -543,6 +566,7 @@ def _main():
         event = f"test {i} fail {_describe(e)}"
       reported[i] = True
       emit(event)
+    probe()
     finish()
 
   while True:
@@ -556,6 +580,7 @@ def _main():
       finish(f"setup_error test plan yielded bad index {index!r}")
     reported[index] = True
     emit(f"test {index} pass" if error is None else f"test {index} fail {_describe(error)}")
+  probe()
   finish()
 
 

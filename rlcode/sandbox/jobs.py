@@ -15,6 +15,28 @@ class SandboxUnavailableError(RuntimeError):
   """The requested backend cannot run a sandboxed program."""
 
 
+def check_positive(limits) -> None:
+  """Every field of a limits dataclass must be a positive number (the error names it)."""
+  for field in dataclasses.fields(limits):
+    value = getattr(limits, field.name)
+    if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
+      raise ValueError(f"{type(limits).__name__}.{field.name} must be a positive number, "
+                       f"got {value!r}")
+
+
+def rlimits(limits) -> dict[str, list[int]]:
+  """The setrlimit values (soft, hard) a sandboxed process takes from its limits."""
+  cpu = int(-(-limits.cpu_seconds // 1))
+  return {
+      "RLIMIT_CPU": [cpu, cpu + 1],
+      "RLIMIT_AS": [limits.memory_bytes, limits.memory_bytes],
+      "RLIMIT_NPROC": [limits.max_processes, limits.max_processes],
+      "RLIMIT_FSIZE": [limits.max_file_bytes, limits.max_file_bytes],
+      "RLIMIT_NOFILE": [limits.max_open_files, limits.max_open_files],
+      "RLIMIT_CORE": [0, 0],
+  }
+
+
 @dataclasses.dataclass(frozen=True)
 class Limits:
   """Resource limits of one sandboxed run.
@@ -49,24 +71,13 @@ class Limits:
   output_limit_bytes: int = 8 << 20
 
   def __post_init__(self):
-    for field in dataclasses.fields(self):
-      value = getattr(self, field.name)
-      if not isinstance(value, (int, float)) or isinstance(value, bool) or value <= 0:
-        raise ValueError(f"Limits.{field.name} must be a positive number, got {value!r}")
+    check_positive(self)
     if self.max_open_files < 16:
       raise ValueError(f"Limits.max_open_files={self.max_open_files} is too small "
                        "for the interpreter to start; use at least 16")
 
   def rlimits(self) -> dict[str, list[int]]:
-    cpu = int(-(-self.cpu_seconds // 1))
-    return {
-        "RLIMIT_CPU": [cpu, cpu + 1],
-        "RLIMIT_AS": [self.memory_bytes, self.memory_bytes],
-        "RLIMIT_NPROC": [self.max_processes, self.max_processes],
-        "RLIMIT_FSIZE": [self.max_file_bytes, self.max_file_bytes],
-        "RLIMIT_NOFILE": [self.max_open_files, self.max_open_files],
-        "RLIMIT_CORE": [0, 0],
-    }
+    return rlimits(self)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,6 +95,9 @@ class Job:
     context: trusted source run in the tests' namespace before them, for
       helpers the tests use that the program also has (functions given in a
       prompt): names it binds are the tests' own, never the program's.
+    probes: argument tuples (plain data) for calls of the entry point after the
+      tests, whose answers come back as `Result.outputs`: what the program
+      does on inputs, as data (behaviour signatures for majority voting).
   """
 
   program: str
@@ -92,10 +106,19 @@ class Job:
   tests_format: str = "auto"
   module_name: str = "solution"
   context: str = ""
+  # Arguments may hold lists: left out of the hash, compared by ==.
+  probes: tuple[tuple, ...] = dataclasses.field(default=(), hash=False)
 
   def __post_init__(self):
     if isinstance(self.tests, list):  # plans are cached by tests: keep them hashable
       object.__setattr__(self, "tests", tuple(self.tests))
+    probes = self.probes
+    if not isinstance(probes, (tuple, list)) or not all(isinstance(a, (tuple, list))
+                                                        for a in probes):
+      raise ValueError(f"Job.probes must be a sequence of argument tuples, got {probes!r:.80}")
+    object.__setattr__(self, "probes", tuple(tuple(a) for a in probes))
+    if self.probes and not self.entry_point:
+      raise ValueError("Job.probes call the entry point: give entry_point")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -112,6 +135,11 @@ class Result:
       run's nonce-marked `done`.
     error: a one-line reason when not passed.
     outcomes: per test, "pass", "skip" or "fail: <test> -> <error>".
+    outputs: per probe of the job, ("return", value) with the value rebuilt as
+      plain data, ("raise", the builtin exception type's name, or
+      "ProgramError"), or ("large", sha256 hex of the value's encoding) for a
+      value whose encoding passes 16 KiB; empty unless the report is complete
+      (the probes run after the tests, in the same program process).
     stdout, stderr: the first `Limits.max_output_bytes` of each.
     exit_code: of the launcher (bwrap: 128+N when the harness died of signal N).
     seconds: wall time of the run.
@@ -125,6 +153,7 @@ class Result:
   complete: bool = False
   error: str = ""
   outcomes: tuple[str, ...] = ()
+  outputs: tuple[tuple[str, object], ...] = ()
   stdout: str = ""
   stderr: str = ""
   exit_code: int | None = None

@@ -2,11 +2,12 @@
 
 Finds the base interpreter (not a venv shim) and how the sandbox sees it,
 builds the bubblewrap and util-linux `unshare` command lines that start the
-harness (`harness.py`, passed as text with `python -c`), holds the strict
-seccomp filter the harness installs in each of its processes (`seccomp`), and
-chooses a backend by probing it once per process (`choose`: bubblewrap unless
-"unshare" is named; nothing falls back). It does not supervise runs or read
-reports: `supervise.execute` does.
+harness (`harness.py`, passed as text with `python -c`) or, under bubblewrap, a
+session's server (`Bwrap.session`), holds the strict seccomp filter the harness
+installs in each of its processes (`seccomp`), and chooses a backend by probing
+it once per process (`choose`: bubblewrap unless "unshare" is named; nothing
+falls back). It does not supervise runs or read reports: `supervise.execute`
+does.
 """
 
 from __future__ import annotations
@@ -182,15 +183,19 @@ class Bwrap:
     for key, value in _sandbox_env(interp).items():
       self.static += ["--setenv", key, value]
 
-  def launch(self, limits: Limits, job_fd: int, report_fd: int) -> Launch:
-    fds, ours = [job_fd, report_fd], []
-    argv = list(self.static)
+  def _pass_outer_filter(self, argv: list[str], fds: list[int]) -> None:
+    """bwrap reads its seccomp filter from a pipe: add the pipe to argv and fds."""
     if self.outer_filter is not None:
       r, w = os.pipe()
       os.write(w, self.outer_filter)  # a few hundred bytes: never blocks
       os.close(w)
       argv += ["--seccomp", str(r)]
       fds.append(r)
+
+  def launch(self, limits: Limits, job_fd: int, report_fd: int) -> Launch:
+    fds, ours = [job_fd, report_fd], []
+    argv = list(self.static)
+    self._pass_outer_filter(argv, fds)
     info_r, info_w = os.pipe()
     fds.append(info_w)
     ours.append(info_r)
@@ -200,6 +205,44 @@ class Bwrap:
              "--remount-ro", "/", "--chdir", _WORKDIR,
              *_python_argv(self.interp.exe, job_fd, report_fd)]
     return Launch(argv, {}, None, tuple(fds), tuple(fds[1:]), info_r)
+
+
+  def session(self, workdir_bytes: int, request_fd: int, response_fd: int,
+              server: str) -> Launch:
+    """The command line of a long-lived session (rlcode.sandbox.session) running the
+    server `server` (source text) with the two fds of its request pipes.
+
+    Its commands must create processes, so bwrap's fork-allowing filter is the only
+    one, and process creation is bounded by RLIMIT_NPROC instead, which the kernel
+    does not apply to uid 0: a root host starts the session through setpriv as uid
+    65534 (the session's processes then count in its own user namespace, so
+    sessions do not share the limit).
+    """
+    prefix = []
+    if os.geteuid() == 0:
+      setpriv = which("setpriv")
+      if setpriv is None:
+        raise SandboxUnavailableError("a session bounds its processes with RLIMIT_NPROC, "
+                                      "which root ignores, and there is no setpriv to "
+                                      "start it as uid 65534")
+      prefix = [setpriv, f"--reuid={_SANDBOX_UID}", f"--regid={_SANDBOX_UID}",
+                "--clear-groups", "--"]
+    fds, argv = [request_fd, response_fd], [*prefix, *self.static]
+    self._pass_outer_filter(argv, fds)
+    size = str(workdir_bytes)
+    argv += ["--size", size, "--tmpfs", _WORKDIR, "--size", size, "--tmpfs", "/tmp",
+             "--remount-ro", "/", "--chdir", _WORKDIR,
+             self.interp.exe, "-S", "-s", "-B", "-c", server, str(request_fd),
+             str(response_fd)]
+    return Launch(argv, {}, None, tuple(fds), tuple(fds), None)
+
+  def command_env(self) -> dict[str, str]:
+    """The environment of a session's commands: the sandbox's, with the interpreter's
+    bin directory on PATH (`python3` is the sandbox's interpreter)."""
+    env = _sandbox_env(self.interp)
+    if self.interp.mount is not None:
+      env["PATH"] += f":{self.interp.mount}/bin"
+    return env
 
 
 class Unshare:

@@ -13,6 +13,7 @@ import dataclasses
 import json
 import signal
 
+from rlcode.sandbox import codec
 from rlcode.sandbox.jobs import Limits, Result
 from rlcode.sandbox.plan import TestPlan
 
@@ -61,11 +62,27 @@ def _program_death(why: str, limits: Limits) -> tuple[str, str]:
   return "crash", f"program exited with code {detail} before the report completed"
 
 
+def _output(verdict: str, text: str) -> tuple[str, object] | None:
+  """A probe's answer from its report line (None: malformed)."""
+  if verdict == "return":
+    try:
+      return ("return", codec.decode(bytes.fromhex(text)))
+    except (ValueError, RecursionError):
+      return None
+  if verdict == "raise" and text.isidentifier():
+    return ("raise", text)
+  if verdict == "large" and len(text) == 64 and all(c in "0123456789abcdef" for c in text):
+    return ("large", text)
+  return None
+
+
 def interpret(s: Streams, plan: TestPlan, nonce: str, limits: Limits,
-              seconds: float) -> Result:
-  """Turns the raw streams into a Result; the report alone decides passes."""
+              seconds: float, n_probes: int = 0) -> Result:
+  """Turns the raw streams into a Result; the report alone decides passes. The
+  probes' answers count only in a complete report that has every one of them."""
   n = plan.n_tests
   outcomes: list[str | None] = [None] * n
+  outputs: list[tuple[str, object] | None] = [None] * n_probes
   events: dict[str, str] = {}
   invalid = ""
   done = False
@@ -92,6 +109,15 @@ def interpret(s: Streams, plan: TestPlan, nonce: str, limits: Limits,
       i = int(index_text)
       outcomes[i] = ("pass" if verdict == "pass" else "skip" if verdict == "skip"
                      else f"fail: {plan.labels[i]} -> {message}")
+    elif kind == "output":
+      index_text, _, rest = rest.partition(" ")
+      verdict, _, text = rest.partition(" ")
+      answer = _output(verdict, text)
+      if (not index_text.isdigit() or int(index_text) >= n_probes
+          or outputs[int(index_text)] is not None or answer is None):
+        invalid = f"bad output line {line[:80]!r}"
+        break
+      outputs[int(index_text)] = answer
     elif kind in ("start", "syntax_error", "program_error", "setup_error", "program",
                   "program_died"):
       if kind in events:
@@ -108,6 +134,7 @@ def interpret(s: Streams, plan: TestPlan, nonce: str, limits: Limits,
   if done and not invalid and any(o is None for o in outcomes):
     invalid = "done before every test was reported"
   complete = done and not invalid
+  answered = complete and all(o is not None for o in outputs)
   run = sum(1 for o in outcomes if o is not None and o != "skip")
   passed = sum(1 for o in outcomes if o == "pass")
   memory = any("MemoryError" in (events.get(k) or "") for k in ("program_error", "setup_error"))
@@ -164,6 +191,7 @@ def interpret(s: Streams, plan: TestPlan, nonce: str, limits: Limits,
       status=status, tests_total=n, tests_run=run, tests_passed=passed,
       complete=complete, error=error[:500],
       outcomes=tuple(o or "skip" for o in outcomes),
+      outputs=tuple(outputs) if answered else (),
       stdout=bytes(s.out).decode("utf-8", "replace"),
       stderr=bytes(s.err).decode("utf-8", "replace"),
       exit_code=s.exit_code, seconds=seconds, pid_namespace=pid_ns)

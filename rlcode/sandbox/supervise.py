@@ -30,7 +30,7 @@ _MAX_REPORT_BYTES = 1 << 20
 _KILL_GRACE_S = 5.0
 
 
-def _kill(proc: subprocess.Popen) -> None:
+def kill(proc: subprocess.Popen) -> None:
   """Kills the sandbox's init so the launcher can reap it and exit.
 
   Killing the launcher instead would orphan the init to the host's pid 1, which
@@ -56,10 +56,10 @@ def _kill(proc: subprocess.Popen) -> None:
     finally:
       os.close(fd)
   if not children:
-    _kill_group(proc)
+    kill_group(proc)
 
 
-def _kill_group(proc: subprocess.Popen) -> None:
+def kill_group(proc: subprocess.Popen) -> None:
   try:
     os.killpg(proc.pid, signal.SIGKILL)
   except ProcessLookupError:
@@ -92,7 +92,7 @@ def execute(launcher, plan: TestPlan, job: Job, limits: Limits) -> Result:
       "names": sorted(set(plan.names) | set(context_names(job.context))),
       "program_names": [job.entry_point] if job.entry_point else [],
       "cases": [list(c) for c in plan.cases], "n_tests": plan.n_tests,
-      "module_name": job.module_name,
+      "module_name": job.module_name, "probes": [list(a) for a in job.probes],
   })
   job_fd = os.memfd_create("rlcode-job")
   _write_all(job_fd, payload)
@@ -121,7 +121,8 @@ def execute(launcher, plan: TestPlan, job: Job, limits: Limits) -> Result:
   finally:
     for path in launch.cleanup:
       _remove_tree(path)
-  return interpret(streams, plan, nonce, limits, time.monotonic() - start)
+  return interpret(streams, plan, nonce, limits, time.monotonic() - start,
+                   n_probes=len(job.probes))
 
 
 
@@ -143,7 +144,7 @@ def _collect(proc: subprocess.Popen, report_r: int, info_r: int | None,
       now = time.monotonic()
       if killed_at is None and now >= deadline:
         s.timed_out = True
-        _kill(proc)
+        kill(proc)
         killed_at = now
       if killed_at is not None and now >= killed_at + _KILL_GRACE_S:
         log.warning("rlcode.sandbox: streams still open %.1f s after kill", _KILL_GRACE_S)
@@ -163,13 +164,13 @@ def _collect(proc: subprocess.Popen, report_r: int, info_r: int | None,
           s.output_total += len(data)
           if s.output_total > limits.output_limit_bytes and killed_at is None:
             s.output_exceeded = True
-            _kill(proc)
+            kill(proc)
             killed_at = time.monotonic()
         elif kind == "report":
           if len(s.report) + len(data) > _MAX_REPORT_BYTES:
             if killed_at is None:
               s.report_exceeded = True
-              _kill(proc)
+              kill(proc)
               killed_at = time.monotonic()
           else:
             s.report += data
@@ -185,7 +186,7 @@ def _collect(proc: subprocess.Popen, report_r: int, info_r: int | None,
   try:
     s.exit_code = proc.wait(timeout=_KILL_GRACE_S)
   except subprocess.TimeoutExpired:
-    _kill_group(proc)
+    kill_group(proc)
     s.exit_code = proc.wait()
   return s
 

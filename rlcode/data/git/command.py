@@ -43,6 +43,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="walk only the latest N first-parent commits (default: all)")
   parser.add_argument("--test-fraction", type=float, default=0.1,
                       help="the latest fraction of PRs held out (default 0.1)")
+  parser.add_argument("--validation-fraction", type=float, default=0.0,
+                      help="this fraction of PRs, the latest before the test split, form a "
+                           "validation split (default 0: none)")
   parser.add_argument("--context-lines", type=int, default=0,
                       help="prompts show the lines within N of each change (default: whole)")
 
@@ -66,10 +69,11 @@ def format_table(report: dict, datasets: dict[str, str]) -> str:
   rows += [(f"  {reason}", n) for reason, n in report["commits_skipped"].items()]
   rows += [("files cut to windows", report["files_cut"])]
   rows += [(f"units: {g}", report["units"][g]) for g in GRANULARITIES]
-  rows += [("train / test PRs",
-            f"{report['split']['train_commits']} / {report['split']['test_commits']}")]
+  names = list(next(iter(report["tasks_by_granularity"].values())))
+  split = report["split"]
+  rows += [(f"{' / '.join(names)} PRs", " / ".join(str(split[f"{n}_commits"]) for n in names))]
   for g, counts in report["tasks_by_granularity"].items():
-    rows.append((f"{g} tasks: train / test", f"{counts['train']} / {counts['test']}"))
+    rows.append((f"{g} tasks: {' / '.join(names)}", " / ".join(str(counts[n]) for n in names)))
     rows.append((f"{g} dataset", datasets[g]))
   width = max(len(name) for name, _ in rows)
   lines = [f"{name.ljust(width)}  {value}" for name, value in rows]
@@ -89,7 +93,9 @@ def run(args: argparse.Namespace) -> int:
   try:
     config = MiningConfig(source=source, branch=branch, granularity=granularities[0],
                           languages=tuple(args.languages), max_commits=args.max_commits,
-                          test_fraction=args.test_fraction, context_lines=args.context_lines)
+                          test_fraction=args.test_fraction,
+                          validation_fraction=args.validation_fraction,
+                          context_lines=args.context_lines)
   except ValueError as e:
     raise BadInput(" ".join(str(e).split())) from e
   result = mine(config, granularities=granularities, progress=True)

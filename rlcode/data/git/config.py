@@ -93,8 +93,18 @@ class MiningConfig:
       task's context, in bytes of text; 0 adds none.
     context_lines: 0 shows the task's files whole in the prompt; N >= 3 shows
       excerpts: the lines within N lines of a change (rlcode.data.git.excerpts).
+    oracle_context_lines: the unchanged lines each SEARCH/REPLACE block of the
+      reference answer keeps around its change (3: a unified diff's hunk; 0:
+      the changed lines only, widened until unique; rlcode.data.edits.
+      oracle_completion). The reward compares patches, so this only changes
+      how long the reference is. Must be 3 for "unified_diff".
+    instructions: the prompt explains the answer format with an example
+      (True) or names it in one line (False; rlcode.data.edits.build_prompt).
     test_fraction: the latest fraction of kept PRs that form the test split
       (PRs at the boundary time all go to test).
+    validation_fraction: this fraction of the kept PRs, the latest before the
+      test split, form a "validation" split (to tune on, so that the test
+      split is looked at once); 0 makes no validation split.
     test_after: instead of a fraction, PRs at or after this time (ISO 8601,
       UTC when no zone is given, or Unix seconds) form the test split.
       Exactly one of `test_fraction` and `test_after` must be given.
@@ -127,7 +137,10 @@ class MiningConfig:
   allow_added_files: bool = True
   related_bytes: int = 0
   context_lines: int = 0
+  oracle_context_lines: int = 3
+  instructions: bool = True
   test_fraction: float | None = 0.1
+  validation_fraction: float = 0.0
   test_after: str | None = None
   allow_shallow: bool = False
   tests_hidden: tuple[str, ...] = ()
@@ -158,6 +171,11 @@ class MiningConfig:
       # lines the answer must quote.
       raise ValueError(f"MiningConfig.context_lines={self.context_lines}; "
                        "expected 0 (whole files) or at least 3")
+    if self.oracle_context_lines < 0:
+      raise ValueError(f"MiningConfig.oracle_context_lines={self.oracle_context_lines} < 0")
+    if self.edit_format == "unified_diff" and self.oracle_context_lines != 3:
+      raise ValueError(f"MiningConfig.oracle_context_lines={self.oracle_context_lines}: a "
+                       "unified diff's reference always has 3 context lines")
     for name in ("max_files", "max_changed_lines", "max_file_bytes"):
       if getattr(self, name) < 1:
         raise ValueError(f"MiningConfig.{name}={getattr(self, name)} < 1")
@@ -183,6 +201,9 @@ class MiningConfig:
                        "in [0, 1)")
     if self.test_after is not None:
       parse_time(self.test_after)
+    if not 0 <= self.validation_fraction < 1 - (self.test_fraction or 0):
+      raise ValueError(f"MiningConfig.validation_fraction={self.validation_fraction} is not "
+                       f"in [0, 1 - test_fraction)")
 
   @property
   def extensions(self) -> frozenset[str]:

@@ -36,7 +36,9 @@ Decisions worth knowing:
   re-applied reverts) keep the earliest PR.
 - Split by the PR's committer time (the first-parent commit's): the latest
   PRs form the test set, every test PR strictly later than every train PR (ties
-  go to test), and all units of a PR go to its split.
+  go to test), and all units of a PR go to its split. With a
+  `validation_fraction`, the PRs just before the test set form a validation
+  set the same way (ties with its earliest go to validation).
 - A shallow clone is refused unless `allow_shallow` (its boundary commits look
   like roots adding every file, and its history is cut short).
 - Tasks are held in memory until written; bound a large history with
@@ -283,20 +285,19 @@ class _Miner:
     return Tests("\n".join(hidden), "\n".join(visible), support)
 
 
-def _units(pr: Pr, edit_format: str, dropped: collections.Counter,
-           primary: str) -> dict[str, list]:
+def _units(pr: Pr, config: MiningConfig, dropped: collections.Counter) -> dict[str, list]:
   """granularity -> [(unit, reference)] of the PR's valid units; counts the primary's drops."""
   out = {}
   for granularity in GRANULARITIES:
     valid = []
     for unit in decompose(pr, granularity):
       try:
-        valid.append((unit, validate(unit, edit_format)))
+        valid.append((unit, validate(unit, config.edit_format, config.oracle_context_lines)))
       except Skip as s:
-        if granularity == primary:
+        if granularity == config.granularity:
           dropped[s.reason] += 1
     out[granularity] = valid
-  if primary == "commit":
+  if config.granularity == "commit":
     dropped.update(pr.dropped_commits)
   return out
 
@@ -314,8 +315,8 @@ def mine(config: MiningConfig, revision: str | None = None, *,
   "invisible_change"), `files_cut` (touched files of kept PRs cut to
   windows), `units` (valid units of every granularity over the kept PRs),
   `units_dropped` by reason at the chosen granularity (also "merge": a merge
-  inside a merged branch, at "commit"), the `split` rule and its cutoff time,
-  `tasks` per split, and `tasks_by_granularity`.
+  inside a merged branch, at "commit"), the `split` rule, its cutoff times and
+  the PRs per split, `tasks` per split, and `tasks_by_granularity`.
 
   A PR is kept when it passes the filters and gives at least one valid unit
   at `config.granularity`.
@@ -369,7 +370,7 @@ def mine(config: MiningConfig, revision: str | None = None, *,
         git_errors.append(f"{c.sha}: {e}")
         continue
       pr_dropped: collections.Counter = collections.Counter()
-      valid = _units(pr, config.edit_format, pr_dropped, config.granularity)
+      valid = _units(pr, config, pr_dropped)
       dropped.update(pr_dropped)
       if not valid[config.granularity]:
         skipped["oracle_not_expressible" if pr_dropped["oracle_not_expressible"]
@@ -383,17 +384,26 @@ def mine(config: MiningConfig, revision: str | None = None, *,
       kept.append((c, {g: [make_task(pr, unit, g, reference, config)
                            for unit, reference in valid[g]] for g in wanted}))
 
+  times = sorted(c.time for c, _ in kept)
   if config.test_after is not None:
     cutoff = parse_time(config.test_after)
   elif config.test_fraction and kept:
-    times = sorted(c.time for c, _ in kept)
     cutoff = times[len(times) - math.ceil(config.test_fraction * len(times))]
   else:
     cutoff = None
-  by_granularity = {g: {"train": [], "test": []} for g in wanted}
+  before = [t for t in times if cutoff is None or t < cutoff]
+  n_validation = min(math.ceil(config.validation_fraction * len(times)), len(before))
+  validation_cutoff = before[len(before) - n_validation] if n_validation else None
+  names = ("train", "validation", "test") if config.validation_fraction else ("train", "test")
+  by_granularity = {g: {name: [] for name in names} for g in wanted}
   prs_per_split = collections.Counter()
   for c, tasks in kept:
-    split = "test" if cutoff is not None and c.time >= cutoff else "train"
+    if cutoff is not None and c.time >= cutoff:
+      split = "test"
+    elif validation_cutoff is not None and c.time >= validation_cutoff:
+      split = "validation"
+    else:
+      split = "train"
     for g in wanted:
       by_granularity[g][split].extend(tasks[g])
     prs_per_split[split] += 1
@@ -418,7 +428,10 @@ def mine(config: MiningConfig, revision: str | None = None, *,
           "value": (config.test_after if config.test_after is not None
                     else config.test_fraction),
           "cutoff_time": cutoff,
+          "validation_fraction": config.validation_fraction,
+          "validation_cutoff_time": validation_cutoff,
           "train_commits": prs_per_split["train"],
+          "validation_commits": prs_per_split["validation"],
           "test_commits": prs_per_split["test"],
       },
       "tasks": {name: len(tasks) for name, tasks in splits.items()},

@@ -162,13 +162,15 @@ def decompose(pr: Pr, granularity: str) -> list[Unit]:
   return units
 
 
-def validate(unit: Unit, edit_format: str) -> str:
-  """The unit's reference completion; raises Skip when it is unusable."""
+def validate(unit: Unit, edit_format: str, context_lines: int = 3) -> str:
+  """The unit's reference completion (blocks with `context_lines` unchanged lines,
+  rlcode.data.edits.oracle_completion); raises Skip when it is unusable."""
   for path, content in unit.oracle.items():
     if not edits.normalized_patch(unit.files[path], content):
       raise Skip("invisible_change")
   try:
-    return edits.oracle_completion(unit.files, unit.oracle, edit_format)
+    return edits.oracle_completion(unit.files, unit.oracle, edit_format,
+                                   context_lines=context_lines)
   except ValueError:
     raise Skip("oracle_not_expressible") from None
 
@@ -195,7 +197,7 @@ def make_task(pr: Pr, unit: Unit, granularity: str, reference: str,
   return Task(
       id=unit.id,
       prompt=edits.build_prompt(unit.request, shown, config.edit_format, unit.new_files,
-                                applied_diff),
+                                applied_diff, instructions=config.instructions),
       kind="diff",
       reference=reference,
       tests=tests,

@@ -14,7 +14,7 @@ from typing import Any
 
 import tensorflow_datasets as tfds
 
-from rlcode.data.sections.corpus import collect
+from rlcode.data.sections.corpus import bundle_heads, collect
 from rlcode.data.sections.tasks import SectionOptions, whitespace_tokens
 from rlcode.data.tasks import TaskBuilder
 
@@ -41,8 +41,9 @@ class SectionTasks(TaskBuilder):
     Args:
       data_dir: where tfds writes the dataset.
       sources: local or gs:// files and directories; empty means the embedded
-        corpus (pydoc topics and STDLIB_MODULES of the running Python, whose
-        version is part of the cache name).
+        corpus (pydoc topics and STDLIB_MODULES of the running Python, and the
+        documentation of the BUNDLE_DOCS; the Python version and the bundles'
+        heads are part of the cache name).
       options: SectionOptions.
       count_tokens: text -> token count for the budgets; None counts
         whitespace-separated words.
@@ -59,7 +60,8 @@ class SectionTasks(TaskBuilder):
     count_name = count_tokens_name if count_tokens is not None else "words"
     key = json.dumps({"sources": list(sources), "count_tokens": count_name,
                       "options": dataclasses.asdict(options),
-                      "python": "" if sources else sys.version.split()[0]},
+                      "python": "" if sources else sys.version.split()[0],
+                      "bundles": {} if sources else bundle_heads()},
                      sort_keys=True)
     digest = hashlib.sha256(key.encode()).hexdigest()[:12]
     config = SectionsConfig(

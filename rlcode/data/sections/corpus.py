@@ -13,14 +13,19 @@ headings, one text block) gives no task and is counted.
 
 The embedded corpus needs no download: every topic of `pydoc_data.topics`
 (79 topics, the same names in Python 3.10-3.13; split as reStructuredText,
-document id `pydoc/<topic>`) and the standard-library modules in
+document id `pydoc/<topic>`), the standard-library modules in
 `STDLIB_MODULES` (single files in 3.11-3.13; document id `stdlib/<name>.py`),
-read from `sysconfig.get_paths()["stdlib"]`. Their text is the running
-Python's, so counts can change between Python releases (and rarely between
-patch releases); the builder's cache name includes the Python version. With
-the default SectionOptions, Python 3.11.7 gives 118 documents (98 train, 20
-test) and 645 train / 48 test tasks; 3.12.1 gives 664 / 53 and 3.13.0 685 / 55
-(tests/test_sections.py pins these).
+read from `sysconfig.get_paths()["stdlib"]`, and the Markdown and
+reStructuredText files at the heads of the repository bundles in
+`BUNDLE_DOCS` (data/repos: attrs' and more-itertools' documentation, read
+through their cached clones, rlcode.data.git.repo; hidden directories such as
+.github/ left out; document id `<bundle name>/<path>`, e.g.
+`attrs/docs/init.md`). The Python part is the running Python's, so counts can
+change between Python releases (and rarely between patch releases); the
+builder's cache name includes the Python version and the bundles' heads. With
+the default SectionOptions, Python 3.11.7 gives 152 documents (120 train, 32
+test) and 789 train / 125 test tasks; 3.12.1 gives 808 / 130 and 3.13.0
+829 / 132 (tests/test_sections.py pins these).
 
 This module must not split documents or make tasks beyond calling
 rlcode.data.sections.tasks (`collect`).
@@ -30,7 +35,9 @@ from __future__ import annotations
 
 import collections
 import io
+import os
 import pathlib
+import posixpath
 import sysconfig
 import tokenize
 from collections.abc import Callable, Sequence
@@ -45,8 +52,9 @@ SUFFIX_FORMATS = {".md": "markdown", ".markdown": "markdown", ".rst": "rst",
                   ".py": "python", ".txt": "text"}
 # Every count a build reports (zeros included), so reports of builds compare.
 COUNT_KEYS = (
-    "documents", "documents_train", "documents_test", "sections_train",
-    "sections_test", "tasks_train", "tasks_test", "single_section_documents",
+    "documents", "documents_train", "documents_validation", "documents_test",
+    "sections_train", "sections_validation", "sections_test", "tasks_train",
+    "tasks_validation", "tasks_test", "single_section_documents",
     "documents_without_tasks", "targets_too_short", "targets_too_long",
     "over_budget", "python_syntax_fallback", "skipped_binary",
     "skipped_undecodable", "skipped_empty", "skipped_hidden", "skipped_suffix",
@@ -61,6 +69,13 @@ STDLIB_MODULES = (
     "sched", "secrets", "shlex", "shutil", "statistics", "string", "textwrap",
     "tokenize", "types", "uuid", "warnings", "weakref",
 )
+
+
+PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.dirname(
+    os.path.abspath(__file__)))))
+# Repository bundles whose documentation (Markdown, RST at the head) joins the corpus.
+BUNDLE_DOCS = ("data/repos/attrs.bundle", "data/repos/more-itertools.bundle")
+_DOC_FORMATS = {".md": "markdown", ".rst": "rst"}
 
 
 def _normalise_newlines(text: str) -> str:
@@ -136,8 +151,37 @@ def read_documents(sources: Sequence[str], stats: collections.Counter | None = N
   return docs
 
 
+def _bundle_git(bundle: str):
+  from rlcode.data.git.repo import Git, checkout  # pylint: disable=import-outside-toplevel
+  return Git(checkout(os.path.join(PROJECT_ROOT, bundle)))
+
+
+def bundle_heads() -> dict[str, str]:
+  """bundle path (BUNDLE_DOCS) -> the commit its documents are read at."""
+  return {bundle: _bundle_git(bundle).resolve("HEAD") for bundle in BUNDLE_DOCS}
+
+
+def bundle_documents() -> list[Document]:
+  """The Markdown and RST files at the heads of BUNDLE_DOCS (module docstring)."""
+  docs = []
+  for bundle in BUNDLE_DOCS:
+    git = _bundle_git(bundle)
+    name = posixpath.basename(bundle).removesuffix(".bundle")
+    files = sorted(git.tree_files(git.resolve("HEAD"), recursive=True), key=lambda f: f[2])
+    with git.blobs() as blobs:
+      for _, sha, path, _ in files:
+        fmt = _DOC_FORMATS.get(posixpath.splitext(path)[1].lower())
+        if fmt is None or any(part.startswith(".") for part in path.split("/")):
+          continue
+        data = blobs.read(sha)
+        text, _ = decode_document(data, fmt) if data is not None else (None, "")
+        if text is not None:
+          docs.append(Document(f"{name}/{path}", text, fmt, f"{name}/{path}"))
+  return docs
+
+
 def embedded_documents() -> list[Document]:
-  """The corpus shipped with Python: pydoc topics and STDLIB_MODULES (module doc)."""
+  """The embedded corpus: pydoc topics, STDLIB_MODULES and BUNDLE_DOCS (module doc)."""
   from pydoc_data import topics  # pylint: disable=import-outside-toplevel
 
   docs = [Document(f"pydoc/{name}", _normalise_newlines(topics.topics[name]),
@@ -152,7 +196,7 @@ def embedded_documents() -> list[Document]:
     if text is None:
       raise ValueError(f"embedded sections corpus: {path} is unusable ({reason})")
     docs.append(Document(f"stdlib/{name}.py", text, "python", f"{name}.py"))
-  return docs
+  return docs + bundle_documents()
 
 
 def collect(sources: Sequence[str] = (), *,

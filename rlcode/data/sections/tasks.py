@@ -20,9 +20,11 @@ whitespace boundary when no line-start tail with text fits). When nothing but
 blank text fits beside the title and heading, the task is skipped
 (`over_budget`).
 
-Splits are by document, so no document is in both: a document is held out
-("test") when the first 8 bytes of sha256(document id), as an integer, modulo
-10_000 fall below `held_out_fraction * 10_000`; the rest is "train".
+Splits are by document, so no document is in two: with h the first 8 bytes of
+sha256(document id), as an integer, modulo 10_000, a document is held out
+("test") when h < `held_out_fraction * 10_000`, in "validation" (a split to
+tune on, made only when `validation_fraction` > 0) when h is below
+`(held_out_fraction + validation_fraction) * 10_000`, and in "train" otherwise.
 
 This module must not read files nor tokenize for a model: `count_tokens` is
 given; it only makes Tasks.
@@ -39,7 +41,7 @@ from collections.abc import Callable, Iterable, Sequence
 from rlcode.data.sections.splitters import TARGET_KINDS, Document, Section, split_document
 from rlcode.data.tasks import Task
 
-SPLITS = ("train", "test")
+SPLITS = ("train", "validation", "test")
 
 
 def whitespace_tokens(text: str) -> int:
@@ -83,6 +85,8 @@ class SectionOptions:
     max_target_tokens: targets counting more tokens than this are skipped.
     min_block_chars: minimum size of a plain-text section.
     held_out_fraction: the fraction of documents (by hash) in "test".
+    validation_fraction: the fraction of documents (by hash) in "validation";
+      0 makes no such split.
   """
 
   context_budget: int = 1024
@@ -90,6 +94,7 @@ class SectionOptions:
   max_target_tokens: int = 512
   min_block_chars: int = 200
   held_out_fraction: float = 0.2
+  validation_fraction: float = 0.0
 
   def __post_init__(self):
     if self.context_budget < 1:
@@ -103,12 +108,24 @@ class SectionOptions:
     if not 0.0 <= self.held_out_fraction <= 1.0:
       raise ValueError(f"held_out_fraction={self.held_out_fraction} must be "
                        "in [0, 1]")
+    if not 0.0 <= self.validation_fraction <= 1.0 - self.held_out_fraction:
+      raise ValueError(f"validation_fraction={self.validation_fraction} must be in "
+                       f"[0, 1 - held_out_fraction]")
+
+  @property
+  def splits(self) -> tuple[str, ...]:
+    """The splits a build makes: SPLITS, without "validation" when its fraction is 0."""
+    return SPLITS if self.validation_fraction else ("train", "test")
 
 
-def split_of(doc_id: str, held_out_fraction: float) -> str:
-  """"test" or "train" for a document, from a stable hash of its id."""
-  h = int.from_bytes(hashlib.sha256(doc_id.encode("utf-8")).digest()[:8], "big")
-  return "test" if h % 10_000 < held_out_fraction * 10_000 else "train"
+def split_of(doc_id: str, held_out_fraction: float, validation_fraction: float = 0.0) -> str:
+  """"test", "validation" or "train" for a document, from a stable hash of its id."""
+  h = int.from_bytes(hashlib.sha256(doc_id.encode("utf-8")).digest()[:8], "big") % 10_000
+  if h < held_out_fraction * 10_000:
+    return "test"
+  if h < (held_out_fraction + validation_fraction) * 10_000:
+    return "validation"
+  return "train"
 
 
 def document_title(doc: Document, sections: Sequence[Section]) -> tuple[str, int]:
@@ -142,23 +159,20 @@ def make_tasks(doc: Document, sections: Sequence[Section], *,
     if count_tokens(target) > options.max_target_tokens:
       stats["targets_too_long"] += 1
       continue
-    head = f"{title}\n\n"
-    room = options.context_budget - count_tokens(head) - count_tokens(sec.heading)
-    first, used = i, 0
-    while first > 0 and used + counts[first - 1] <= room:
-      used += counts[first - 1]
-      first -= 1
-    if first < i:
-      context = "".join(s.text for s in sections[first:i])
-    else:
-      context = _tail_within(sections[i - 1].text, max(room, 0), count_tokens)
+    room = options.context_budget - count_tokens(f"{title}\n\n") - count_tokens(sec.heading)
+    while True:
+      first, head, context = _context(sections, counts, i, room, title, title_section,
+                                      count_tokens)
+      # A counter that is not additive (a BPE tokenizer merges across the
+      # joins) can make the whole prompt longer than its parts: shrink the room
+      # by the excess until the prompt itself fits.
+      excess = count_tokens(head + context + sec.heading) - options.context_budget
+      if excess <= 0 or not context.strip():
+        break
+      room -= excess
     if not context.strip():
       stats["over_budget"] += 1
       continue
-    # Only blank sections precede the title's heading, so the context already
-    # opens with the title when it reaches back to that heading.
-    if first < i and 0 <= title_section and first <= title_section:
-      head = ""
     tasks.append(Task(
         id=f"{doc.id}#{i}", prompt=head + context + sec.heading, kind="section",
         reference=target,
@@ -167,22 +181,41 @@ def make_tasks(doc: Document, sections: Sequence[Section], *,
   return tasks
 
 
+def _context(sections: Sequence[Section], counts: Sequence[int], i: int, room: int,
+             title: str, title_section: int,
+             count_tokens: Callable[[str], int]) -> tuple[int, str, str]:
+  """(first section used, title line, context) of section i's prompt within `room`."""
+  first, used = i, 0
+  while first > 0 and used + counts[first - 1] <= room:
+    used += counts[first - 1]
+    first -= 1
+  if first < i:
+    context = "".join(s.text for s in sections[first:i])
+  else:
+    context = _tail_within(sections[i - 1].text, max(room, 0), count_tokens)
+  # Only blank sections precede the title's heading, so the context already
+  # opens with the title when it reaches back to that heading.
+  head = "" if first < i and 0 <= title_section and first <= title_section else f"{title}\n\n"
+  return first, head, context
+
+
 def build_tasks(documents: Iterable[Document], *,
                 options: SectionOptions = SectionOptions(),
                 count_tokens: Callable[[str], int] = whitespace_tokens,
                 stats: collections.Counter | None = None
                 ) -> dict[str, list[Task]]:
-  """Splits documents and makes tasks: {"train": [...], "test": [...]}.
+  """Splits documents and makes tasks: {"train": [...], "test": [...]}, and
+  "validation" when options.validation_fraction > 0.
 
   `stats` (a Counter, updated in place) receives documents, sections and tasks
   per split, and the counts of everything skipped.
   """
   stats = collections.Counter() if stats is None else stats
-  splits: dict[str, list[Task]] = {name: [] for name in SPLITS}
+  splits: dict[str, list[Task]] = {name: [] for name in options.splits}
   for doc in documents:
     sections, fell_back = split_document(doc, options.min_block_chars)
     stats["python_syntax_fallback"] += fell_back
-    split = split_of(doc.id, options.held_out_fraction)
+    split = split_of(doc.id, options.held_out_fraction, options.validation_fraction)
     tasks = make_tasks(doc, sections, options=options, count_tokens=count_tokens,
                        stats=stats)
     stats["documents"] += 1

@@ -1,0 +1,62 @@
+"""GRPO over multi-turn tool-use episodes with a tiny byte-level policy, on CPU.
+
+    rlcode train --config configs/agent_tiny.py
+
+The policy (~1M parameters, configs/common.py's decoder with the tool-calling tags as
+tokens) starts from scratch, gets a supervised warm start on scripted expert
+episodes of the training tasks (rlcode.agent.expert), then trains with GRPO on
+whole trajectories: G episodes per task, each in its own sandbox session, the
+final reward the task's tests on the workspace's solution.py. The tasks
+(data/agent_tasks.jsonl) can only be solved through the tools: the constant is in
+a workspace file (named or to be searched for), or the function's name is only in
+the output of the first failing test run. Evaluation rows report eval/success and
+eval/tool_calls_per_episode on the validation split (used for tuning); the held-out
+split is reported once (experiments/agent_tiny_seeds.py).
+
+Expected result: see experiments/README.md (agent_tiny).
+"""
+
+import ml_collections
+
+from common import optimizer, tiny_model
+
+TOOLS = ("editor", "search", "run_tests", "finish")
+
+
+def get_config():
+  config = ml_collections.ConfigDict()
+  config.workdir = "workdirs/agent_tiny"
+  config.seed = 0
+  config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=1, tensor=1))
+  config.model = tiny_model()
+  config.model.tokenizer = "bytes+tools"
+  config.model.arch.max_seq_len = 640
+
+  config.data = ml_collections.ConfigDict(dict(
+      source="jsonl", path="data/agent_tasks.jsonl", data_dir="",
+      train_split="train", eval_split="validation", max_eval_tasks=0))
+
+  config.rewards = ml_collections.ConfigDict({"tests": 1.0})
+  config.reward_options = ml_collections.ConfigDict({"tests": {"mode": "all"}})
+
+  config.agent = ml_collections.ConfigDict(dict(
+      tools=TOOLS, chat_format="compact", toolset="rich", think="none", variants=(),
+      max_turns=5, max_total_tokens=640, max_turn_tokens=160, max_observation_tokens=96,
+      mask_cut=True, success_reward=1.0, memory_rule="dedupe",
+      semantic_search=False, bash_seconds=5.0, episode_seconds=120.0, workers=8))
+
+  config.rl = ml_collections.ConfigDict(dict(
+      group_size=8, prompts_per_step=8, temperature=1.0, top_p=1.0, top_k=0,
+      num_passes=1, advantage="grpo", loss_aggregation="seq_mean_token_mean",
+      clip_eps_low=0.2, clip_eps_high=0.28, beta=0.0, log_kl=False))
+  config.optimizer = optimizer(lr=3e-4, warmup=5, decay=100)
+
+  config.warmstart = ml_collections.ConfigDict(dict(
+      steps=150, batch_size=16, optimizer=optimizer(lr=3e-3, warmup=20, decay=150)))
+
+  config.train = ml_collections.ConfigDict(dict(
+      steps=100, checkpoint_every=25, eval_every=25, keep_checkpoints=2,
+      on_nonfinite="skip", progress_bar=True))
+  config.eval = ml_collections.ConfigDict(dict(
+      num_samples=4, temperature=1.0, batch_prompts=16))
+  return config

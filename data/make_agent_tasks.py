@@ -1,0 +1,129 @@
+"""Writes data/agent_tasks.jsonl: tasks a tiny policy can solve only through its tools.
+
+Each task asks for solution.py with one small function of x. What the function
+needs is not in the prompt:
+  file    the constant is in a named workspace file ("OFFSET = 7" in config.txt,
+          sometimes below an unrelated line); the prompt names the file.
+  search  the constant is in one of three files; the prompt does not say which.
+  tests   the function's name is only in the output of the first failing test
+          run (the workspace holds a stub solution.py; the tests call the name).
+A policy that does not look cannot do better than a guess. The prompt gives the
+operation (plus, minus, times) in words; the tests are assert statements on fixed
+inputs (hidden: six; visible, what run_tests runs: two).
+
+Splits by a hash of the unit: (operation, constant) for file and search tasks,
+(operation, name) for tests tasks; held_out with probability 0.2, validation
+0.15, else train. A held-out task's unit never appears in training; its phrasing,
+file names and symbols do.
+
+    python data/make_agent_tasks.py     # rewrites data/agent_tasks.jsonl deterministically
+
+`extra` carries what the scripted expert (rlcode.agent.expert) needs: the
+variant, the file and symbol to look up, and the reference solution.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+
+OPS = {"add": ("+", "plus"), "sub": ("-", "minus"), "mul": ("*", "times")}
+SYMBOLS = ("OFFSET", "STEP", "SCALE", "LIMIT")
+FILES = ("config.txt", "notes.txt", "settings.ini", "values.txt")
+NOISE = ("mode = fast", "version = 2", "# settings", "name = demo")
+NAMES = ("zap", "frob", "blip", "quux", "zorg", "miro", "tund", "vex", "plom", "gax",
+         "korr", "bix", "dune", "yelp", "sorb", "nack")
+INPUTS = (0, 1, 2, 5, 10, -3)
+VISIBLE = 2
+HELD_OUT_FRACTION = 0.2
+VALIDATION_FRACTION = 0.15
+
+
+def _fraction(key: str) -> float:
+  return int(hashlib.sha256(key.encode()).hexdigest()[:15], 16) / 16**15
+
+
+def _split(unit: str) -> str:
+  f = _fraction(unit)
+  return ("held_out" if f < HELD_OUT_FRACTION
+          else "validation" if f < HELD_OUT_FRACTION + VALIDATION_FRACTION else "train")
+
+
+def _task(tid, unit, prompt, name, op, k, files, hint):
+  sign = OPS[op][0]
+  solution = f"def {name}(x):\n    return x {sign} {k}\n"
+  asserts = [f"assert {name}({x}) == {eval(f'{x} {sign} {k}')}" for x in INPUTS]
+  return {"id": tid, "prompt": prompt, "tests": "\n".join(asserts) + "\n",
+          "entry_point": "", "reference": solution, "split": _split(unit),
+          "extra": {"files": files, "solution": "solution.py", "assemble": "completion",
+                    "tests_format": "script",
+                    "tests_visible": "\n".join(asserts[:VISIBLE]) + "\n",
+                    "hint": hint}}
+
+
+def file_tasks(rng):
+  for op, (_, word) in OPS.items():
+    for k in range(2, 10):
+      for symbol in SYMBOLS:
+        path = rng.choice(FILES)
+        name = f"{op}_{symbol.lower()}"
+        lines = [f"{symbol} = {k}"]
+        if rng.random() < 0.5:
+          lines.insert(0, rng.choice(NOISE))
+        prompt = (f"Write solution.py defining {name}(x) that returns x {word} {symbol}. "
+                  f"{symbol} is set in {path}.")
+        yield _task(f"agent/file/{op}/k{k}/{symbol}", f"{op}/k{k}", prompt, name, op, k,
+                    {path: "\n".join(lines) + "\n"},
+                    {"variant": "file", "path": path, "symbol": symbol, "name": name})
+
+
+def search_tasks(rng):
+  for op, (_, word) in OPS.items():
+    for k in range(2, 10):
+      for symbol in SYMBOLS:
+        paths = rng.sample(FILES, 3)
+        files = {p: f"{rng.choice(NOISE)}\n" for p in paths}
+        where = rng.choice(paths)
+        files[where] += f"{symbol} = {k}\n"
+        name = f"{op}_{symbol.lower()}"
+        prompt = (f"Write solution.py defining {name}(x) that returns x {word} {symbol}. "
+                  f"{symbol} is set in one of the workspace files.")
+        yield _task(f"agent/search/{op}/k{k}/{symbol}", f"{op}/k{k}", prompt, name, op, k,
+                    files, {"variant": "search", "path": where, "symbol": symbol,
+                            "name": name})
+
+
+def tests_tasks(rng):
+  for op, (_, word) in OPS.items():
+    for base in NAMES:
+      for digit in range(1, 4):
+        name = f"{base}{digit}"
+        k = rng.randint(2, 9)
+        prompt = (f"Make the tests pass: solution.py must define a function of x that "
+                  f"returns x {word} {k}. Run the tests to learn its name.")
+        yield _task(f"agent/tests/{op}/{name}", f"{op}/{name}", prompt, name, op, k,
+                    {"solution.py": "# write the solution here\n"},
+                    {"variant": "tests", "name": name})
+
+
+def main():
+  rng = random.Random(0)
+  rows = [t for gen in (file_tasks, search_tasks, tests_tasks) for t in gen(rng)]
+  ids = [r["id"] for r in rows]
+  assert len(ids) == len(set(ids))
+  random.Random(1).shuffle(rows)
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent_tasks.jsonl")
+  with open(path, "w") as f:
+    for row in rows:
+      f.write(json.dumps(row, sort_keys=True) + "\n")
+  counts = {}
+  for r in rows:
+    key = (r["extra"]["hint"]["variant"], r["split"])
+    counts[key] = counts.get(key, 0) + 1
+  print(f"wrote {len(rows)} tasks to {path}: {dict(sorted(counts.items()))}")
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,179 @@
+"""agent_tiny's RL gain over seeds, against a cross-entropy control, held out once.
+
+For each seed:
+1. GRPO: `rlcode train --config configs/agent_tiny.py --config.seed=S` in its own
+   workdir (a fresh process, timed with its CPU seconds and the load average). Its eval
+   rows are on the validation split (the one the config was tuned on).
+2. Cross-entropy control: from the same warm-started policy (WORKDIR/warm_start),
+   more supervised steps on the expert episodes of the training tasks for as much
+   training time as the GRPO phase spent (rollout + update seconds), at the GRPO
+   optimizer's learning rate held constant.
+3. The held-out split, once: eval/success and eval/tool_calls_per_episode of the
+   warm-started policy, of the GRPO policy and of the control.
+
+    python experiments/agent_tiny_seeds.py [--seeds 0 1 2] [--arms grpo ce]
+        [--no-held-out] [--out experiments/out/agent_tiny_seeds] [--config.a.b=value ...]
+
+--no-held-out with --arms grpo is the tuning mode (validation only). Prints a table
+with mean and standard error over seeds; writes agent_tiny_seeds.json and
+agent_tiny_seeds.png (validation success against step, one line per seed) under
+--out. experiments/agent_tools.py and agent_think.py run their variants with `run_arm`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import math
+import os
+import resource
+import subprocess
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from rlcode import config_lib, grpo, sharding  # noqa: E402
+from rlcode.agent import rollout, train as agent_train  # noqa: E402
+from rlcode.data import sources  # noqa: E402
+from rlcode.metrics import read_metrics  # noqa: E402
+
+CONFIG = os.path.join(ROOT, "configs", "agent_tiny.py")
+
+
+def mean_se(xs):
+  m = sum(xs) / len(xs)
+  if len(xs) < 2:
+    return m, float("nan")
+  var = sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
+  return m, math.sqrt(var / len(xs))
+
+
+def load(seed, overrides):
+  return config_lib.load_config(CONFIG, [f"--config.seed={seed}", *overrides])
+
+
+def run_arm(seed, workdir, overrides):
+  """One training run in a fresh process; its validation curve and costs."""
+  cmd = [sys.executable, "-m", "rlcode", "train", "--config", CONFIG, f"--config.seed={seed}",
+         f"--config.workdir={workdir}", "--config.train.progress_bar=false", *overrides]
+  before = resource.getrusage(resource.RUSAGE_CHILDREN)
+  load_before, start = os.getloadavg()[0], time.time()
+  subprocess.run(cmd, cwd=ROOT, check=True)
+  after = resource.getrusage(resource.RUSAGE_CHILDREN)
+  rows = read_metrics(workdir)
+  steps = [r for r in rows if "loss" in r]
+  evals = [r for r in rows if "eval/success" in r]
+  return {"minutes": (time.time() - start) / 60,
+          "cpu_minutes": (after.ru_utime + after.ru_stime - before.ru_utime
+                          - before.ru_stime) / 60,
+          "load": [load_before, os.getloadavg()[0]],
+          "train_seconds": sum(r["rollout_seconds"] + r["update_seconds"] for r in steps),
+          "val_steps": [r["step"] for r in evals],
+          "val_success": [r["eval/success"] for r in evals],
+          "val_tool_calls": [r["eval/tool_calls_per_episode"] for r in evals],
+          "val_context_tokens": [r["eval/context_tokens"] for r in evals]}
+
+
+def held_out(config, directory, mesh):
+  model, tokenizer, _ = agent_train.restore_policy(config, directory, mesh)
+  return agent_train.evaluate_policy(config, model, tokenizer, "held_out", mesh)
+
+
+def control(config, workdir, seconds, mesh):
+  """Cross-entropy on expert episodes from the run's warm start for `seconds`."""
+  from flax import nnx
+  model, tokenizer, _ = agent_train.restore_policy(config, os.path.join(workdir, "warm_start"),
+                                                   mesh)
+  chat = rollout.chat_format(config, tokenizer)
+  envs = rollout.make_envs(config, 16)
+  tasks = agent_train.select_variants(config, sources.load(config.data, config.data.train_split))
+  trajs = agent_train.expert_trajectories(config, tasks, envs, chat,
+                                          rollout.budgets(config.agent))
+  for env in envs:
+    env.close()
+  graphdef, params = nnx.split(model, nnx.Param)
+  opt = dataclasses.replace(grpo.OptimizerConfig.from_config(config.optimizer),
+                            end_lr_fraction=1.0)
+  params, stats = agent_train.imitate(graphdef, params, trajs, tokenizer.pad_id, mesh,
+                                      optimizer=opt, batch_size=config.warmstart.batch_size,
+                                      seed=config.seed + 2, seconds=seconds)
+  return nnx.merge(graphdef, params), tokenizer, stats
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+  parser.add_argument("--arms", nargs="+", default=["grpo", "ce"], choices=["grpo", "ce"])
+  parser.add_argument("--no-held-out", action="store_true",
+                      help="tuning mode: report the validation split only")
+  parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/agent_tiny_seeds"))
+  args, overrides = parser.parse_known_args()
+  os.makedirs(args.out, exist_ok=True)
+  path = os.path.join(args.out, "agent_tiny_seeds.json")
+  runs = []
+  for seed in args.seeds:
+    workdir = os.path.join(args.out, f"seed{seed}")
+    run = {"seed": seed, **run_arm(seed, workdir, overrides)}
+    config = load(seed, overrides)
+    mesh = sharding.mesh_from_config(config.mesh)
+    if not args.no_held_out:
+      run["held_out"] = {"warm_start": held_out(config, os.path.join(workdir, "warm_start"),
+                                                mesh),
+                         "grpo": held_out(config, workdir, mesh)}
+    if "ce" in args.arms:
+      policy, tokenizer, stats = control(config, workdir, run["train_seconds"], mesh)
+      stats["val"] = agent_train.evaluate_policy(config, policy, tokenizer, "validation", mesh)
+      if not args.no_held_out:
+        run["held_out"]["ce"] = agent_train.evaluate_policy(config, policy, tokenizer,
+                                                            "held_out", mesh)
+      run["ce"] = stats
+    runs.append(run)
+    with open(path, "w") as f:
+      json.dump({"runs": runs, "overrides": overrides}, f, indent=2)
+
+  print("| seed | val first | val last | val gain | tool calls first | last"
+        + ("" if args.no_held_out else " | held warm | held grpo | held ce") +
+        " | minutes | CPU minutes | load |")
+  for r in runs:
+    r["val_gain"] = r["val_success"][-1] - r["val_success"][0]
+    line = (f"| {r['seed']} | {r['val_success'][0]:.3f} | {r['val_success'][-1]:.3f} | "
+            f"{r['val_gain']:+.3f} | {r['val_tool_calls'][0]:.2f} | {r['val_tool_calls'][-1]:.2f}")
+    if not args.no_held_out:
+      h = r["held_out"]
+      line += (f" | {h['warm_start']['success']:.3f} | {h['grpo']['success']:.3f} | "
+               f"{h['ce']['success'] if 'ce' in h else float('nan'):.3f}")
+    print(line + f" | {r['minutes']:.1f} | {r['cpu_minutes']:.1f} | "
+          f"{r['load'][0]:.1f}-{r['load'][1]:.1f} |")
+  summary = {"val_gain": mean_se([r["val_gain"] for r in runs])}
+  if not args.no_held_out:
+    h = lambda r, arm: r["held_out"][arm]["success"]
+    summary["held_out_grpo_gain"] = mean_se([h(r, "grpo") - h(r, "warm_start") for r in runs])
+    if "ce" in args.arms:
+      summary["held_out_ce_gain"] = mean_se([h(r, "ce") - h(r, "warm_start") for r in runs])
+      summary["held_out_grpo_minus_ce"] = mean_se([h(r, "grpo") - h(r, "ce") for r in runs])
+  for name, (m, se) in summary.items():
+    print(f"{name}: {m:+.3f} ± {se:.3f} (mean ± standard error over {len(runs)} seeds)")
+  with open(path, "w") as f:
+    json.dump({"runs": runs, "summary": summary, "overrides": overrides}, f, indent=2)
+
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(6, 4))
+  for r in runs:
+    ax.plot(r["val_steps"], r["val_success"], marker="o", label=f"seed {r['seed']}")
+  ax.set_xlabel("GRPO step")
+  ax.set_ylabel("validation eval/success")
+  m, se = summary["val_gain"]
+  ax.set_title(f"agent_tiny: validation gain {m:+.3f} ± {se:.3f}")
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  fig.savefig(os.path.join(args.out, "agent_tiny_seeds.png"), dpi=110)
+
+
+if __name__ == "__main__":
+  main()

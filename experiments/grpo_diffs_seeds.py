@@ -1,0 +1,170 @@
+"""configs/grpo_diffs.py over seeds: the learning curve, the held-out result, a CE control.
+
+    python experiments/grpo_diffs_seeds.py [--seeds 0 1 2] [--out DIR] [--no-control]
+        [--config.a.b=v ...]
+
+For each seed, in this one process, one after another:
+1. `rlcode.train.train` on configs/grpo_diffs.py with `--config.seed=S`,
+   `--config.data.test_split=test` and a warm-start cache under --out: the
+   warm start, the step-0 evaluation, the GRPO steps with periodic evaluation
+   on the validation split (the split the config was tuned on), and the test
+   split evaluated at the warm start and after the last step (its one look).
+2. The cross-entropy control: the same warm start (loaded from the cache)
+   trained on with supervised steps for as long as the GRPO steps took
+   (sampling, reward and update seconds; experiments/ce_control.py), then
+   evaluated the same way on both splits. --no-control skips it (its columns
+   then read "-").
+
+Prints a table per split (per seed, and the mean with its standard error over
+seeds) and writes grpo_diffs_seeds.json and grpo_diffs_seeds.png (validation
+reward and format validity against step, one line per seed) under --out
+(default experiments/out/grpo_diffs_seeds). Wall-clock, process CPU time and the
+machine's load average are recorded per seed: on a shared machine the
+wall-clock says little about the run, the CPU time more.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+sys.path.insert(0, os.path.join(ROOT, "experiments"))
+
+from flax import nnx  # noqa: E402
+
+from ce_control import continue_cross_entropy, mean_se, warm_started  # noqa: E402
+from rlcode import config_lib, evaluate, rollout, train  # noqa: E402
+from rlcode.data import sources  # noqa: E402
+from rlcode.metrics import read_metrics  # noqa: E402
+
+CONFIG = os.path.join(ROOT, "configs", "grpo_diffs.py")
+KEYS = ("diff/format_valid", "diff/reward_mean", "diff/exact", "diff/similarity")
+
+
+def _pick(row: dict, prefix: str) -> dict:
+  return {k: row[f"{prefix}/{k}"] for k in KEYS}
+
+
+def eval_splits(config, graphdef, params, tokenizer, mesh) -> dict:
+  """held_out_eval of params on the eval split ("eval") and the test split ("test")."""
+  out = {}
+  for name, split in (("eval", config.data.eval_split), ("test", config.data.test_split)):
+    tasks, _ = rollout.fit_tasks(sources.load(config.data, split), tokenizer, split=name,
+                                 max_seq_len=config.model.arch.max_seq_len,
+                                 max_new_tokens=config.eval.max_new_tokens,
+                                 drop_too_long=bool(config.data.drop_too_long))
+    result = evaluate.held_out_eval(config, nnx.merge(graphdef, params), tokenizer, tasks, mesh)
+    out[name] = {k: result[k] for k in KEYS}
+  return out
+
+
+def run_seed(seed: int, out: str, overrides: list[str], control: bool = True) -> dict:
+  workdir = os.path.join(out, f"seed{seed}")
+  config = config_lib.load_config(CONFIG, overrides + [
+      f"--config.seed={seed}", f"--config.workdir={workdir}", "--config.data.test_split=test",
+      f"--config.warmstart.cache_dir={os.path.join(out, 'warm_start')}",
+      "--config.train.progress_bar=false"])
+  if os.path.exists(os.path.join(workdir, "checkpoints")):
+    raise FileExistsError(f"{workdir} holds a previous run; remove it or pass another --out")
+  load_before, wall, cpu = os.getloadavg()[0], time.time(), time.process_time()
+  rows = train.train(config)
+  run = {"minutes": (time.time() - wall) / 60, "cpu_minutes": (time.process_time() - cpu) / 60,
+         "load_before": load_before, "load_after": os.getloadavg()[0]}
+  steps = [r for r in rows if "loss" in r]
+  evals = [r for r in rows if "eval/reward_mean" in r]
+  tests = [r for r in rows if "test/reward_mean" in r]
+  grpo_seconds = sum(r["rollout_seconds"] + r["reward_seconds"] + r["update_seconds"]
+                     for r in steps)
+  curve = {"step": [r["step"] for r in evals], **{k: [r[f"eval/{k}"] for r in evals]
+                                                 for k in KEYS}}
+  result = {
+      "seed": seed, **run, "grpo_seconds": grpo_seconds, "grpo_steps": len(steps),
+      "warm_start": {"eval": _pick(evals[0], "eval"), "test": _pick(tests[0], "test")},
+      "grpo": {"eval": _pick(evals[-1], "eval"), "test": _pick(tests[-1], "test")},
+      "curve": curve, "groups_with_signal": [r["groups_with_signal"] for r in steps],
+      "sft": next(r for r in read_metrics(workdir) if "sft_loss_last" in r),
+  }
+  if control:
+    ce_dir = os.path.join(out, f"seed{seed}_cross_entropy")
+    graphdef, params, tokenizer, mesh, tasks = warm_started(config, ce_dir)
+    ce = continue_cross_entropy(config, graphdef, params, tasks, tokenizer, mesh,
+                                seconds=grpo_seconds)
+    result["cross_entropy"] = {**eval_splits(config, graphdef, ce["params"], tokenizer, mesh),
+                               "steps": ce["steps"], "seconds": ce["seconds"],
+                               "loss_first": ce["loss_first"], "loss_last": ce["loss_last"]}
+  return result
+
+
+def table(runs: list[dict], split: str) -> str:
+  head = ("| seed | warm start: format valid | reward | exact | GRPO: format valid | reward "
+          "| exact | reward gain | CE control: format valid | reward | exact |")
+  lines = [head, "|---|" + "---:|" * 10]
+
+  nan = float("nan")
+
+  def cells(r):
+    w, g = r["warm_start"][split], r["grpo"][split]
+    c = r["cross_entropy"][split] if "cross_entropy" in r else dict.fromkeys(KEYS, nan)
+    return [w["diff/format_valid"], w["diff/reward_mean"], w["diff/exact"],
+            g["diff/format_valid"], g["diff/reward_mean"], g["diff/exact"],
+            g["diff/reward_mean"] - w["diff/reward_mean"],
+            c["diff/format_valid"], c["diff/reward_mean"], c["diff/exact"]]
+
+  show = lambda x: "-" if x != x else f"{x:.3f}"
+  values = [cells(r) for r in runs]
+  for r, v in zip(runs, values):
+    lines.append(f"| {r['seed']} | " + " | ".join(show(x) for x in v) + " |")
+  stats = [mean_se(col) for col in zip(*values)]
+  lines.append("| mean ± SE | " + " | ".join("-" if m != m else f"{m:.3f} ± {s:.3f}"
+                                             for m, s in stats) + " |")
+  return "\n".join(lines)
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+  parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/grpo_diffs_seeds"))
+  parser.add_argument("--no-control", action="store_true",
+                      help="skip the cross-entropy control")
+  args, overrides = parser.parse_known_args()
+  for item in overrides:
+    if not item.startswith(config_lib.PREFIX):
+      parser.error(f"unknown argument {item!r}")
+  os.makedirs(args.out, exist_ok=True)
+  runs = []
+  for seed in args.seeds:
+    runs.append(run_seed(seed, args.out, overrides, control=not args.no_control))
+    with open(os.path.join(args.out, "grpo_diffs_seeds.json"), "w") as f:
+      json.dump({"runs": runs, "overrides": overrides}, f, indent=2)
+  for split, name in (("eval", "validation"), ("test", "test")):
+    print(f"\n{name} split (eval.num_samples per task):")
+    print(table(runs, split))
+  print("\n| seed | minutes | CPU minutes | load before / after | GRPO steps | GRPO seconds |")
+  print("|---|---:|---:|---|---:|---:|")
+  for r in runs:
+    print(f"| {r['seed']} | {r['minutes']:.1f} | {r['cpu_minutes']:.1f} | "
+          f"{r['load_before']:.1f} / {r['load_after']:.1f} | {r['grpo_steps']} | "
+          f"{r['grpo_seconds']:.0f} |")
+
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+  for ax, key in zip(axes, ("diff/reward_mean", "diff/format_valid")):
+    for r in runs:
+      ax.plot(r["curve"]["step"], r["curve"][key], marker="o", label=f"seed {r['seed']}")
+    ax.set_xlabel("GRPO step")
+    ax.set_title(f"validation {key}")
+    ax.grid(alpha=0.3)
+  axes[0].legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(os.path.join(args.out, "grpo_diffs_seeds.png"), dpi=110)
+
+
+if __name__ == "__main__":
+  main()

@@ -1,0 +1,114 @@
+"""How much of the pass@k - pass@1 gap majority voting and a reward model close.
+
+Claim (the seed's): pass@k is far above pass@1; majority voting or a reward model picking
+one of k samples closes part of that gap.
+
+For each task set (the tiny held-out problems; HumanEval, the problems whose prompt and
+max_new_tokens fit the policy's context), --n samples per task from a trained policy at
+the eval temperature, each run against its tests; then, for k = 1, 2, 4, ..., n: pass@1 (first@k),
+pass@k (oracle@k), majority@k (votes by behaviour on the tests' inputs, rlcode.behaviour)
+and rm@k (the highest score of a reward model trained on choices, rlcode train-rm), each
+the expectation over draws of k of the n samples (rlcode.selection), and the fraction of
+the gap each selector closes, (sel@k - pass@1) / (pass@k - pass@1).
+
+    python experiments/selection.py --policy WORKDIR --rm RM_WORKDIR [--n 64]
+        [--sets tiny humaneval] [--out experiments/out/selection]
+
+Prints the tables, wall-clock and load; writes the samples under --out and selection.json
+and selection.png under --plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+from rlcode import evaluate, selection, sharding  # noqa: E402
+from rlcode.data import sources  # noqa: E402
+from rlcode.data.humaneval import humaneval_tasks  # noqa: E402
+from rlcode.rm.train import recorded_config  # noqa: E402
+
+SELECTORS = ["majority", "rm"]
+
+
+def task_set(name, config):
+  if name == "tiny":
+    return sources.load(config.data, "held_out")
+  return humaneval_tasks()
+
+
+def main():
+  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+  parser.add_argument("--policy", default="experiments/out/grpo_rm/tests_seed0")
+  parser.add_argument("--rm", default="experiments/out/rm_choices")
+  parser.add_argument("--n", type=int, default=64)
+  parser.add_argument("--sets", nargs="+", default=["tiny", "humaneval"],
+                      choices=["tiny", "humaneval"])
+  parser.add_argument("--workers", type=int, default=2)
+  parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/selection"))
+  parser.add_argument("--plots", default=os.path.join(ROOT, "experiments/plots"))
+  args = parser.parse_args()
+  os.makedirs(args.out, exist_ok=True)
+  config = recorded_config(args.policy, "--policy")
+  mesh = sharding.mesh_from_config(config.mesh)
+  model, tokenizer, step, _ = evaluate.restore_policy(config, args.policy, mesh)
+  ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= args.n]
+  ev = config.eval
+  results = {"policy": args.policy, "policy_step": step, "rm": args.rm, "n": args.n,
+             "temperature": ev.temperature, "max_new_tokens": ev.max_new_tokens, "sets": {}}
+  for name in args.sets:
+    start, load_before = time.time(), os.getloadavg()
+    every = task_set(name, config)
+    # Sampling needs the prompt and the new tokens to fit the context (references do not).
+    tasks = [t for t in every
+             if len(tokenizer.encode(t.prompt)) + ev.max_new_tokens <= model.cfg.max_seq_len]
+    fit = {"tasks": len(every), "kept": len(tasks)}
+    row_tasks, texts = evaluate.sample_completions(
+        model, tokenizer, tasks, num_samples=args.n, temperature=ev.temperature,
+        max_new_tokens=ev.max_new_tokens, seed=config.seed + 7919,
+        batch_prompts=max(1, 2048 // args.n), mesh=mesh, progress=True)
+    pairs = [(t.id, c) for t, c in zip(row_tasks, texts)]
+    with open(os.path.join(args.out, f"{name}_samples.jsonl"), "w") as f:
+      for tid, c in pairs:
+        f.write(json.dumps({"task_id": tid, "completion": c}) + "\n")
+    table = evaluate.evaluate_selection(tasks, pairs, selectors=SELECTORS, ks=ks,
+                                        rm_checkpoint=args.rm, workers=args.workers)
+    table.update(fit=fit, minutes=(time.time() - start) / 60, load_before=load_before,
+                 load_after=os.getloadavg())
+    results["sets"][name] = table
+    print(f"== {name}: {fit} ({table['minutes']:.1f} min, load {load_before} -> "
+          f"{table['load_after']})")
+    print(selection.format_table(table, SELECTORS))
+    with open(os.path.join(args.out, "selection.json"), "w") as f:
+      json.dump(results, f, indent=2)
+
+  import matplotlib
+  matplotlib.use("Agg")
+  import matplotlib.pyplot as plt
+  fig, axes = plt.subplots(1, len(results["sets"]), figsize=(5.5 * len(results["sets"]), 4),
+                           squeeze=False)
+  labels = {"oracle": "pass@k (oracle)", "majority": "majority@k", "rm": "rm@k",
+            "first": "pass@1 (first)"}
+  for ax, (name, table) in zip(axes[0], results["sets"].items()):
+    for sel in ("oracle", "majority", "rm", "first"):
+      ax.plot(ks, [table[sel][k] for k in ks], marker="o", label=labels[sel])
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("k samples")
+    ax.set_ylabel("share of tasks solved by the selected sample")
+    ax.set_title(f"{name}: {table['n_tasks']} tasks, n = {args.n}")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=8)
+  fig.tight_layout()
+  fig.savefig(os.path.join(args.plots, "selection.png"), dpi=110)
+  with open(os.path.join(args.plots, "selection.json"), "w") as f:
+    json.dump(results, f, indent=2)
+
+
+if __name__ == "__main__":
+  main()

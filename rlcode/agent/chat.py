@@ -1,0 +1,116 @@
+"""The chat format of a tool-calling episode: how text becomes the tokens the policy sees.
+
+Two formats:
+  "hermes": the Qwen2.5 / Hermes tool-calling template, so a chat-tuned checkpoint
+    reads its prompts as it was trained to: a system turn listing the tools' JSON
+    schemas inside <tools></tools>, the task as the user turn, each call as
+    `<tool_call>{"name": ..., "arguments": {...}}</tool_call>` in an assistant turn,
+    each observation as a user turn inside <tool_response></tool_response>.
+  "compact": the same tags without the chat turns, and the tools named in one line
+    (no schemas), for byte-level policies trained from scratch: their context is
+    short, and they learn the calls' arguments from their warm start's examples.
+
+A turn of the policy ends at the closing call tag or at an end-of-sequence token,
+so the closing tag must be one token of the tokenizer (it is in Qwen2.5's
+vocabulary, and in the "bytes+tools" tokenizer). Observations are encoded alone and
+appended to the trajectory's tokens: nothing is ever re-tokenised from text.
+
+This module must not know about sandboxes, sampling or rewards.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+from collections.abc import Sequence
+
+from rlcode.errors import BadInput
+
+CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
+FORMATS = ("compact", "hermes")
+
+_HERMES_SYSTEM = (
+    "You are a coding agent working in a sandboxed workspace. You may call one or more "
+    "functions to complete the task. The function signatures are inside <tools></tools>:\n"
+    "<tools>\n{schemas}\n</tools>\n"
+    "To call a function, reply with a JSON object naming it and giving its arguments, "
+    "inside <tool_call></tool_call> tags:\n"
+    "<tool_call>\n{{\"name\": <function-name>, \"arguments\": <args-json-object>}}\n"
+    "</tool_call>")
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatFormat:
+  """A named format bound to a tokenizer.
+
+  Attributes:
+    name: one of FORMATS.
+    tokenizer: encodes and decodes; must have `special_id` (rlcode.models.tokenizer).
+  """
+
+  name: str
+  tokenizer: object
+
+  def __post_init__(self):
+    if self.name not in FORMATS:
+      raise BadInput(f"agent.chat_format={self.name!r}; known: {list(FORMATS)}")
+    if self.close_id is None:
+      raise BadInput(f"the tokenizer has no single token for {CALL_CLOSE!r}, which ends a "
+                     "policy turn; use a tokenizer with the tool-calling tags "
+                     "(for example 'bytes+tools', or a Qwen2.5 checkpoint's)")
+
+  @property
+  def close_id(self) -> int | None:
+    return self.tokenizer.special_id(CALL_CLOSE)
+
+  @property
+  def stop_ids(self) -> tuple[int, ...]:
+    """Tokens that end a policy turn: the closing call tag, and end-of-sequence."""
+    return (self.close_id, *self.tokenizer.eos_ids)
+
+  def system(self, tools: Sequence) -> str:
+    """The tool listing: JSON schemas (hermes) or the tools' names (compact)."""
+    if self.name == "hermes":
+      schemas = "\n".join(json.dumps(t.schema(), sort_keys=True) for t in tools)
+      return _HERMES_SYSTEM.format(schemas=schemas)
+    return "tools: " + ", ".join(t.name for t in tools)
+
+  def prompt_text(self, tools: Sequence, task_text: str) -> str:
+    if self.name == "hermes":
+      return (f"<|im_start|>system\n{self.system(tools)}<|im_end|>\n"
+              f"<|im_start|>user\n{task_text}<|im_end|>\n<|im_start|>assistant\n")
+    return f"{self.system(tools)}\ntask: {task_text}\n"
+
+  def prompt_tokens(self, tools: Sequence, task_text: str) -> list[int]:
+    """The episode's prompt (with the tokenizer's BOS, if it adds one)."""
+    return self.tokenizer.encode(self.prompt_text(tools, task_text))
+
+  def _bare(self, text: str) -> list[int]:
+    """`text` encoded without the BOS the tokenizer may prepend."""
+    ids = self.tokenizer.encode(text)
+    bos = len(self.tokenizer.encode(""))
+    return ids[bos:]
+
+  def observation_parts(self) -> tuple[str, str]:
+    """The text around an observation (after the policy's closing tag)."""
+    if self.name == "hermes":
+      return ("<|im_end|>\n<|im_start|>user\n<tool_response>\n",
+              "\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
+    return "<tool_response>", "</tool_response>"
+
+  def observation_tokens(self, text: str, max_tokens: int) -> tuple[list[int], bool]:
+    """The tokens appended after a turn, the observation cut in the middle to at most
+    `max_tokens` of its own tokens; and whether it was cut."""
+    head, tail = self.observation_parts()
+    body = self._bare(text)
+    cut = len(body) > max_tokens
+    if cut:
+      n = len(body)
+      # The marker is sized for the largest count first; the true count is no longer.
+      keep = max(max_tokens - len(self._bare(f"\n[... {n} tokens cut ...]\n")), 0)
+      marker = self._bare(f"\n[... {n - keep} tokens cut ...]\n")
+      body = body[:keep - keep // 2] + marker + body[n - keep // 2:]
+    return self._bare(head) + body + self._bare(tail), cut
+
+  def decode(self, ids: Sequence[int]) -> str:
+    return self.tokenizer.decode(ids)

@@ -1,0 +1,87 @@
+"""Scripted expert episodes for the warm start: the calls a competent agent makes.
+
+For a task of data/agent_tasks.jsonl (its `extra["hint"]`), `expert_calls` gives
+the calls that solve it with a tool set ("rich": editor, search, run_tests;
+"terminal": bash only) and a think habit ("none", "start": one plan first, "each":
+a note after every tool call). `expert_trajectory` plays them through a real
+environment, so the observations are what the tools return, and records the
+tokens exactly as a sampled episode would hold them (calls mask 1, observations 0).
+"""
+
+from __future__ import annotations
+
+import json
+
+from rlcode.agent import sampler
+from rlcode.agent.chat import CALL_CLOSE, CALL_OPEN, ChatFormat
+from rlcode.agent.env import ToolEnv
+from rlcode.data.tasks import Task
+
+TOOLSETS = ("rich", "terminal")
+THINK = ("none", "start", "each")
+
+
+def call_text(name: str, arguments: dict) -> str:
+  """A call as the expert writes it (compact JSON between the tags)."""
+  body = json.dumps({"name": name, "arguments": arguments}, separators=(",", ":"))
+  return f"{CALL_OPEN}{body}{CALL_CLOSE}"
+
+
+def expert_calls(task: Task, toolset: str = "rich", think: str = "none") -> list[tuple]:
+  """[(name, arguments), ...] ending with finish."""
+  if toolset not in TOOLSETS or think not in THINK:
+    raise ValueError(f"toolset={toolset!r} (one of {TOOLSETS}), think={think!r} "
+                     f"(one of {THINK})")
+  hint = task.extra["hint"]
+  variant, solution = hint["variant"], task.reference
+  write = (("editor", {"command": "create", "path": "solution.py", "file_text": solution})
+           if toolset == "rich" else
+           ("bash", {"command": f"cat > solution.py <<'EOF'\n{solution}EOF"}))
+  if variant == "tests":
+    if toolset == "terminal":
+      raise ValueError(f"task {task.id!r}: its function name is only in the test output, "
+                       "and the terminal tool set has no run_tests")
+    look, fact, plan = (("run_tests", {}), f"the function is {hint['name']}",
+                        "run the tests, read the name, write solution.py")
+  elif variant == "file":
+    look = (("editor", {"command": "view", "path": hint["path"]}) if toolset == "rich"
+            else ("bash", {"command": f"cat {hint['path']}"}))
+    fact = f"{hint['symbol']} is {task.reference.split()[-1]}"
+    plan = f"read {hint['path']}, write solution.py"
+  elif variant == "search":
+    look = (("search", {"query": hint["symbol"]}) if toolset == "rich"
+            else ("bash", {"command": f"grep -rn {hint['symbol']} ."}))
+    fact = f"{hint['symbol']} is {task.reference.split()[-1]}"
+    plan = f"find {hint['symbol']}, write solution.py"
+  else:
+    raise ValueError(f"task {task.id!r}: unknown variant {variant!r}")
+  calls = [look, write]
+  if think == "each":
+    calls = [look, ("think", {"thought": fact}), write, ("think", {"thought": "written"})]
+  elif think == "start":
+    calls = [("think", {"thought": plan})] + calls
+  return calls + [("finish", {})]
+
+
+def expert_trajectory(env: ToolEnv, chat: ChatFormat, task: Task, calls: list[tuple],
+                      budgets: sampler.Budgets) -> sampler.Trajectory:
+  """Plays `calls` in `env` and returns the episode as tokens (log-probs 0)."""
+  first = env.reset(task)
+  traj = sampler.Trajectory(task, chat.prompt_tokens(list(env.tools.values()), first))
+  bos = len(chat.tokenizer.encode(""))
+  for name, arguments in calls:
+    ids = chat.tokenizer.encode(call_text(name, arguments))[bos:]
+    traj.tokens += ids
+    traj.mask += [1] * len(ids)
+    traj.logprobs += [0.0] * len(ids)
+    step = env.step(chat.decode(ids), "call")
+    traj.turns.append(dict(step.info, turn_tokens=len(ids)))
+    if step.done:
+      break
+    obs, cut = chat.observation_tokens(step.observation, budgets.max_observation_tokens)
+    traj.turns[-1].update(observation_tokens=len(obs), observation_cut=cut)
+    traj.tokens += obs
+    traj.mask += [0] * len(obs)
+    traj.logprobs += [0.0] * len(obs)
+  traj.status, traj.reward = env.status, env.final_reward
+  return traj

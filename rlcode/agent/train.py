@@ -1,0 +1,288 @@
+"""GRPO over multi-turn tool-use trajectories, top to bottom.
+
+    rlcode train --config configs/agent_tiny.py
+
+(`rlcode train` runs this loop for configs with an `agent` section.) Sections:
+mesh -> data -> model, optimiser, checkpoint, environments (with a warm start on
+scripted expert episodes) -> sampler and update -> loop (episodes, rewards,
+update, log) with periodic evaluation -> save. A group is G episodes of one task;
+the update is rlcode.shared_prefix's (each task's prompt once) with the loss mask
+of rlcode.agent.rollout. Re-running the same command in the same workdir resumes
+from the latest checkpoint; the memory's notes are saved with it.
+
+Evaluation rows: eval/success (the share of episodes whose final reward reaches
+agent.success_reward), eval/tool_calls_per_episode, and the other means of
+rlcode.agent.rollout.episode_metrics, over config.eval.num_samples episodes of each
+evaluation task.
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import os
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+from tqdm import tqdm
+
+from rlcode import checkpoint, config_lib, grpo, sft, sharding, shared_prefix
+from rlcode.agent import expert, rollout, sampler
+from rlcode.agent.memory import Memory
+from rlcode.data import sources
+from rlcode.metrics import MetricsWriter
+from rlcode.models.build import build_model
+from rlcode.rollout import TaskStream
+
+WARM_START = "warm_start"
+
+
+def train(config) -> list[dict]:
+  """Runs config.train.steps GRPO steps over episodes; returns the metrics rows written."""
+  rows: list[dict] = []
+  rl, agent = config.rl, config.agent
+
+  # ══════════════════════════════════════════════════════════════ 1. mesh
+  mesh = sharding.mesh_from_config(config.mesh)
+  if rl.top_p != 1.0 or rl.top_k != 0:
+    raise ValueError("rl.top_p and rl.top_k must be off (1.0, 0): the update's log-ratio "
+                     "assumes samples from the full tempered policy")
+
+  # ══════════════════════════════════════════════════════════════ 2. data
+  train_tasks = select_variants(config, sources.load(config.data, config.data.train_split))
+  eval_tasks = select_variants(config, sources.load_eval(config.data))
+
+  # ══════════════════════════════════════════════════════════════ 3. model, optimiser, envs
+  model, tokenizer = build_model(config.model, mesh, config.seed)
+  chat = rollout.chat_format(config, tokenizer)
+  budgets = rollout.budgets(agent)
+  embed = _embedder(agent)
+  memory = Memory(agent.memory_rule, embed=embed) if "memory" in agent.tools else None
+  envs = rollout.make_envs(config, rl.prompts_per_step * rl.group_size, memory=memory,
+                           embed=embed)
+  eval_envs = rollout.make_envs(config, config.eval.batch_prompts * config.eval.num_samples,
+                                embed=embed, scorer=envs[0].scorer)
+  graphdef, params = nnx.split(model, nnx.Param)
+  policy = lambda params: nnx.merge(graphdef, params)
+  optimizer = grpo.make_optimizer(grpo.OptimizerConfig.from_config(config.optimizer))
+  loss_cfg = grpo.LossConfig.from_config(rl, agent.max_total_tokens)
+  keeps_reference = loss_cfg.uses_reference
+  ckpt = checkpoint.Checkpointer(os.path.join(config.workdir, "checkpoints"),
+                                 keep=config.train.keep_checkpoints)
+  start_step, position = 0, 0
+  if ckpt.latest_step() is None:
+    metrics = MetricsWriter(config.workdir)
+    config_lib.write_run_config(config, config.workdir)
+    if config.warmstart.steps > 0:
+      params = warm_start(config, graphdef, params, train_tasks, envs, chat, budgets, mesh,
+                          metrics)
+    state = grpo.init_state(policy(params), optimizer, mesh)
+    ref_params = jax.tree.map(lambda x: x.copy(), params) if keeps_reference else {}
+    if config.warmstart.steps > 0:
+      _save(os.path.join(config.workdir, WARM_START), 0, state, ref_params,
+            {"data_position": 0, "seed": config.seed, "step": 0, "memory": []})
+  else:
+    config_lib.check_resume(config, config.workdir)
+    restored, meta, start_step = ckpt.restore(
+        checkpoint.bundle_like(grpo.init_state(policy(params), optimizer, mesh), keeps_reference))
+    state, ref_params, position = restored["state"], restored["ref"], meta["data_position"]
+    if memory is not None:
+      memory.restore(meta.get("memory", []))
+    metrics = MetricsWriter(config.workdir, resume_step=start_step)
+
+  # ══════════════════════════════════════════════════════════════ 4. sampler and update
+  n_rows = rl.prompts_per_step * rl.group_size
+  stream = TaskStream(train_tasks, rl.prompts_per_step, config.seed, position)
+  example = shared_prefix.GroupedBatch.abstract(rl.prompts_per_step, n_rows)
+  update = shared_prefix.update_step(graphdef, optimizer, loss_cfg, mesh, state, example)
+  ref_logprobs = (grpo.make_logprob_fn(graphdef, mesh, rl.temperature,
+                                       shared_prefix.logprob_fn(rl.temperature))
+                  if keeps_reference else None)
+
+  def run_eval(step, params):
+    result = evaluate(config, policy(params), chat, eval_envs, eval_tasks, budgets, mesh)
+    rows.append(metrics.write(step, {f"eval/{k}": v for k, v in result.items()}))
+
+  # ══════════════════════════════════════════════════════════════ 5. loop
+  if start_step == 0 and config.train.eval_every:
+    run_eval(0, state.params)
+  bar = tqdm(range(start_step, config.train.steps), initial=start_step,
+             total=config.train.steps, desc="agent grpo",
+             disable=not config.train.progress_bar)
+  for step in bar:
+    tasks = stream.next()
+    timing = sampler.Timing()
+    start = time.perf_counter()
+    trajs = sampler.run_episodes(
+        policy(state.params), chat, envs, tasks, group_size=rl.group_size, budgets=budgets,
+        temperature=rl.temperature, seed=config.seed * 1_000_003 + step, mesh=mesh,
+        workers=agent.workers, timing=timing)
+    rollout_s = time.perf_counter() - start
+    scores = np.array([t.reward for t in trajs], np.float32)
+    adv = grpo.group_advantages(scores, rl.group_size, rl.advantage)
+    batch = rollout.grpo_batch(trajs, rl.group_size, adv, pad_id=tokenizer.pad_id,
+                               max_len=agent.max_total_tokens, mask_cut=agent.mask_cut)
+    if ref_logprobs is not None:
+      batch.ref_logp = np.asarray(ref_logprobs(ref_params, batch))
+
+    start = time.perf_counter()
+    for _ in range(rl.num_passes):
+      state, m = update(state, batch)
+    m = jax.device_get(m)
+    update_s = time.perf_counter() - start
+    if m["skipped"] and config.train.on_nonfinite == "stop":
+      raise FloatingPointError(f"step {step}: non-finite loss or gradient "
+                               f"(loss={m['loss']}, grad_norm={m['grad_norm']})")
+
+    row = {k: float(v) for k, v in m.items()}
+    row.update(rollout.episode_metrics(trajs, agent.success_reward))
+    row.update(
+        groups_with_signal=float(np.mean(np.abs(adv.reshape(-1, rl.group_size)).max(1) > 0)),
+        trained_tokens=float(batch.mask.sum() / len(trajs)),
+        rollout_seconds=rollout_s, update_seconds=update_s,
+        decode_seconds=timing.decode, extend_seconds=timing.extend,
+        prefill_seconds=timing.prefill, env_seconds=timing.env)
+    if memory is not None:
+      row["memory_notes"] = float(len(memory))
+    rows.append(metrics.write(step + 1, row))
+    bar.set_postfix(success=f"{row['success']:.2f}", loss=f"{row['loss']:.3f}")
+
+    done = step + 1
+    if config.train.eval_every and (done % config.train.eval_every == 0
+                                    or done == config.train.steps):
+      run_eval(done, state.params)
+    if done % config.train.checkpoint_every == 0 or done == config.train.steps:
+      ckpt.save(done, {"state": state, "ref": ref_params},
+                {"data_position": stream.position, "seed": config.seed, "step": done,
+                 "memory": list(memory.notes) if memory is not None else []})
+
+  # ══════════════════════════════════════════════════════════════ 6. save
+  ckpt.wait()
+  ckpt.close()
+  metrics.close()
+  for env in envs + eval_envs:
+    env.close()
+  return rows
+
+
+def evaluate(config, model, chat, envs, tasks, budgets, mesh) -> dict:
+  """config.eval.num_samples episodes of every task, batch_prompts tasks at a time."""
+  ev, agent = config.eval, config.agent
+  trajs = []
+  for start in range(0, len(tasks), ev.batch_prompts):
+    chunk = tasks[start:start + ev.batch_prompts]
+    trajs += sampler.run_episodes(
+        model, chat, envs[:len(chunk) * ev.num_samples], chunk, group_size=ev.num_samples,
+        budgets=budgets, temperature=ev.temperature, seed=config.seed + 7919 + start,
+        mesh=mesh, workers=agent.workers, min_tasks=ev.batch_prompts)
+  return {**rollout.episode_metrics(trajs, agent.success_reward), "n_tasks": len(tasks),
+          "n_episodes": len(trajs)}
+
+
+def expert_trajectories(config, tasks, envs, chat, budgets) -> list[sampler.Trajectory]:
+  """One scripted expert episode per task (tasks the tool set cannot solve are skipped),
+  played on the environments side by side, each taking every len(envs)-th task."""
+  agent = config.agent
+  jobs = []
+  for task in tasks:
+    try:
+      jobs.append((task, expert.expert_calls(task, agent.toolset, agent.think)))
+    except ValueError:
+      continue
+  lanes = min(len(envs), len(jobs))
+
+  def lane(k):
+    return [expert.expert_trajectory(envs[k], chat, task, calls, budgets)
+            for task, calls in jobs[k::lanes]]
+
+  with concurrent.futures.ThreadPoolExecutor(max(1, min(agent.workers, lanes))) as pool:
+    played = list(pool.map(lane, range(lanes)))
+  return [played[i % lanes][i // lanes] for i in range(len(jobs))]
+
+
+def warm_start(config, graphdef, params, tasks, envs, chat, budgets, mesh, metrics):
+  """Supervised steps on scripted expert episodes of the training tasks (their calls are
+  the targets, observations are not); returns the params and logs one step-0 row."""
+  ws = config.warmstart
+  start = time.perf_counter()
+  trajs = expert_trajectories(config, tasks, envs, chat, budgets)
+  expert_s = time.perf_counter() - start
+  solved = float(np.mean([t.reward >= config.agent.success_reward for t in trajs]))
+  params, stats = imitate(graphdef, params, trajs, chat.tokenizer.pad_id, mesh,
+                          optimizer=grpo.OptimizerConfig.from_config(ws.optimizer),
+                          batch_size=ws.batch_size, seed=config.seed + 1, steps=ws.steps,
+                          progress=config.train.progress_bar)
+  metrics.write(0, {"sft_loss_first": stats["loss_first"], "sft_loss_last": stats["loss_last"],
+                    "sft_steps": ws.steps, "expert_episodes": len(trajs),
+                    "expert_success": solved, "expert_seconds": expert_s})
+  return params
+
+
+def imitate(graphdef, params, trajs, pad_id, mesh, *, optimizer: grpo.OptimizerConfig,
+            batch_size: int, seed: int, steps: int | None = None,
+            seconds: float | None = None, progress: bool = False):
+  """Cross-entropy on the sampled (expert) tokens of `trajs`, batches drawn with
+  replacement: `steps` steps, or steps until `seconds` of training time were spent (a
+  control at another run's training time). Returns the params and
+  {"steps", "seconds", "loss_first", "loss_last", "target_tokens"}."""
+  rng = np.random.default_rng(seed)
+
+  def next_batch():
+    pick = rng.choice(len(trajs), batch_size, replace=len(trajs) < batch_size)
+    return rollout.sft_batch([trajs[i] for i in pick], pad_id)
+  return sft.train_on_batches(graphdef, params, next_batch, mesh, optimizer=optimizer,
+                              batch_size=batch_size, steps=steps, seconds=seconds,
+                              progress=progress, desc="imitate")
+
+
+def restore_policy(config, path: str, mesh):
+  """(model, tokenizer, step) of the latest checkpoint under `path` (a workdir, its
+  checkpoints/ directory, or its warm_start/ directory)."""
+  nested = os.path.join(path, "checkpoints")
+  directory = nested if os.path.isdir(nested) else path
+  ckpt = checkpoint.Checkpointer(directory)
+  model, tokenizer = build_model(config.model, mesh, config.seed)
+  optimizer = grpo.make_optimizer(grpo.OptimizerConfig.from_config(config.optimizer))
+  with_ref = grpo.LossConfig.from_config(config.rl, config.agent.max_total_tokens).uses_reference
+  restored, _, step = ckpt.restore(
+      checkpoint.bundle_like(grpo.init_state(model, optimizer, mesh), with_ref))
+  ckpt.close()
+  graphdef, _ = nnx.split(model, nnx.Param)
+  return nnx.merge(graphdef, restored["state"].params), tokenizer, step
+
+
+def evaluate_policy(config, model, tokenizer, split: str, mesh) -> dict:
+  """`evaluate` of a policy on a split of config.data (variants as config.agent.variants)."""
+  tasks = select_variants(config, sources.load(config.data, split))
+  chat = rollout.chat_format(config, tokenizer)
+  envs = rollout.make_envs(config, config.eval.batch_prompts * config.eval.num_samples,
+                           embed=_embedder(config.agent))
+  try:
+    return evaluate(config, model, chat, envs, tasks, rollout.budgets(config.agent), mesh)
+  finally:
+    for env in envs:
+      env.close()
+
+
+def select_variants(config, tasks):
+  """The tasks of the variants config.agent.variants names (all when it is empty)."""
+  keep = tuple(config.agent.get("variants", ()))
+  if not keep:
+    return list(tasks)
+  return [t for t in tasks if t.extra.get("hint", {}).get("variant") in keep]
+
+
+def _embedder(agent):
+  """MiniLM embeddings for semantic search when agent.semantic_search, else None."""
+  if not agent.semantic_search:
+    return None
+  from rlcode.rewards import semantic
+  return lambda texts: semantic.embed(list(texts))
+
+
+def _save(directory: str, step: int, state, ref_params, meta: dict) -> None:
+  ckpt = checkpoint.Checkpointer(directory, keep=1)
+  ckpt.save(step, {"state": state, "ref": ref_params}, meta)
+  ckpt.wait()
+  ckpt.close()

@@ -1,0 +1,168 @@
+"""The environment over real sandbox sessions, scripted experts, and the memory rules."""
+
+import re
+
+import pytest
+
+from rlcode.agent import env as env_lib, expert, memory, sampler, tools
+from rlcode.agent.chat import ChatFormat
+from rlcode.data import jsonl, sources
+from rlcode.models.tokenizer import load_tokenizer
+
+CHAT = ChatFormat("compact", load_tokenizer("bytes+tools"))
+SPLITS = jsonl.read_jsonl_tasks(sources.resolve("data/agent_tasks.jsonl"), 0.2)
+TASKS = SPLITS["train"]
+
+
+def by_variant(variant):
+  return next(t for t in TASKS if t.extra["hint"]["variant"] == variant)
+
+
+@pytest.fixture(scope="module")
+def scorer():
+  return env_lib.Scorer({"tests": 1.0})
+
+
+def make_env(scorer, names=("bash", "editor", "search", "run_tests", "think", "finish"),
+             **kw):
+  return env_lib.ToolEnv(tools.make_tools(names), scorer, **{"max_turns": 6, **kw})
+
+
+def call(name, **arguments):
+  return expert.call_text(name, arguments), "call"
+
+
+def test_the_workspace_lives_across_turns_and_the_reward_comes_from_its_tests(scorer):
+  env = make_env(scorer)
+  task = by_variant("file")
+  assert env.reset(task) == task.prompt
+  path = task.extra["hint"]["path"]
+  s = env.step(*call("bash", command=f"cp {path} copy.txt"))
+  assert s.reward == 0 and not s.done and s.info["tool"] == "bash"
+  s = env.step(*call("think", thought="nothing"))
+  assert s.observation == "" and not s.done
+  s = env.step(*call("editor", command="view", path="copy.txt"))
+  assert task.extra["hint"]["symbol"] in s.observation  # written two turns earlier
+  env.step(*call("editor", command="create", path="solution.py", file_text=task.reference))
+  s = env.step(*call("finish"))
+  assert s.done and s.reward == 1.0 and s.info["status"] == "finished"
+  assert env.status == "finished" and env.session is None
+
+
+def test_errors_are_observations_and_the_episode_goes_on(scorer):
+  env = make_env(scorer, max_turns=3)
+  env.reset(by_variant("file"))
+  s = env.step('<tool_call>{"name": "bash", "arguments": {"command": 1}}</tool_call>', "call")
+  assert s.observation.startswith("error: command must be a string") and not s.done
+  s = env.step(*call("fly", to="moon"))
+  assert "unknown tool 'fly'" in s.observation and s.info["call_error"]
+  s = env.step("<tool_call>{", "length")
+  assert s.done and env.status == "max_turns" and s.reward == 0.0
+
+
+def test_an_eos_turn_ends_the_episode_and_abort_scores_the_workspace(scorer):
+  env = make_env(scorer)
+  task = by_variant("file")
+  env.reset(task)
+  assert env.step("I am done", "eos").info["status"] == "answered"
+  env.reset(task)
+  env.step(*call("editor", command="create", path="solution.py", file_text=task.reference))
+  assert env.abort("max_tokens") == 1.0 and env.status == "max_tokens"
+  with pytest.raises(RuntimeError, match="after the episode ended"):
+    env.step(*call("finish"))
+
+
+def test_what_a_task_needs_is_only_in_its_workspace_or_its_test_output():
+  """The constant (file, search) or the function's name (tests) is in no prompt, the name
+  in no workspace file either; a held-out unit (operation and constant or name) is never
+  a training one."""
+  units = {}
+  for split, tasks in SPLITS.items():
+    for t in tasks:
+      hint, op = t.extra["hint"], t.id.split("/")[2]
+      if hint["variant"] == "tests":
+        assert hint["name"] not in t.prompt + "".join(t.extra["files"].values()), t.id
+        units.setdefault(split, set()).add((op, hint["name"]))
+      else:
+        value = t.reference.split()[-1]
+        assert not re.search(rf"\b{value}\b", t.prompt), t.id
+        assert any(f"{hint['symbol']} = {value}" in text
+                   for text in t.extra["files"].values()), t.id
+        units.setdefault(split, set()).add((op, value))
+  assert min(len(SPLITS[s]) for s in ("train", "validation", "held_out")) >= 48
+  assert not units["held_out"] & units["train"]
+
+
+@pytest.mark.parametrize("variant", ["file", "search", "tests"])
+def test_experts_solve_every_variant(scorer, variant):
+  env = make_env(scorer)
+  task = by_variant(variant)
+  budgets = sampler.Budgets()
+  for think in expert.THINK:
+    traj = expert.expert_trajectory(env, CHAT, task, expert.expert_calls(task, "rich", think),
+                                    budgets)
+    assert traj.status == "finished" and traj.reward == 1.0
+    assert traj.tool_calls == 3 + {"none": 0, "start": 1, "each": 2}[think]
+  if variant != "tests":
+    env = make_env(scorer, names=("bash", "finish"))
+    traj = expert.expert_trajectory(env, CHAT, task, expert.expert_calls(task, "terminal"),
+                                    budgets)
+    assert traj.reward == 1.0
+
+
+def test_the_tests_variant_needs_the_test_run(scorer):
+  env = make_env(scorer)
+  task = by_variant("tests")
+  env.reset(task)
+  s = env.step(*call("editor", command="view", path="solution.py"))
+  assert task.extra["hint"]["name"] not in s.observation + task.prompt
+  s = env.step(*call("run_tests"))
+  assert f"name '{task.extra['hint']['name']}' is not defined" in s.observation
+
+
+def test_memory_persists_across_episodes_in_other_sessions(scorer):
+  """A note stored in a solved episode is read back in a later episode of the run (another
+  environment, another sandbox session); a failed episode's note is not kept."""
+  notes = memory.Memory("after_success")
+  first, second = (make_env(scorer, names=("editor", "memory", "finish"), memory=notes)
+                   for _ in range(2))
+  task = by_variant("file")
+  fact = f"{task.extra['hint']['symbol']} is {task.reference.split()[-1]}"
+  first.reset(task)
+  assert first.step(*call("memory", action="store", text=fact)).observation == "Noted."
+  first.step(*call("editor", command="create", path="solution.py", file_text=task.reference))
+  assert first.step(*call("finish")).reward == 1.0
+  second.reset(task)
+  s = second.step(*call("memory", action="retrieve",
+                        text=f"what is {task.extra['hint']['symbol']}"))
+  assert s.observation == f"- {fact}"
+  second.step(*call("memory", action="store", text="a guess"))
+  assert second.step(*call("finish")).reward == 0.0
+  assert notes.notes == [fact]
+
+
+def test_memory_rules():
+  def run(rule, episodes, **kw):
+    m = memory.Memory(rule, **kw)
+    for notes, success, fixes in episodes:
+      ep = m.episode()
+      for n in notes:
+        ep.propose(n)
+      ep.close(success, fixes)
+    return m.notes
+
+  eps = [(["alpha is 1"], True, []), (["beta is 2"], False, [("NameError f", "def f(): 1")]),
+         (["alpha is 1"], True, []), (["gamma is 3"], True, [])]
+  assert run("never", eps) == []
+  assert run("all", eps) == ["alpha is 1", "beta is 2", "alpha is 1", "gamma is 3"]
+  assert run("after_success", eps) == ["alpha is 1", "alpha is 1", "gamma is 3"]
+  assert run("error_fix", eps) == ["alpha is 1", "error: NameError f -> fix: def f(): 1",
+                                   "alpha is 1", "gamma is 3"]
+  assert run("last_n", eps, capacity=2) == ["alpha is 1", "gamma is 3"]
+  assert run("dedupe", eps) == ["beta is 2", "alpha is 1", "gamma is 3"]
+  assert run("success_dedupe", eps, capacity=8) == ["alpha is 1", "gamma is 3"]
+  m = memory.Memory("all")
+  m.restore(["alpha is 1", "beta is 2"])
+  assert m.retrieve("what is beta", 1) == ["beta is 2"] and m.retrieve("zzz", 3) == []
+  with pytest.raises(KeyError, match="known"):
+    memory.Memory("sometimes")

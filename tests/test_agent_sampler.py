@@ -1,0 +1,222 @@
+"""Multi-turn sampling: the kept KV cache against a from-scratch prefill, budgets, masks,
+and the GRPO batch of trajectories.
+
+The environments here hold their workspace in an in-memory stand-in for a sandbox
+session (sessions themselves are tested in tests/test_sandbox_session.py); the
+policy is a random tiny decoder, so its turns are mostly malformed calls, each
+answered by an error observation: episodes of several turns and varied lengths.
+"""
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rlcode import grpo, shared_prefix
+from rlcode.agent import env as env_lib, rollout, sampler, tools
+from rlcode.agent.chat import ChatFormat
+from rlcode.data.tasks import Task
+from rlcode.models import Decoder, ModelConfig
+from rlcode.models.tokenizer import load_tokenizer
+from rlcode.sandbox.session import ExecResult, SessionError
+
+TOK = load_tokenizer("bytes+tools")
+CHAT = ChatFormat("compact", TOK)
+CFG = ModelConfig(vocab_size=264, hidden_size=32, intermediate_size=64, num_layers=2,
+                  num_heads=2, num_kv_heads=1, head_dim=16, max_seq_len=1024)
+
+
+class MemorySession:
+  """Files in a dict; commands echo themselves."""
+
+  def __init__(self, limits=None):
+    self.fs, self.alive = {}, True
+
+  def read(self, path):
+    if path not in self.fs:
+      raise SessionError(f"{path}: no such file")
+    return self.fs[path]
+
+  def write(self, path, text):
+    self.fs[path] = text
+
+  def files(self):
+    return sorted(self.fs)
+
+  def exec(self, command, timeout=None):
+    return ExecResult(f"ran {command}", 0, False, False)
+
+  def close(self):
+    self.alive = False
+
+
+class CountingScorer:
+  """Reward 1 when the solution file is non-empty."""
+
+  def reward(self, task, program):
+    return float(bool(program.strip())), {}
+
+  def run_tests(self, task, program):
+    raise AssertionError("not used")
+
+
+def make_envs(n, max_turns=4):
+  return [env_lib.ToolEnv(tools.make_tools(("editor", "think", "finish")), CountingScorer(),
+                          max_turns=max_turns, open_session=MemorySession)
+          for _ in range(n)]
+
+
+TASKS = [Task(id=f"t{i}", prompt=f"write solution.py number {i}" + " please" * i,
+              extra={"files": {"notes.txt": f"K = {i}\n"}}) for i in range(3)]
+
+
+BUDGETS = sampler.Budgets(max_total_tokens=300, max_turn_tokens=40, max_observation_tokens=32)
+KW = dict(group_size=2, budgets=BUDGETS, temperature=1.0, seed=3)
+
+
+@pytest.fixture(scope="module")
+def model():
+  return Decoder(CFG, rngs=nnx.Rngs(0))
+
+
+@pytest.fixture(scope="module")
+def episodes(model):
+  """One batch of episodes (3 tasks x 2), with its timing and the sizes its rows' caches
+  grew to (the first cache is made small here, so that it grows several times)."""
+  timing, grown = sampler.Timing(), []
+  grow = sampler._grow
+
+  def spy(cache, *, size):
+    grown.append(size)
+    return grow(cache, size=size)
+
+  with pytest.MonkeyPatch.context() as patch:
+    patch.setattr(sampler, "MIN_CACHE", 16)
+    patch.setattr(sampler, "_grow", spy)
+    trajs = sampler.run_episodes(model, CHAT, make_envs(6, max_turns=4), TASKS,
+                                 timing=timing, **KW)
+  return trajs, timing, grown
+
+
+@pytest.fixture(scope="module")
+def forward(model):
+  """Log-probabilities of every token of a trajectory from one prefill of all of it
+  (padded to one length, so that it compiles once; causal attention ignores the pad)."""
+  run = jax.jit(lambda x: jax.nn.log_softmax(model(x)[0].astype(jnp.float32), -1))
+
+  def logprobs(traj):
+    full = np.array(traj.prompt + traj.tokens)
+    padded = np.full((1, BUDGETS.max_total_tokens), TOK.pad_id, np.int32)
+    padded[0, :len(full)] = full
+    lp = np.asarray(run(jnp.asarray(padded)))
+    pos = np.arange(len(traj.prompt) - 1, len(full) - 1)
+    return lp[pos, full[len(traj.prompt):]]
+  return logprobs
+
+
+def test_kept_kv_logprobs_equal_a_prefill_of_the_whole_trajectory(episodes, forward):
+  trajs, timing, grown = episodes
+  assert timing.turns >= 3 and timing.extend > 0  # several turns, KV extended between them
+  assert len(grown) >= 2 and grown == sorted(set(grown))  # the kept caches grew, and kept
+  assert sum(len(t.turns) >= 2 for t in trajs) >= 3
+  for t in trajs:
+    m = np.array(t.mask, bool)
+    np.testing.assert_allclose(np.array(t.logprobs)[m], forward(t)[m], atol=2e-5)
+    np.testing.assert_array_equal(np.array(t.logprobs)[~m], 0.0)
+
+
+def test_resending_the_context_each_turn_gives_the_same_episodes(model, episodes):
+  kept = episodes[0]
+  resent = sampler.run_episodes(model, CHAT, make_envs(6, max_turns=4), TASKS,
+                                reuse_kv=False, **KW)
+  for a, b in zip(kept, resent):
+    assert a.tokens == b.tokens and a.mask == b.mask and a.status == b.status
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-5)
+
+
+def test_budgets_bound_every_trajectory(episodes):
+  trajs = episodes[0]
+  statuses = {t.status for t in trajs}
+  assert statuses <= set(env_lib.STATUSES) and statuses & {"max_tokens", "max_turns"}
+  for t in trajs:
+    assert t.context_tokens <= BUDGETS.max_total_tokens
+    assert len(t.turns) <= 4
+    assert len(t.tokens) == len(t.mask) == len(t.logprobs)
+    for turn in t.turns:
+      assert turn["turn_tokens"] <= BUDGETS.max_turn_tokens
+      # The observation's own text is cut to its budget; the two tags come on top.
+      assert turn.get("observation_tokens", 0) <= BUDGETS.max_observation_tokens + 2
+    # Observations are exactly the appended <tool_response>...</tool_response> spans.
+    obs = [tok for tok, m in zip(t.tokens, t.mask) if not m]
+    assert TOK.decode(obs).count("<tool_response>") == sum(
+        "observation_tokens" in turn for turn in t.turns)
+    if t.status == "max_tokens":
+      # The next turn or observation would not have fit.
+      assert t.cut and t.context_tokens > BUDGETS.max_total_tokens - (
+          BUDGETS.max_observation_tokens + 3)
+
+
+def test_grpo_batch_masks_observations_and_cut_trajectories(episodes):
+  trajs = episodes[0]
+  adv = np.linspace(-1, 1, 6).astype(np.float32)
+  for mask_cut in (False, True):
+    batch = rollout.grpo_batch(trajs, 2, adv, pad_id=TOK.pad_id, max_len=300,
+                               mask_cut=mask_cut)
+    assert batch.prompt_tokens.shape[0] == 3
+    for i, t in enumerate(trajs):
+      n = len(t.tokens)
+      assert batch.completion_tokens[i, :n].tolist() == t.tokens
+      want = [0] * n if (mask_cut and t.cut) else t.mask
+      assert batch.mask[i, :n].tolist() == want and not batch.mask[i, n:].any()
+  assert any(t.cut for t in trajs) and not all(t.cut for t in trajs)
+
+
+def test_grpo_loss_over_trajectories_equals_per_token_numpy(model, episodes, forward):
+  """The shared-prompt update's loss on a batch of trajectories, against the clipped
+  surrogate computed by hand from a full forward of each trajectory."""
+  trajs = [dataclasses.replace(t) for t in episodes[0]]
+  # Behaviour log-probs a little off the policy's, so ratios are not all 1.
+  rng = np.random.default_rng(0)
+  for t in trajs:
+    t.logprobs = [lp + (0.3 * rng.standard_normal() if m else 0.0)
+                  for lp, m in zip(t.logprobs, t.mask)]
+  adv = np.array([1.0, -1.0, 0.5, -0.5, 2.0, -2.0], np.float32)
+  batch = rollout.grpo_batch(trajs, 2, adv, pad_id=TOK.pad_id, max_len=300, mask_cut=False)
+  cfg = grpo.LossConfig(clip_eps_low=0.2, clip_eps_high=0.28, max_completion_len=300)
+  logp, _ = shared_prefix.grouped_logprobs(model, jax.tree.map(jnp.asarray, batch), 1.0)
+  loss, _ = grpo.policy_loss(logp, batch.old_logp, batch.adv, batch.mask, cfg)
+  per_seq = []
+  for t, a in zip(trajs, adv):
+    m = np.array(t.mask, bool)
+    ratio = np.exp(forward(t)[m] - np.array(t.logprobs)[m])
+    per_seq.append(np.mean(-np.minimum(ratio * a, np.clip(ratio, 0.8, 1.28) * a)))
+  np.testing.assert_allclose(float(loss), np.mean(per_seq), rtol=2e-5, atol=2e-6)
+
+
+def test_sft_batch_targets_the_expert_calls_only():
+  t = sampler.Trajectory(TASKS[0], [257, 1, 2], tokens=[5, 6, 7, 8], mask=[1, 1, 0, 1],
+                         logprobs=[0.0] * 4)
+  batch = rollout.sft_batch([t], TOK.pad_id)
+  assert batch.start.tolist() == [2]
+  assert batch.tokens[0, :7].tolist() == [257, 1, 2, 5, 6, 7, 8]
+  assert batch.mask[0, :5].tolist() == [1, 1, 0, 1, 0]
+  assert batch.tokens.shape[1] % rollout.LENGTH_MULTIPLE == 0
+
+
+def test_prompt_that_leaves_no_room_for_a_turn_is_an_error(model):
+  budgets = sampler.Budgets(max_total_tokens=60, max_turn_tokens=40,
+                            max_observation_tokens=32)
+  with pytest.raises(ValueError, match="leaves less than max_turn_tokens"):
+    sampler.run_episodes(model, CHAT, make_envs(1), TASKS[2:], group_size=1,
+                         budgets=budgets, temperature=1.0, seed=0)
+
+
+def test_budgets_are_checked():
+  with pytest.raises(ValueError, match="max_observation_tokens=8"):
+    sampler.Budgets(max_observation_tokens=8)
+  with pytest.raises(ValueError, match="must exceed"):
+    sampler.Budgets(max_total_tokens=100, max_turn_tokens=100)
+  assert dataclasses.asdict(sampler.Budgets())["max_total_tokens"] == 1024
