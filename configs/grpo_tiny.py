@@ -55,7 +55,10 @@ def get_config():
   config.optimizer = optimizer(lr=3e-4, warmup=5, decay=120)
 
   config.warmstart = ml_collections.ConfigDict(dict(
-      steps=120, batch_size=32, optimizer=optimizer(lr=3e-3, warmup=20, decay=120)))
+      steps=120, batch_size=32, optimizer=optimizer(lr=3e-3, warmup=20, decay=120),
+      # A directory here keeps the warm start (keyed by what it depends on) for later
+      # runs with the same seed, model and data: experiment arms then share it.
+      cache_dir=""))
 
   config.train = ml_collections.ConfigDict(dict(
       steps=120, checkpoint_every=40, eval_every=40, keep_checkpoints=2,
