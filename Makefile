@@ -20,7 +20,7 @@ run: $(STAMP)
 	$(BIN)/rlcode train --config configs/grpo_tiny.py
 
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 -q tests
+	$(BIN)/python -m pytest -n 2 --dist loadscope -q tests
 
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[bench]'

@@ -54,15 +54,20 @@ def _command(workdir):
           f"--config.workdir={workdir}"]
 
 
-# The runs that are compared all run as the same command in the same environment
-# (one CPU device), as a user would re-run it.
-ENV = dict(os.environ, XLA_FLAGS="", PYTHONPATH=ROOT)
+@pytest.fixture(scope="module")
+def env(tmp_path_factory):
+  """The runs that are compared all run as the same command in the same environment (one
+  CPU device), as a user would re-run it; they share a persistent compilation cache, so
+  a rerun loads the programs the first run compiled (the same executables)."""
+  return dict(os.environ, XLA_FLAGS="", PYTHONPATH=ROOT,
+              JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")),
+              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
 
 
 @pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
+def uninterrupted(tmp_path_factory, env):
   workdir = tmp_path_factory.mktemp("uninterrupted")
-  done = subprocess.run(_command(workdir), cwd=ROOT, env=ENV, capture_output=True, text=True,
+  done = subprocess.run(_command(workdir), cwd=ROOT, env=env, capture_output=True, text=True,
                         timeout=600)
   assert done.returncode == 0, done.stderr[-2000:]
   return workdir
@@ -84,10 +89,10 @@ def test_metrics_rows_and_plot(uninterrupted):
   assert os.path.getsize(uninterrupted / "metrics.png") > 1000
 
 
-def test_sigkill_then_rerun_gives_the_same_metrics(uninterrupted, tmp_path):
+def test_sigkill_then_rerun_gives_the_same_metrics(uninterrupted, env, tmp_path):
   workdir = tmp_path / "killed"
   cmd = _command(workdir)
-  proc = subprocess.Popen(cmd, cwd=ROOT, env=ENV, stdout=subprocess.DEVNULL,
+  proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, start_new_session=True)
   deadline = time.time() + 300
   while not (workdir / "checkpoints" / "2").is_dir():
@@ -97,7 +102,7 @@ def test_sigkill_then_rerun_gives_the_same_metrics(uninterrupted, tmp_path):
   os.killpg(proc.pid, signal.SIGKILL)
   proc.wait()
   assert (workdir / "checkpoints" / "4").exists() is False
-  resumed = subprocess.run(cmd, cwd=ROOT, env=ENV, capture_output=True, text=True, timeout=600)
+  resumed = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
   assert resumed.returncode == 0, resumed.stderr[-2000:]
   _assert_same_rows(_comparable(read_metrics(str(workdir))),
                     _comparable(read_metrics(str(uninterrupted))), atol=0.0)
