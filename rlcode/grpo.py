@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import time
 from collections.abc import Callable
 
 import jax
@@ -327,6 +328,37 @@ def sequence_logprobs(model, batch: SequenceBatch, temperature: float):
   return losses.token_logprobs_and_entropy(model.logits(h_window), targets, temperature)
 
 
+def finite_step(loss_fn, optimizer: optax.GradientTransformation, state: TrainState, batch):
+  """One optimiser step on `loss_fn(params, batch) -> (loss, metrics)`, taken only when the
+  loss and the gradient norm are finite: otherwise params, optimiser state and step count
+  stay as they were. Returns (state, metrics + {"grad_norm", "skipped"}). Traced inside
+  the caller's jit (the GRPO update, the reward model's)."""
+  (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
+  grad_norm = optax.tree.norm(grads)
+  updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
+  params = optax.apply_updates(state.params, updates)
+  ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
+  keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
+  metrics.update(grad_norm=grad_norm, skipped=1.0 - ok.astype(jnp.float32))
+  return TrainState(params=keep(params, state.params), opt_state=keep(opt_state, state.opt_state),
+                    step=state.step + ok.astype(jnp.int32)), metrics
+
+
+def run_passes(update, state: TrainState, batch, passes: int, *, step: int,
+               on_nonfinite: str):
+  """`passes` calls of a compiled update on one batch: (state, the last pass's metrics on
+  the host, seconds). A skipped (non-finite) step raises when on_nonfinite is "stop"."""
+  start = time.perf_counter()
+  for _ in range(passes):
+    state, m = update(state, batch)
+  m = jax.device_get(m)
+  seconds = time.perf_counter() - start
+  if m["skipped"] and on_nonfinite == "stop":
+    raise FloatingPointError(f"step {step}: non-finite loss or gradient "
+                             f"(loss={m['loss']}, grad_norm={m['grad_norm']})")
+  return state, m, seconds
+
+
 def make_update_step(graphdef, optimizer: optax.GradientTransformation, cfg: LossConfig,
                      mesh: Mesh, state: TrainState, example_batch: SequenceBatch,
                      logprob_fn=None):
@@ -353,18 +385,7 @@ def make_update_step(graphdef, optimizer: optax.GradientTransformation, cfg: Los
     metrics["entropy"] = masked_mean(entropy, batch.mask)
     return loss, metrics
 
-  def step(state: TrainState, batch: SequenceBatch):
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
-    grad_norm = optax.tree.norm(grads)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
-    new_state = TrainState(params=keep(params, state.params),
-                           opt_state=keep(opt_state, state.opt_state),
-                           step=state.step + ok.astype(jnp.int32))
-    metrics.update(grad_norm=grad_norm, skipped=1.0 - ok.astype(jnp.float32))
-    return new_state, metrics
+  step = functools.partial(finite_step, loss_fn, optimizer)
 
   state_sh = state_shardings(state, mesh)
   return jax.jit(step, in_shardings=(state_sh, batch_shardings(mesh, example_batch)),

@@ -196,14 +196,8 @@ def train(config) -> list[dict]:
       jax.block_until_ready((batch.old_logp, batch.ref_logp))
       proximal_s = time.perf_counter() - start
 
-      start = time.perf_counter()
-      for _ in range(rl.num_passes):
-        state, m = update(state, batch)
-      m = jax.device_get(m)
-      update_s = time.perf_counter() - start
-      if m["skipped"] and config.train.on_nonfinite == "stop":
-        raise FloatingPointError(f"step {step}: non-finite loss or gradient "
-                                 f"(loss={m['loss']}, grad_norm={m['grad_norm']})")
+      state, m, update_s = grpo.run_passes(update, state, batch, rl.num_passes, step=step,
+                                           on_nonfinite=config.train.on_nonfinite)
       weights, sync_s = sync(state.params)
       store.publish(step + 1, weights)
 

@@ -126,14 +126,8 @@ def train(config) -> list[dict]:
     if ref_logprobs is not None:
       batch.ref_logp = np.asarray(ref_logprobs(ref_params, batch))
 
-    start = time.perf_counter()
-    for _ in range(rl.num_passes):
-      state, m = update(state, batch)
-    m = jax.device_get(m)
-    update_s = time.perf_counter() - start
-    if m["skipped"] and config.train.on_nonfinite == "stop":
-      raise FloatingPointError(f"step {step}: non-finite loss or gradient "
-                               f"(loss={m['loss']}, grad_norm={m['grad_norm']})")
+    state, m, update_s = grpo.run_passes(update, state, batch, rl.num_passes, step=step,
+                                         on_nonfinite=config.train.on_nonfinite)
 
     row = {k: float(v) for k, v in m.items()}
     row.update(rollout.episode_metrics(trajs, agent.success_reward))

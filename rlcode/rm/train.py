@@ -15,11 +15,11 @@ model must be the one config.model describes.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import json
 import os
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
@@ -92,16 +92,7 @@ def make_update_step(graphdef, optimizer: optax.GradientTransformation, mesh: Me
     return loss, {"loss": loss, "accuracy": rm_loss.choice_accuracy(
         scores, batch.chosen, batch.valid, batch.weight)}
 
-  def step(state: grpo.TrainState, batch: ChoiceBatch):
-    (loss, metrics), grads = jax.value_and_grad(loss_fn, has_aux=True)(state.params, batch)
-    grad_norm = optax.tree.norm(grads)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    params = optax.apply_updates(state.params, updates)
-    ok = jnp.isfinite(loss) & jnp.isfinite(grad_norm)
-    keep = lambda new, old: jax.tree.map(lambda a, b: jnp.where(ok, a, b), new, old)
-    metrics.update(grad_norm=grad_norm, skipped=1.0 - ok.astype(jnp.float32))
-    return grpo.TrainState(keep(params, state.params), keep(opt_state, state.opt_state),
-                           state.step + ok.astype(jnp.int32)), metrics
+  step = functools.partial(grpo.finite_step, loss_fn, optimizer)
 
   state_sh = grpo.state_shardings(state, mesh)
   return jax.jit(step, in_shardings=(state_sh, grpo.batch_shardings(mesh, example)),
