@@ -61,6 +61,9 @@ def continue_cross_entropy(config, graphdef, params, tasks, tokenizer, mesh, *,
   opt_cfg = dataclasses.replace(grpo.OptimizerConfig.from_config(config.optimizer),
                                 end_lr_fraction=1.0)
   optimizer = grpo.make_optimizer(opt_cfg)
+  # The step donates its state: train a copy, so the caller's params stay usable
+  # (the warm start is evaluated after this control).
+  params = jax.tree.map(lambda x: x.copy(), params)
   state = grpo.init_state(nnx.merge(graphdef, params), optimizer, mesh)
   multiple = int(config.rl.get("length_multiple", rollout.LENGTH_MULTIPLE))
   stream = rollout.TaskStream(tasks, config.warmstart.batch_size, config.seed + 2)
