@@ -1,6 +1,7 @@
 """Builds a git repository of small Python modules with tests, and a history of realistic edits.
 
     python data/make_edit_history.py DIR [--seed 0] [--commits 360] [--bundle PATH]
+                                         [--made-up-nouns N]
 
 The repository (DIR must not exist or be empty) holds one package:
 
@@ -294,8 +295,9 @@ def _call(name: str, args: tuple, kwargs: dict) -> str:
 class Package:
   """Every module of the package; renders its sources and tests."""
 
-  def __init__(self):
+  def __init__(self, nouns: tuple[tuple[str, str], ...] = NOUNS):
     self.modules: dict[str, Module] = {}
+    self.nouns = nouns  # (noun, module name) pairs, taken in order by add_module
 
   def functions(self) -> list[Function]:
     return [f for m in self.modules.values() for f in m.functions]
@@ -341,8 +343,21 @@ class Package:
 # The kinds of edit. Each changes the package and returns the commit message, or
 # returns None when it does not apply now.
 
+def made_up_nouns(n: int, seed: int) -> tuple[tuple[str, str], ...]:
+  """`n` distinct pronounceable made-up nouns (and plurals), for histories whose names
+  cannot be learnt by heart: a policy trained on them has to copy names from its prompt."""
+  rng = random.Random(f"nouns-{seed}")
+  nouns: dict[str, None] = {}
+  while len(nouns) < n:
+    word = "".join(rng.choice("bdfgklmnprstvz") + rng.choice("aeiou")
+                   for _ in range(rng.randint(2, 3))) + rng.choice(("", "n", "r", "l"))
+    if word not in dict(NOUNS):
+      nouns[word] = None
+  return tuple((w, w + "s") for w in nouns)
+
+
 def add_module(pkg: Package, rng: random.Random) -> str | None:
-  free = [(noun, name) for noun, name in NOUNS if name not in pkg.modules]
+  free = [(noun, name) for noun, name in pkg.nouns if name not in pkg.modules]
   if not free:
     return None
   noun, name = free[0]
@@ -477,10 +492,12 @@ class Repository:
     self.git("commit", "-q", "-m", message)
 
 
-def build(path: str, seed: int, commits: int) -> str:
-  """Makes the repository at `path`; returns its head commit."""
+def build(path: str, seed: int, commits: int, made_up: int = 0) -> str:
+  """Makes the repository at `path`; returns its head commit. `made_up` > 0: the
+  modules are named by that many made-up nouns (`made_up_nouns`) instead of NOUNS."""
   rng = random.Random(seed)
-  pkg, repo = Package(), Repository(path)
+  pkg = Package(made_up_nouns(made_up, seed) if made_up else NOUNS)
+  repo = Repository(path)
   while repo.commits < commits:
     if len(pkg.modules) < 3:
       message = add_module(pkg, rng)
@@ -497,9 +514,12 @@ def main(argv=None) -> None:
   parser.add_argument("dir", help="where to make the repository (absent or empty)")
   parser.add_argument("--seed", type=int, default=0)
   parser.add_argument("--commits", type=int, default=360)
+  parser.add_argument("--made-up-nouns", type=int, default=0, metavar="N",
+                      help="name the modules by N made-up nouns instead of the 24 real ones "
+                           "(practice histories whose names must be copied, not recalled)")
   parser.add_argument("--bundle", default="", help="also write the history as a git bundle")
   args = parser.parse_args(argv)
-  head = build(args.dir, args.seed, args.commits)
+  head = build(args.dir, args.seed, args.commits, args.made_up_nouns)
   if args.bundle:
     subprocess.run(["git", "-C", args.dir, "bundle", "create", "-q",
                     os.path.abspath(args.bundle), "HEAD", "main"], check=True)

@@ -72,6 +72,25 @@ def test_the_history_is_deterministic_and_each_message_states_an_edit(history, t
     assert (path / "tests" / name).read_text().count("assert ") > len(imported)
 
 
+def test_made_up_nouns_name_every_module_and_differ_from_the_real_ones(tmp_path):
+  sys.path.insert(0, os.path.dirname(SCRIPT))
+  try:
+    import make_edit_history as meh
+  finally:
+    sys.path.pop(0)
+  nouns = meh.made_up_nouns(50, seed=1)
+  assert len({n for n, _ in nouns}) == 50 and nouns == meh.made_up_nouns(50, seed=1)
+  assert nouns != meh.made_up_nouns(50, seed=2)
+  assert all(n.isidentifier() and plural == n + "s" for n, plural in nouns)
+  assert not {n for n, _ in nouns} & {n for n, _ in meh.NOUNS}
+  r = subprocess.run([sys.executable, SCRIPT, str(tmp_path / "repo"), "--seed", "1",
+                      "--commits", "12", "--made-up-nouns", "50"],
+                     capture_output=True, text=True, check=True)
+  assert "12 commits" in r.stdout
+  modules = {f[:-3] for f in os.listdir(tmp_path / "repo" / "toolkit") if f != "__init__.py"}
+  assert modules and modules <= {plural for _, plural in nouns}
+
+
 def test_tasks_carry_hidden_and_visible_tests(mined):
   for granularity in ("pr", "file", "hunk"):
     splits = mined.by_granularity[granularity]
