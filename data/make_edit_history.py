@@ -347,11 +347,12 @@ def made_up_nouns(n: int, seed: int) -> tuple[tuple[str, str], ...]:
   """`n` distinct pronounceable made-up nouns (and plurals), for histories whose names
   cannot be learnt by heart: a policy trained on them has to copy names from its prompt."""
   rng = random.Random(f"nouns-{seed}")
-  nouns: dict[str, None] = {}
+  real = {noun for noun, _ in NOUNS}
+  nouns: dict[str, None] = {}  # insertion-ordered, so the same seed gives the same order
   while len(nouns) < n:
     word = "".join(rng.choice("bdfgklmnprstvz") + rng.choice("aeiou")
                    for _ in range(rng.randint(2, 3))) + rng.choice(("", "n", "r", "l"))
-    if word not in dict(NOUNS):
+    if word not in real:
       nouns[word] = None
   return tuple((w, w + "s") for w in nouns)
 
