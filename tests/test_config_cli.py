@@ -53,7 +53,7 @@ def test_config_is_locked():
 
 
 def test_cli_sample_runs_and_writes_jsonl(tmp_path):
-  env = dict(os.environ, XLA_FLAGS="", PYTHONPATH=ROOT)
+  env = dict(os.environ, XLA_FLAGS="--xla_backend_optimization_level=0", PYTHONPATH=ROOT)
   proc = subprocess.run(
       [sys.executable, "-m", "rlcode", "sample", "--config", SAMPLE,
        f"--config.workdir={tmp_path}", "--config.sampling.max_new_tokens=8",

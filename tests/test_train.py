@@ -59,7 +59,7 @@ def env(tmp_path_factory):
   """The runs that are compared all run as the same command in the same environment (one
   CPU device), as a user would re-run it; they share a persistent compilation cache, so
   a rerun loads the programs the first run compiled (the same executables)."""
-  return dict(os.environ, XLA_FLAGS="", PYTHONPATH=ROOT,
+  return dict(os.environ, XLA_FLAGS="--xla_backend_optimization_level=0", PYTHONPATH=ROOT,
               JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")),
               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
 
