@@ -79,7 +79,10 @@ def get_config():
   config.optimizer = optimizer(lr=3e-4, warmup=3, decay=30)
 
   config.warmstart = ml_collections.ConfigDict(dict(
-      steps=100, batch_size=16, cache_dir="", optimizer=optimizer(lr=3e-3, warmup=10, decay=100)))
+      steps=100, batch_size=16, cache_dir="", optimizer=optimizer(lr=3e-3, warmup=10, decay=100),
+      # >= 0: the warm start's own seed, so runs of several seeds share one (with cache_dir,
+      # trained once); -1: the run's seed.
+      seed=-1))
   # The warm start also reads the real PRs' training hunks (configs/grpo_pr_diffs.py's
   # tasks and splits), whose variety teaches copying lines from the prompt.
   config.warmstart.data = ml_collections.ConfigDict(dict(

@@ -70,7 +70,9 @@ def train(config) -> list[dict]:
     test_tasks = sources.load(config.data, test_split) if test_split else []
 
   # ══════════════════════════════════════════════════════════════ 3. model, optimiser, checkpoint
-  model, tokenizer = build_model(config.model, mesh, config.seed)
+  # With a shared warm start (warmstart.seed) the initial weights are the warm start's.
+  init_seed = warm_start_seed(config) if config.warmstart.steps > 0 else config.seed
+  model, tokenizer = build_model(config.model, mesh, init_seed)
   drop = bool(config.data.get("drop_too_long"))
   train_tasks, fit_train = rollout.fit_tasks(train_tasks, tokenizer, split="train",
                                              max_seq_len=model.cfg.max_seq_len,
@@ -288,7 +290,8 @@ def warm_start(config, graphdef, params, tasks, tokenizer, mesh, metrics):
     return params
   params, stats = sft.run(graphdef, params, tasks, tokenizer, mesh,
                           optimizer=grpo.OptimizerConfig.from_config(ws.optimizer),
-                          batch_size=ws.batch_size, seed=config.seed + 1, steps=ws.steps,
+                          batch_size=ws.batch_size, seed=warm_start_seed(config) + 1,
+                          steps=ws.steps,
                           multiple=int(config.rl.get("length_multiple", rollout.LENGTH_MULTIPLE)),
                           progress=config.train.progress_bar, desc="warm start")
   row = {"sft_loss_first": stats["loss_first"], "sft_loss_last": stats["loss_last"],
@@ -319,12 +322,21 @@ def _row_stats(got: async_rollouts.Produced) -> dict[str, np.ndarray]:
       "sampler_idle_seconds": one(got.sampler_idle_seconds)}
 
 
+def warm_start_seed(config) -> int:
+  """The seed of the warm start's initial weights and batch order: `warmstart.seed`
+  when set (>= 0), so runs of several seeds can share one warm start, as a
+  pretrained checkpoint is shared, and differ only in what comes after; else the
+  run's seed."""
+  seed = config.warmstart.get("seed", -1)
+  return config.seed if seed is None or seed < 0 else int(seed)
+
+
 def warm_start_key(config) -> str:
   """A hash of what the warm start's parameters depend on: the seed, model, data,
   warm-start settings (its cache_dir aside), the batch length multiple and the
   rollout budget (which decides the training tasks that fit)."""
-  ws = {k: v for k, v in config.warmstart.to_dict().items() if k != "cache_dir"}
-  parts = {"seed": config.seed, "model": config.model.to_dict(), "data": config.data.to_dict(),
+  ws = {k: v for k, v in config.warmstart.to_dict().items() if k not in ("cache_dir", "seed")}
+  parts = {"seed": warm_start_seed(config), "model": config.model.to_dict(), "data": config.data.to_dict(),
            "warmstart": ws, "length_multiple": config.rl.get("length_multiple"),
            # Tasks whose prompt leaves no room for the rollouts are dropped before it.
            "max_new_tokens": config.rl.max_new_tokens}

@@ -165,6 +165,13 @@ def test_warm_start_cache_is_reused_for_the_same_key_only(shop, tmp_path, monkey
   assert train.warm_start_key(other) != key
   with pytest.raises(AssertionError, match="ran again"):
     train.train(other)
+  # Unless the warm start has a seed of its own: then run seeds 0 and 1 share it.
+  shared = _config(shop, tmp_path / "d", *only_warm_start, "--config.seed=1",
+                   "--config.warmstart.seed=0")
+  assert train.warm_start_seed(shared) == 0 and train.warm_start_key(shared) == key
+  train.train(shared)
+  assert [r for r in read_metrics(str(tmp_path / "d" / "work")) if "sft_loss_last" in r] == \
+      sft_rows[0]
 
 
 def test_repo_that_is_not_a_repository_or_empty(tmp_path):
