@@ -336,8 +336,8 @@ def warm_start_key(config) -> str:
   warm-start settings (its cache_dir aside), the batch length multiple and the
   rollout budget (which decides the training tasks that fit)."""
   ws = {k: v for k, v in config.warmstart.to_dict().items() if k not in ("cache_dir", "seed")}
-  parts = {"seed": warm_start_seed(config), "model": config.model.to_dict(), "data": config.data.to_dict(),
-           "warmstart": ws, "length_multiple": config.rl.get("length_multiple"),
+  parts = {"seed": warm_start_seed(config), "model": config.model.to_dict(),
+           "data": config.data.to_dict(), "warmstart": ws, "length_multiple": config.rl.get("length_multiple"),
            # Tasks whose prompt leaves no room for the rollouts are dropped before it.
            "max_new_tokens": config.rl.max_new_tokens}
   # The data section's splits and evaluation size do not change the training tasks.

@@ -6,17 +6,17 @@ The suite compiles with XLA's backend optimisation level 0: the same programs
 (optimisation levels change how LLVM lowers a computation, not what it computes),
 compiled in about half the time, which is most of the suite's time on 2 cores;
 the tests' tensors are tiny, so running unoptimised code costs little. Set
-`--xla_backend_optimization_level` in XLA_FLAGS to override it. Experiments and
-training runs never see this file.
+`--xla_backend_optimization_level` in XLA_FLAGS to override it (tests/xla_flags.py, which
+the processes the tests start use too). Experiments and training runs never see this file.
 """
 
 import os
 
-_flags = os.environ.get("XLA_FLAGS", "")
-_flags += " --xla_force_host_platform_device_count=8"
-if "xla_backend_optimization_level" not in _flags:
-  _flags += " --xla_backend_optimization_level=0"
-os.environ["XLA_FLAGS"] = _flags.strip()
+import xla_flags
+
+_flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if f != xla_flags.COMPILE]
+os.environ["XLA_FLAGS"] = xla_flags.for_subprocess(
+    *_flags, "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
 # Data builders and checkpoints of a test never touch the user's home.
 os.environ.setdefault("TFDS_DATA_DIR", "/tmp/rlcode-tests-tfds")

@@ -6,6 +6,7 @@ import sys
 
 import pytest
 
+import xla_flags
 from rlcode import cli
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -87,7 +88,7 @@ def test_usage_errors_are_one_line_too(capsys):
 
 def test_a_real_process_prints_one_line(tmp_path):
   # The same path as a user's shell: no traceback reaches stderr.
-  env = dict(os.environ, XLA_FLAGS="--xla_backend_optimization_level=0", PYTHONPATH=ROOT)
+  env = dict(os.environ, XLA_FLAGS=xla_flags.for_subprocess(), PYTHONPATH=ROOT)
   proc = subprocess.run([sys.executable, "-m", "rlcode", "plot", str(tmp_path / "nowhere")],
                         capture_output=True, text=True, cwd=ROOT, env=env, timeout=120)
   assert proc.returncode == 2

@@ -8,6 +8,7 @@ import sys
 import ml_collections
 import pytest
 
+import xla_flags
 from rlcode import config_lib
 from rlcode.models import ByteTokenizer, HFTokenizer
 
@@ -53,7 +54,7 @@ def test_config_is_locked():
 
 
 def test_cli_sample_runs_and_writes_jsonl(tmp_path):
-  env = dict(os.environ, XLA_FLAGS="--xla_backend_optimization_level=0", PYTHONPATH=ROOT)
+  env = dict(os.environ, XLA_FLAGS=xla_flags.for_subprocess(), PYTHONPATH=ROOT)
   proc = subprocess.run(
       [sys.executable, "-m", "rlcode", "sample", "--config", SAMPLE,
        f"--config.workdir={tmp_path}", "--config.sampling.max_new_tokens=8",

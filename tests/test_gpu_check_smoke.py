@@ -15,6 +15,8 @@ import sys
 
 import pytest
 
+import xla_flags
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
@@ -23,7 +25,7 @@ def smoke(tmp_path_factory):
   out = tmp_path_factory.mktemp("gpu_check")
   env = dict(os.environ, SMOKE="1", OUT=str(out), PYTHON=sys.executable, JAX_PLATFORMS="cpu")
   # One CPU device, as a plain run of the scripts (compiled as the rest of the suite: conftest.py).
-  env["XLA_FLAGS"] = "--xla_backend_optimization_level=0"
+  env["XLA_FLAGS"] = xla_flags.for_subprocess()
   proc = subprocess.run(["bash", "experiments/gpu_check.sh"], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=1800, check=False)
   return out, proc

@@ -11,6 +11,7 @@ import time
 import numpy as np
 
 import tiny_runs
+import xla_flags
 from rlcode import train
 from rlcode.metrics import read_metrics
 
@@ -31,7 +32,7 @@ def _launch(workdir, cache, logs):
   """Both processes; their output goes to files (a pipe nobody reads fills up and
   blocks a process, and with it the other's collectives)."""
   port = _free_port()
-  env = dict(os.environ, XLA_FLAGS="--xla_force_host_platform_device_count=4 --xla_backend_optimization_level=0",
+  env = dict(os.environ, XLA_FLAGS=xla_flags.for_subprocess("--xla_force_host_platform_device_count=4"),
              JAX_PLATFORMS="cpu", PYTHONPATH=tiny_runs.ROOT,
              # The resumed processes compile what the killed ones did: reuse it.
              JAX_COMPILATION_CACHE_DIR=str(cache), JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")

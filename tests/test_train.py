@@ -10,6 +10,7 @@ import time
 import numpy as np
 import pytest
 
+import xla_flags
 from rlcode import config_lib, train
 from rlcode.metrics import read_metrics
 
@@ -59,7 +60,7 @@ def env(tmp_path_factory):
   """The runs that are compared all run as the same command in the same environment (one
   CPU device), as a user would re-run it; they share a persistent compilation cache, so
   a rerun loads the programs the first run compiled (the same executables)."""
-  return dict(os.environ, XLA_FLAGS="--xla_backend_optimization_level=0", PYTHONPATH=ROOT,
+  return dict(os.environ, XLA_FLAGS=xla_flags.for_subprocess(), PYTHONPATH=ROOT,
               JAX_COMPILATION_CACHE_DIR=str(tmp_path_factory.mktemp("jax_cache")),
               JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
 
