@@ -11,10 +11,22 @@ A policy that does not look cannot do better than a guess. The prompt gives the
 operation (plus, minus, times) in words; the tests are assert statements on fixed
 inputs (hidden: six; visible, what run_tests runs: two).
 
-Splits by a hash of the unit: (operation, constant) for file and search tasks,
-(operation, name) for tests tasks; held_out with probability 0.2, validation
+Splits by a hash of the unit: (operation, constant, symbol) for file and search
+tasks, (operation, name) for tests tasks; held_out with probability 0.2, validation
 0.15, else train. A held-out task's unit never appears in training; its phrasing,
-file names and symbols do.
+file names and symbols do, and so does its prompt, word for word, with other
+constants (file, search) or other names (tests): the prompt cannot tell the answer.
+Until 2026-12-01 the file and search unit was (operation, constant). Then each
+constant came with only one or two operations in training, and the held-out split
+asked for a pairing the training split never showed; a tiny policy learnt that
+rule (it wrote "+" for "minus" whenever the constant had only come with "plus")
+instead of reading the operation in the prompt.
+
+Practice tasks (training only, ids agent/practice/...): the same three variants on
+units no split uses, constants 10-99 for file and search, names with digits 4-9 for
+tests, a random sample of every operation with every symbol and name stem: more
+variety to copy from, so that fitting the training split means reading the prompt
+and copying from the tools' output.
 
     python data/make_agent_tasks.py     # rewrites data/agent_tasks.jsonl deterministically
 
@@ -39,6 +51,7 @@ INPUTS = (0, 1, 2, 5, 10, -3)
 VISIBLE = 2
 HELD_OUT_FRACTION = 0.2
 VALIDATION_FRACTION = 0.15
+PRACTICE = {"file": 240, "search": 240, "tests": 160}
 
 
 def _fraction(key: str) -> float:
@@ -51,21 +64,21 @@ def _split(unit: str) -> str:
           else "validation" if f < HELD_OUT_FRACTION + VALIDATION_FRACTION else "train")
 
 
-def _task(tid, unit, prompt, name, op, k, files, hint):
+def _task(tid, unit, prompt, name, op, k, files, hint, split=None):
   sign = OPS[op][0]
   solution = f"def {name}(x):\n    return x {sign} {k}\n"
   asserts = [f"assert {name}({x}) == {eval(f'{x} {sign} {k}')}" for x in INPUTS]
   return {"id": tid, "prompt": prompt, "tests": "\n".join(asserts) + "\n",
-          "entry_point": "", "reference": solution, "split": _split(unit),
+          "entry_point": "", "reference": solution, "split": split or _split(unit),
           "extra": {"files": files, "solution": "solution.py", "assemble": "completion",
                     "tests_format": "script",
                     "tests_visible": "\n".join(asserts[:VISIBLE]) + "\n",
                     "hint": hint}}
 
 
-def file_tasks(rng):
+def file_tasks(rng, constants=range(2, 10), practice=False):
   for op, (_, word) in OPS.items():
-    for k in range(2, 10):
+    for k in constants:
       for symbol in SYMBOLS:
         path = rng.choice(FILES)
         name = f"{op}_{symbol.lower()}"
@@ -74,14 +87,16 @@ def file_tasks(rng):
           lines.insert(0, rng.choice(NOISE))
         prompt = (f"Write solution.py defining {name}(x) that returns x {word} {symbol}. "
                   f"{symbol} is set in {path}.")
-        yield _task(f"agent/file/{op}/k{k}/{symbol}", f"{op}/k{k}", prompt, name, op, k,
-                    {path: "\n".join(lines) + "\n"},
-                    {"variant": "file", "path": path, "symbol": symbol, "name": name})
+        yield _task(f"agent/{'practice/' * practice}file/{op}/k{k}/{symbol}",
+                    f"{op}/k{k}/{symbol}",
+                    prompt, name, op, k, {path: "\n".join(lines) + "\n"},
+                    {"variant": "file", "path": path, "symbol": symbol, "name": name},
+                    split="train" if practice else None)
 
 
-def search_tasks(rng):
+def search_tasks(rng, constants=range(2, 10), practice=False):
   for op, (_, word) in OPS.items():
-    for k in range(2, 10):
+    for k in constants:
       for symbol in SYMBOLS:
         paths = rng.sample(FILES, 3)
         files = {p: f"{rng.choice(NOISE)}\n" for p in paths}
@@ -90,27 +105,43 @@ def search_tasks(rng):
         name = f"{op}_{symbol.lower()}"
         prompt = (f"Write solution.py defining {name}(x) that returns x {word} {symbol}. "
                   f"{symbol} is set in one of the workspace files.")
-        yield _task(f"agent/search/{op}/k{k}/{symbol}", f"{op}/k{k}", prompt, name, op, k,
-                    files, {"variant": "search", "path": where, "symbol": symbol,
-                            "name": name})
+        yield _task(f"agent/{'practice/' * practice}search/{op}/k{k}/{symbol}",
+                    f"{op}/k{k}/{symbol}",
+                    prompt, name, op, k, files,
+                    {"variant": "search", "path": where, "symbol": symbol, "name": name},
+                    split="train" if practice else None)
 
 
-def tests_tasks(rng):
+def tests_tasks(rng, digits=range(1, 4), practice=False):
   for op, (_, word) in OPS.items():
     for base in NAMES:
-      for digit in range(1, 4):
+      for digit in digits:
         name = f"{base}{digit}"
         k = rng.randint(2, 9)
         prompt = (f"Make the tests pass: solution.py must define a function of x that "
                   f"returns x {word} {k}. Run the tests to learn its name.")
-        yield _task(f"agent/tests/{op}/{name}", f"{op}/{name}", prompt, name, op, k,
-                    {"solution.py": "# write the solution here\n"},
-                    {"variant": "tests", "name": name})
+        yield _task(f"agent/{'practice/' * practice}tests/{op}/{name}", f"{op}/{name}",
+                    prompt, name, op, k, {"solution.py": "# write the solution here\n"},
+                    {"variant": "tests", "name": name},
+                    split="train" if practice else None)
+
+
+def practice_tasks(rng, n_file=PRACTICE["file"], n_search=PRACTICE["search"],
+                   n_tests=PRACTICE["tests"]):
+  """Training-only tasks on units no split uses (constants 10-99, name digits 4-9), a
+  random sample of each variant's."""
+  picks = ((file_tasks(rng, range(10, 100), True), n_file),
+           (search_tasks(rng, range(10, 100), True), n_search),
+           (tests_tasks(rng, range(4, 10), True), n_tests))
+  for gen, n in picks:
+    rows = list(gen)
+    yield from rng.sample(rows, n)
 
 
 def main():
   rng = random.Random(0)
   rows = [t for gen in (file_tasks, search_tasks, tests_tasks) for t in gen(rng)]
+  rows += list(practice_tasks(random.Random(2)))
   ids = [r["id"] for r in rows]
   assert len(ids) == len(set(ids))
   random.Random(1).shuffle(rows)

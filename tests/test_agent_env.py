@@ -74,22 +74,26 @@ def test_an_eos_turn_ends_the_episode_and_abort_scores_the_workspace(scorer):
 
 def test_what_a_task_needs_is_only_in_its_workspace_or_its_test_output():
   """The constant (file, search) or the function's name (tests) is in no prompt, the name
-  in no workspace file either; a held-out unit (operation and constant or name) is never
-  a training one."""
-  units = {}
+  in no workspace file either; a held-out unit (operation, constant and symbol, or
+  operation and name) is never a training one; and the training split shows every
+  operation with every constant of the file and search tasks (no constant suggests an
+  operation)."""
+  units, pairs = {}, {}
   for split, tasks in SPLITS.items():
     for t in tasks:
-      hint, op = t.extra["hint"], t.id.split("/")[2]
+      hint, parts = t.extra["hint"], t.id.split("/")
       if hint["variant"] == "tests":
         assert hint["name"] not in t.prompt + "".join(t.extra["files"].values()), t.id
-        units.setdefault(split, set()).add((op, hint["name"]))
+        units.setdefault(split, set()).add((parts[-2], hint["name"]))
       else:
-        value = t.reference.split()[-1]
+        op, value = parts[-3], t.reference.split()[-1]
         assert not re.search(rf"\b{value}\b", t.prompt), t.id
         assert any(f"{hint['symbol']} = {value}" in text
                    for text in t.extra["files"].values()), t.id
-        units.setdefault(split, set()).add((op, value))
+        units.setdefault(split, set()).add((op, value, hint["symbol"]))
+        pairs.setdefault(split, set()).add((op, value))
   assert min(len(SPLITS[s]) for s in ("train", "validation", "held_out")) >= 48
+  assert pairs["held_out"] <= pairs["train"] and pairs["validation"] <= pairs["train"]
   assert not units["held_out"] & units["train"]
 
 

@@ -220,3 +220,24 @@ def test_budgets_are_checked():
   with pytest.raises(ValueError, match="must exceed"):
     sampler.Budgets(max_total_tokens=100, max_turn_tokens=100)
   assert dataclasses.asdict(sampler.Budgets())["max_total_tokens"] == 1024
+
+
+def test_sft_batch_rows_fit_the_longest_prompt_plus_trajectory(model, forward):
+  """A long prompt with a short episode and a short prompt with a long one: the rows are
+  as long as the longer of the two sums (not the longest prompt plus the longest
+  episode), and each row's target log-probabilities are those of its own prefill."""
+  rng = np.random.default_rng(0)
+  ids = lambda n: rng.integers(1, 250, n).tolist()
+  trajs = [sampler.Trajectory(TASKS[0], ids(100), tokens=ids(20), mask=[1] * 20,
+                              logprobs=[0.0] * 20),
+           sampler.Trajectory(TASKS[1], ids(4), tokens=ids(120), mask=[1, 0] * 60,
+                              logprobs=[0.0] * 120)]
+  batch = rollout.sft_batch(trajs, TOK.pad_id)
+  assert batch.tokens.shape[1] == rollout.LENGTH_MULTIPLE  # 100 + 128 (was 256)
+  assert batch.mask.shape[1] == rollout.LENGTH_MULTIPLE
+  logp, _ = grpo.sequence_logprobs(model, batch, 1.0)
+  logp = np.asarray(logp)
+  for i, t in enumerate(trajs):
+    m = np.array(t.mask, bool)
+    np.testing.assert_allclose(logp[i, :len(t.tokens)][m], forward(t)[m], rtol=1e-5, atol=1e-5)
+    assert not batch.mask[i, len(t.tokens):].any()

@@ -17,7 +17,8 @@ SMALL = [
     "--config.rl.prompts_per_step=2", "--config.rl.group_size=2",
     "--config.eval.num_samples=2", "--config.eval.batch_prompts=2",
     "--config.data.max_eval_tasks=2", "--config.warmstart.steps=2",
-    "--config.warmstart.batch_size=4", "--config.train.steps=2",
+    "--config.warmstart.batch_size=4", "--config.warmstart.max_episodes=8",
+    "--config.train.steps=2",
     "--config.train.checkpoint_every=1", "--config.train.eval_every=2",
     "--config.train.progress_bar=false",
 ]
@@ -38,6 +39,7 @@ def test_rlcode_train_runs_the_agent_loop_and_resumes(tmp_path):
   assert {"success", "tool_calls_per_episode", "context_tokens", "cut_rate",
           "call_error_rate", "memory_notes"} <= set(steps[0])
   assert rows[0]["expert_success"] == 1.0  # every expert episode solved its task
+  assert rows[0]["expert_episodes"] == 8
   assert os.path.isdir(os.path.join(workdir, "warm_start"))
   # Two more steps resume from the checkpoint at step 2.
   assert cli.main([*argv, "--config.train.steps=3"]) == 0

@@ -51,3 +51,21 @@ def test_compresses_a_held_out_stdlib_module(tok):
     data = f.read()
   tokens = len(tok.encode(data.decode())) - 1
   assert tokens / len(data) < 0.35  # the byte tokenizer: 1.0
+
+
+def test_tools_suffix_adds_the_tool_tags_as_single_tokens(tok):
+  """"PATH+tools": the tags of a tool call are one token each, after the file's own 4096;
+  everything else encodes as before, and decoding keeps the tags but drops <|bos|>."""
+  from rlcode.agent.chat import ChatFormat
+  from rlcode.models.tokenizer import TOOL_SPECIALS
+  tools = load_tokenizer(PATH + "+tools")
+  assert tools.vocab_size == 4096 + len(TOOL_SPECIALS)
+  assert [tools.special_id(s) for s in TOOL_SPECIALS] == [4096, 4097, 4098, 4099]
+  assert tok.special_id("</tool_call>") is None
+  call = '<tool_call>{"name":"finish","arguments":{}}</tool_call><tool_response>ok</tool_response>'
+  ids = tools.encode(call)
+  assert ids[1] == 4096 and 4097 in ids and ids[-1] == 4099
+  assert tools.decode(ids) == call
+  inner = '{"name":"finish","arguments":{}}'
+  assert tools.encode(inner) == tok.encode(inner)
+  assert ChatFormat("compact", tools).stop_ids == (4097, 2)

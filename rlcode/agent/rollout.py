@@ -67,10 +67,15 @@ def grpo_batch(trajs: Sequence[sampler.Trajectory], group_size: int, adv: np.nda
 
 
 def sft_batch(trajs: Sequence[sampler.Trajectory], pad_id: int) -> grpo.SequenceBatch:
-  """Prompt + trajectory rows; the targets are the trajectory's sampled (expert) tokens."""
+  """Prompt + trajectory rows; the targets are the trajectory's sampled (expert) tokens.
+
+  A row is as long as its batch's longest prompt + trajectory, rounded up: the target
+  window (`width`) may run past a row's end, where it is clipped and masked
+  (rlcode.grpo.sequence_logprobs), so the longest prompt and the longest trajectory
+  need not both fit (about a fifth fewer positions for the agent's warm start)."""
   n = len(trajs)
   width = round_up(max(max(len(t.tokens) for t in trajs), 1), LENGTH_MULTIPLE)
-  seq_len = round_up(max(len(t.prompt) for t in trajs) + width, LENGTH_MULTIPLE)
+  seq_len = round_up(max(len(t.prompt) + len(t.tokens) for t in trajs), LENGTH_MULTIPLE)
   tokens = np.full((n, seq_len), pad_id, np.int32)
   mask = np.zeros((n, width), np.float32)
   for i, t in enumerate(trajs):

@@ -200,6 +200,8 @@ def warm_start(config, graphdef, params, tasks, envs, chat, budgets, mesh, metri
   the targets, observations are not); returns the params and logs one step-0 row."""
   ws = config.warmstart
   start = time.perf_counter()
+  # warmstart.max_episodes > 0: only the first that many training tasks (quick runs).
+  tasks = tasks[:ws.get("max_episodes", 0) or None]
   trajs = expert_trajectories(config, tasks, envs, chat, budgets)
   expert_s = time.perf_counter() - start
   solved = float(np.mean([t.reward >= config.agent.success_reward for t in trajs]))

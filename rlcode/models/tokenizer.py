@@ -99,13 +99,19 @@ class HFTokenizer:
   of `_PAD_TOKENS`.
   """
 
-  def __init__(self, path: str):
+  def __init__(self, path: str, specials: Sequence[str] = ()):
     from tokenizers import Tokenizer as _Tok
     file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
     if not os.path.isfile(file):
       raise FileNotFoundError(f"{path}: no tokenizer.json")
     self._tok = _Tok.from_file(file)
-    self.vocab_size = self._tok.get_vocab_size()
+    # Specials the file lacks are appended as single tokens (ids after its vocabulary),
+    # as added tokens rather than special ones, so that decoding keeps them (a tool
+    # call's tags are part of its text) while it still drops <|bos|> and the like.
+    added = [t for t in specials if self._tok.token_to_id(t) is None]
+    if added:
+      self._tok.add_tokens(added)
+    self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
     directory = os.path.dirname(file)
     eos: list[int] = []
     pad = None
@@ -140,13 +146,18 @@ class HFTokenizer:
 
 
 BYTE_TOKENIZERS = ("bytes", "bytes+tools")
+TOOLS_SUFFIX = "+tools"
 
 
 def load_tokenizer(path: str | None) -> Tokenizer:
   """tokenizer.json under `path`, or a byte-level tokenizer: path None/"bytes", or
-  "bytes+tools" (with TOOL_SPECIALS as single tokens)."""
+  "bytes+tools" (with TOOL_SPECIALS as single tokens). "PATH+tools" is PATH's
+  tokenizer with TOOL_SPECIALS added as single tokens where it lacks them (for example
+  "data/code_bpe.json+tools": 4096 + 4 tokens)."""
   if path in (None, "bytes"):
     return ByteTokenizer()
   if path == "bytes+tools":
     return ByteTokenizer(specials=TOOL_SPECIALS)
+  if path.endswith(TOOLS_SUFFIX):
+    return HFTokenizer(path[:-len(TOOLS_SUFFIX)], specials=TOOL_SPECIALS)
   return HFTokenizer(path)

@@ -1,0 +1,147 @@
+"""How well agent_tiny's warm start imitates the expert on validation tasks, teacher-forced.
+
+The warm start (rlcode.agent.train.warm_start) trains on scripted expert episodes of
+the training tasks. This script runs the same supervised steps and, every --eval_every
+steps, feeds the expert episodes of the validation tasks through the policy and reads:
+
+  greedy_exact  the share of episodes in which every expert token is the policy's
+                argmax. The tools are deterministic, so this is the share of
+                validation tasks the greedy policy solves exactly as the expert does
+                (it may solve others another way): a sampling-free success estimate.
+  token_acc     argmax accuracy on all expert tokens; text_acc on the tokens of the
+                solution file the expert writes (name, operation, constant).
+  t1_exact      the mean probability, at temperature 1, of sampling the expert's
+                episode token for token.
+  nll           mean negative log-likelihood per expert token.
+
+and lists the most frequent wrong tokens with the text before them (which copy the
+policy gets wrong: a name from the prompt, a constant from a tool's output).
+
+    python experiments/agent_warm_start.py [--steps 300] [--eval_every 100] [--top 12] \
+        [--config.model.tokenizer=bytes+tools --config.model.arch.vocab_size=264 ...]
+
+Steps, batch and learning-rate schedule are the config's warmstart section unless
+--steps is given (the cosine then decays over --steps). Results: experiments/README.md
+(agent_tiny).
+"""
+
+from __future__ import annotations
+
+import argparse
+import collections
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import jax  # noqa: E402
+import jax.numpy as jnp  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from rlcode import config_lib, grpo, sft, sharding  # noqa: E402
+from rlcode.agent import rollout  # noqa: E402
+from rlcode.agent.train import expert_trajectories, select_variants  # noqa: E402
+from rlcode.data import sources  # noqa: E402
+from rlcode.models.build import build_model  # noqa: E402
+
+CONFIG = os.path.join(ROOT, "configs", "agent_tiny.py")
+FILE_TEXT = '"file_text":"'
+
+
+def text_mask(tokenizer, traj) -> np.ndarray:
+  """True on the tokens of the episode that lie inside the written file's text."""
+  ends = np.array([len(tokenizer.decode(traj.tokens[:i + 1])) for i in range(len(traj.tokens))])
+  text = tokenizer.decode(traj.tokens)
+  lo = text.find(FILE_TEXT)
+  if lo < 0:
+    return np.zeros(len(traj.tokens), bool)
+  lo += len(FILE_TEXT)
+  hi = text.find('"}}', lo)
+  return (ends > lo) & (ends <= hi)
+
+
+def main(argv=None):
+  p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  p.add_argument("--steps", type=int, default=None)
+  p.add_argument("--eval_every", type=int, default=100)
+  p.add_argument("--top", type=int, default=12, help="wrong tokens listed at each eval")
+  args, overrides = p.parse_known_args(argv)
+  config = config_lib.load_config(CONFIG, overrides)
+  ws = config.warmstart
+  steps = args.steps or ws.steps
+  opt_cfg = grpo.OptimizerConfig.from_config(ws.optimizer)
+  if args.steps:
+    opt_cfg = grpo.OptimizerConfig(**{**opt_cfg.__dict__, "decay_steps": steps})
+
+  mesh = sharding.mesh_from_config(config.mesh)
+  model, tok = build_model(config.model, mesh, config.seed)
+  chat = rollout.chat_format(config, tok)
+  budgets = rollout.budgets(config.agent)
+  envs = rollout.make_envs(config, 8)
+  start = time.perf_counter()
+  train = expert_trajectories(config, select_variants(
+      config, sources.load(config.data, config.data.train_split)), envs, chat, budgets)
+  val = expert_trajectories(config, select_variants(
+      config, sources.load(config.data, config.data.eval_split)), envs, chat, budgets)
+  for env in envs:
+    env.close()
+  print(f"expert episodes: {len(train)} train, {len(val)} validation "
+        f"({time.perf_counter() - start:.0f} s)", flush=True)
+
+  graphdef, params = nnx.split(model, nnx.Param)
+  opt = grpo.make_optimizer(opt_cfg)
+  state = grpo.init_state(nnx.merge(graphdef, params), opt, mesh)
+  step_fn = sft.make_sft_step(graphdef, opt, mesh, state,
+                              grpo.SequenceBatch.abstract(ws.batch_size))
+
+  vb = rollout.sft_batch(val, tok.pad_id)
+  expert = vb.mask > 0
+  in_text = np.zeros_like(expert)
+  for i, t in enumerate(val):
+    in_text[i, :len(t.tokens)] = text_mask(tok, t)
+
+  @jax.jit
+  def teacher_forced(params, batch):
+    m = nnx.merge(graphdef, params)
+    h, _ = m.hidden(batch.tokens[:, :-1])
+    w = batch.mask.shape[1]
+    pos = jnp.minimum(batch.start[:, None] + jnp.arange(w)[None, :], batch.tokens.shape[1] - 2)
+    logits = m.logits(jnp.take_along_axis(h, pos[..., None], axis=1))
+    targets = jnp.take_along_axis(batch.tokens, pos + 1, axis=1)
+    logp = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
+    return jnp.argmax(logits, -1) == targets, logp
+
+  def evaluate(step, loss):
+    ok, logp = map(np.asarray, teacher_forced(state.params, vb))
+    row = dict(
+        step=step, loss=round(loss, 4),
+        greedy_exact=round(float(np.all(ok | ~expert, 1).mean()), 3),
+        token_acc=round(float(ok[expert].mean()), 4),
+        text_acc=round(float(ok[in_text].mean()), 4),
+        t1_exact=round(float(np.exp((logp * expert).sum(1)).mean()), 3),
+        nll=round(float(-(logp * expert).sum() / expert.sum()), 4))
+    print(row, flush=True)
+    wrong = collections.Counter()
+    for i, t in enumerate(val):
+      for j in np.flatnonzero(expert[i] & ~ok[i]):
+        wrong[f"{tok.decode(t.tokens[max(0, j - 12):j])!r} -> {tok.decode(t.tokens[j:j + 1])!r}"] += 1
+    for text, n in wrong.most_common(args.top):
+      print(f"    {n:3d}  {text}")
+
+  rng = np.random.default_rng(config.seed + 1)
+  losses, start = [], time.perf_counter()
+  for step in range(1, steps + 1):
+    pick = rng.choice(len(train), ws.batch_size, replace=len(train) < ws.batch_size)
+    state, m = step_fn(state, rollout.sft_batch([train[i] for i in pick], tok.pad_id))
+    losses.append(m["sft_loss"])
+    if step % args.eval_every == 0 or step == steps:
+      loss = float(np.mean(jax.device_get(losses[-20:])))
+      print(f"step {step}: {time.perf_counter() - start:.0f} s", flush=True)
+      evaluate(step, loss)
+
+
+if __name__ == "__main__":
+  main()
