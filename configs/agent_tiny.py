@@ -59,7 +59,7 @@ def get_config():
   config.optimizer = optimizer(lr=3e-4, warmup=5, decay=100)
 
   config.warmstart = ml_collections.ConfigDict(dict(
-      steps=300, batch_size=16, optimizer=optimizer(lr=3e-3, warmup=20, decay=300),
+      steps=600, batch_size=16, optimizer=optimizer(lr=3e-3, warmup=20, decay=600),
       max_episodes=0))  # > 0: expert episodes of only the first that many training tasks
 
   config.train = ml_collections.ConfigDict(dict(
