@@ -28,7 +28,7 @@ import math
 import re
 from collections.abc import Hashable, Sequence
 
-from rlcode import sandbox
+from rlcode import pyast, sandbox
 from rlcode.data.tasks import Task
 from rlcode.rewards.tests import HUMANEVAL_STOP, job_for
 
@@ -40,7 +40,7 @@ def call_arguments(source: str, names: Sequence[str]) -> list[tuple]:
   """Argument tuples of the calls to any of `names` in `source` whose positional arguments
   are all literals (no keywords, no starred), in source order, without repeats."""
   try:
-    tree = ast.parse(source)
+    tree = pyast.parse(source)
   except (SyntaxError, ValueError):
     return []
   calls = sorted((n for n in ast.walk(tree)

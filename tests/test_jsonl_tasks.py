@@ -11,6 +11,7 @@ import pytest
 from rlcode import evaluate
 from rlcode.data.jsonl import JsonlTasks, read_jsonl_tasks
 from rlcode.data.tasks import load_tasks
+from rlcode.errors import UnknownKey
 
 FIXTURE = Path(__file__).parent / "data" / "tiny_tasks.jsonl"
 
@@ -78,6 +79,16 @@ def test_builder_configs_do_not_collide(tmp_path):
     expected = read_jsonl_tasks(FIXTURE, fraction)
     for split in ("train", "held_out"):
       assert load_tasks(builder, split) == sorted(expected[split], key=lambda t: t.id)
+
+
+def test_a_split_without_rows_is_a_clear_error(tmp_path):
+  path = tmp_path / "only_train.jsonl"
+  rows = [json.loads(l) for l in FIXTURE.read_text().splitlines()[:3]]
+  path.write_text("".join(json.dumps({**r, "split": "train"}) + "\n" for r in rows))
+  builder = JsonlTasks(data_dir=str(tmp_path / "tfds"), path=path)
+  assert [t.id for t in load_tasks(builder, "train")] == sorted(r["id"] for r in rows)
+  with pytest.raises(UnknownKey, match="no split 'held_out'; splits are \\['train'\\]"):
+    load_tasks(builder, "held_out")
 
 
 def test_references_pass_in_the_sandbox(tmp_path):

@@ -42,7 +42,7 @@ from collections.abc import Iterable, Mapping, Sequence
 
 import numpy as np
 
-from rlcode import sandbox
+from rlcode import pyast, sandbox
 from rlcode.data import edits
 from rlcode.data.tasks import Task
 from rlcode.rewards.registry import RewardOutput, register, register_answer_end
@@ -122,7 +122,7 @@ def split_file_imports(tests: str, files: Iterable[str]) -> tuple[str, str]:
   """
   roots = {path.split("/")[0].removesuffix(".py") for path in files}
   try:
-    body = ast.parse(tests).body
+    body = pyast.parse(tests).body
   except SyntaxError:
     return "", tests
   lines = tests.splitlines(keepends=True)
@@ -189,7 +189,7 @@ def _parse(source: str) -> ast.Module | None:
   if len(source) > _MAX_PARSE_CHARS:
     return None
   try:
-    return ast.parse(source)
+    return pyast.parse(source)
   except (SyntaxError, ValueError, RecursionError, MemoryError, OverflowError):
     return None
 

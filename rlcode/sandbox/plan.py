@@ -13,6 +13,8 @@ import dataclasses
 import functools
 from collections.abc import Sequence
 
+from rlcode import pyast
+
 TEST_FORMATS = ("auto", "check", "script", "unittest")
 
 # Names the test plan defines in the tests' namespace; unlikely to collide.
@@ -58,7 +60,7 @@ def names_in(tree: ast.AST) -> tuple[str, ...]:
 def context_names(context: str) -> tuple[str, ...]:
   """`names_in` a job's context source; ValueError if it does not parse."""
   try:
-    return names_in(ast.parse(context))
+    return names_in(pyast.parse(context))
   except SyntaxError as e:
     raise ValueError(f"the context does not parse: {e}") from e
 
@@ -130,7 +132,7 @@ def _no_args() -> ast.arguments:
 
 def _parse(source: str, what: str) -> ast.Module:
   try:
-    return ast.parse(source)
+    return pyast.parse(source)
   except SyntaxError as e:
     raise ValueError(f"{what}: the tests do not parse: {e}") from e
 

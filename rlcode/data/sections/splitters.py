@@ -35,6 +35,8 @@ import re
 import string
 import tokenize
 
+from rlcode import pyast
+
 FORMATS = ("markdown", "rst", "python", "text")
 
 # Section kinds: only "heading" and "block" sections can be targets.
@@ -206,7 +208,7 @@ def split_python(text: str) -> list[Section]:
     SyntaxError: `text` is not valid Python (also for tokenizer errors).
   """
   try:
-    tree = ast.parse(text)
+    tree = pyast.parse(text)
     colons = _header_end_rows(text)
   except (tokenize.TokenError, ValueError) as e:
     raise SyntaxError(str(e)) from e
