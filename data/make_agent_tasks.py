@@ -24,12 +24,14 @@ instead of reading the operation in the prompt.
 
 Practice tasks (training only, ids agent/practice/...): the same three variants on
 units no split uses: for file and search, eight other symbols (WIDTH, COUNT, ...) with
-constants 2-99; for tests, names with digits 4-9; a random sample of every operation
-with every symbol and name stem. So many symbol-constant pairings, each seen once,
-cannot be memorised: fitting them means reading the prompt and copying from the
-tools' output, and a warm start on them learns to copy (experiments/README.md,
-agent_tiny: 0.911 of validation episodes reproduced greedily after 600 steps, against
-0.018 with practice constants 10-99 on the task symbols).
+constants 2-99; for tests, made-up names ("rutek7"), each with a random operation. So
+many pairings, each seen once, cannot be memorised: fitting them means reading the
+prompt and copying from the tools' output, and a warm start on them learns to copy
+(experiments/README.md, agent_tiny: 0.911 of validation episodes reproduced greedily
+after 600 steps, against 0.018 with practice constants 10-99 on the task symbols).
+Until 2026-12-01 the practice names were the task stems with digits 4-9; the policy
+then wrote a remembered name for about half of the validation tests tasks ("plom3"
+for "frob3").
 
     python data/make_agent_tasks.py     # rewrites data/agent_tasks.jsonl deterministically
 
@@ -55,7 +57,7 @@ INPUTS = (0, 1, 2, 5, 10, -3)
 VISIBLE = 2
 HELD_OUT_FRACTION = 0.2
 VALIDATION_FRACTION = 0.15
-PRACTICE = {"file": 240, "search": 240, "tests": 160}
+PRACTICE = {"file": 240, "search": 240, "tests": 240}
 
 
 def _fraction(key: str) -> float:
@@ -116,30 +118,48 @@ def search_tasks(rng, constants=range(2, 10), practice=False, symbols=SYMBOLS):
                     split="train" if practice else None)
 
 
-def tests_tasks(rng, digits=range(1, 4), practice=False):
-  for op, (_, word) in OPS.items():
-    for base in NAMES:
-      for digit in digits:
-        name = f"{base}{digit}"
-        k = rng.randint(2, 9)
-        prompt = (f"Make the tests pass: solution.py must define a function of x that "
-                  f"returns x {word} {k}. Run the tests to learn its name.")
-        yield _task(f"agent/{'practice/' * practice}tests/{op}/{name}", f"{op}/{name}",
-                    prompt, name, op, k, {"solution.py": "# write the solution here\n"},
-                    {"variant": "tests", "name": name},
-                    split="train" if practice else None)
+def tests_tasks(rng, names=None, practice=False):
+  """Tests tasks: every operation with every name of NAMES and digit 1-3, or with each
+  (operation, name) pair of `names` when given."""
+  pairs = names or [(op, f"{base}{digit}") for op in OPS for base in NAMES
+                    for digit in range(1, 4)]
+  for op, name in pairs:
+    word = OPS[op][1]
+    k = rng.randint(2, 9)
+    prompt = (f"Make the tests pass: solution.py must define a function of x that "
+              f"returns x {word} {k}. Run the tests to learn its name.")
+    yield _task(f"agent/{'practice/' * practice}tests/{op}/{name}", f"{op}/{name}",
+                prompt, name, op, k, {"solution.py": "# write the solution here\n"},
+                {"variant": "tests", "name": name},
+                split="train" if practice else None)
+
+
+def made_up_names(rng, n):
+  """n distinct names no split uses: two consonant-vowel syllables (sometimes a closing
+  consonant) and a digit 1-9, e.g. "rutek7"."""
+  consonants, vowels = "bdfghklmnprstvz", "aeiou"
+  taken, out = set(NAMES), []
+  while len(out) < n:
+    stem = "".join(rng.choice(consonants) + rng.choice(vowels) for _ in range(2))
+    stem += rng.choice(consonants) if rng.random() < 0.5 else ""
+    name = f"{stem}{rng.randint(1, 9)}"
+    if stem not in taken and name not in out:
+      out.append(name)
+  return out
 
 
 def practice_tasks(rng, n_file=PRACTICE["file"], n_search=PRACTICE["search"],
                    n_tests=PRACTICE["tests"]):
-  """Training-only tasks on units no split uses (symbols of PRACTICE_SYMBOLS with
-  constants 2-99, name digits 4-9), a random sample of each variant's."""
+  """Training-only tasks on units no split uses: a random sample of the file and search
+  tasks on PRACTICE_SYMBOLS with constants 2-99, and tests tasks whose names are made up
+  (made_up_names), each with a random operation."""
   picks = ((file_tasks(rng, range(2, 100), True, PRACTICE_SYMBOLS), n_file),
-           (search_tasks(rng, range(2, 100), True, PRACTICE_SYMBOLS), n_search),
-           (tests_tasks(rng, range(4, 10), True), n_tests))
+           (search_tasks(rng, range(2, 100), True, PRACTICE_SYMBOLS), n_search))
   for gen, n in picks:
     rows = list(gen)
     yield from rng.sample(rows, n)
+  names = made_up_names(rng, n_tests)
+  yield from tests_tasks(rng, [(rng.choice(sorted(OPS)), name) for name in names], True)
 
 
 def main():

@@ -9,7 +9,7 @@ teaches it; GRPO may keep or drop it):
 Same budgets (turns, tokens: a thought costs both), steps and hyperparameters.
 The table reports the held-out split once, at the end (and the warm start's).
 
-    python experiments/agent_think.py [--seeds 0] [--config.a.b=value ...]
+    python experiments/agent_think.py [--seeds 0] [--warm-start-only] [--config.a.b=value ...]
 
 Writes experiments/out/agent_think/agent_think.json.
 """

@@ -10,7 +10,10 @@ config's validation split, not per arm). Each arm trains from scratch (warm star
 on its own experts, then GRPO); the table reports the held-out split once, at the
 end: success, context tokens and tool calls per episode, and the warm start's.
 
-    python experiments/agent_tools.py [--seeds 0] [--config.a.b=value ...]
+    python experiments/agent_tools.py [--seeds 0] [--warm-start-only] [--config.a.b=value ...]
+
+--warm-start-only stops each arm after its warm start (no GRPO steps) and compares
+the warm starts, at the same number of supervised steps.
 
 Writes experiments/out/agent_tools/agent_tools.json.
 """
@@ -36,7 +39,11 @@ def study(arms, description, out_name):
   parser = argparse.ArgumentParser(description=description)
   parser.add_argument("--seeds", type=int, nargs="+", default=[0])
   parser.add_argument("--out", default=os.path.join(ROOT, f"experiments/out/{out_name}"))
+  parser.add_argument("--warm-start-only", action="store_true",
+                      help="no GRPO steps: compare the arms' warm starts (same budget)")
   args, overrides = parser.parse_known_args()
+  if args.warm_start_only:
+    overrides = [*overrides, "--config.train.steps=0"]
   os.makedirs(args.out, exist_ok=True)
   results = {}
   for name, arm in arms.items():
@@ -47,9 +54,10 @@ def study(arms, description, out_name):
       run = run_arm(seed, workdir, extra)
       config = load(seed, extra)
       mesh = sharding.mesh_from_config(config.mesh)
-      run["held_out"] = {"warm_start": held_out(config, os.path.join(workdir, "warm_start"),
-                                                mesh),
-                         "final": held_out(config, workdir, mesh)}
+      warm = held_out(config, os.path.join(workdir, "warm_start"), mesh)
+      run["held_out"] = {"warm_start": warm,
+                         "final": warm if args.warm_start_only else held_out(config, workdir,
+                                                                             mesh)}
       results[name].append(run)
       with open(os.path.join(args.out, f"{out_name}.json"), "w") as f:
         json.dump({"results": results, "overrides": overrides}, f, indent=2)
