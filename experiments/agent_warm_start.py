@@ -41,9 +41,9 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from rlcode import config_lib, grpo, sft, sharding  # noqa: E402
+from rlcode import config_lib, grpo, sharding  # noqa: E402
 from rlcode.agent import rollout  # noqa: E402
-from rlcode.agent.train import expert_trajectories, select_variants  # noqa: E402
+from rlcode.agent.train import expert_trajectories, imitate, select_variants  # noqa: E402
 from rlcode.data import sources  # noqa: E402
 from rlcode.models.build import build_model  # noqa: E402
 
@@ -92,10 +92,6 @@ def main(argv=None):
         f"({time.perf_counter() - start:.0f} s)", flush=True)
 
   graphdef, params = nnx.split(model, nnx.Param)
-  opt = grpo.make_optimizer(opt_cfg)
-  state = grpo.init_state(nnx.merge(graphdef, params), opt, mesh)
-  step_fn = sft.make_sft_step(graphdef, opt, mesh, state,
-                              grpo.SequenceBatch.abstract(ws.batch_size))
 
   vb = rollout.sft_batch(val, tok.pad_id)
   expert = vb.mask > 0
@@ -114,8 +110,8 @@ def main(argv=None):
     logp = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
     return jnp.argmax(logits, -1) == targets, logp
 
-  def evaluate(step, loss):
-    ok, logp = map(np.asarray, teacher_forced(state.params, vb))
+  def evaluate(step, params, loss):
+    ok, logp = map(np.asarray, teacher_forced(params, vb))
     row = dict(
         step=step, loss=round(loss, 4),
         greedy_exact=round(float(np.all(ok | ~expert, 1).mean()), 3),
@@ -131,16 +127,17 @@ def main(argv=None):
     for text, n in wrong.most_common(args.top):
       print(f"    {n:3d}  {text}")
 
-  rng = np.random.default_rng(config.seed + 1)
   losses, start = [], time.perf_counter()
-  for step in range(1, steps + 1):
-    pick = rng.choice(len(train), ws.batch_size, replace=len(train) < ws.batch_size)
-    state, m = step_fn(state, rollout.sft_batch([train[i] for i in pick], tok.pad_id))
-    losses.append(m["sft_loss"])
+
+  def on_step(step, params, loss):
+    losses.append(loss)
     if step % args.eval_every == 0 or step == steps:
-      loss = float(np.mean(jax.device_get(losses[-20:])))
       print(f"step {step}: {time.perf_counter() - start:.0f} s", flush=True)
-      evaluate(step, loss)
+      evaluate(step, params, float(np.mean(jax.device_get(losses[-20:]))))
+
+  # The warm start's own supervised steps (rlcode.agent.train.imitate), evaluated mid-run.
+  imitate(graphdef, params, train, tok.pad_id, mesh, optimizer=opt_cfg,
+          batch_size=ws.batch_size, seed=config.seed + 1, steps=steps, on_step=on_step)
 
 
 if __name__ == "__main__":

@@ -45,9 +45,14 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation, mesh: Mesh,
 def train_on_batches(graphdef, params, next_batch, mesh: Mesh, *,
                      optimizer: grpo.OptimizerConfig, batch_size: int,
                      steps: int | None = None, seconds: float | None = None,
-                     progress: bool = False, desc: str = "sft") -> tuple[nnx.State, dict]:
+                     progress: bool = False, desc: str = "sft",
+                     on_step=None) -> tuple[nnx.State, dict]:
   """Cross-entropy steps from `params` on batches of `batch_size` rows from `next_batch()`
   (SequenceBatches whose masks mark the targets).
+
+  on_step(step, params, loss), when given, is called after every step (1-based), with
+  the params after it and its loss (a device scalar): for evaluating mid-run. The params
+  are valid during the call only (the next step donates them); copy what must outlive it.
 
   Runs `steps` steps, or, with `seconds`, steps until that much time was spent in them
   (a wall-clock budget, for controls that match another run's training time; batch
@@ -71,6 +76,8 @@ def train_on_batches(graphdef, params, next_batch, mesh: Mesh, *,
     state, m = step_fn(state, distributed.put_global(batch, batch_sh))
     losses.append(m["sft_loss"])
     targets += int(batch.mask.sum())
+    if on_step is not None:
+      on_step(len(losses), state.params, m["sft_loss"])
     if seconds is not None:
       jax.block_until_ready(m["sft_loss"])
       spent += time.perf_counter() - start

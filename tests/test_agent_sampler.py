@@ -241,3 +241,25 @@ def test_sft_batch_rows_fit_the_longest_prompt_plus_trajectory(model, forward):
     m = np.array(t.mask, bool)
     np.testing.assert_allclose(logp[i, :len(t.tokens)][m], forward(t)[m], rtol=1e-5, atol=1e-5)
     assert not batch.mask[i, len(t.tokens):].any()
+
+
+def test_imitate_reports_every_step_to_on_step(model, episodes):
+  """The warm start's on_step hook sees steps 1..N, each step's loss and the params
+  after it (copied here: the next step donates them): the last call's params are the
+  ones returned."""
+  from rlcode import sharding
+  from rlcode.agent.train import imitate
+  trajs, _, _ = episodes
+  graphdef, params = nnx.split(model, nnx.Param)
+  seen = []
+  mesh = sharding.make_mesh()
+  out, stats = imitate(graphdef, params, trajs, TOK.pad_id, mesh,
+                       optimizer=grpo.OptimizerConfig(learning_rate=1e-2, decay_steps=3), batch_size=2,
+                       seed=0, steps=3,
+                       on_step=lambda step, p, loss: seen.append(
+                           (step, [np.asarray(x) for x in jax.tree.leaves(p)], float(loss))))
+  assert [s for s, _, _ in seen] == [1, 2, 3]
+  assert (seen[0][2], seen[-1][2]) == (stats["loss_first"], stats["loss_last"])
+  for a, b in zip(seen[-1][1], jax.tree.leaves(out)):
+    np.testing.assert_array_equal(a, np.asarray(b))
+  assert not all(np.array_equal(a, np.asarray(b)) for a, b in zip(seen[0][1], jax.tree.leaves(out)))

@@ -217,11 +217,12 @@ def warm_start(config, graphdef, params, tasks, envs, chat, budgets, mesh, metri
 
 def imitate(graphdef, params, trajs, pad_id, mesh, *, optimizer: grpo.OptimizerConfig,
             batch_size: int, seed: int, steps: int | None = None,
-            seconds: float | None = None, progress: bool = False):
+            seconds: float | None = None, progress: bool = False, on_step=None):
   """Cross-entropy on the sampled (expert) tokens of `trajs`, batches drawn with
   replacement: `steps` steps, or steps until `seconds` of training time were spent (a
-  control at another run's training time). Returns the params and
-  {"steps", "seconds", "loss_first", "loss_last", "target_tokens"}."""
+  control at another run's training time). on_step: as in sft.train_on_batches.
+  Returns the params and {"steps", "seconds", "loss_first", "loss_last",
+  "target_tokens"}."""
   rng = np.random.default_rng(seed)
 
   def next_batch():
@@ -229,7 +230,7 @@ def imitate(graphdef, params, trajs, pad_id, mesh, *, optimizer: grpo.OptimizerC
     return rollout.sft_batch([trajs[i] for i in pick], pad_id)
   return sft.train_on_batches(graphdef, params, next_batch, mesh, optimizer=optimizer,
                               batch_size=batch_size, steps=steps, seconds=seconds,
-                              progress=progress, desc="imitate")
+                              progress=progress, desc="imitate", on_step=on_step)
 
 
 def restore_policy(config, path: str, mesh):

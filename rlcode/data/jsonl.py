@@ -156,7 +156,4 @@ class JsonlTasks(TaskBuilder):
     super().__init__(data_dir=data_dir, config=config, **kwargs)
 
   def _split_tasks(self):
-    # A split no row falls into is not declared (tfds cannot write an empty one): asking
-    # for it is then load_tasks' one-line "no split" error, not a tfds assertion.
-    return {name: tasks for name, tasks in read_jsonl_tasks(self._path, self._fraction).items()
-            if tasks}
+    return read_jsonl_tasks(self._path, self._fraction)

@@ -91,8 +91,10 @@ class TaskBuilder(tfds.core.GeneratorBasedBuilder):
 
   def _split_generators(self, dl_manager):
     del dl_manager  # sources are local or read through epath/gcsfs by subclasses
-    return {name: self._generate_examples(tasks)
-            for name, tasks in self._split_tasks().items()}
+    # A split with no tasks is not declared (tfds cannot write an empty one): asking for
+    # it is then load_tasks' one-line "no split" error, not a tfds assertion.
+    splits = {name: list(tasks) for name, tasks in self._split_tasks().items()}
+    return {name: self._generate_examples(tasks) for name, tasks in splits.items() if tasks}
 
   def _generate_examples(self, tasks) -> Iterator[tuple[str, dict[str, str]]]:
     seen = set()
