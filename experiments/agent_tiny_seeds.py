@@ -12,7 +12,8 @@ For each seed:
    warm-started policy, of the GRPO policy and of the control.
 
     python experiments/agent_tiny_seeds.py [--seeds 0 1 2] [--arms grpo ce]
-        [--no-held-out] [--out experiments/out/agent_tiny_seeds] [--config.a.b=value ...]
+        [--no-held-out] [--out experiments/out/agent_tiny_seeds] [--warm-start-from OUT]
+        [--config.a.b=value ...]
 
 --no-held-out with --arms grpo is the tuning mode (validation only). Prints a table
 with mean and standard error over seeds; writes agent_tiny_seeds.json and
@@ -28,6 +29,7 @@ import json
 import math
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import time
@@ -55,8 +57,21 @@ def load(seed, overrides):
   return config_lib.load_config(CONFIG, [f"--config.seed={seed}", *overrides])
 
 
-def run_arm(seed, workdir, overrides):
-  """One training run in a fresh process; its validation curve and costs."""
+def run_arm(seed, workdir, overrides, warm_start_from=None):
+  """One training run in a fresh process; its validation curve and costs. With
+  `warm_start_from` (another run's workdir of the same seed and model) the run starts
+  from that run's warm start instead of making its own: an arm that differs only after
+  the warm start, at the cost of its GRPO phase alone."""
+  if warm_start_from is not None and not os.path.isdir(os.path.join(workdir, "checkpoints")):
+    source = os.path.join(warm_start_from, "warm_start")
+    if not os.path.isdir(source):
+      raise SystemExit(f"--warm-start-from: {source} does not exist")
+    shutil.copytree(source, os.path.join(workdir, "warm_start"))
+    shutil.copytree(source, os.path.join(workdir, "checkpoints"))
+    config_lib.write_run_config(
+        config_lib.load_config(CONFIG, [f"--config.seed={seed}", f"--config.workdir={workdir}",
+                                        "--config.train.progress_bar=false", *overrides]),
+        workdir)
   cmd = [sys.executable, "-m", "rlcode", "train", "--config", CONFIG, f"--config.seed={seed}",
          f"--config.workdir={workdir}", "--config.train.progress_bar=false", *overrides]
   before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -110,13 +125,18 @@ def main():
   parser.add_argument("--no-held-out", action="store_true",
                       help="tuning mode: report the validation split only")
   parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/agent_tiny_seeds"))
+  parser.add_argument("--warm-start-from", default=None, metavar="OUT",
+                      help="start each seed from OUT/seedS/warm_start (an earlier run of this "
+                           "script) instead of a warm start of its own")
   args, overrides = parser.parse_known_args()
   os.makedirs(args.out, exist_ok=True)
   path = os.path.join(args.out, "agent_tiny_seeds.json")
   runs = []
   for seed in args.seeds:
     workdir = os.path.join(args.out, f"seed{seed}")
-    run = {"seed": seed, **run_arm(seed, workdir, overrides)}
+    source = (None if args.warm_start_from is None
+              else os.path.join(args.warm_start_from, f"seed{seed}"))
+    run = {"seed": seed, **run_arm(seed, workdir, overrides, source)}
     config = load(seed, overrides)
     mesh = sharding.mesh_from_config(config.mesh)
     if not args.no_held_out:

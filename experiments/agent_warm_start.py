@@ -41,7 +41,7 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from rlcode import config_lib, grpo, sharding  # noqa: E402
+from rlcode import config_lib, grpo, losses, sharding  # noqa: E402
 from rlcode.agent import rollout  # noqa: E402
 from rlcode.agent.train import expert_trajectories, imitate, select_variants  # noqa: E402
 from rlcode.data import sources  # noqa: E402
@@ -101,14 +101,8 @@ def main(argv=None):
 
   @jax.jit
   def teacher_forced(params, batch):
-    m = nnx.merge(graphdef, params)
-    h, _ = m.hidden(batch.tokens[:, :-1])
-    w = batch.mask.shape[1]
-    pos = jnp.minimum(batch.start[:, None] + jnp.arange(w)[None, :], batch.tokens.shape[1] - 2)
-    logits = m.logits(jnp.take_along_axis(h, pos[..., None], axis=1))
-    targets = jnp.take_along_axis(batch.tokens, pos + 1, axis=1)
-    logp = jnp.take_along_axis(jax.nn.log_softmax(logits), targets[..., None], -1)[..., 0]
-    return jnp.argmax(logits, -1) == targets, logp
+    logits, targets = grpo.window_logits(nnx.merge(graphdef, params), batch)
+    return jnp.argmax(logits, -1) == targets, losses.token_logprobs(logits, targets)
 
   def evaluate(step, params, loss):
     ok, logp = map(np.asarray, teacher_forced(params, vb))
@@ -127,13 +121,13 @@ def main(argv=None):
     for text, n in wrong.most_common(args.top):
       print(f"    {n:3d}  {text}")
 
-  losses, start = [], time.perf_counter()
+  step_losses, start = [], time.perf_counter()
 
   def on_step(step, params, loss):
-    losses.append(loss)
+    step_losses.append(loss)
     if step % args.eval_every == 0 or step == steps:
       print(f"step {step}: {time.perf_counter() - start:.0f} s", flush=True)
-      evaluate(step, params, float(np.mean(jax.device_get(losses[-20:]))))
+      evaluate(step, params, float(np.mean(jax.device_get(step_losses[-20:]))))
 
   # The warm start's own supervised steps (rlcode.agent.train.imitate), evaluated mid-run.
   imitate(graphdef, params, train, tok.pad_id, mesh, optimizer=opt_cfg,

@@ -313,19 +313,24 @@ def state_shardings(state: TrainState, mesh: Mesh):
   return jax.tree.map(lambda x: getattr(x, "sharding", NamedSharding(mesh, P())), state)
 
 
-def sequence_logprobs(model, batch: SequenceBatch, temperature: float):
-  """Log-probabilities and entropies [N, W] of the targets in each row's window.
+def window_logits(model, batch: SequenceBatch) -> tuple[jax.Array, jax.Array]:
+  """Logits [N, W, V] at each row's window positions and the targets [N, W] they predict.
 
-  The decoder runs over every position (attention needs the prompt); the output layer,
-  the softmax and the entropy run on the W window positions only.
+  The decoder runs over every position (attention needs the prompt); the output layer
+  runs on the W window positions only.
   """
   h, _ = model.hidden(batch.tokens[:, :-1])
   w = batch.mask.shape[1]
   pos = jnp.minimum(batch.start[:, None] + jnp.arange(w, dtype=jnp.int32)[None, :],
                     batch.tokens.shape[1] - 2)
   h_window = jnp.take_along_axis(h, pos[..., None], axis=1)
-  targets = jnp.take_along_axis(batch.tokens, pos + 1, axis=1)
-  return losses.token_logprobs_and_entropy(model.logits(h_window), targets, temperature)
+  return model.logits(h_window), jnp.take_along_axis(batch.tokens, pos + 1, axis=1)
+
+
+def sequence_logprobs(model, batch: SequenceBatch, temperature: float):
+  """Log-probabilities and entropies [N, W] of the targets in each row's window (the
+  softmax and the entropy on the window positions only, as `window_logits`)."""
+  return losses.token_logprobs_and_entropy(*window_logits(model, batch), temperature)
 
 
 def finite_step(loss_fn, optimizer: optax.GradientTransformation, state: TrainState, batch):

@@ -2,6 +2,8 @@
 
 import os
 
+import pytest
+
 from rlcode import cli
 from rlcode.metrics import read_metrics
 
@@ -44,3 +46,31 @@ def test_rlcode_train_runs_the_agent_loop_and_resumes(tmp_path):
   # Two more steps resume from the checkpoint at step 2.
   assert cli.main([*argv, "--config.train.steps=3"]) == 0
   assert [r["step"] for r in read_metrics(workdir) if "loss" in r] == [1, 2, 3]
+
+
+def test_guide_groups_puts_the_expert_in_the_last_slots():
+  from rlcode.agent.train import guide_groups
+  sampled = [f"s{i}" for i in range(6)]
+  out, guided = guide_groups(sampled, ["e0", None], group_size=3, slots=2)
+  assert out == ["s0", "e0", "e0", "s3", "s4", "s5"]
+  assert guided.tolist() == [False, True, True, False, False, False]
+  assert guide_groups(sampled, ["e0", "e1"], 3, 0)[0] == sampled
+  for slots in (3, -1):
+    with pytest.raises(ValueError, match="rl.expert_slots must be in"):
+      guide_groups(sampled, ["e0", "e1"], 3, slots)
+
+
+def test_expert_guided_groups_train_on_the_expert_as_on_policy(tmp_path):
+  """From an untrained policy every sampled episode fails and the expert's succeeds, so
+  every group carries a signal; the expert rows' old log-probs are the policy's own, so
+  the update's mean ratio is 1 (with the expert's recorded 0.0 it would be ~1/vocab)."""
+  workdir = str(tmp_path / "guided")
+  argv = ["train", "--config", CONFIG, *SMALL, f"--config.workdir={workdir}",
+          "--config.warmstart.steps=0", "--config.train.eval_every=0",
+          "--config.train.steps=1", "--config.rl.expert_slots=1",
+          "--config.agent.max_turns=3"]  # the expert's view, create, finish
+  assert cli.main(argv) == 0
+  (row,) = [r for r in read_metrics(workdir) if "loss" in r]
+  assert row["expert_rows"] == 0.5 and row["success"] == 0.0
+  assert row["groups_with_signal"] == 1.0
+  assert abs(row["ratio"] - 1.0) < 1e-3

@@ -10,6 +10,13 @@ the update is rlcode.shared_prefix's (each task's prompt once) with the loss mas
 of rlcode.agent.rollout. Re-running the same command in the same workdir resumes
 from the latest checkpoint; the memory's notes are saved with it.
 
+With rl.expert_slots = k > 0 the last k episodes of each group are replaced by the
+task's scripted expert episode (expert-guided groups: a plain form of LUFFY's
+off-policy guidance, Yan et al. 2025, without its policy shaping). Where the policy
+fails a task the expert's episode gets a positive advantage; where it succeeds every
+reward is equal and nothing is pushed. The expert rows are trained as on-policy (old
+log-probs under the current policy), and the logged success is the sampled episodes'.
+
 Evaluation rows: eval/success (the share of episodes whose final reward reaches
 agent.success_reward), eval/tool_calls_per_episode, and the other means of
 rlcode.agent.rollout.episode_metrics, over config.eval.num_samples episodes of each
@@ -99,6 +106,13 @@ def train(config) -> list[dict]:
   ref_logprobs = (grpo.make_logprob_fn(graphdef, mesh, rl.temperature,
                                        shared_prefix.logprob_fn(rl.temperature))
                   if keeps_reference else None)
+  # rl.expert_slots > 0: expert-guided groups (guide_groups); their rows' old log-probs
+  # are computed under the current policy, so the update treats them as on-policy.
+  slots = rl.get("expert_slots", 0)
+  guide_groups([], [], rl.group_size, slots)  # checks the value before the first step
+  policy_logprobs = (grpo.make_logprob_fn(graphdef, mesh, rl.temperature,
+                                          shared_prefix.logprob_fn(rl.temperature))
+                     if slots else None)
 
   def run_eval(step, params):
     result = evaluate(config, policy(params), chat, eval_envs, eval_tasks, budgets, mesh)
@@ -118,6 +132,12 @@ def train(config) -> list[dict]:
         policy(state.params), chat, envs, tasks, group_size=rl.group_size, budgets=budgets,
         temperature=rl.temperature, seed=config.seed * 1_000_003 + step, mesh=mesh,
         workers=agent.workers, timing=timing)
+    sampled, guided = trajs, np.zeros(len(trajs), bool)
+    if slots:
+      experts = [e if e is not None and not e.cut and e.reward >= agent.success_reward
+                 else None for e in expert_episodes(config, tasks, envs, chat, budgets)]
+      trajs, guided = guide_groups(sampled, experts, rl.group_size, slots)
+      sampled = [t for t, g in zip(sampled, guided) if not g]
     rollout_s = time.perf_counter() - start
     scores = np.array([t.reward for t in trajs], np.float32)
     adv = grpo.group_advantages(scores, rl.group_size, rl.advantage)
@@ -125,12 +145,17 @@ def train(config) -> list[dict]:
                                max_len=agent.max_total_tokens, mask_cut=agent.mask_cut)
     if ref_logprobs is not None:
       batch.ref_logp = np.asarray(ref_logprobs(ref_params, batch))
+    if guided.any():  # the expert's tokens: old log-probs are the current policy's (ratio 1)
+      batch.old_logp = np.where(guided[:, None], np.asarray(policy_logprobs(state.params, batch)),
+                                batch.old_logp)
 
     state, m, update_s = grpo.run_passes(update, state, batch, rl.num_passes, step=step,
                                          on_nonfinite=config.train.on_nonfinite)
 
     row = {k: float(v) for k, v in m.items()}
-    row.update(rollout.episode_metrics(trajs, agent.success_reward))
+    row.update(rollout.episode_metrics(sampled, agent.success_reward))
+    if slots:
+      row["expert_rows"] = float(guided.mean())
     row.update(
         groups_with_signal=float(np.mean(np.abs(adv.reshape(-1, rl.group_size)).max(1) > 0)),
         trained_tokens=float(batch.mask.sum() / len(trajs)),
@@ -174,25 +199,47 @@ def evaluate(config, model, chat, envs, tasks, budgets, mesh) -> dict:
           "n_episodes": len(trajs)}
 
 
-def expert_trajectories(config, tasks, envs, chat, budgets) -> list[sampler.Trajectory]:
-  """One scripted expert episode per task (tasks the tool set cannot solve are skipped),
-  played on the environments side by side, each taking every len(envs)-th task."""
+def expert_episodes(config, tasks, envs, chat, budgets) -> list[sampler.Trajectory | None]:
+  """One scripted expert episode per task, None where the tool set cannot solve it;
+  played on the environments side by side, each taking every len(envs)-th episode."""
   agent = config.agent
   jobs = []
-  for task in tasks:
+  for i, task in enumerate(tasks):
     try:
-      jobs.append((task, expert.expert_calls(task, agent.toolset, agent.think)))
+      jobs.append((i, task, expert.expert_calls(task, agent.toolset, agent.think)))
     except ValueError:
       continue
+  out: list[sampler.Trajectory | None] = [None] * len(tasks)
   lanes = min(len(envs), len(jobs))
 
   def lane(k):
-    return [expert.expert_trajectory(envs[k], chat, task, calls, budgets)
-            for task, calls in jobs[k::lanes]]
+    for i, task, calls in jobs[k::lanes]:
+      out[i] = expert.expert_trajectory(envs[k], chat, task, calls, budgets)
 
   with concurrent.futures.ThreadPoolExecutor(max(1, min(agent.workers, lanes))) as pool:
-    played = list(pool.map(lane, range(lanes)))
-  return [played[i % lanes][i // lanes] for i in range(len(jobs))]
+    list(pool.map(lane, range(lanes)))
+  return out
+
+
+def expert_trajectories(config, tasks, envs, chat, budgets) -> list[sampler.Trajectory]:
+  """The expert episodes of the tasks its tool set can solve, in task order."""
+  return [t for t in expert_episodes(config, tasks, envs, chat, budgets) if t is not None]
+
+
+def guide_groups(trajs, experts, group_size: int, slots: int):
+  """Expert-guided groups: in each group of `group_size` sampled trajectories, the last
+  `slots` are replaced by the task's expert episode (experts[g], or None: the group stays
+  as sampled; the loop passes only experts that solved the task within the budgets).
+  Returns (trajectories, guided: [N] bool, True on the expert rows)."""
+  if not 0 <= slots < group_size:
+    raise ValueError(f"rl.expert_slots must be in [0, group_size={group_size}), got {slots}: "
+                     "a group needs at least one sampled trajectory")
+  out, guided = list(trajs), np.zeros(len(trajs), bool)
+  for g, episode in enumerate(experts):
+    if episode is not None:
+      for i in range((g + 1) * group_size - slots, (g + 1) * group_size):
+        out[i], guided[i] = episode, True
+  return out, guided
 
 
 def warm_start(config, graphdef, params, tasks, envs, chat, budgets, mesh, metrics):
