@@ -6,8 +6,9 @@ For each seed:
    rows are on the validation split (the one the config was tuned on).
 2. Cross-entropy control: from the same warm-started policy (WORKDIR/warm_start),
    more supervised steps on the expert episodes of the training tasks for as much
-   training time as the GRPO phase spent (rollout + update seconds), at the GRPO
-   optimizer's learning rate held constant.
+   training time as the GRPO phase spent (rollout + update seconds, and the expert
+   rows' log-prob pass with rl.expert_slots), at the GRPO optimizer's learning rate
+   held constant.
 3. The held-out split, once: eval/success and eval/tool_calls_per_episode of the
    warm-started policy, of the GRPO policy and of the control.
 
@@ -15,10 +16,12 @@ For each seed:
         [--no-held-out] [--out experiments/out/agent_tiny_seeds] [--warm-start-from OUT]
         [--config.a.b=value ...]
 
---no-held-out with --arms grpo is the tuning mode (validation only). Prints a table
-with mean and standard error over seeds; writes agent_tiny_seeds.json and
-agent_tiny_seeds.png (validation success against step, one line per seed) under
---out. experiments/agent_tools.py and agent_think.py run their variants with `run_arm`.
+--no-held-out with --arms grpo is the tuning mode (validation only). --warm-start-from
+runs an arm that differs only after the warm start (its minutes are then the GRPO
+phase's alone). Prints a table with mean and standard error over seeds; writes
+agent_tiny_seeds.json and agent_tiny_seeds.png (validation success against step, one
+line per seed) under --out. experiments/agent_tools.py and agent_think.py run their
+variants with `run_arm`.
 """
 
 from __future__ import annotations
@@ -85,7 +88,8 @@ def run_arm(seed, workdir, overrides, warm_start_from=None):
           "cpu_minutes": (after.ru_utime + after.ru_stime - before.ru_utime
                           - before.ru_stime) / 60,
           "load": [load_before, os.getloadavg()[0]],
-          "train_seconds": sum(r["rollout_seconds"] + r["update_seconds"] for r in steps),
+          "train_seconds": sum(r["rollout_seconds"] + r["update_seconds"]
+                               + r.get("expert_logprob_seconds", 0.0) for r in steps),
           "val_steps": [r["step"] for r in evals],
           "val_success": [r["eval/success"] for r in evals],
           "val_tool_calls": [r["eval/tool_calls_per_episode"] for r in evals],

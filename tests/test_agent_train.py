@@ -27,8 +27,14 @@ SMALL = [
 
 
 def test_rlcode_train_runs_the_agent_loop_and_resumes(tmp_path):
+  """With expert-guided groups (one of the two slots; 3 turns fit the expert's view,
+  create, finish): from a 2-step warm start every sampled episode fails and the
+  expert's succeeds, so every group carries a signal; the expert rows' old log-probs
+  are the policy's own, so the update's mean ratio is 1 (with the expert's recorded
+  0.0 it would be ~1/vocab)."""
   workdir = str(tmp_path / "run")
-  argv = ["train", "--config", CONFIG, *SMALL, f"--config.workdir={workdir}"]
+  argv = ["train", "--config", CONFIG, *SMALL, f"--config.workdir={workdir}",
+          "--config.rl.expert_slots=1", "--config.agent.max_turns=3"]
   assert cli.main(argv) == 0
   rows = read_metrics(workdir)
   evals = [r for r in rows if "eval/success" in r]
@@ -40,6 +46,10 @@ def test_rlcode_train_runs_the_agent_loop_and_resumes(tmp_path):
   assert [r["step"] for r in steps] == [1, 2]
   assert {"success", "tool_calls_per_episode", "context_tokens", "cut_rate",
           "call_error_rate", "memory_notes"} <= set(steps[0])
+  for row in steps:
+    assert row["expert_rows"] == 0.5 and row["success"] == 0.0
+    assert row["groups_with_signal"] == 1.0 and row["expert_logprob_seconds"] > 0
+    assert abs(row["ratio"] - 1.0) < 1e-3
   assert rows[0]["expert_success"] == 1.0  # every expert episode solved its task
   assert rows[0]["expert_episodes"] == 8
   assert os.path.isdir(os.path.join(workdir, "warm_start"))
@@ -58,19 +68,3 @@ def test_guide_groups_puts_the_expert_in_the_last_slots():
   for slots in (3, -1):
     with pytest.raises(ValueError, match="rl.expert_slots must be in"):
       guide_groups(sampled, ["e0", "e1"], 3, slots)
-
-
-def test_expert_guided_groups_train_on_the_expert_as_on_policy(tmp_path):
-  """From an untrained policy every sampled episode fails and the expert's succeeds, so
-  every group carries a signal; the expert rows' old log-probs are the policy's own, so
-  the update's mean ratio is 1 (with the expert's recorded 0.0 it would be ~1/vocab)."""
-  workdir = str(tmp_path / "guided")
-  argv = ["train", "--config", CONFIG, *SMALL, f"--config.workdir={workdir}",
-          "--config.warmstart.steps=0", "--config.train.eval_every=0",
-          "--config.train.steps=1", "--config.rl.expert_slots=1",
-          "--config.agent.max_turns=3"]  # the expert's view, create, finish
-  assert cli.main(argv) == 0
-  (row,) = [r for r in read_metrics(workdir) if "loss" in r]
-  assert row["expert_rows"] == 0.5 and row["success"] == 0.0
-  assert row["groups_with_signal"] == 1.0
-  assert abs(row["ratio"] - 1.0) < 1e-3

@@ -145,9 +145,12 @@ def train(config) -> list[dict]:
                                max_len=agent.max_total_tokens, mask_cut=agent.mask_cut)
     if ref_logprobs is not None:
       batch.ref_logp = np.asarray(ref_logprobs(ref_params, batch))
+    logprob_s = 0.0
     if guided.any():  # the expert's tokens: old log-probs are the current policy's (ratio 1)
+      start = time.perf_counter()
       batch.old_logp = np.where(guided[:, None], np.asarray(policy_logprobs(state.params, batch)),
                                 batch.old_logp)
+      logprob_s = time.perf_counter() - start
 
     state, m, update_s = grpo.run_passes(update, state, batch, rl.num_passes, step=step,
                                          on_nonfinite=config.train.on_nonfinite)
@@ -155,7 +158,7 @@ def train(config) -> list[dict]:
     row = {k: float(v) for k, v in m.items()}
     row.update(rollout.episode_metrics(sampled, agent.success_reward))
     if slots:
-      row["expert_rows"] = float(guided.mean())
+      row.update(expert_rows=float(guided.mean()), expert_logprob_seconds=logprob_s)
     row.update(
         groups_with_signal=float(np.mean(np.abs(adv.reshape(-1, rl.group_size)).max(1) > 0)),
         trained_tokens=float(batch.mask.sum() / len(trajs)),
