@@ -65,18 +65,16 @@ def run_arm(seed, workdir, overrides, warm_start_from=None):
   `warm_start_from` (another run's workdir of the same seed and model) the run starts
   from that run's warm start instead of making its own: an arm that differs only after
   the warm start, at the cost of its GRPO phase alone."""
+  flags = [f"--config.seed={seed}", f"--config.workdir={workdir}",
+           "--config.train.progress_bar=false", *overrides]
   if warm_start_from is not None and not os.path.isdir(os.path.join(workdir, "checkpoints")):
     source = os.path.join(warm_start_from, "warm_start")
     if not os.path.isdir(source):
       raise SystemExit(f"--warm-start-from: {source} does not exist")
     shutil.copytree(source, os.path.join(workdir, "warm_start"))
     shutil.copytree(source, os.path.join(workdir, "checkpoints"))
-    config_lib.write_run_config(
-        config_lib.load_config(CONFIG, [f"--config.seed={seed}", f"--config.workdir={workdir}",
-                                        "--config.train.progress_bar=false", *overrides]),
-        workdir)
-  cmd = [sys.executable, "-m", "rlcode", "train", "--config", CONFIG, f"--config.seed={seed}",
-         f"--config.workdir={workdir}", "--config.train.progress_bar=false", *overrides]
+    config_lib.write_run_config(config_lib.load_config(CONFIG, flags), workdir)
+  cmd = [sys.executable, "-m", "rlcode", "train", "--config", CONFIG, *flags]
   before = resource.getrusage(resource.RUSAGE_CHILDREN)
   load_before, start = os.getloadavg()[0], time.time()
   subprocess.run(cmd, cwd=ROOT, check=True)
