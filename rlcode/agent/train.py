@@ -103,16 +103,14 @@ def train(config) -> list[dict]:
   stream = TaskStream(train_tasks, rl.prompts_per_step, config.seed, position)
   example = shared_prefix.GroupedBatch.abstract(rl.prompts_per_step, n_rows)
   update = shared_prefix.update_step(graphdef, optimizer, loss_cfg, mesh, state, example)
-  ref_logprobs = (grpo.make_logprob_fn(graphdef, mesh, rl.temperature,
-                                       shared_prefix.logprob_fn(rl.temperature))
-                  if keeps_reference else None)
   # rl.expert_slots > 0: expert-guided groups (guide_groups); their rows' old log-probs
   # are computed under the current policy, so the update treats them as on-policy.
   slots = rl.get("expert_slots", 0)
   guide_groups([], [], rl.group_size, slots)  # checks the value before the first step
-  policy_logprobs = (grpo.make_logprob_fn(graphdef, mesh, rl.temperature,
-                                          shared_prefix.logprob_fn(rl.temperature))
-                     if slots else None)
+  # One compiled log-prob function: under the reference params and/or the current ones.
+  logprobs = (grpo.make_logprob_fn(graphdef, mesh, rl.temperature,
+                                   shared_prefix.logprob_fn(rl.temperature))
+              if keeps_reference or slots else None)
 
   def run_eval(step, params):
     result = evaluate(config, policy(params), chat, eval_envs, eval_tasks, budgets, mesh)
@@ -143,12 +141,12 @@ def train(config) -> list[dict]:
     adv = grpo.group_advantages(scores, rl.group_size, rl.advantage)
     batch = rollout.grpo_batch(trajs, rl.group_size, adv, pad_id=tokenizer.pad_id,
                                max_len=agent.max_total_tokens, mask_cut=agent.mask_cut)
-    if ref_logprobs is not None:
-      batch.ref_logp = np.asarray(ref_logprobs(ref_params, batch))
+    if keeps_reference:
+      batch.ref_logp = np.asarray(logprobs(ref_params, batch))
     logprob_s = 0.0
     if guided.any():  # the expert's tokens: old log-probs are the current policy's (ratio 1)
       start = time.perf_counter()
-      batch.old_logp = np.where(guided[:, None], np.asarray(policy_logprobs(state.params, batch)),
+      batch.old_logp = np.where(guided[:, None], np.asarray(logprobs(state.params, batch)),
                                 batch.old_logp)
       logprob_s = time.perf_counter() - start
 
