@@ -20,11 +20,14 @@ def tiny_model() -> ml_collections.ConfigDict:
 
 
 def optimizer(lr: float, warmup: int, decay: int, grad_clip: float = 1.0,
-              weight_decay: float = 0.0) -> ml_collections.ConfigDict:
-  """AdamW with linear warmup then cosine decay to 10% (rlcode.grpo.make_optimizer)."""
+              weight_decay: float = 0.0, schedule: str = "cosine",
+              cooldown: int = 0) -> ml_collections.ConfigDict:
+  """AdamW with linear warmup then a decay to 10% at step `decay`: cosine, or "wsd" (the
+  peak held, then a linear cooldown over the last `cooldown` steps; rlcode.grpo)."""
   return ml_collections.ConfigDict(dict(
       learning_rate=lr, warmup_steps=warmup, decay_steps=decay, end_lr_fraction=0.1,
-      grad_clip=grad_clip, b1=0.9, b2=0.99, weight_decay=weight_decay))
+      grad_clip=grad_clip, b1=0.9, b2=0.99, weight_decay=weight_decay, schedule=schedule,
+      cooldown_steps=cooldown))
 
 
 # The real PR histories (data/repos) and how the diff configs mine them.

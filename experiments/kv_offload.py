@@ -24,7 +24,7 @@ prefix's bytes (only the layers in flight), or the copies left the loop.
 
 Configurations whose prefix exceeds --max-device-gib (device arm) or
 --max-host-gib (host arm) are skipped and say so. --smoke: gpu_common.TINY,
-L in {64, 128}, B in {1, 2}, 4 steps (the CPU backend has the same memory
+L = 64, B in {1, 2}, 4 steps (the CPU backend has the same memory
 kinds, so both arms run). Writes kv_offload.json under --out.
 """
 
@@ -140,7 +140,7 @@ def main(argv=None):
                                                     "out"))
   args = parser.parse_args(argv)
   if args.smoke:
-    cfg, lengths, batches, steps, repeats = TINY, [64, 128], [1, 2], 4, 1
+    cfg, lengths, batches, steps, repeats = TINY, [64], [1, 2], 4, 1
   else:
     cfg, steps, repeats = QWEN2_05B, args.steps, args.repeats
     lengths = [int(x) for x in args.lengths.split(",")]

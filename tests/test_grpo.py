@@ -115,6 +115,29 @@ def test_unknown_aggregation_names_the_known_ones():
     grpo.LossConfig(aggregation="mean")
 
 
+def test_learning_rate_schedules_match_hand_values():
+  # optax counts from 0; make_optimizer's update k (from 1) uses the rate at count k.
+  peak, end = 3e-3, 3e-4
+  wsd = grpo.learning_rate_schedule(grpo.OptimizerConfig(
+      learning_rate=peak, warmup_steps=20, decay_steps=600, schedule="wsd",
+      cooldown_steps=150))
+  hand = {0: 0.0, 10: peak / 2, 20: peak, 300: peak, 450: peak,
+          525: peak + (end - peak) * 75 / 150, 600: end, 900: end}
+  for count, rate in hand.items():
+    np.testing.assert_allclose(float(wsd(count)), rate, rtol=1e-6, atol=1e-12)
+  cosine = grpo.learning_rate_schedule(grpo.OptimizerConfig(
+      learning_rate=peak, warmup_steps=20, decay_steps=1000))
+  for count in (20, 500, 1000):
+    frac = (count - 20) / 980
+    np.testing.assert_allclose(float(cosine(count)),
+                               end + (peak - end) * 0.5 * (1 + np.cos(np.pi * frac)), rtol=1e-5)
+  with pytest.raises(ValueError, match="cooldown_steps"):
+    grpo.OptimizerConfig(learning_rate=1e-3, warmup_steps=20, decay_steps=100,
+                         schedule="wsd", cooldown_steps=0)
+  with pytest.raises(ValueError, match="schedule"):
+    grpo.OptimizerConfig(learning_rate=1e-3, schedule="linear")
+
+
 CFG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=1,
                   num_heads=2, num_kv_heads=1, max_seq_len=32)
 
