@@ -68,3 +68,21 @@ def test_guide_groups_puts_the_expert_in_the_last_slots():
   for slots in (3, -1):
     with pytest.raises(ValueError, match="rl.expert_slots must be in"):
       guide_groups(sampled, ["e0", "e1"], 3, slots)
+
+
+def test_grpo_tasks_leaves_out_the_matching_ids():
+  import ml_collections
+
+  from rlcode.agent.train import grpo_tasks
+  from rlcode.data.tasks import Task
+  from rlcode.errors import BadInput
+  tasks = [Task(id=i, prompt="p") for i in ("agent/file/a", "agent/practice/file/b",
+                                            "agent/practice/tests/c", "agent/tests/d")]
+  config = lambda pattern: ml_collections.ConfigDict({"rl": {"exclude_task_ids": pattern}})
+  assert [t.id for t in grpo_tasks(config("^agent/practice/"), tasks)] == [
+      "agent/file/a", "agent/tests/d"]
+  assert grpo_tasks(config(""), tasks) == tasks
+  with pytest.raises(BadInput, match="excludes all 4 training tasks"):
+    grpo_tasks(config("^agent/"), tasks)
+  with pytest.raises(BadInput, match="not a regular expression"):
+    grpo_tasks(config("(practice"), tasks)

@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import concurrent.futures
 import os
+import re
 import time
 
 import jax
@@ -38,6 +39,7 @@ from rlcode import checkpoint, config_lib, grpo, sft, sharding, shared_prefix
 from rlcode.agent import expert, rollout, sampler
 from rlcode.agent.memory import Memory
 from rlcode.data import sources
+from rlcode.errors import BadInput
 from rlcode.metrics import MetricsWriter
 from rlcode.models.build import build_model
 from rlcode.rollout import TaskStream
@@ -100,7 +102,8 @@ def train(config) -> list[dict]:
 
   # ══════════════════════════════════════════════════════════════ 4. sampler and update
   n_rows = rl.prompts_per_step * rl.group_size
-  stream = TaskStream(train_tasks, rl.prompts_per_step, config.seed, position)
+  stream = TaskStream(grpo_tasks(config, train_tasks), rl.prompts_per_step, config.seed,
+                      position)
   example = shared_prefix.GroupedBatch.abstract(rl.prompts_per_step, n_rows)
   update = shared_prefix.update_step(graphdef, optimizer, loss_cfg, mesh, state, example)
   # rl.expert_slots > 0: expert-guided groups (guide_groups); their rows' old log-probs
@@ -308,6 +311,23 @@ def evaluate_policy(config, model, tokenizer, split: str, mesh) -> dict:
   finally:
     for env in envs:
       env.close()
+
+
+def grpo_tasks(config, tasks):
+  """The training tasks GRPO samples: all, less those whose id matches the regular
+  expression rl.exclude_task_ids (for example "^agent/practice/": practice tasks that
+  are there to teach the warm start to copy). The warm start uses every task."""
+  pattern = config.rl.get("exclude_task_ids", "")
+  if not pattern:
+    return list(tasks)
+  try:
+    regex = re.compile(pattern)
+  except re.error as e:
+    raise BadInput(f"rl.exclude_task_ids={pattern!r} is not a regular expression: {e}") from None
+  kept = [t for t in tasks if not regex.search(t.id)]
+  if not kept:
+    raise BadInput(f"rl.exclude_task_ids={pattern!r} excludes all {len(tasks)} training tasks")
+  return kept
 
 
 def select_variants(config, tasks):
