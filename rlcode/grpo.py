@@ -294,7 +294,7 @@ def learning_rate_schedule(opt: OptimizerConfig) -> optax.Schedule:
   return optax.join_schedules(
       [optax.linear_schedule(0.0, peak, warmup), optax.constant_schedule(peak),
        optax.linear_schedule(peak, end, opt.cooldown_steps)],
-      boundaries=[warmup, max(stable, warmup)])
+      boundaries=[warmup, stable])  # stable >= warmup: OptimizerConfig checks it
 
 
 def opt_state_shardings(optimizer: optax.GradientTransformation, params, mesh: Mesh):

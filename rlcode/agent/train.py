@@ -61,6 +61,7 @@ def train(config) -> list[dict]:
   # ══════════════════════════════════════════════════════════════ 2. data
   train_tasks = select_variants(config, sources.load(config.data, config.data.train_split))
   eval_tasks = select_variants(config, sources.load_eval(config.data))
+  stream_tasks = grpo_tasks(config, train_tasks)  # checked before the warm start
 
   # ══════════════════════════════════════════════════════════════ 3. model, optimiser, envs
   model, tokenizer = build_model(config.model, mesh, config.seed)
@@ -102,8 +103,7 @@ def train(config) -> list[dict]:
 
   # ══════════════════════════════════════════════════════════════ 4. sampler and update
   n_rows = rl.prompts_per_step * rl.group_size
-  stream = TaskStream(grpo_tasks(config, train_tasks), rl.prompts_per_step, config.seed,
-                      position)
+  stream = TaskStream(stream_tasks, rl.prompts_per_step, config.seed, position)
   example = shared_prefix.GroupedBatch.abstract(rl.prompts_per_step, n_rows)
   update = shared_prefix.update_step(graphdef, optimizer, loss_cfg, mesh, state, example)
   # rl.expert_slots > 0: expert-guided groups (guide_groups); their rows' old log-probs
