@@ -186,8 +186,12 @@ def test_grpo_loss_over_trajectories_equals_per_token_numpy(model, episodes, for
   adv = np.array([1.0, -1.0, 0.5, -0.5, 2.0, -2.0], np.float32)
   batch = rollout.grpo_batch(trajs, 2, adv, pad_id=TOK.pad_id, max_len=300, mask_cut=False)
   cfg = grpo.LossConfig(clip_eps_low=0.2, clip_eps_high=0.28, max_completion_len=300)
-  logp, _ = shared_prefix.grouped_logprobs(model, jax.tree.map(jnp.asarray, batch), 1.0)
-  loss, _ = grpo.policy_loss(logp, batch.old_logp, batch.adv, batch.mask, cfg)
+
+  @jax.jit
+  def loss_of(batch):
+    logp, _ = shared_prefix.grouped_logprobs(model, batch, 1.0)
+    return grpo.policy_loss(logp, batch.old_logp, batch.adv, batch.mask, cfg)[0]
+  loss = loss_of(jax.tree.map(jnp.asarray, batch))
   per_seq = []
   for t, a in zip(trajs, adv):
     m = np.array(t.mask, bool)

@@ -210,8 +210,8 @@ def test_window_logprobs_equal_full_logits_at_each_rows_completion():
   mask = np.ones((3, w), np.float32)
   batch = grpo.SequenceBatch(tokens=tokens, start=start, mask=mask, old_logp=mask,
                              ref_logp=mask, adv=np.zeros(3, np.float32), weight=mask)
-  logp, ent = grpo.sequence_logprobs(model, batch, 0.7)
-  logits = np.asarray(model(jnp.asarray(tokens)), np.float64) / 0.7
+  logp, ent = jax.jit(lambda b: grpo.sequence_logprobs(model, b, 0.7))(batch)
+  logits = np.asarray(jax.jit(model)(jnp.asarray(tokens)), np.float64) / 0.7
   logits -= logits.max(-1, keepdims=True)
   log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))
   for i in range(3):

@@ -1,5 +1,11 @@
 """One run over two processes (2 x 4 fake CPU devices on localhost, gloo): killed with
-SIGKILL, resumed, and compared with the same run as one process of 8 devices."""
+SIGKILL, resumed, and compared with the same run on one device.
+
+The run has the default job's parts that touch every device: a supervised warm start,
+sampling, a KL term against the reference policy, the update and an evaluation. This is
+the suite's end-to-end check that the mesh (data x fsdp x tensor, across processes)
+does not change what is computed; tests/test_grpo.py, test_sharding.py and
+test_ablations.py check the parts on one process of 8 devices."""
 
 import os
 import signal
@@ -19,7 +25,10 @@ from rlcode.metrics import read_metrics
 # slice (2 x 2 devices), samples its 2 prompts there and holds their rows of the batch.
 MESH = ["--config.mesh.data=2", "--config.mesh.fsdp=2", "--config.mesh.tensor=2"]
 RUN = ["--config.train.steps=3", "--config.train.checkpoint_every=1",
-       "--config.train.eval_every=3"]
+       "--config.train.eval_every=3", "--config.warmstart.steps=2",
+       "--config.warmstart.batch_size=8", "--config.rl.beta=0.02"]
+# Float keys (losses, KL, norms, rewards) agree to 1e-5 with the one-device run.
+ATOL = 1e-5
 
 
 def _free_port() -> int:
@@ -54,7 +63,7 @@ def _close(a, b):
   for ra, rb in zip(a, b):
     for key, value in ra.items():
       if isinstance(value, float):
-        assert abs(value - rb[key]) <= 1e-5, (ra["step"], key, value, rb[key])
+        assert abs(value - rb[key]) <= ATOL, (ra["step"], key, value, rb[key])
       else:
         assert value == rb[key], (ra["step"], key)
 
@@ -76,14 +85,17 @@ def test_two_processes_killed_and_resumed_match_one_process(tmp_path):
   for i, p in enumerate(procs):
     assert p.wait(timeout=900) == 0, _tail(tmp_path / "resumed", i)
 
-  one = train.train(tiny_runs.config(tmp_path / "one", *MESH, *RUN))
+  train.train(tiny_runs.config(tmp_path / "one", *RUN))  # one device
+  one = read_metrics(str(tmp_path / "one"))
   two = read_metrics(str(workdir))
   drop = lambda rows: [{k: v for k, v in r.items() if not any(t in k for t in tiny_runs.TIMING)}
                        for r in rows]
-  assert [r["step"] for r in two] == [0, 1, 2, 3, 3]  # evals at 0 and at the end
+  # The warm start's row, evals at 0 and at the end.
+  assert [r["step"] for r in two] == [0, 0, 1, 2, 3, 3] and two[0]["sft_steps"] == 2
   assert any(r.get("grad_norm", 0) > 0 for r in two)
   _close(drop(two), drop(one))
-  # Only process 0 wrote: one metrics file, one config, one TensorBoard directory.
+  # Only process 0 wrote: one metrics file, one config, one TensorBoard directory (and
+  # the warm start's cache).
   assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json", "metrics.jsonl",
-                                         "tensorboard"]
+                                         "tensorboard", "warm_start"]
   assert np.isfinite([r["loss"] for r in two if "loss" in r]).all()

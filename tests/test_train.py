@@ -1,4 +1,6 @@
-"""The training loop end to end: metrics, resume after SIGKILL, 1 vs 8 devices."""
+"""The training loop end to end: metrics, resume after SIGKILL, bad resumes.
+
+One device against eight (over two processes) is tests/test_multiprocess.py."""
 
 import json
 import os
@@ -11,12 +13,15 @@ import numpy as np
 import pytest
 
 import xla_flags
-from rlcode import config_lib, train
+from rlcode import config_lib
 from rlcode.metrics import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "grpo_tiny.py")
-# A small, fast version of the default job: the same code path end to end.
+# A small, fast version of the default job: the same code path end to end. The tasks
+# (tests/data/scale_tasks.jsonl) fall in one padded prompt length, so each program
+# compiles once; the format reward beside the tests gives some groups a signal, so the
+# parameters move and the runs compared below have something to disagree on.
 SMALL = [
     "--config.model.arch.hidden_size=32", "--config.model.arch.intermediate_size=64",
     "--config.model.arch.num_layers=1", "--config.model.arch.num_heads=2",
@@ -28,6 +33,8 @@ SMALL = [
     "--config.train.steps=4", "--config.train.checkpoint_every=2",
     "--config.train.eval_every=2", "--config.train.progress_bar=false",
     "--config.rl.beta=0.02",
+    f"--config.data.path={os.path.join(ROOT, 'tests', 'data', 'scale_tasks.jsonl')}",
+    "--config.rewards.format=1.0", "--config.optimizer.learning_rate=0.03",
 ]
 TIMING = ("tokens_per_s", "seconds")
 
@@ -84,6 +91,7 @@ def test_metrics_rows_and_plot(uninterrupted):
               "rollout_tokens_per_s", "update_tokens_per_s"):
     assert all(np.isfinite(r[key]) for r in steps), key
   assert rows[0]["sft_steps"] == 3
+  assert any(r["grad_norm"] > 0.01 for r in steps)  # a group with signal moved the policy
   assert os.path.isdir(uninterrupted / "tensorboard")
   from rlcode import cli
   assert cli.main(["plot", str(uninterrupted)]) == 0
@@ -107,19 +115,6 @@ def test_sigkill_then_rerun_gives_the_same_metrics(uninterrupted, env, tmp_path)
   assert resumed.returncode == 0, resumed.stderr[-2000:]
   _assert_same_rows(_comparable(read_metrics(str(workdir))),
                     _comparable(read_metrics(str(uninterrupted))), atol=0.0)
-
-
-def test_eight_devices_log_the_same_loss(uninterrupted, tmp_path):
-  eight = train.train(_config(tmp_path, "--config.mesh.data=2", "--config.mesh.fsdp=2",
-                              "--config.mesh.tensor=2", "--config.train.steps=2",
-                              "--config.train.eval_every=0"))
-  one = {r["step"]: r for r in read_metrics(str(uninterrupted)) if "loss" in r}
-  rows = [r for r in eight if "loss" in r]
-  assert [r["step"] for r in rows] == [1, 2]
-  for r in rows:
-    assert abs(r["loss"] - one[r["step"]]["loss"]) < 1e-4
-    assert abs(r["kl"] - one[r["step"]]["kl"]) < 1e-4
-    assert r["reward_mean"] == one[r["step"]]["reward_mean"]
 
 
 def test_resume_with_another_config_is_one_line_and_exit_2(uninterrupted, capsys):
@@ -162,6 +157,7 @@ def test_eval_cli_on_a_checkpoint(uninterrupted, capsys):
   assert cli.main(["eval", "--config", CONFIG, "--checkpoint", str(uninterrupted), "--k", "1,2",
                    *SMALL]) == 0
   result = json.loads(capsys.readouterr().out)
-  assert result["step"] == 4 and result["n_tasks"] == 6 and 0 <= result["pass@1"] <= 1
   last = [r for r in read_metrics(str(uninterrupted)) if "eval/pass@1" in r][-1]
+  assert result["step"] == 4 and result["n_tasks"] == last["eval/n_tasks"] == 4
+  assert 0 <= result["pass@1"] <= 1
   assert result["pass@1"] == last["eval/pass@1"]  # same policy, same seed, same samples
