@@ -267,3 +267,18 @@ def test_imitate_reports_every_step_to_on_step(model, episodes):
   for a, b in zip(seen[-1][1], jax.tree.leaves(out)):
     np.testing.assert_array_equal(a, np.asarray(b))
   assert not all(np.array_equal(a, np.asarray(b)) for a, b in zip(seen[0][1], jax.tree.leaves(out)))
+
+
+def test_episode_metrics_count_success_per_task_family():
+  def episode(task_id, reward, calls):
+    turns = [{"tool": "editor", "turn_tokens": 3}] * calls
+    return sampler.Trajectory(Task(id=task_id, prompt="p"), [1], tokens=[2], mask=[1],
+                              logprobs=[0.0], turns=turns, status="finished", reward=reward)
+  trajs = [episode("agent/search/a/LIMIT", 1.0, 2), episode("agent/search/b/LIMIT", 0.0, 1),
+           episode("agent/tests/c", 1.0, 3), episode("flat_id", 1.0, 0)]
+  m = rollout.episode_metrics(trajs, success_reward=1.0)
+  assert m["success"] == 0.75 and m["tool/editor"] == 6 / 4
+  # Families from ids with a path; an id without one counts only in the totals.
+  assert m["success/search"] == 0.5 and m["success/tests"] == 1.0
+  assert not any(k.startswith("success/") and k not in ("success/search", "success/tests")
+                 for k in m)

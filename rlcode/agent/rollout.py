@@ -90,7 +90,8 @@ def sft_batch(trajs: Sequence[sampler.Trajectory], pad_id: int) -> grpo.Sequence
 
 def episode_metrics(trajs: Sequence[sampler.Trajectory], success_reward: float) -> dict:
   """Means over episodes: success, reward, tool calls, turns, context tokens, statuses,
-  tool use, call errors and per-turn test signals."""
+  tool use, call errors and per-turn test signals; and success per task family
+  ("success/<family>", the second component of ids like "agent/search/sub/k6/LIMIT")."""
   n = max(len(trajs), 1)
   turns = [x for t in trajs for x in t.turns]
   tools = collections.Counter(x["tool"] for x in turns if "tool" in x)
@@ -111,4 +112,10 @@ def episode_metrics(trajs: Sequence[sampler.Trajectory], success_reward: float) 
   }
   out.update({f"status/{s}": sum(t.status == s for t in trajs) / n for s in STATUSES})
   out.update({f"tool/{name}": c / n for name, c in sorted(tools.items())})
+  families = collections.defaultdict(list)
+  for t in trajs:
+    parts = t.task.id.split("/")
+    if len(parts) > 2:
+      families[parts[1]].append(t.reward >= success_reward)
+  out.update({f"success/{f}": float(np.mean(v)) for f, v in sorted(families.items())})
   return out

@@ -18,7 +18,8 @@ reward is equal and nothing is pushed. The expert rows are trained as on-policy 
 log-probs under the current policy), and the logged success is the sampled episodes'.
 
 Evaluation rows: eval/success (the share of episodes whose final reward reaches
-agent.success_reward), eval/tool_calls_per_episode, and the other means of
+agent.success_reward), eval/success/<family> (the same per task family: file, search,
+tests), eval/tool_calls_per_episode, and the other means of
 rlcode.agent.rollout.episode_metrics, over config.eval.num_samples episodes of each
 evaluation task.
 """
