@@ -95,7 +95,7 @@ def test_two_processes_killed_and_resumed_match_one_process(tmp_path):
   assert any(r.get("grad_norm", 0) > 0 for r in two)
   _close(drop(two), drop(one))
   # Only process 0 wrote: one metrics file, one config, one TensorBoard directory (and
-  # the warm start's cache).
+  # the warm-started policy's checkpoint, a collective write like the run's checkpoints).
   assert sorted(os.listdir(workdir)) == ["checkpoints", "config.json", "metrics.jsonl",
                                          "tensorboard", "warm_start"]
   assert np.isfinite([r["loss"] for r in two if "loss" in r]).all()
