@@ -15,9 +15,9 @@ The grid is not the full product (3 x 2 x 2 x 3 x 3 = 108 cells, each compiled t
 would take most of an hour here): six cells that cover every pair of aggregation and
 advantage, of aggregation and layout, of advantage and layout, and of staleness and
 layout, with each staleness and each mesh shape in two cells. The first step (before
-any update) must agree to float32 rounding; later steps to 1e-4, as the 1 vs 8 device
-test of tests/test_train.py: Adam turns rounding-sized differences in near-zero
-gradients into parameter differences of up to the learning rate.
+any update) must agree to float32 rounding; later steps to 1e-4: Adam turns
+rounding-sized differences in near-zero gradients into parameter differences of up to
+the learning rate.
 """
 
 import functools
