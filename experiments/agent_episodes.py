@@ -55,7 +55,8 @@ def main():
   if not tasks:
     raise SystemExit(f"--tasks {args.tasks!r}: no task of the {args.split} split matches")
   chat = rollout.chat_format(config, tokenizer)
-  envs = rollout.make_envs(config, len(tasks) * args.samples)
+  envs = rollout.make_envs(config, len(tasks) * args.samples,
+                           embed=agent_train.embedder(config.agent))
   try:
     trajs = sampler.run_episodes(model, chat, envs, tasks, group_size=args.samples,
                                  budgets=rollout.budgets(config.agent),

@@ -68,7 +68,7 @@ def train(config) -> list[dict]:
   model, tokenizer = build_model(config.model, mesh, config.seed)
   chat = rollout.chat_format(config, tokenizer)
   budgets = rollout.budgets(agent)
-  embed = _embedder(agent)
+  embed = embedder(agent)
   memory = Memory(agent.memory_rule, embed=embed) if "memory" in agent.tools else None
   envs = rollout.make_envs(config, rl.prompts_per_step * rl.group_size, memory=memory,
                            embed=embed)
@@ -306,7 +306,7 @@ def evaluate_policy(config, model, tokenizer, split: str, mesh) -> dict:
   tasks = select_variants(config, sources.load(config.data, split))
   chat = rollout.chat_format(config, tokenizer)
   envs = rollout.make_envs(config, config.eval.batch_prompts * config.eval.num_samples,
-                           embed=_embedder(config.agent))
+                           embed=embedder(config.agent))
   try:
     return evaluate(config, model, chat, envs, tasks, rollout.budgets(config.agent), mesh)
   finally:
@@ -339,7 +339,7 @@ def select_variants(config, tasks):
   return [t for t in tasks if t.extra.get("hint", {}).get("variant") in keep]
 
 
-def _embedder(agent):
+def embedder(agent):
   """MiniLM embeddings for semantic search when agent.semantic_search, else None."""
   if not agent.semantic_search:
     return None
