@@ -61,6 +61,9 @@ def get_config():
   config.rl = ml_collections.ConfigDict(dict(
       group_size=8, prompts_per_step=8, temperature=1.0, top_p=1.0, top_k=0,
       num_passes=1, advantage="grpo", loss_aggregation="seq_mean_token_mean",
+      # The weight of negative advantages (rlcode.grpo.group_advantages): 1.0 is GRPO as
+      # published, 0.0 reinforces only the samples above their group's mean.
+      negative_weight=1.0,
       clip_eps_low=0.2, clip_eps_high=0.28, beta=0.0, log_kl=False,
       # > 0: that many of each group's G slots hold the task's expert episode instead
       # of a sample (expert-guided groups, rlcode.agent.train; the samples they replace

@@ -92,6 +92,7 @@ def train(config) -> list[dict]:
   policy = lambda params: nnx.merge(graphdef, params)
   optimizer = grpo.make_optimizer(grpo.OptimizerConfig.from_config(config.optimizer))
   loss_cfg = grpo.LossConfig.from_config(rl, rl.max_new_tokens)
+  advantages = grpo.advantages_from_config(rl)
   keeps_reference = loss_cfg.uses_reference
   ckpt = checkpoint.Checkpointer(os.path.join(config.workdir, "checkpoints"),
                                  keep=config.train.keep_checkpoints)
@@ -166,7 +167,7 @@ def train(config) -> list[dict]:
     start = time.perf_counter()
     reward = rollout.score(ro, dict(config.rewards), rewards.options(config.reward_options))
     reward_s = time.perf_counter() - start
-    adv = grpo.group_advantages(reward.scores, rl.group_size, rl.advantage)
+    adv = advantages(reward.scores)
     return ro, adv, reward_s, stream.position
 
   # ══════════════════════════════════════════════════════════════ 5. loop

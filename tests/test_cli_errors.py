@@ -35,6 +35,16 @@ def test_unknown_config_key(capsys):
                   "rl has no key 'grup_size'", "valid keys")
 
 
+@pytest.mark.parametrize("flag, needle", [("--config.rl.advantage=ppo", "rl.advantage='ppo'"),
+                                          ("--config.rl.negative_weight=-0.5", "[0, 1]")])
+def test_bad_advantage_settings(capsys, tmp_path, flag, needle):
+  # Checked before the warm start and the model's first step: nothing is trained.
+  argv = ["train", "--config", os.path.join(ROOT, "configs", "agent_tiny.py"), flag,
+          f"--config.workdir={tmp_path}", "--config.warmstart.steps=1"]
+  _one_line_error(capsys, argv, needle)
+  assert not os.path.exists(os.path.join(tmp_path, "warm_start"))
+
+
 def test_missing_config(capsys):
   _one_line_error(capsys, ["train", "--config", "configs/none.py"], "configs/none.py",
                   "does not exist")

@@ -104,6 +104,14 @@ def test_advantages_match_numpy():
     np.testing.assert_allclose(got[4 * g:4 * g + 4], (r - mean) / (std + 1e-6), rtol=1e-5)
     np.testing.assert_allclose(got_dr[4 * g:4 * g + 4], r - mean, rtol=1e-6)
   assert np.all(got[4:8] == 0)  # a group that all failed carries no signal
+  # negative_weight scales the samples below their group's mean, and only those.
+  for w in (0.0, 0.25):
+    weighted = grpo.group_advantages(rewards, 4, "grpo", negative_weight=w)
+    np.testing.assert_allclose(weighted, [a * w if a < 0 else a for a in got], rtol=1e-6)
+  np.testing.assert_allclose(grpo.group_advantages(rewards, 4, negative_weight=0.0)[:4],
+                             [1.0, 0.0, 0.0, 1.0], rtol=1e-5)  # (1 - 0.5) / 0.5
+  with pytest.raises(ValueError, match="negative_weight"):
+    grpo.group_advantages(rewards, 4, negative_weight=1.5)
   with pytest.raises(ValueError, match="groups of 5"):
     grpo.group_advantages(rewards, 5)
   with pytest.raises(KeyError, match="known"):

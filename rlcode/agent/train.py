@@ -78,6 +78,7 @@ def train(config) -> list[dict]:
   policy = lambda params: nnx.merge(graphdef, params)
   optimizer = grpo.make_optimizer(grpo.OptimizerConfig.from_config(config.optimizer))
   loss_cfg = grpo.LossConfig.from_config(rl, agent.max_total_tokens)
+  advantages = grpo.advantages_from_config(rl)
   keeps_reference = loss_cfg.uses_reference
   ckpt = checkpoint.Checkpointer(os.path.join(config.workdir, "checkpoints"),
                                  keep=config.train.keep_checkpoints)
@@ -142,7 +143,7 @@ def train(config) -> list[dict]:
       sampled = [t for t, g in zip(sampled, guided) if not g]
     rollout_s = time.perf_counter() - start
     scores = np.array([t.reward for t in trajs], np.float32)
-    adv = grpo.group_advantages(scores, rl.group_size, rl.advantage)
+    adv = advantages(scores)
     batch = rollout.grpo_batch(trajs, rl.group_size, adv, pad_id=tokenizer.pad_id,
                                max_len=agent.max_total_tokens, mask_cut=agent.mask_cut)
     if keeps_reference:
