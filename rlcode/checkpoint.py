@@ -20,7 +20,11 @@ from rlcode.errors import BadInput, MissingInput
 
 
 class Checkpointer:
-  """A CheckpointManager over `directory` (local or gs://) keeping the last `keep`."""
+  """A CheckpointManager over `directory` (local or gs://) keeping the last `keep`.
+
+  Close it when done (or use it as a context manager, which closes it also when a
+  restore fails): an unclosed manager leaves orbax's background threads behind, and
+  their errors at garbage collection land in whatever runs next."""
 
   def __init__(self, directory: str, keep: int = 2):
     # Orbax refuses relative local paths (at the first save, deep in a run).
@@ -58,6 +62,24 @@ class Checkpointer:
 
   def close(self) -> None:
     self._manager.close()
+
+  def __enter__(self) -> Checkpointer:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
+
+
+# A run's warm-started policy: WORKDIR/warm_start, beside its rotating checkpoints/.
+WARM_START = "warm_start"
+
+
+def save_once(directory: str, step: int, tree: Any, meta: dict[str, Any]) -> None:
+  """One checkpoint of `tree` in its own directory (a run's warm start), written before
+  returning."""
+  with Checkpointer(directory, keep=1) as ckpt:
+    ckpt.save(step, tree, meta)
+    ckpt.wait()
 
 
 def abstract_like(tree: Any) -> Any:

@@ -8,7 +8,6 @@ override of a key that does not exist fails, naming the keys that do.
 
 from __future__ import annotations
 
-import ast
 import importlib.util
 import json
 import os
@@ -17,6 +16,7 @@ from collections.abc import Sequence
 
 import ml_collections
 
+from rlcode import pyast
 from rlcode.errors import BadInput, MissingInput, UnknownKey
 
 PREFIX = "--config."
@@ -89,7 +89,7 @@ def parse_value(raw: str, current, name: str = "value"):
   if isinstance(current, str):
     return raw
   try:
-    value = ast.literal_eval(raw)
+    value = pyast.literal_eval(raw)
   except (ValueError, SyntaxError):
     if current is None:
       return raw

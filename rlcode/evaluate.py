@@ -279,15 +279,14 @@ def restore_policy(config, path: str, mesh):
   from rlcode.models.build import build_model
   nested = os.path.join(path, "checkpoints")
   directory = nested if os.path.isdir(nested) else path
-  ckpt = checkpoint.Checkpointer(directory)
-  if ckpt.latest_step() is None:
-    raise MissingInput(f"no checkpoint under {directory}")
-  model, tokenizer = build_model(config.model, mesh, config.seed)
-  optimizer = grpo.make_optimizer(grpo.OptimizerConfig.from_config(config.optimizer))
-  with_ref = grpo.LossConfig.from_config(config.rl, config.rl.max_new_tokens).uses_reference
-  restored, _, step = ckpt.restore(
-      checkpoint.bundle_like(grpo.init_state(model, optimizer, mesh), with_ref))
-  ckpt.close()
+  with checkpoint.Checkpointer(directory) as ckpt:
+    if ckpt.latest_step() is None:
+      raise MissingInput(f"no checkpoint under {directory}")
+    model, tokenizer = build_model(config.model, mesh, config.seed)
+    optimizer = grpo.make_optimizer(grpo.OptimizerConfig.from_config(config.optimizer))
+    with_ref = grpo.LossConfig.from_config(config.rl, config.rl.max_new_tokens).uses_reference
+    restored, _, step = ckpt.restore(
+        checkpoint.bundle_like(grpo.init_state(model, optimizer, mesh), with_ref))
   graphdef, _ = nnx.split(model, nnx.Param)
   return nnx.merge(graphdef, restored["state"].params), tokenizer, step, directory
 

@@ -114,8 +114,9 @@ def train(config) -> list[dict]:
     if config.warmstart.steps > 0:
       # The warm-started policy, kept for evaluation and controls (rlcode eval
       # --checkpoint WORKDIR/warm_start); the run's own checkpoints rotate.
-      save_checkpoint(os.path.join(config.workdir, WARM_START), 0, state, ref_params,
-                      {"data_position": 0, "seed": config.seed, "step": 0})
+      checkpoint.save_once(os.path.join(config.workdir, checkpoint.WARM_START), 0,
+                           {"state": state, "ref": ref_params},
+                           {"data_position": 0, "seed": config.seed, "step": 0})
   else:
     config_lib.check_resume(config, config.workdir)
     restored, meta, start_step = ckpt.restore(
@@ -244,17 +245,6 @@ def train(config) -> list[dict]:
   return rows
 
 
-WARM_START = "warm_start"
-
-
-def save_checkpoint(directory: str, step: int, state, ref_params, meta: dict) -> None:
-  """One checkpoint in its own directory, written before returning."""
-  ckpt = checkpoint.Checkpointer(directory, keep=1)
-  ckpt.save(step, {"state": state, "ref": ref_params}, meta)
-  ckpt.wait()
-  ckpt.close()
-
-
 def warm_start_tasks(config, tokenizer, max_seq_len: int, train_tasks):
   """The warm start's tasks: the training tasks, and the train split of
   `warmstart.data` (a data section like config.data) when the config has one, fitted
@@ -283,12 +273,14 @@ def warm_start(config, graphdef, params, tasks, tokenizer, mesh, metrics):
   ws = config.warmstart
   cache = (os.path.join(ws.cache_dir, warm_start_key(config))
            if ws.get("cache_dir") else "")
-  if cache and checkpoint.Checkpointer(cache).latest_step() is not None:
-    ckpt = checkpoint.Checkpointer(cache)
-    params, row, _ = ckpt.restore(checkpoint.abstract_like(params))
-    ckpt.close()
-    metrics.write(0, row)
-    return params
+  if cache:
+    with checkpoint.Checkpointer(cache) as ckpt:
+      cached = ckpt.latest_step() is not None
+      if cached:
+        params, row, _ = ckpt.restore(checkpoint.abstract_like(params))
+    if cached:
+      metrics.write(0, row)
+      return params
   params, stats = sft.run(graphdef, params, tasks, tokenizer, mesh,
                           optimizer=grpo.OptimizerConfig.from_config(ws.optimizer),
                           batch_size=ws.batch_size, seed=warm_start_seed(config) + 1,
@@ -299,10 +291,9 @@ def warm_start(config, graphdef, params, tasks, tokenizer, mesh, metrics):
          "sft_steps": ws.steps}
   metrics.write(0, row)
   if cache:
-    ckpt = checkpoint.Checkpointer(cache)
-    ckpt.save(ws.steps, params, row)
-    ckpt.wait()
-    ckpt.close()
+    with checkpoint.Checkpointer(cache) as ckpt:
+      ckpt.save(ws.steps, params, row)
+      ckpt.wait()
   return params
 
 

@@ -45,8 +45,6 @@ from rlcode.metrics import MetricsWriter
 from rlcode.models.build import build_model
 from rlcode.rollout import TaskStream
 
-WARM_START = "warm_start"
-
 
 def train(config) -> list[dict]:
   """Runs config.train.steps GRPO steps over episodes; returns the metrics rows written."""
@@ -92,8 +90,9 @@ def train(config) -> list[dict]:
     state = grpo.init_state(policy(params), optimizer, mesh)
     ref_params = jax.tree.map(lambda x: x.copy(), params) if keeps_reference else {}
     if config.warmstart.steps > 0:
-      _save(os.path.join(config.workdir, WARM_START), 0, state, ref_params,
-            {"data_position": 0, "seed": config.seed, "step": 0, "memory": []})
+      checkpoint.save_once(os.path.join(config.workdir, checkpoint.WARM_START), 0,
+                           {"state": state, "ref": ref_params},
+                           {"data_position": 0, "seed": config.seed, "step": 0, "memory": []})
   else:
     config_lib.check_resume(config, config.workdir)
     restored, meta, start_step = ckpt.restore(
@@ -291,13 +290,12 @@ def restore_policy(config, path: str, mesh):
   checkpoints/ directory, or its warm_start/ directory)."""
   nested = os.path.join(path, "checkpoints")
   directory = nested if os.path.isdir(nested) else path
-  ckpt = checkpoint.Checkpointer(directory)
   model, tokenizer = build_model(config.model, mesh, config.seed)
   optimizer = grpo.make_optimizer(grpo.OptimizerConfig.from_config(config.optimizer))
   with_ref = grpo.LossConfig.from_config(config.rl, config.agent.max_total_tokens).uses_reference
-  restored, _, step = ckpt.restore(
-      checkpoint.bundle_like(grpo.init_state(model, optimizer, mesh), with_ref))
-  ckpt.close()
+  with checkpoint.Checkpointer(directory) as ckpt:
+    restored, _, step = ckpt.restore(
+        checkpoint.bundle_like(grpo.init_state(model, optimizer, mesh), with_ref))
   graphdef, _ = nnx.split(model, nnx.Param)
   return nnx.merge(graphdef, restored["state"].params), tokenizer, step
 
@@ -346,10 +344,3 @@ def embedder(agent):
     return None
   from rlcode.rewards import semantic
   return lambda texts: semantic.embed(list(texts))
-
-
-def _save(directory: str, step: int, state, ref_params, meta: dict) -> None:
-  ckpt = checkpoint.Checkpointer(directory, keep=1)
-  ckpt.save(step, {"state": state, "ref": ref_params}, meta)
-  ckpt.wait()
-  ckpt.close()

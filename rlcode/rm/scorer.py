@@ -36,13 +36,12 @@ class RewardModelScorer:
     mesh = sharding.make_mesh(1, 1, 1)
     model = build_reward_model(self.config, mesh)
     nested = os.path.join(path, "checkpoints")
-    ckpt = checkpoint.Checkpointer(nested if os.path.isdir(nested) else path)
-    if ckpt.latest_step() is None:
-      raise MissingInput(f"reward model checkpoint {path!r}: no checkpoint there")
-    optimizer = grpo.make_optimizer(grpo.OptimizerConfig.from_config(self.config.optimizer))
-    restored, _, self.step = ckpt.restore(
-        {"state": checkpoint.abstract_like(grpo.init_state(model, optimizer, mesh))})
-    ckpt.close()
+    with checkpoint.Checkpointer(nested if os.path.isdir(nested) else path) as ckpt:
+      if ckpt.latest_step() is None:
+        raise MissingInput(f"reward model checkpoint {path!r}: no checkpoint there")
+      optimizer = grpo.make_optimizer(grpo.OptimizerConfig.from_config(self.config.optimizer))
+      restored, _, self.step = ckpt.restore(
+          {"state": checkpoint.abstract_like(grpo.init_state(model, optimizer, mesh))})
     graphdef, _ = nnx.split(model, nnx.Param)
     self.params = restored["state"].params
     self.features = tuple(self.config.rm.features)
