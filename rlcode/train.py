@@ -275,12 +275,10 @@ def warm_start(config, graphdef, params, tasks, tokenizer, mesh, metrics):
            if ws.get("cache_dir") else "")
   if cache:
     with checkpoint.Checkpointer(cache) as ckpt:
-      cached = ckpt.latest_step() is not None
-      if cached:
+      if ckpt.latest_step() is not None:
         params, row, _ = ckpt.restore(checkpoint.abstract_like(params))
-    if cached:
-      metrics.write(0, row)
-      return params
+        metrics.write(0, row)
+        return params
   params, stats = sft.run(graphdef, params, tasks, tokenizer, mesh,
                           optimizer=grpo.OptimizerConfig.from_config(ws.optimizer),
                           batch_size=ws.batch_size, seed=warm_start_seed(config) + 1,
