@@ -171,6 +171,85 @@ def test_unified_diff_format_errors(text, code):
   assert (reward, details["error"]) == (-1.0, code)
 
 
+# ---------------------------------------------------------------------------
+# The line-edit answer format.
+
+def lines_block(path, first, last, text):
+  return f"### {path}\n<<<<<<< LINES {first}-{last}\n{text}>>>>>>> REPLACE"
+
+
+FIVE = "l1\nl2\nl3\nl4\nl5\n"
+
+
+def test_line_edits_replace_insert_delete_by_the_original_numbers():
+  # Two blocks of one file, both numbered as the file was: line 2 becomes two
+  # lines, then line 4 (still "l4", now the fifth line) is deleted, and an
+  # insertion before line 1 (an empty range 1-0).
+  completion = answer(lines_block("f.py", 1, 0, "top\n"),
+                      lines_block("f.py", 2, 2, "two\nmore\n"),
+                      lines_block("f.py", 4, 4, ""))
+  assert edits.apply_completion(completion, {"f.py": FIVE}, "line_edit") == {
+      "f.py": "top\nl1\ntwo\nmore\nl3\nl5\n"}
+  # Prose and fences around the blocks are ignored.
+  fenced = answer("Edit:\n```\n" + lines_block("f.py", 5, 5, "five\n") + "\n```")
+  assert edits.apply_completion(fenced, {"f.py": FIVE}, "line_edit") == {
+      "f.py": "l1\nl2\nl3\nl4\nfive\n"}
+
+
+def test_line_edits_new_file_and_a_last_line_without_newline():
+  assert edits.apply_completion(answer(lines_block("n.py", 1, 0, "x = 1\n")), {},
+                                "line_edit") == {"n.py": "x = 1\n"}
+  # The file's last line has no newline; the replacement of it keeps it so.
+  assert edits.apply_completion(answer(lines_block("f.py", 2, 2, "B\n")), {"f.py": "a\nb"},
+                                "line_edit") == {"f.py": "a\nB"}
+
+
+def test_line_edit_reward_hand_computed():
+  # The reward sees the effect only: replacing line 1 "a" by "b" where the
+  # oracle has "c" is the SEARCH/REPLACE case above (16 / 17).
+  files, oracle = {"f.py": "a\n"}, {"f.py": "c\n"}
+  assert diffs.score(answer(lines_block("f.py", 1, 1, "c\n")), files, oracle,
+                     "line_edit") == 1.0
+  assert diffs.score(answer(lines_block("f.py", 1, 1, "b\n")), files, oracle,
+                     "line_edit") == 16 / 17
+
+
+@pytest.mark.parametrize("solution,code", [
+    (lines_block("f.py", 6, 6, "x\n"), "bad_range"),       # past the 5 lines
+    (lines_block("f.py", 0, 1, "x\n"), "bad_range"),       # numbers start at 1
+    (lines_block("f.py", 3, 1, "x\n"), "bad_range"),       # reversed beyond empty
+    (lines_block("f.py", 2, 3, "x\n") + "\n" + lines_block("f.py", 3, 3, "y\n"),
+     "bad_range"),                                          # overlapping
+    (lines_block("f.py", 4, 4, "x\n") + "\n" + lines_block("f.py", 2, 2, "y\n"),
+     "bad_range"),                                          # out of order
+    (lines_block("f.py", 2, 3, "l2\nl3\n"), "unchanged"),
+    (lines_block("f.py", 3, 2, ""), "unchanged"),           # an empty insertion
+    ("### f.py\n<<<<<<< LINES 2-2\nx\n", "no_edits"),      # never closed
+    ("### f.py\n<<<<<<< LINES 2\nx\n>>>>>>> REPLACE", "no_edits"),
+])
+def test_line_edit_format_errors(solution, code):
+  reward, details = diffs.score_details(answer(solution), {"f.py": FIVE},
+                                        {"f.py": FIVE.replace("l2", "L2")}, "line_edit")
+  assert (reward, details["error"]) == (-1.0, code)
+
+
+def test_line_edit_prompt_numbers_every_shown_line():
+  prompt = edits.build_prompt("Fix it.", {"f.py": edits.number_lines("a\nb\n")},
+                              "line_edit", instructions=False)
+  assert "### f.py\n1|a\n2|b\n--- END FILE ---" in prompt
+  assert prompt.endswith("*LINES* edits inside <solution> </solution>.")
+  # A shown file without numbers cannot be answered by number: refused.
+  with pytest.raises(ValueError, match="not numbered: 'b'"):
+    edits.build_prompt("Fix it.", {"f.py": "1|a\nb\n"}, "line_edit")
+  # The full instructions' example is itself a valid answer.
+  prompt = edits.build_prompt("Fix it.", {"shop/cart.py": edits.number_lines(
+      "def total(prices):\n    return sum(prices)\n")}, "line_edit")
+  example = prompt[prompt.index("### shop/cart.py\n<<<<<<<"):prompt.index("REPLACE\n\nNumbers")]
+  assert edits.apply_completion(answer(example + "REPLACE"), {"shop/cart.py": (
+      "def total(prices):\n    return sum(prices)\n")}, "line_edit") == {
+          "shop/cart.py": "def total(prices):\n    return round(sum(prices), 2)\n"}
+
+
 @pytest.mark.parametrize("edit_format", edits.EDIT_FORMATS)
 def test_oracle_completion_round_trips(edit_format):
   files = {"a.py": FILE_A, "b.py": FILE_B, "c.py": ""}

@@ -155,7 +155,7 @@ def test_skip_counts_by_reason(bad_repo):
 
 
 @pytest.mark.parametrize("granularity", ["pr", "commit", "file", "hunk"])
-@pytest.mark.parametrize("edit_format", ["search_replace", "unified_diff"])
+@pytest.mark.parametrize("edit_format", ["search_replace", "unified_diff", "line_edit"])
 def test_oracle_applies_to_context_for_every_task(bad_repo, granularity,
                                                   edit_format):
   repo, kept = bad_repo
@@ -164,8 +164,8 @@ def test_oracle_applies_to_context_for_every_task(bad_repo, granularity,
   tasks = result.splits["train"]
   assert len(tasks) == result.report["units"][granularity]
   _check_oracle_applies(repo, tasks)
-  if edit_format == "unified_diff":
-    # The rst change SEARCH/REPLACE cannot express is a plain diff.
+  if edit_format != "search_replace":
+    # The rst change SEARCH/REPLACE cannot express is a plain diff or a LINES block.
     assert "oracle_not_expressible" not in result.report["commits_skipped"]
 
 

@@ -227,6 +227,27 @@ def test_excerpts_show_the_lines_near_each_change(tmp_path):
   assert b.extra["files"]["b.py"] == "".join(twice[:15] + ["q\n"] + twice[16:])
 
 
+def test_line_edit_excerpts_number_the_shown_lines(tmp_path):
+  repo = Repo(tmp_path / "repo")
+  lines = [f"line {i}\n" for i in range(1, 31)]
+  repo.commit("Add", {"a.py": "".join(lines)})
+  lines[14] = "line fifteen\n"
+  repo.commit("Change", {"a.py": "".join(lines)})
+  task, = [t for t in mine(MiningConfig(
+      source=str(repo.path), granularity="hunk", context_lines=3, edit_format="line_edit",
+      oracle_context_lines=0, test_fraction=0.0)).splits["train"] if "Change" in t.prompt]
+  assert _file_section(task.prompt, "a.py") == (
+      "[... lines 1-11 not shown ...]\n" + "".join(f"{i}|line {i}\n" for i in range(12, 19))
+      + "[... lines 19-30 not shown ...]")
+  assert "### a.py\n<<<<<<< LINES 15-15\nline fifteen\n>>>>>>> REPLACE" in task.reference
+  # Whole files (context_lines=0) are numbered too.
+  task, = [t for t in mine(MiningConfig(
+      source=str(repo.path), granularity="hunk", edit_format="line_edit",
+      test_fraction=0.0)).splits["train"] if "Change" in t.prompt]
+  assert _file_section(task.prompt, "a.py") == "".join(
+      f"{i}|line {i}\n" for i in range(1, 31)).rstrip("\n")
+
+
 def test_fit_context_counts():
   tok = ByteTokenizer()  # one token per byte, plus a BOS on encode
   tasks = [Task(id=str(i), prompt="p" * n, kind="diff", reference="r" * m)

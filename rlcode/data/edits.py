@@ -17,7 +17,18 @@ answers with a reasoning block and a solution block (SWE-RL's format):
   ```
   </solution>
 
-or, with `edit_format="unified_diff"`, a unified diff inside the solution block.
+or, with `edit_format="unified_diff"`, a unified diff inside the solution block,
+or, with `edit_format="line_edit"`, blocks that address the lines to replace by
+their numbers, which the prompt shows (SWE-agent's `edit START:END` command;
+nothing of the old text is copied):
+
+  <solution>
+  ### path/to/file.py
+  <<<<<<< LINES 12-13
+  new lines
+  >>>>>>> REPLACE
+  </solution>
+
 This module turns a completion into new file contents (`apply_completion`),
 raising `FormatError` for anything that cannot apply; renders an oracle answer
 in either format (`oracle_completion`, used as a task's reference and to prove
@@ -42,7 +53,7 @@ import posixpath
 import re
 from collections.abc import Iterable, Mapping, Sequence
 
-EDIT_FORMATS = ("search_replace", "unified_diff")
+EDIT_FORMATS = ("search_replace", "unified_diff", "line_edit")
 
 THINK_START, THINK_END = "<think>", "</think>"
 SOLUTION_START, SOLUTION_END = "<solution>", "</solution>"
@@ -55,6 +66,10 @@ _BLOCK_RE = re.compile(
 # A fence whose closing line is exactly ``` (diff lines always carry a prefix).
 _FENCE_RE = re.compile(r"^```[^\n]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
+# One line-edit block: "### path", the numbered range, whole replacement lines, the end.
+_NUMBERED_RE = re.compile(r"^\d+\|")
+_LINES_RE = re.compile(r"^### (.*)\n<<<<<<< LINES (\d+)-(\d+)\n((?:.*\n)*?)>>>>>>> REPLACE$",
+                       re.MULTILINE)
 
 _LANGUAGE_TAGS = {
     ".py": "python", ".pyi": "python", ".js": "javascript", ".jsx": "javascript",
@@ -309,6 +324,64 @@ def apply_unified_diff(files: Mapping[str, str],
 
 
 # ---------------------------------------------------------------------------
+# Line edits.
+
+def number_lines(text: str, first: int = 1) -> str:
+  """`text` with each line prefixed by its number and "|" ("12|    return x"), as a
+  line_edit prompt shows files; `first` is the number of the first line."""
+  return "".join(f"{first + k}|{line}" for k, line in enumerate(split_keepends(text)))
+
+
+def parse_line_edits(solution: str) -> dict[str, list[tuple[int, int, str]]]:
+  """path -> [(first, last, new text), ...] in the order the blocks appear.
+
+  LINES A-B replaces lines A..B (1-based, inclusive) of the file as it was
+  before any block of the answer; B = A - 1 is an empty range (insert before
+  line A). The new text is the block's whole lines, each with its newline
+  ("" deletes the range). Lines outside blocks (fences, prose) are ignored.
+  """
+  edits: dict[str, list[tuple[int, int, str]]] = {}
+  for path, first, last, text in _LINES_RE.findall(solution):
+    edits.setdefault(path, []).append((int(first), int(last), text))
+  return edits
+
+
+def apply_line_edits(files: Mapping[str, str],
+                     edits: Mapping[str, Sequence[tuple[int, int, str]]]
+                     ) -> dict[str, str]:
+  """New contents of every edited file (a path absent from `files` is empty).
+
+  Raises:
+    FormatError: a range outside the file or reversed ("bad_range"), ranges of
+      one file out of order or overlapping ("bad_range"), a block whose new
+      text equals the lines it replaces ("unchanged").
+  """
+  out = {}
+  for path, blocks in edits.items():
+    content = files.get(path, "")
+    lines = split_keepends(content)
+    previous_last = 0
+    for first, last, text in blocks:
+      if not (1 <= first <= last + 1 <= len(lines) + 1):
+        raise FormatError("bad_range", f"{path}: LINES {first}-{last} is not a range of its "
+                          f"{len(lines)} lines (A-B with 1 <= A <= B + 1 <= lines + 1)")
+      if first <= previous_last:
+        raise FormatError("bad_range", f"{path}: LINES {first}-{last} overlaps or precedes "
+                          "the block before it (blocks go down the file, apart)")
+      previous_last = last
+    # Bottom up, so that every block's numbers stay those of the original file.
+    for first, last, text in reversed(blocks):
+      if last == len(lines) and last and not lines[-1].endswith("\n"):
+        text = text[:-1] if text.endswith("\n") else text
+      if text == "".join(lines[first - 1:last]):
+        raise FormatError("unchanged", f"{path}: LINES {first}-{last} are replaced by "
+                          "the same text")
+      lines[first - 1:last] = [text] if text else []
+    out[path] = "".join(lines)
+  return out
+
+
+# ---------------------------------------------------------------------------
 # Completion -> new contents.
 
 def apply_completion(completion: str, files: Mapping[str, str],
@@ -328,6 +401,11 @@ def apply_completion(completion: str, files: Mapping[str, str],
     if not edits:
       raise FormatError("no_edits", "no SEARCH/REPLACE block in the solution")
     return apply_search_replace(files, edits)
+  if edit_format == "line_edit":
+    blocks = parse_line_edits(solution)
+    if not blocks:
+      raise FormatError("no_edits", "no LINES block in the solution")
+    return apply_line_edits(files, blocks)
   patches = parse_unified_diff(solution)
   if not patches:
     raise FormatError("no_edits", "no unified diff hunk in the solution")
@@ -416,6 +494,15 @@ def _file_blocks(path: str, old: str, new: str, context: int) -> list[str]:
   return blocks
 
 
+def _line_blocks(path: str, old: str, new: str, context: int) -> list[str]:
+  """LINES blocks taking `old` to `new`: one per hunk of `context` unchanged lines
+  around its change (numbers of `old`; a pure insertion is an empty range)."""
+  a, b, groups = line_hunks(old, new, context)
+  return [f"### {path}\n<<<<<<< LINES {i1 + 1}-{i2}\n"
+          + "".join(line if line.endswith("\n") else line + "\n" for line in b[j1:j2])
+          + ">>>>>>> REPLACE" for i1, i2, j1, j2 in groups]
+
+
 def _render_unified_diff(path: str, old: str, new: str) -> str:
   a, b, groups = line_hunks(old, new)
   # As git writes it for a new file; an existing empty file reads the same.
@@ -453,9 +540,10 @@ def oracle_completion(files: Mapping[str, str], oracle: Mapping[str, str],
                       context_lines: int = 3) -> str:
   """A completion in `edit_format` that takes `files` to `oracle` exactly.
 
-  `context_lines`: the unchanged lines each SEARCH/REPLACE block starts with
-  around its change (3, as a unified diff's hunks; 0, the changed lines only,
-  widened just enough to be unique). A unified diff always has 3.
+  `context_lines`: the unchanged lines each SEARCH/REPLACE or LINES block
+  starts with around its change (3, as a unified diff's hunks; 0, the changed
+  lines only; a SEARCH text is widened just enough to be unique). A unified
+  diff always has 3.
 
   Raises:
     ValueError: the format cannot express the change (for example a SEARCH
@@ -472,6 +560,8 @@ def oracle_completion(files: Mapping[str, str], oracle: Mapping[str, str],
       continue
     if edit_format == "search_replace":
       parts.extend(_file_blocks(path, old, new, context_lines))
+    elif edit_format == "line_edit":
+      parts.extend(_line_blocks(path, old, new, context_lines))
     else:
       parts.append("```diff\n" + _render_unified_diff(path, old, new) + "\n```")
   completion = (f"{THINK_START}\n{thought}\n{THINK_END}\n{SOLUTION_START}\n"
@@ -547,12 +637,37 @@ hunk's lines. For example, to make `total` round its result:
 To create a new file, use "--- /dev/null" and a hunk "@@ -0,0 +1,N @@"."""
 
 
+_LINE_EDIT_HOWTO = """\
+Write the change as *LINES* edits. The files above show each line's number \
+before a "|". Each edit holds, in this order:
+1. a line "### " followed by the file path
+2. the line <<<<<<< LINES A-B, to replace lines A to B (A-B with B = A - 1 \
+inserts before line A)
+3. the lines that replace them, without numbers (none deletes the lines)
+4. the line >>>>>>> REPLACE
+
+For example, to make `total` round its result when the file shows \
+"2|    return sum(prices)":
+
+### shop/cart.py
+<<<<<<< LINES 2-2
+    return round(sum(prices), 2)
+>>>>>>> REPLACE
+
+Numbers are those of the files as shown; give the edits of a file top to \
+bottom, without overlaps."""
+
+
 _BRIEF = {
     "search_replace": "Make the requested change: reasoning inside <think> </think>, then "
                       "*SEARCH/REPLACE* edits inside <solution> </solution>.",
     "unified_diff": "Make the requested change: reasoning inside <think> </think>, then a "
                     "unified diff inside <solution> </solution>.",
+    "line_edit": "Make the requested change: reasoning inside <think> </think>, then "
+                 "*LINES* edits inside <solution> </solution>.",
 }
+_HOWTO = {"search_replace": _SEARCH_REPLACE_HOWTO, "unified_diff": _UNIFIED_DIFF_HOWTO,
+          "line_edit": _LINE_EDIT_HOWTO}
 
 
 def build_prompt(request: str, files: Mapping[str, str],
@@ -564,8 +679,11 @@ def build_prompt(request: str, files: Mapping[str, str],
 
   Args:
     request: what to change (a commit message).
-    files: path -> current content, shown in sorted path order.
-    edit_format: "search_replace" or "unified_diff"; names the answer format.
+    files: path -> current content as shown, in sorted path order. For
+      "line_edit" each shown line carries its number (`number_lines`, or the
+      numbered excerpts of rlcode.data.git.excerpts); only a
+      "[... lines A-B not shown ...]" marker may go without.
+    edit_format: one of EDIT_FORMATS; names the answer format.
     new_files: paths of `files` that do not exist yet (content "").
     applied_diff: for a task that is part of a larger change, the rest of the
       change as a unified diff; the files already include it.
@@ -577,6 +695,13 @@ def build_prompt(request: str, files: Mapping[str, str],
     raise ValueError(f"edit_format={edit_format!r}; expected one of "
                      f"{EDIT_FORMATS}")
   new_files = set(new_files)
+  if edit_format == "line_edit":
+    for path in sorted(set(files) - new_files):
+      bare = [line.rstrip("\n") for line in split_keepends(files[path])
+              if not _NUMBERED_RE.match(line) and not line.startswith("[... lines ")]
+      if bare:
+        raise ValueError(f"{path}: a line_edit prompt numbers every line it shows "
+                         f"(number_lines); this one is not numbered: {bare[0][:80]!r}")
   parts = [_THINKING, ""] if instructions else []
   parts += ["Here is a change request for a repository:",
            "--- BEGIN REQUEST ---", request.strip(), "--- END REQUEST ---", ""]
@@ -596,9 +721,7 @@ def build_prompt(request: str, files: Mapping[str, str],
     parts.append("--- END FILE ---")
   if not instructions:
     return "\n".join(parts + ["", _BRIEF[edit_format]])
-  parts += ["", "Make the requested change. "
-            + (_SEARCH_REPLACE_HOWTO if edit_format == "search_replace"
-               else _UNIFIED_DIFF_HOWTO)]
+  parts += ["", "Make the requested change. " + _HOWTO[edit_format]]
   return "\n".join(parts)
 
 

@@ -71,8 +71,10 @@ class MiningConfig:
       a git bundle file, local or remote (`gs://...`, read through epath).
     branch: the branch, tag or commit whose first-parent history is walked.
     granularity: "pr", "commit", "file" or "hunk": the unit of one task.
-    edit_format: "search_replace" or "unified_diff": the answer format the
-      prompt asks for and the reward parses.
+    edit_format: "search_replace", "unified_diff" or "line_edit" (blocks that
+      name the lines they replace by the numbers the prompt shows, so that no
+      old text is copied; rlcode.data.edits): the answer format the prompt
+      asks for and the reward parses.
     max_commits: walk only the latest this many first-parent commits; 0: all.
     max_files: skip PRs touching more files (after path filters).
     max_changed_lines: skip PRs adding + removing more lines.
@@ -93,8 +95,8 @@ class MiningConfig:
       task's context, in bytes of text; 0 adds none.
     context_lines: 0 shows the task's files whole in the prompt; N >= 3 shows
       excerpts: the lines within N lines of a change (rlcode.data.git.excerpts).
-    oracle_context_lines: the unchanged lines each SEARCH/REPLACE block of the
-      reference answer keeps around its change (3: a unified diff's hunk; 0:
+    oracle_context_lines: the unchanged lines each SEARCH/REPLACE (or LINES)
+      block of the reference answer keeps around its change (3: a unified diff's hunk; 0:
       the changed lines only, widened until unique; rlcode.data.edits.
       oracle_completion). The reward compares patches, so this only changes
       how long the reference is. Must be 3 for "unified_diff".

@@ -52,14 +52,20 @@ def _runs(shown: list[bool], start: int, stop: int):
     k = end
 
 
-def excerpt(old: str, new: str, context_lines: int) -> str:
-  """`old` with only the lines within `context_lines` of a change to `new`."""
+def excerpt(old: str, new: str, context_lines: int, numbered: bool = False) -> str:
+  """`old` with only the lines within `context_lines` of a change to `new`;
+  `numbered`: each shown line carries its number in `old` (edits.number_lines)."""
   a = edits.split_keepends(old)
   opcodes = difflib.SequenceMatcher(None, a, edits.split_keepends(new)).get_opcodes()
   shown = _near_changes(a, opcodes, context_lines)
   out = []
   for k, end, visible in _runs(shown, 0, len(a)):
-    out.extend(a[k:end] if visible or end - k == 1 else [_marker(k + 1, end)])
+    if not visible and end - k > 1:
+      out.append(_marker(k + 1, end))
+    elif numbered:
+      out.append(edits.number_lines("".join(a[k:end]), first=k + 1))
+    else:
+      out.extend(a[k:end])
   return "".join(out)
 
 
@@ -114,11 +120,13 @@ def prompt_excerpts(files: Mapping[str, str], oracle: Mapping[str, str], referen
   """The oracle's files cut to `context_lines` around each change, as a prompt shows them.
 
   A search_replace reference must apply to what is shown; where its SEARCH
-  text reaches further, the window doubles (at worst to the whole file).
+  text reaches further, the window doubles (at worst to the whole file). A
+  line_edit prompt numbers the lines it shows.
   """
   n = context_lines
+  numbered = edit_format == "line_edit"
   while True:
-    shown = {p: excerpt(files.get(p, ""), oracle[p], n) for p in sorted(oracle)}
+    shown = {p: excerpt(files.get(p, ""), oracle[p], n, numbered) for p in sorted(oracle)}
     if edit_format != "search_replace":
       return shown
     try:

@@ -193,6 +193,8 @@ def make_task(pr: Pr, unit: Unit, granularity: str, reference: str,
     shown = prompt_excerpts(unit.files, unit.oracle, reference, config.edit_format,
                             config.context_lines)
     applied_diff = ""
+  elif config.edit_format == "line_edit":
+    shown = {p: edits.number_lines(text) for p, text in shown.items()}
   tests, tests_extra = _tests_fields(unit)
   return Task(
       id=unit.id,
