@@ -11,7 +11,7 @@ import pytest
 from rlcode import evaluate
 from rlcode.data.jsonl import JsonlTasks, read_jsonl_tasks
 from rlcode.data.tasks import load_tasks
-from rlcode.errors import UnknownKey
+from rlcode.errors import BadInput, UnknownKey
 
 FIXTURE = Path(__file__).parent / "data" / "tiny_tasks.jsonl"
 
@@ -79,6 +79,19 @@ def test_builder_configs_do_not_collide(tmp_path):
     expected = read_jsonl_tasks(FIXTURE, fraction)
     for split in ("train", "held_out"):
       assert load_tasks(builder, split) == sorted(expected[split], key=lambda t: t.id)
+
+
+def test_a_split_too_large_for_memory_is_a_clear_error(tmp_path, monkeypatch):
+  # tfds spills a split over its in-memory limit (1 GB) to disk through TensorFlow,
+  # which is not installed: lowered here so that the fixture crosses it.
+  import importlib.util
+  if importlib.util.find_spec("tensorflow") is not None:
+    pytest.skip("TensorFlow is installed: tfds can spill to disk")
+  from tensorflow_datasets.core import shuffle
+  monkeypatch.setattr(shuffle, "MAX_MEM_BUFFER_SIZE", 100)
+  builder = JsonlTasks(data_dir=str(tmp_path), path=FIXTURE, held_out_fraction=0.2)
+  with pytest.raises(BadInput, match="over 1 GB, which tfds can only write through TensorFlow"):
+    load_tasks(builder, "train")
 
 
 def test_a_split_without_rows_is_a_clear_error(tmp_path):

@@ -16,7 +16,7 @@ from typing import Any
 
 import tensorflow_datasets as tfds
 
-from rlcode.errors import UnknownKey
+from rlcode.errors import BadInput, UnknownKey
 
 
 @dataclasses.dataclass(frozen=True)
@@ -110,8 +110,20 @@ def load_tasks(builder: TaskBuilder, split: str) -> list[Task]:
 
   tfds stores examples in hash order; sorting by id makes the order a property
   of the data, not of the file layout.
+
+  Raises:
+    BadInput: a split too large to prepare without TensorFlow (tfds keeps up
+      to 1 GB of serialised examples in memory and spills the rest to disk
+      through tf.io, which is not installed).
   """
-  builder.download_and_prepare()
+  try:
+    builder.download_and_prepare()
+  except ModuleNotFoundError as e:
+    if e.name != "tensorflow":
+      raise
+    raise BadInput(f"{builder.name}: a split serialises to over 1 GB, which tfds can only "
+                   "write through TensorFlow (not installed); make the tasks smaller (for "
+                   "mined tasks: fewer files carried, e.g. no tests_support) or fewer") from None
   if split not in builder.info.splits:
     raise UnknownKey(f"{builder.name}: no split {split!r}; "
                      f"splits are {sorted(builder.info.splits)}")
