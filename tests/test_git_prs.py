@@ -271,7 +271,7 @@ def test_cli_mines_prints_the_table_and_writes_the_datasets(prs, tmp_path, capsy
   repo, shas = prs
   rc, out, err = _mine_cli(capsys, f"{repo.path}@main", "--out", str(tmp_path / "tfds"),
                            "--granularity", "pr", "--granularity", "hunk",
-                           "--test-fraction", "0.4")
+                           "--test-fraction", "0.4", "--edit-format", "line_edit")
   assert rc == 0, err
   lines = out.strip().splitlines()
   assert lines[-1] == "units: pr=6 commit=7 file=8 hunk=9"
@@ -280,8 +280,12 @@ def test_cli_mines_prints_the_table_and_writes_the_datasets(prs, tmp_path, capsy
   assert re.search(r"^hunk tasks: train / test +4 / 5$", out, re.M)
   assert "mining" in err  # the progress bar
   builder = GitDiffs(data_dir=str(tmp_path / "tfds"), mining=MiningConfig(
-      source=str(repo.path), branch="main", granularity="hunk", test_fraction=0.4))
-  assert len(load_tasks(builder, "test")) == 5
+      source=str(repo.path), branch="main", granularity="hunk", test_fraction=0.4,
+      edit_format="line_edit"))
+  tasks = load_tasks(builder, "test")
+  assert len(tasks) == 5
+  assert {t.extra["edit_format"] for t in tasks} == {"line_edit"}
+  assert all("<<<<<<< LINES " in t.reference for t in tasks)
   assert builder.build_report()["granularity"] == "hunk"
 
 

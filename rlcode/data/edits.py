@@ -31,7 +31,7 @@ nothing of the old text is copied):
 
 This module turns a completion into new file contents (`apply_completion`),
 raising `FormatError` for anything that cannot apply; renders an oracle answer
-in either format (`oracle_completion`, used as a task's reference and to prove
+in any of the formats (`oracle_completion`, used as a task's reference and to prove
 every mined oracle is expressible); and writes the prompt (`build_prompt`).
 `normalized_patch` is the per-file diff text the SWE-RL reward compares; it is
 here because the miner must use the very same definition to reject changes the
@@ -66,8 +66,9 @@ _BLOCK_RE = re.compile(
 # A fence whose closing line is exactly ``` (diff lines always carry a prefix).
 _FENCE_RE = re.compile(r"^```[^\n]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-# One line-edit block: "### path", the numbered range, whole replacement lines, the end.
+# A line as a line_edit prompt shows it ("12|...").
 _NUMBERED_RE = re.compile(r"^\d+\|")
+# One line-edit block: "### path", the numbered range, whole replacement lines, the end.
 _LINES_RE = re.compile(r"^### (.*)\n<<<<<<< LINES (\d+)-(\d+)\n((?:.*\n)*?)>>>>>>> REPLACE$",
                        re.MULTILINE)
 

@@ -24,6 +24,7 @@ from collections.abc import Sequence
 import tensorflow_datasets as tfds
 from absl import logging
 
+from rlcode.data import edits
 from rlcode.data.git.builder import GitDiffs
 from rlcode.data.git.config import GRANULARITIES, MiningConfig
 from rlcode.data.git.mining import mine
@@ -48,6 +49,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "validation split (default 0: none)")
   parser.add_argument("--context-lines", type=int, default=0,
                       help="prompts show the lines within N of each change (default: whole)")
+  parser.add_argument("--edit-format", choices=edits.EDIT_FORMATS, default="search_replace",
+                      help="the answer format prompts ask for and references use "
+                           "(default search_replace; rlcode.data.edits)")
 
 
 def split_source(spec: str) -> tuple[str, str]:
@@ -95,7 +99,7 @@ def run(args: argparse.Namespace) -> int:
                           languages=tuple(args.languages), max_commits=args.max_commits,
                           test_fraction=args.test_fraction,
                           validation_fraction=args.validation_fraction,
-                          context_lines=args.context_lines)
+                          context_lines=args.context_lines, edit_format=args.edit_format)
   except ValueError as e:
     raise BadInput(" ".join(str(e).split())) from e
   result = mine(config, granularities=granularities, progress=True)
