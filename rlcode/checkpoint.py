@@ -33,7 +33,10 @@ class Checkpointer:
         self.directory,
         options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
                                              cleanup_tmp_directories=True),
-        item_names=("state", "meta"))
+        # Handlers named up front (not just item names), so that a manager that has not
+        # saved can read a checkpoint's metadata (`_check_shapes`).
+        item_handlers={"state": ocp.StandardCheckpointHandler(),
+                       "meta": ocp.JsonCheckpointHandler()})
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
@@ -48,6 +51,7 @@ class Checkpointer:
     step = self.latest_step() if step is None else step
     if step is None:
       raise MissingInput(f"no checkpoint in {self.directory}")
+    self._check_shapes(step, abstract_state)
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
@@ -56,6 +60,26 @@ class Checkpointer:
       raise BadInput(f"the checkpoint at step {step} in {self.directory} does not match the "
                      f"config's model and optimiser: {first[:300]}") from e
     return restored["state"], dict(restored["meta"]), step
+
+  def _check_shapes(self, step: int, abstract_state: Any) -> None:
+    """BadInput when the saved arrays' shapes are not the abstract state's (another model
+    or config), read from the checkpoint's metadata before a restore starts: orbax's
+    own check fails half way through, leaving coroutines and threads behind."""
+    try:
+      saved = self._manager.item_metadata(step)["state"]
+      saved = getattr(saved, "tree", saved)
+    except (KeyError, TypeError, AttributeError, ValueError):
+      saved = None
+    if saved is None:
+      return  # no readable metadata: the restore itself still checks
+    shapes = lambda tree: sorted(tuple(getattr(x, "shape", ())) for x in jax.tree.leaves(tree))
+    have, want = shapes(saved), shapes(abstract_state)
+    if have != want:
+      diff = next(((a, b) for a, b in zip(have, want) if a != b), None)
+      detail = (f"first differing shape {diff[0]} saved, {diff[1]} expected" if diff
+                else f"{len(have)} arrays saved, {len(want)} expected")
+      raise BadInput(f"the checkpoint at step {step} in {self.directory} does not match the "
+                     f"config's model and optimiser: {detail}")
 
   def wait(self) -> None:
     self._manager.wait_until_finished()
