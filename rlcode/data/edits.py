@@ -66,8 +66,10 @@ _BLOCK_RE = re.compile(
 # A fence whose closing line is exactly ``` (diff lines always carry a prefix).
 _FENCE_RE = re.compile(r"^```[^\n]*\n(.*?)^```[ \t]*$", re.MULTILINE | re.DOTALL)
 _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
-# A line as a line_edit prompt shows it ("12|...").
+# A line as a line_edit prompt shows it ("12|..."), and the line that stands for a run of
+# lines a prompt leaves out (`omitted_lines`).
 _NUMBERED_RE = re.compile(r"^\d+\|")
+_OMITTED_RE = re.compile(r"^\[\.\.\. lines \d+-\d+ not shown \.\.\.\]$")
 # One line-edit block: "### path", the numbered range, whole replacement lines, the end.
 _LINES_RE = re.compile(r"^### (.*)\n<<<<<<< LINES (\d+)-(\d+)\n((?:.*\n)*?)>>>>>>> REPLACE$",
                        re.MULTILINE)
@@ -326,6 +328,11 @@ def apply_unified_diff(files: Mapping[str, str],
 
 # ---------------------------------------------------------------------------
 # Line edits.
+
+def omitted_lines(first: int, last: int) -> str:
+  """The line a prompt shows in place of lines `first`..`last` (1-based) of a file."""
+  return f"[... lines {first}-{last} not shown ...]\n"
+
 
 def number_lines(text: str, first: int = 1) -> str:
   """`text` with each line prefixed by its number and "|" ("12|    return x"), as a
@@ -682,8 +689,8 @@ def build_prompt(request: str, files: Mapping[str, str],
     request: what to change (a commit message).
     files: path -> current content as shown, in sorted path order. For
       "line_edit" each shown line carries its number (`number_lines`, or the
-      numbered excerpts of rlcode.data.git.excerpts); only a
-      "[... lines A-B not shown ...]" marker may go without.
+      numbered excerpts of rlcode.data.git.excerpts); only an `omitted_lines`
+      marker may go without.
     edit_format: one of EDIT_FORMATS; names the answer format.
     new_files: paths of `files` that do not exist yet (content "").
     applied_diff: for a task that is part of a larger change, the rest of the
@@ -699,7 +706,7 @@ def build_prompt(request: str, files: Mapping[str, str],
   if edit_format == "line_edit":
     for path in sorted(set(files) - new_files):
       bare = [line.rstrip("\n") for line in split_keepends(files[path])
-              if not _NUMBERED_RE.match(line) and not line.startswith("[... lines ")]
+              if not _NUMBERED_RE.match(line) and not _OMITTED_RE.match(line.rstrip("\n"))]
       if bare:
         raise ValueError(f"{path}: a line_edit prompt numbers every line it shows "
                          f"(number_lines); this one is not numbered: {bare[0][:80]!r}")

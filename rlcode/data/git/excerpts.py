@@ -27,10 +27,6 @@ from collections.abc import Mapping
 from rlcode.data import edits
 
 
-def _marker(first: int, last: int) -> str:
-  return f"[... lines {first}-{last} not shown ...]\n"
-
-
 def _near_changes(a: list[str], opcodes, n: int) -> list[bool]:
   """For each line of `a`: is it within `n` lines of a line the opcodes change?"""
   shown = [False] * len(a)
@@ -61,7 +57,7 @@ def excerpt(old: str, new: str, context_lines: int, numbered: bool = False) -> s
   out = []
   for k, end, visible in _runs(shown, 0, len(a)):
     if not visible and end - k > 1:
-      out.append(_marker(k + 1, end))
+      out.append(edits.omitted_lines(k + 1, end))
     elif numbered:
       out.append(edits.number_lines("".join(a[k:end]), first=k + 1))
     else:
@@ -109,7 +105,7 @@ def window(pre: str, post: str, n: int) -> tuple[str, str]:
       continue
     # Inside an equal block a[i1:i2] == b[j1:j2], so one cut serves both sides.
     for k, end, visible in _runs(shown, i1, i2):
-      lines = a[k:end] if visible or end - k == 1 else [_marker(k + 1, end)]
+      lines = a[k:end] if visible or end - k == 1 else [edits.omitted_lines(k + 1, end)]
       pre_out += lines
       post_out += lines
   return "".join(pre_out), "".join(post_out)
