@@ -61,19 +61,25 @@ class Checkpointer:
                      f"config's model and optimiser: {first[:300]}") from e
     return restored["state"], dict(restored["meta"]), step
 
-  def _check_shapes(self, step: int, abstract_state: Any) -> None:
-    """BadInput when the saved arrays' shapes are not the abstract state's (another model
-    or config), read from the checkpoint's metadata before a restore starts: orbax's
-    own check fails half way through, leaving coroutines and threads behind."""
+  def saved_shapes(self, step: int) -> list[tuple[int, ...]] | None:
+    """The shapes of the arrays saved at `step`, sorted, from the checkpoint's metadata
+    (None when it has none that can be read): what kind of tree a checkpoint holds,
+    known before restoring it."""
     try:
       saved = self._manager.item_metadata(step)["state"]
       saved = getattr(saved, "tree", saved)
     except (KeyError, TypeError, AttributeError, ValueError):
-      saved = None
-    if saved is None:
+      return None
+    return None if saved is None else saved_shapes_of(saved)
+
+  def _check_shapes(self, step: int, abstract_state: Any) -> None:
+    """BadInput when the saved arrays' shapes are not the abstract state's (another model
+    or config), read from the checkpoint's metadata before a restore starts: orbax's
+    own check fails half way through, leaving coroutines and threads behind."""
+    have = self.saved_shapes(step)
+    if have is None:
       return  # no readable metadata: the restore itself still checks
-    shapes = lambda tree: sorted(tuple(getattr(x, "shape", ())) for x in jax.tree.leaves(tree))
-    have, want = shapes(saved), shapes(abstract_state)
+    want = saved_shapes_of(abstract_state)
     if have != want:
       diff = next(((a, b) for a, b in zip(have, want) if a != b), None)
       detail = (f"first differing shape {diff[0]} saved, {diff[1]} expected" if diff
@@ -96,6 +102,11 @@ class Checkpointer:
 
 # A run's warm-started policy: WORKDIR/warm_start, beside its rotating checkpoints/.
 WARM_START = "warm_start"
+
+
+def saved_shapes_of(tree: Any) -> list[tuple[int, ...]]:
+  """The sorted array shapes of a pytree, as `Checkpointer.saved_shapes` gives them."""
+  return sorted(tuple(getattr(x, "shape", ())) for x in jax.tree.leaves(tree))
 
 
 def save_once(directory: str, step: int, tree: Any, meta: dict[str, Any]) -> None:

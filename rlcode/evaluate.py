@@ -271,7 +271,8 @@ def restore_policy(config, path: str, mesh):
   """(model, tokenizer, step, checkpoint directory) of the latest checkpoint under `path`.
 
   `path` is a workdir, its checkpoints/ directory, or another checkpoint directory
-  (a workdir's warm_start/ holds the policy right after its warm start).
+  (a workdir's warm_start/ holds the policy right after its warm start, as does an
+  entry of a `warmstart.cache_dir`, which keeps the parameters alone).
   """
   from flax import nnx
 
@@ -280,15 +281,20 @@ def restore_policy(config, path: str, mesh):
   nested = os.path.join(path, "checkpoints")
   directory = nested if os.path.isdir(nested) else path
   with checkpoint.Checkpointer(directory) as ckpt:
-    if ckpt.latest_step() is None:
+    step = ckpt.latest_step()
+    if step is None:
       raise MissingInput(f"no checkpoint under {directory}")
     model, tokenizer = build_model(config.model, mesh, config.seed)
-    optimizer = grpo.make_optimizer(grpo.OptimizerConfig.from_config(config.optimizer))
-    with_ref = grpo.LossConfig.from_config(config.rl, config.rl.max_new_tokens).uses_reference
-    restored, _, step = ckpt.restore(
-        checkpoint.bundle_like(grpo.init_state(model, optimizer, mesh), with_ref))
-  graphdef, _ = nnx.split(model, nnx.Param)
-  return nnx.merge(graphdef, restored["state"].params), tokenizer, step, directory
+    graphdef, params = nnx.split(model, nnx.Param)
+    if ckpt.saved_shapes(step) == checkpoint.saved_shapes_of(params):
+      params, _, step = ckpt.restore(checkpoint.abstract_like(params), step)
+    else:  # a training checkpoint: the train state (and the reference params, if kept)
+      optimizer = grpo.make_optimizer(grpo.OptimizerConfig.from_config(config.optimizer))
+      with_ref = grpo.LossConfig.from_config(config.rl, config.rl.max_new_tokens).uses_reference
+      restored, _, step = ckpt.restore(
+          checkpoint.bundle_like(grpo.init_state(model, optimizer, mesh), with_ref), step)
+      params = restored["state"].params
+  return nnx.merge(graphdef, params), tokenizer, step, directory
 
 
 def _restored_with_eval_tasks(config, path: str):

@@ -14,8 +14,9 @@ import jax
 import ml_collections
 import numpy as np
 import pytest
+from flax import nnx
 
-from rlcode import checkpoint, config_lib, rollout, sft, train
+from rlcode import checkpoint, config_lib, evaluate, rollout, sft, sharding, train
 from rlcode.data import edits, sources
 from rlcode.data.git import EmptyRepositoryError, MiningConfig, NotARepositoryError, mine
 from rlcode.data.tasks import Task
@@ -148,6 +149,14 @@ def test_warm_start_cache_is_reused_for_the_same_key_only(shop, tmp_path, monkey
   train.train(first)
   [key] = os.listdir(tmp_path / "cache")
   assert key == train.warm_start_key(first)
+  # `rlcode eval --checkpoint` reads a cache entry (the parameters alone) as it reads the
+  # workdir's warm_start/ (a whole train state): the same policy.
+  mesh = sharding.mesh_from_config(first.mesh)
+  cached, _, _, _ = evaluate.restore_policy(first, str(tmp_path / "cache" / key), mesh)
+  kept, _, _, _ = evaluate.restore_policy(first, str(tmp_path / "a" / "work" / "warm_start"), mesh)
+  for a, b in zip(jax.tree.leaves(nnx.state(cached, nnx.Param)),
+                  jax.tree.leaves(nnx.state(kept, nnx.Param)), strict=True):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
 
   def refuse(*args, **kwargs):
     raise AssertionError("the warm start ran again")
