@@ -21,6 +21,7 @@ from rlcode.data import edits, sources
 from rlcode.data.git import EmptyRepositoryError, MiningConfig, NotARepositoryError, mine
 from rlcode.data.tasks import Task
 from rlcode.metrics import read_metrics
+from rlcode.models.build import build_model
 from rlcode.models.tokenizer import ByteTokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -157,6 +158,10 @@ def test_warm_start_cache_is_reused_for_the_same_key_only(shop, tmp_path, monkey
   for a, b in zip(jax.tree.leaves(nnx.state(cached, nnx.Param)),
                   jax.tree.leaves(nnx.state(kept, nnx.Param)), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # ... and it is the warm-started policy, not the initial weights both would build.
+  initial, _ = build_model(first.model, mesh, first.seed)
+  assert any(not np.array_equal(np.asarray(a), np.asarray(b)) for a, b in zip(
+      jax.tree.leaves(nnx.state(cached, nnx.Param)), jax.tree.leaves(nnx.state(initial, nnx.Param))))
 
   def refuse(*args, **kwargs):
     raise AssertionError("the warm start ran again")
