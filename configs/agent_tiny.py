@@ -84,7 +84,10 @@ def get_config():
   # against 0.70 teacher-forced with the longer cosine; experiments/README.md).
   config.warmstart = ml_collections.ConfigDict(dict(
       steps=600, batch_size=16, optimizer=optimizer(lr=3e-3, warmup=20, decay=1000),
-      max_episodes=0))  # > 0: expert episodes of only the first that many training tasks
+      max_episodes=0,  # > 0: expert episodes of only the first that many training tasks
+      # The fraction of training tasks whose episode is a demonstrator's that does not
+      # look (rlcode.agent.expert.guess_calls) instead of the expert's.
+      guess_fraction=0.0))
 
   # 20 GRPO steps (~17 s each) after the ~12-minute warm start, three validation rows
   # included: 19.8-21.6 minutes a seed measured on 2 cores (3 seeds; the budget

@@ -100,15 +100,15 @@ def held_out(config, directory, mesh):
 
 
 def control(config, workdir, seconds, mesh):
-  """Cross-entropy on expert episodes from the run's warm start for `seconds`."""
+  """Cross-entropy on the warm start's episodes (the expert's, and the guesses of
+  warmstart.guess_fraction) from the run's warm start for `seconds`."""
   from flax import nnx
   model, tokenizer, _ = agent_train.restore_policy(config, os.path.join(workdir, "warm_start"),
                                                    mesh)
   chat = rollout.chat_format(config, tokenizer)
   envs = rollout.make_envs(config, 16)
   tasks = agent_train.select_variants(config, sources.load(config.data, config.data.train_split))
-  trajs = agent_train.expert_trajectories(config, tasks, envs, chat,
-                                          rollout.budgets(config.agent))
+  trajs = agent_train.demonstrations(config, tasks, envs, chat, rollout.budgets(config.agent))
   for env in envs:
     env.close()
   graphdef, params = nnx.split(model, nnx.Param)

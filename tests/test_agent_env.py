@@ -114,6 +114,35 @@ def test_experts_solve_every_variant(scorer, variant):
     assert traj.reward == 1.0
 
 
+def test_the_guessing_demonstrator_writes_at_once_and_fails_without_luck(scorer):
+  env = make_env(scorer)
+  budgets = sampler.Budgets()
+  for variant in ("file", "search", "tests"):
+    tasks = [t for t in TASKS if t.extra["hint"]["variant"] == variant][:40]
+    rewards = []
+    for task in tasks[:6]:
+      calls = expert.guess_calls(task, "rich", seed=3)
+      assert [name for name, _ in calls] == ["editor", "finish"]
+      assert calls == expert.guess_calls(task, "rich", seed=3)  # deterministic
+      traj = expert.expert_trajectory(env, CHAT, task, calls, budgets)
+      assert traj.status == "finished" and traj.tool_calls == 2
+      rewards.append(traj.reward)
+      written = calls[0][1]["file_text"]
+      # The operation is the prompt's; only what needs the tools is guessed.
+      assert written.split()[-2] == task.reference.split()[-2]
+      if variant == "tests":
+        assert task.extra["hint"]["name"] not in written and traj.reward == 0.0
+      else:
+        assert written.split("(")[0] == task.reference.split("(")[0]
+        assert traj.reward == float(written == task.reference)
+    assert sum(rewards) <= 3, (variant, rewards)
+    # About the asked fraction of the tasks, chosen by the seed.
+    picked = [expert.is_guess(t, 0.5, seed=0) for t in tasks]
+    assert 8 <= sum(picked) <= 32
+    assert picked != [expert.is_guess(t, 0.5, seed=1) for t in tasks]
+    assert not any(expert.is_guess(t, 0.0, seed=0) for t in tasks)
+
+
 def test_the_tests_variant_needs_the_test_run(scorer):
   env = make_env(scorer)
   task = by_variant("tests")

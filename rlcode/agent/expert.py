@@ -10,7 +10,9 @@ tokens exactly as a sampled episode would hold them (calls mask 1, observations 
 
 from __future__ import annotations
 
+import hashlib
 import json
+import random
 
 from rlcode.agent import sampler
 from rlcode.agent.chat import CALL_CLOSE, CALL_OPEN, ChatFormat
@@ -61,6 +63,44 @@ def expert_calls(task: Task, toolset: str = "rich", think: str = "none") -> list
   elif think == "start":
     calls = [("think", {"thought": plan})] + calls
   return calls + [("finish", {})]
+
+
+# What a demonstrator that does not look writes for a function whose name it cannot know.
+GUESSED_NAMES = ("solve", "f", "func", "answer", "compute", "solution")
+
+
+def is_guess(task: Task, fraction: float, seed: int) -> bool:
+  """Whether the imperfect demonstrator (`guess_calls`) answers `task` without looking:
+  true for about `fraction` of the tasks, chosen by a hash of the task id and `seed`."""
+  digest = hashlib.sha256(f"guess/{seed}/{task.id}".encode()).hexdigest()
+  return int(digest[:15], 16) / 16**15 < fraction
+
+
+def guess_calls(task: Task, toolset: str = "rich", seed: int = 0) -> list[tuple]:
+  """[(name, arguments), ...]: the calls of a demonstrator that skips the tools and writes
+  solution.py at once, with the operation the prompt states and a guess for what only
+  the workspace tells (a constant 2-9, as the task constants are, so right about one time
+  in eight on file and search tasks; a made-up generic name on tests tasks, never right).
+
+  Such episodes in a warm start give a policy that uses its tools on only part of the
+  tasks, as a policy distilled from a weaker agent does; the reward is what can tell it
+  that looking pays (configs/agent_tiny.py, experiments/README.md agent_tiny)."""
+  if toolset not in TOOLSETS:
+    raise ValueError(f"toolset={toolset!r} (one of {TOOLSETS})")
+  hint = task.extra["hint"]
+  rng = random.Random(f"guess/{seed}/{task.id}")
+  head, body = task.reference.split("\n", 1)
+  if hint["variant"] == "tests":
+    head = f"def {rng.choice(GUESSED_NAMES)}(x):"
+  elif hint["variant"] in ("file", "search"):
+    body = body.rsplit(" ", 1)[0] + f" {rng.randint(2, 9)}\n"
+  else:
+    raise ValueError(f"task {task.id!r}: unknown variant {hint['variant']!r}")
+  solution = f"{head}\n{body}"
+  write = (("editor", {"command": "create", "path": "solution.py", "file_text": solution})
+           if toolset == "rich" else
+           ("bash", {"command": f"cat > solution.py <<'EOF'\n{solution}EOF"}))
+  return [write, ("finish", {})]
 
 
 def expert_trajectory(env: ToolEnv, chat: ChatFormat, task: Task, calls: list[tuple],

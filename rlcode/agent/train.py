@@ -204,16 +204,22 @@ def evaluate(config, model, chat, envs, tasks, budgets, mesh) -> dict:
           "n_episodes": len(trajs)}
 
 
-def expert_episodes(config, tasks, envs, chat, budgets) -> list[sampler.Trajectory | None]:
+def expert_episodes(config, tasks, envs, chat, budgets,
+                    guess_fraction: float = 0.0) -> list[sampler.Trajectory | None]:
   """One scripted expert episode per task, None where the tool set cannot solve it;
-  played on the environments side by side, each taking every len(envs)-th episode."""
+  played on the environments side by side, each taking every len(envs)-th episode.
+  guess_fraction > 0: that fraction of the tasks (expert.is_guess, by the run's seed)
+  get the episode of a demonstrator that does not look (expert.guess_calls) instead."""
   agent = config.agent
   jobs = []
   for i, task in enumerate(tasks):
     try:
-      jobs.append((i, task, expert.expert_calls(task, agent.toolset, agent.think)))
+      calls = expert.expert_calls(task, agent.toolset, agent.think)
     except ValueError:
       continue
+    if guess_fraction > 0 and expert.is_guess(task, guess_fraction, config.seed):
+      calls = expert.guess_calls(task, agent.toolset, config.seed)
+    jobs.append((i, task, calls))
   out: list[sampler.Trajectory | None] = [None] * len(tasks)
   lanes = min(len(envs), len(jobs))
 
@@ -226,9 +232,19 @@ def expert_episodes(config, tasks, envs, chat, budgets) -> list[sampler.Trajecto
   return out
 
 
-def expert_trajectories(config, tasks, envs, chat, budgets) -> list[sampler.Trajectory]:
-  """The expert episodes of the tasks its tool set can solve, in task order."""
-  return [t for t in expert_episodes(config, tasks, envs, chat, budgets) if t is not None]
+def expert_trajectories(config, tasks, envs, chat, budgets,
+                        guess_fraction: float = 0.0) -> list[sampler.Trajectory]:
+  """The expert episodes of the tasks its tool set can solve, in task order
+  (guess_fraction: as in expert_episodes)."""
+  return [t for t in expert_episodes(config, tasks, envs, chat, budgets, guess_fraction)
+          if t is not None]
+
+
+def demonstrations(config, tasks, envs, chat, budgets) -> list[sampler.Trajectory]:
+  """The warm start's episodes (and a cross-entropy control's): the expert's, with
+  `warmstart.guess_fraction` of them a demonstrator's that does not look."""
+  return expert_trajectories(config, tasks, envs, chat, budgets,
+                             config.warmstart.get("guess_fraction", 0.0))
 
 
 def guide_groups(trajs, experts, group_size: int, slots: int):
@@ -254,7 +270,7 @@ def warm_start(config, graphdef, params, tasks, envs, chat, budgets, mesh, metri
   start = time.perf_counter()
   # warmstart.max_episodes > 0: only the first that many training tasks (quick runs).
   tasks = tasks[:ws.get("max_episodes", 0) or None]
-  trajs = expert_trajectories(config, tasks, envs, chat, budgets)
+  trajs = demonstrations(config, tasks, envs, chat, budgets)
   expert_s = time.perf_counter() - start
   solved = float(np.mean([t.reward >= config.agent.success_reward for t in trajs]))
   params, stats = imitate(graphdef, params, trajs, chat.tokenizer.pad_id, mesh,
