@@ -22,19 +22,21 @@ The policy: the ~1.3M-parameter decoder of configs/common.py over the code BPE
 tokenizer (data/code_bpe.json, 4096 tokens) with a 768-token context; a
 300-step supervised warm start on the training split's 200 reference answers,
 then 40 GRPO steps with the diff reward (-1 for an answer that does not parse
-or apply, else the SWE-RL similarity of its patch to the real one). Eval rows
-(every 20 steps, 54 validation tasks x 2 samples at T=1) carry
-`eval/diff/format_valid`, `eval/diff/reward_mean`, `eval/diff/exact`.
+or apply, else the SWE-RL similarity of its patch to the real one). Every task
+shows one file, which is open (`open_file=True`): the references' blocks leave
+its `### path` line out, and answers may. Eval rows (every 20 steps, 54
+validation tasks x 2 samples at T=1) carry `eval/diff/format_valid`,
+`eval/diff/reward_mean`, `eval/diff/exact`.
 
 Measured (experiments/grpo_diffs_seeds.py --no-control, seeds 0-2, 2 quiet CPU
-cores, 16-19 minutes a seed): a miss on format validity, a reward gain inside
-its noise. After the warm start validation format_valid is 0.306 +- 0.037
-(the target is 0.9); from the first eval row to the last the validation reward
-rises by 0.068 +- 0.051 (0.162, 0.057, -0.014 by seed) and the test split's by
-0.009 +- 0.031, while exact matches fall (validation 0.028 -> 0.009, test
-0.083 -> 0.010): GRPO mostly turns format errors into valid edits that are not
-the real change. With SEARCH/REPLACE answers (this config until 2026-12-02, with
-the real bundles' PR hunks in the warm start) every answer was a format error.
+cores, 15-17 minutes a seed): format validity a miss, a reward gain on every
+seed. After the warm start validation format_valid is 0.565 +- 0.016 (the
+target is 0.9; 0.306 +- 0.037 when blocks had to name their file); from the
+first eval row to the last the validation reward rises by 0.130 +- 0.029
+(0.135, 0.078, 0.177 by seed) and the test split's by 0.063 +- 0.068, while
+exact matches fall (test 0.083 -> 0.020): GRPO turns format errors into valid
+edits that resemble the real change rather than make it. With SEARCH/REPLACE
+answers (this config until 2026-12-02) every answer was a format error.
 experiments/README.md (grpo_diffs) has the tables.
 """
 
@@ -64,6 +66,9 @@ def get_config():
   # LINES blocks over numbered prompt lines: the policy names the lines it replaces
   # instead of copying them (rlcode.data.edits; README.md, "Design notes", says why).
   config.data.mining.edit_format = "line_edit"
+  # The one file a hunk's prompt shows is open: its blocks leave the "### path" line out
+  # (the tiny policy recalled paths of other tasks instead of copying this one).
+  config.data.mining.open_file = True
 
   config.rewards = ml_collections.ConfigDict({"diff": 1.0})
   config.reward_options = ml_collections.ConfigDict({"diff": {}})

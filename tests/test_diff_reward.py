@@ -233,6 +233,29 @@ def test_line_edit_format_errors(solution, code):
   assert (reward, details["error"]) == (-1.0, code)
 
 
+def test_line_edits_of_the_open_file_may_leave_the_path_out():
+  pathless = "<<<<<<< LINES 2-2\nL2\n>>>>>>> REPLACE"
+  files, oracle = {"f.py": FIVE, "g.py": "g\n"}, {"f.py": FIVE.replace("l2", "L2")}
+  # Without an open file a block must name its file: one clear error, not a silent skip.
+  assert diffs.score_details(answer(pathless), files, oracle, "line_edit")[1]["error"] == (
+      "no_path")
+  assert diffs.score_details(answer(pathless), files, oracle, "line_edit",
+                             open_file="f.py") == (1.0, {"similarities": {"f.py": 1.0},
+                                                         "exact": True})
+  # A named block still goes to its file, beside the open file's blocks.
+  both = answer(pathless + "\n" + lines_block("g.py", 1, 1, "G\n"))
+  assert edits.apply_completion(both, files, "line_edit", open_file="f.py") == {
+      "f.py": oracle["f.py"], "g.py": "G\n"}
+  # The reference of an open file leaves its path out and round-trips.
+  ref = edits.oracle_completion(files, oracle, "line_edit", context_lines=0, open_file="f.py")
+  assert "###" not in ref and pathless in ref
+  with pytest.raises(ValueError, match="open_file"):
+    edits.build_prompt("Fix it.", {"f.py": "1|a\n", "g.py": "1|b\n"}, "line_edit",
+                       open_file=True)
+  prompt = edits.build_prompt("Fix it.", {"f.py": "1|a\n"}, "line_edit", open_file=True)
+  assert prompt.endswith('its edits may leave out the "### " line.')
+
+
 def test_line_edit_prompt_numbers_every_shown_line():
   prompt = edits.build_prompt("Fix it.", {"f.py": edits.number_lines("a\nb\n")},
                               "line_edit", instructions=False)

@@ -17,6 +17,7 @@ import pytest
 from flax import nnx
 
 from rlcode import checkpoint, config_lib, evaluate, rollout, sft, sharding, train
+from rlcode.rewards import diffs
 from rlcode.data import edits, sources
 from rlcode.data.git import EmptyRepositoryError, MiningConfig, NotARepositoryError, mine
 from rlcode.data.tasks import Task
@@ -260,6 +261,32 @@ def test_line_edit_excerpts_number_the_shown_lines(tmp_path):
       test_fraction=0.0)).splits["train"] if "Change" in t.prompt]
   assert _file_section(task.prompt, "a.py") == "".join(
       f"{i}|line {i}\n" for i in range(1, 31)).rstrip("\n")
+
+
+def test_an_open_file_task_leaves_the_path_out_and_is_scored_with_it(tmp_path):
+  repo = Repo(tmp_path / "repo")
+  lines = [f"line {i}\n" for i in range(1, 31)]
+  repo.commit("Add", {"a.py": "".join(lines), "b.py": "b\n"})
+  lines[14] = "line fifteen\n"
+  repo.commit("Change", {"a.py": "".join(lines), "b.py": "B\n"})
+  with pytest.raises(ValueError, match="open_file needs edit_format='line_edit'"):
+    MiningConfig(source=str(repo.path), open_file=True)
+  splits = mine(MiningConfig(
+      source=str(repo.path), granularity="hunk", context_lines=3, edit_format="line_edit",
+      oracle_context_lines=0, test_fraction=0.0, open_file=True)).splits["train"]
+  task, = [t for t in splits if "Change" in t.prompt and "a.py" in t.extra["oracle"]]
+  assert task.extra["open_file"] == "a.py"
+  assert task.reference.endswith("<solution>\n<<<<<<< LINES 15-15\nline fifteen\n"
+                                 ">>>>>>> REPLACE\n</solution>")
+  reward = diffs.diff_reward([task, task], [task.reference,
+                                            task.reference.replace("fifteen", "XV")])
+  assert reward.metrics["format_valid"] == 1.0 and reward.metrics["exact"] == 0.5
+  # A PR unit that shows both files has no open file: its blocks name their paths.
+  pr_task, = [t for t in mine(MiningConfig(
+      source=str(repo.path), granularity="pr", context_lines=3, edit_format="line_edit",
+      oracle_context_lines=0, test_fraction=0.0, open_file=True)).splits["train"]
+      if "Change" in t.prompt]
+  assert "open_file" not in pr_task.extra and "### a.py\n<<<<<<<" in pr_task.reference
 
 
 def test_fit_context_counts():

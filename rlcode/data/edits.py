@@ -71,7 +71,7 @@ _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _NUMBERED_RE = re.compile(r"^\d+\|")
 _OMITTED_RE = re.compile(r"^\[\.\.\. lines \d+-\d+ not shown \.\.\.\]$")
 # One line-edit block: "### path", the numbered range, whole replacement lines, the end.
-_LINES_RE = re.compile(r"^### (.*)\n<<<<<<< LINES (\d+)-(\d+)\n((?:.*\n)*?)>>>>>>> REPLACE$",
+_LINES_RE = re.compile(r"^(?:### (.*)\n)?<<<<<<< LINES (\d+)-(\d+)\n((?:.*\n)*?)>>>>>>> REPLACE$",
                        re.MULTILINE)
 
 _LANGUAGE_TAGS = {
@@ -340,16 +340,26 @@ def number_lines(text: str, first: int = 1) -> str:
   return "".join(f"{first + k}|{line}" for k, line in enumerate(split_keepends(text)))
 
 
-def parse_line_edits(solution: str) -> dict[str, list[tuple[int, int, str]]]:
+def parse_line_edits(solution: str, open_file: str = ""
+                     ) -> dict[str, list[tuple[int, int, str]]]:
   """path -> [(first, last, new text), ...] in the order the blocks appear.
 
   LINES A-B replaces lines A..B (1-based, inclusive) of the file as it was
   before any block of the answer; B = A - 1 is an empty range (insert before
   line A). The new text is the block's whole lines, each with its newline
   ("" deletes the range). Lines outside blocks (fences, prose) are ignored.
+  A block's "### path" line names its file; `open_file` is the file of a block
+  without one (the one file a prompt shows, as an editor's open file).
+
+  Raises:
+    FormatError: a block without a path when there is no open file ("no_path").
   """
   edits: dict[str, list[tuple[int, int, str]]] = {}
   for path, first, last, text in _LINES_RE.findall(solution):
+    path = path or open_file
+    if not path:
+      raise FormatError("no_path", f"LINES {first}-{last} has no '### path' line before it, "
+                        "and the prompt shows more than one file")
     edits.setdefault(path, []).append((int(first), int(last), text))
   return edits
 
@@ -393,8 +403,11 @@ def apply_line_edits(files: Mapping[str, str],
 # Completion -> new contents.
 
 def apply_completion(completion: str, files: Mapping[str, str],
-                     edit_format: str = "search_replace") -> dict[str, str]:
+                     edit_format: str = "search_replace", open_file: str = "") -> dict[str, str]:
   """path -> new content for every file the completion edits.
+
+  `open_file`: line_edit only, the file of a block that names none (the task's
+  `extra["open_file"]`: the one file its prompt shows; parse_line_edits).
 
   Raises:
     FormatError: anything that keeps the completion from applying.
@@ -410,7 +423,7 @@ def apply_completion(completion: str, files: Mapping[str, str],
       raise FormatError("no_edits", "no SEARCH/REPLACE block in the solution")
     return apply_search_replace(files, edits)
   if edit_format == "line_edit":
-    blocks = parse_line_edits(solution)
+    blocks = parse_line_edits(solution, open_file)
     if not blocks:
       raise FormatError("no_edits", "no LINES block in the solution")
     return apply_line_edits(files, blocks)
@@ -502,11 +515,13 @@ def _file_blocks(path: str, old: str, new: str, context: int) -> list[str]:
   return blocks
 
 
-def _line_blocks(path: str, old: str, new: str, context: int) -> list[str]:
+def _line_blocks(path: str, old: str, new: str, context: int, named: bool = True) -> list[str]:
   """LINES blocks taking `old` to `new`: one per hunk of `context` unchanged lines
-  around its change (numbers of `old`; a pure insertion is an empty range)."""
+  around its change (numbers of `old`; a pure insertion is an empty range);
+  named=False leaves out the "### path" line (the open file's blocks)."""
   a, b, groups = line_hunks(old, new, context)
-  return [f"### {path}\n<<<<<<< LINES {i1 + 1}-{i2}\n"
+  head = f"### {path}\n" if named else ""
+  return [f"{head}<<<<<<< LINES {i1 + 1}-{i2}\n"
           + "".join(line if line.endswith("\n") else line + "\n" for line in b[j1:j2])
           + ">>>>>>> REPLACE" for i1, i2, j1, j2 in groups]
 
@@ -545,13 +560,14 @@ def _range(start: int, stop: int) -> str:
 def oracle_completion(files: Mapping[str, str], oracle: Mapping[str, str],
                       edit_format: str = "search_replace",
                       thought: str = "The change follows the request.",
-                      context_lines: int = 3) -> str:
+                      context_lines: int = 3, open_file: str = "") -> str:
   """A completion in `edit_format` that takes `files` to `oracle` exactly.
 
   `context_lines`: the unchanged lines each SEARCH/REPLACE or LINES block
   starts with around its change (3, as a unified diff's hunks; 0, the changed
   lines only; a SEARCH text is widened just enough to be unique). A unified
-  diff always has 3.
+  diff always has 3. `open_file` (line_edit only): that file's blocks leave
+  out their "### path" line (apply_completion's open_file).
 
   Raises:
     ValueError: the format cannot express the change (for example a SEARCH
@@ -569,13 +585,13 @@ def oracle_completion(files: Mapping[str, str], oracle: Mapping[str, str],
     if edit_format == "search_replace":
       parts.extend(_file_blocks(path, old, new, context_lines))
     elif edit_format == "line_edit":
-      parts.extend(_line_blocks(path, old, new, context_lines))
+      parts.extend(_line_blocks(path, old, new, context_lines, named=path != open_file))
     else:
       parts.append("```diff\n" + _render_unified_diff(path, old, new) + "\n```")
   completion = (f"{THINK_START}\n{thought}\n{THINK_END}\n{SOLUTION_START}\n"
                 + "\n\n".join(parts) + f"\n{SOLUTION_END}")
   try:
-    applied = apply_completion(completion, files, edit_format)
+    applied = apply_completion(completion, files, edit_format, open_file)
   except FormatError as e:
     raise ValueError(f"the oracle cannot be written as {edit_format}: {e}") from e
   for path in sorted(set(applied) | set(oracle)):
@@ -682,7 +698,8 @@ def build_prompt(request: str, files: Mapping[str, str],
                  edit_format: str = "search_replace",
                  new_files: Iterable[str] = (),
                  applied_diff: str = "",
-                 instructions: bool = True) -> str:
+                 instructions: bool = True,
+                 open_file: bool = False) -> str:
   """The prompt of a diff task.
 
   Args:
@@ -698,6 +715,8 @@ def build_prompt(request: str, files: Mapping[str, str],
     instructions: explain the answer format with an example (True), or name it
       in one closing line (False: about 400 fewer tokens, for a policy that
       learns the format from a warm start).
+    open_file: line_edit with one file shown: its edits may leave out the "### path"
+      line (apply_completion's open_file); the instructions say so.
   """
   if edit_format not in EDIT_FORMATS:
     raise ValueError(f"edit_format={edit_format!r}; expected one of "
@@ -729,7 +748,13 @@ def build_prompt(request: str, files: Mapping[str, str],
     parts.append("--- END FILE ---")
   if not instructions:
     return "\n".join(parts + ["", _BRIEF[edit_format]])
-  parts += ["", "Make the requested change. " + _HOWTO[edit_format]]
+  howto = _HOWTO[edit_format]
+  if open_file:
+    if edit_format != "line_edit" or len(files) != 1:
+      raise ValueError("open_file: only a line_edit prompt that shows one file has an open "
+                       f"file (edit_format={edit_format!r}, {len(files)} files)")
+    howto += ("\n\nOne file is shown, so its edits may leave out the \"### \" line.")
+  parts += ["", "Make the requested change. " + howto]
   return "\n".join(parts)
 
 

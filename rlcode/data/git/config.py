@@ -102,6 +102,10 @@ class MiningConfig:
       how long the reference is. Must be 3 for "unified_diff".
     instructions: the prompt explains the answer format with an example
       (True) or names it in one line (False; rlcode.data.edits.build_prompt).
+    open_file: line_edit only: when a task's prompt shows one file, that file is
+      open (as an editor's): blocks without a "### path" line edit it, the
+      reference leaves the line out, and the task records the path as
+      `extra["open_file"]` for the rewards (rlcode.data.edits.apply_completion).
     test_fraction: the latest fraction of kept PRs that form the test split
       (PRs at the boundary time all go to test).
     validation_fraction: this fraction of the kept PRs, the latest before the
@@ -141,6 +145,7 @@ class MiningConfig:
   context_lines: int = 0
   oracle_context_lines: int = 3
   instructions: bool = True
+  open_file: bool = False
   test_fraction: float | None = 0.1
   validation_fraction: float = 0.0
   test_after: str | None = None
@@ -175,6 +180,9 @@ class MiningConfig:
                        "expected 0 (whole files) or at least 3")
     if self.oracle_context_lines < 0:
       raise ValueError(f"MiningConfig.oracle_context_lines={self.oracle_context_lines} < 0")
+    if self.open_file and self.edit_format != "line_edit":
+      raise ValueError(f"MiningConfig.open_file needs edit_format='line_edit' (blocks that may "
+                       f"leave their path out), got {self.edit_format!r}")
     if self.edit_format == "unified_diff" and self.oracle_context_lines != 3:
       raise ValueError(f"MiningConfig.oracle_context_lines={self.oracle_context_lines}: a "
                        "unified diff's reference always has 3 context lines")

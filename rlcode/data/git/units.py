@@ -162,15 +162,25 @@ def decompose(pr: Pr, granularity: str) -> list[Unit]:
   return units
 
 
-def validate(unit: Unit, edit_format: str, context_lines: int = 3) -> str:
-  """The unit's reference completion (blocks with `context_lines` unchanged lines,
-  rlcode.data.edits.oracle_completion); raises Skip when it is unusable."""
+def open_file(unit: Unit, config: MiningConfig) -> str:
+  """The file a task's prompt shows alone, when `config.open_file` asks for one (line
+  edits: its blocks may leave the path out); "" otherwise."""
+  if not config.open_file:
+    return ""
+  shown = unit.oracle if config.context_lines else unit.files
+  return next(iter(shown)) if len(shown) == 1 else ""
+
+
+def validate(unit: Unit, edit_format: str, context_lines: int = 3, open_path: str = "") -> str:
+  """The unit's reference completion (blocks with `context_lines` unchanged lines, those
+  of `open_path` without a path line: rlcode.data.edits.oracle_completion); raises Skip
+  when it is unusable."""
   for path, content in unit.oracle.items():
     if not edits.normalized_patch(unit.files[path], content):
       raise Skip("invisible_change")
   try:
     return edits.oracle_completion(unit.files, unit.oracle, edit_format,
-                                   context_lines=context_lines)
+                                   context_lines=context_lines, open_file=open_path)
   except ValueError:
     raise Skip("oracle_not_expressible") from None
 
@@ -196,10 +206,12 @@ def make_task(pr: Pr, unit: Unit, granularity: str, reference: str,
   elif config.edit_format == "line_edit":
     shown = {p: edits.number_lines(text) for p, text in shown.items()}
   tests, tests_extra = _tests_fields(unit)
+  open_path = open_file(unit, config)
   return Task(
       id=unit.id,
       prompt=edits.build_prompt(unit.request, shown, config.edit_format, unit.new_files,
-                                applied_diff, instructions=config.instructions),
+                                applied_diff, instructions=config.instructions,
+                                open_file=bool(open_path)),
       kind="diff",
       reference=reference,
       tests=tests,
@@ -212,5 +224,6 @@ def make_task(pr: Pr, unit: Unit, granularity: str, reference: str,
           "pr": pr.sha,
           "time": pr.change.commit.time,
           "unit": granularity,
+          **({"open_file": open_path} if open_path else {}),
           **tests_extra,
       })
