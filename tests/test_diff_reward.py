@@ -196,6 +196,27 @@ def test_line_edits_replace_insert_delete_by_the_original_numbers():
       "f.py": "l1\nl2\nl3\nl4\nfive\n"}
 
 
+def test_line_edit_ranges_by_first_line_and_length():
+  # A+N names the N lines from line A: the same edits as A-B, A+0 an insertion.
+  def counted(path, first, n, text):
+    return f"### {path}\n<<<<<<< LINES {first}+{n}\n{text}>>>>>>> REPLACE"
+  assert edits.parse_line_edits(answer(counted("f.py", 1, 0, "top\n"),
+                                       counted("f.py", 2, 2, "x\n"))) == {
+      "f.py": [(1, 0, "top\n"), (2, 3, "x\n")]}
+  completion = answer(counted("f.py", 1, 0, "top\n"), lines_block("f.py", 2, 2, "two\n"),
+                      counted("f.py", 4, 1, ""))
+  assert edits.apply_completion(completion, {"f.py": FIVE}, "line_edit") == {
+      "f.py": "top\nl1\ntwo\nl3\nl5\n"}
+  # A length past the file's end is a bad range like any other.
+  assert diffs.score_details(answer(counted("f.py", 5, 2, "x\n")), {"f.py": FIVE},
+                             {"f.py": FIVE}, "line_edit")[1]["error"] == "bad_range"
+  files, oracle = {"f.py": FIVE}, {"f.py": "l1\nL2\nL3\nl4\nl5\nl6\n"}
+  ref = edits.oracle_completion(files, oracle, "line_edit", context_lines=0, line_counts=True)
+  assert "<<<<<<< LINES 2+2\nL2\nL3\n>>>>>>> REPLACE" in ref
+  assert "<<<<<<< LINES 6+0\nl6\n>>>>>>> REPLACE" in ref
+  assert diffs.score(ref, files, oracle, "line_edit") == 1.0
+
+
 def test_line_edits_new_file_and_a_last_line_without_newline():
   assert edits.apply_completion(answer(lines_block("n.py", 1, 0, "x = 1\n")), {},
                                 "line_edit") == {"n.py": "x = 1\n"}

@@ -269,8 +269,9 @@ def test_an_open_file_task_leaves_the_path_out_and_is_scored_with_it(tmp_path):
   repo.commit("Add", {"a.py": "".join(lines), "b.py": "b\n"})
   lines[14] = "line fifteen\n"
   repo.commit("Change", {"a.py": "".join(lines), "b.py": "B\n"})
-  with pytest.raises(ValueError, match="open_file needs edit_format='line_edit'"):
-    MiningConfig(source=str(repo.path), open_file=True)
+  for name in ("open_file", "line_counts"):
+    with pytest.raises(ValueError, match=f"{name} needs edit_format='line_edit'"):
+      MiningConfig(source=str(repo.path), **{name: True})
   splits = mine(MiningConfig(
       source=str(repo.path), granularity="hunk", context_lines=3, edit_format="line_edit",
       oracle_context_lines=0, test_fraction=0.0, open_file=True)).splits["train"]
@@ -287,6 +288,13 @@ def test_an_open_file_task_leaves_the_path_out_and_is_scored_with_it(tmp_path):
       oracle_context_lines=0, test_fraction=0.0, open_file=True)).splits["train"]
       if "Change" in t.prompt]
   assert "open_file" not in pr_task.extra and "### a.py\n<<<<<<<" in pr_task.reference
+  # References by first line and length (line_counts).
+  task, = [t for t in mine(MiningConfig(
+      source=str(repo.path), granularity="hunk", context_lines=3, edit_format="line_edit",
+      oracle_context_lines=0, test_fraction=0.0, open_file=True, line_counts=True)
+  ).splits["train"] if "Change" in t.prompt and "a.py" in t.extra["oracle"]]
+  assert "<<<<<<< LINES 15+1\nline fifteen\n>>>>>>> REPLACE" in task.reference
+  assert diffs.diff_reward([task], [task.reference]).metrics["exact"] == 1.0
 
 
 def test_fit_context_counts():

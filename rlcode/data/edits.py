@@ -71,7 +71,7 @@ _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 _NUMBERED_RE = re.compile(r"^\d+\|")
 _OMITTED_RE = re.compile(r"^\[\.\.\. lines \d+-\d+ not shown \.\.\.\]$")
 # One line-edit block: "### path", the numbered range, whole replacement lines, the end.
-_LINES_RE = re.compile(r"^(?:### (.*)\n)?<<<<<<< LINES (\d+)-(\d+)\n((?:.*\n)*?)>>>>>>> REPLACE$",
+_LINES_RE = re.compile(r"^(?:### (.*)\n)?<<<<<<< LINES (\d+)([-+])(\d+)\n((?:.*\n)*?)>>>>>>> REPLACE$",
                        re.MULTILINE)
 
 _LANGUAGE_TAGS = {
@@ -346,7 +346,8 @@ def parse_line_edits(solution: str, open_file: str = ""
 
   LINES A-B replaces lines A..B (1-based, inclusive) of the file as it was
   before any block of the answer; B = A - 1 is an empty range (insert before
-  line A). The new text is the block's whole lines, each with its newline
+  line A). LINES A+N is the same range by its length: the N lines from line A
+  (A+0 inserts before line A), as a unified diff's hunk header counts. The new text is the block's whole lines, each with its newline
   ("" deletes the range). Lines outside blocks (fences, prose) are ignored.
   A block's "### path" line names its file; `open_file` is the file of a block
   without one (the one file a prompt shows, as an editor's open file).
@@ -355,12 +356,13 @@ def parse_line_edits(solution: str, open_file: str = ""
     FormatError: a block without a path when there is no open file ("no_path").
   """
   edits: dict[str, list[tuple[int, int, str]]] = {}
-  for path, first, last, text in _LINES_RE.findall(solution):
+  for path, first, sign, other, text in _LINES_RE.findall(solution):
     path = path or open_file
     if not path:
-      raise FormatError("no_path", f"LINES {first}-{last} has no '### path' line before it, "
-                        "and the prompt shows more than one file")
-    edits.setdefault(path, []).append((int(first), int(last), text))
+      raise FormatError("no_path", f"LINES {first}{sign}{other} has no '### path' line before "
+                        "it, and the prompt shows more than one file")
+    last = int(other) if sign == "-" else int(first) + int(other) - 1
+    edits.setdefault(path, []).append((int(first), last, text))
   return edits
 
 
@@ -515,13 +517,15 @@ def _file_blocks(path: str, old: str, new: str, context: int) -> list[str]:
   return blocks
 
 
-def _line_blocks(path: str, old: str, new: str, context: int, named: bool = True) -> list[str]:
+def _line_blocks(path: str, old: str, new: str, context: int, named: bool = True,
+                 counted: bool = False) -> list[str]:
   """LINES blocks taking `old` to `new`: one per hunk of `context` unchanged lines
   around its change (numbers of `old`; a pure insertion is an empty range);
-  named=False leaves out the "### path" line (the open file's blocks)."""
+  named=False leaves out the "### path" line (the open file's blocks); counted=True
+  writes each range as its first line and length (A+N) instead of A-B."""
   a, b, groups = line_hunks(old, new, context)
   head = f"### {path}\n" if named else ""
-  return [f"{head}<<<<<<< LINES {i1 + 1}-{i2}\n"
+  return [f"{head}<<<<<<< LINES {i1 + 1}{f'+{i2 - i1}' if counted else f'-{i2}'}\n"
           + "".join(line if line.endswith("\n") else line + "\n" for line in b[j1:j2])
           + ">>>>>>> REPLACE" for i1, i2, j1, j2 in groups]
 
@@ -560,14 +564,16 @@ def _range(start: int, stop: int) -> str:
 def oracle_completion(files: Mapping[str, str], oracle: Mapping[str, str],
                       edit_format: str = "search_replace",
                       thought: str = "The change follows the request.",
-                      context_lines: int = 3, open_file: str = "") -> str:
+                      context_lines: int = 3, open_file: str = "",
+                      line_counts: bool = False) -> str:
   """A completion in `edit_format` that takes `files` to `oracle` exactly.
 
   `context_lines`: the unchanged lines each SEARCH/REPLACE or LINES block
   starts with around its change (3, as a unified diff's hunks; 0, the changed
   lines only; a SEARCH text is widened just enough to be unique). A unified
   diff always has 3. `open_file` (line_edit only): that file's blocks leave
-  out their "### path" line (apply_completion's open_file).
+  out their "### path" line (apply_completion's open_file). `line_counts`
+  (line_edit only): ranges as A+N (first line and length) rather than A-B.
 
   Raises:
     ValueError: the format cannot express the change (for example a SEARCH
@@ -585,7 +591,8 @@ def oracle_completion(files: Mapping[str, str], oracle: Mapping[str, str],
     if edit_format == "search_replace":
       parts.extend(_file_blocks(path, old, new, context_lines))
     elif edit_format == "line_edit":
-      parts.extend(_line_blocks(path, old, new, context_lines, named=path != open_file))
+      parts.extend(_line_blocks(path, old, new, context_lines, named=path != open_file,
+                                counted=line_counts))
     else:
       parts.append("```diff\n" + _render_unified_diff(path, old, new) + "\n```")
   completion = (f"{THINK_START}\n{thought}\n{THINK_END}\n{SOLUTION_START}\n"
@@ -666,7 +673,7 @@ Write the change as *LINES* edits. The files above show each line's number \
 before a "|". Each edit holds, in this order:
 1. a line "### " followed by the file path
 2. the line <<<<<<< LINES A-B, to replace lines A to B (A-B with B = A - 1 \
-inserts before line A)
+inserts before line A), or <<<<<<< LINES A+N, to replace the N lines from line A
 3. the lines that replace them, without numbers (none deletes the lines)
 4. the line >>>>>>> REPLACE
 

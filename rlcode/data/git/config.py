@@ -106,6 +106,9 @@ class MiningConfig:
       open (as an editor's): blocks without a "### path" line edit it, the
       reference leaves the line out, and the task records the path as
       `extra["open_file"]` for the rewards (rlcode.data.edits.apply_completion).
+    line_counts: line_edit only: the references write each range as its first
+      line and length (LINES A+N) rather than its first and last (A-B); answers
+      may use either.
     test_fraction: the latest fraction of kept PRs that form the test split
       (PRs at the boundary time all go to test).
     validation_fraction: this fraction of the kept PRs, the latest before the
@@ -146,6 +149,7 @@ class MiningConfig:
   oracle_context_lines: int = 3
   instructions: bool = True
   open_file: bool = False
+  line_counts: bool = False
   test_fraction: float | None = 0.1
   validation_fraction: float = 0.0
   test_after: str | None = None
@@ -180,9 +184,10 @@ class MiningConfig:
                        "expected 0 (whole files) or at least 3")
     if self.oracle_context_lines < 0:
       raise ValueError(f"MiningConfig.oracle_context_lines={self.oracle_context_lines} < 0")
-    if self.open_file and self.edit_format != "line_edit":
-      raise ValueError(f"MiningConfig.open_file needs edit_format='line_edit' (blocks that may "
-                       f"leave their path out), got {self.edit_format!r}")
+    for name in ("open_file", "line_counts"):
+      if getattr(self, name) and self.edit_format != "line_edit":
+        raise ValueError(f"MiningConfig.{name} needs edit_format='line_edit' (LINES blocks), "
+                         f"got {self.edit_format!r}")
     if self.edit_format == "unified_diff" and self.oracle_context_lines != 3:
       raise ValueError(f"MiningConfig.oracle_context_lines={self.oracle_context_lines}: a "
                        "unified diff's reference always has 3 context lines")

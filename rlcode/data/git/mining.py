@@ -293,7 +293,7 @@ def _units(pr: Pr, config: MiningConfig, dropped: collections.Counter) -> dict[s
     for unit in decompose(pr, granularity):
       try:
         valid.append((unit, validate(unit, config.edit_format, config.oracle_context_lines,
-                                     open_file(unit, config))))
+                                     open_file(unit, config), config.line_counts)))
       except Skip as s:
         if granularity == config.granularity:
           dropped[s.reason] += 1

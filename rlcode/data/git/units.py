@@ -171,16 +171,18 @@ def open_file(unit: Unit, config: MiningConfig) -> str:
   return next(iter(shown)) if len(shown) == 1 else ""
 
 
-def validate(unit: Unit, edit_format: str, context_lines: int = 3, open_path: str = "") -> str:
+def validate(unit: Unit, edit_format: str, context_lines: int = 3, open_path: str = "",
+             line_counts: bool = False) -> str:
   """The unit's reference completion (blocks with `context_lines` unchanged lines, those
-  of `open_path` without a path line: rlcode.data.edits.oracle_completion); raises Skip
-  when it is unusable."""
+  of `open_path` without a path line, ranges as A+N with `line_counts`:
+  rlcode.data.edits.oracle_completion); raises Skip when it is unusable."""
   for path, content in unit.oracle.items():
     if not edits.normalized_patch(unit.files[path], content):
       raise Skip("invisible_change")
   try:
     return edits.oracle_completion(unit.files, unit.oracle, edit_format,
-                                   context_lines=context_lines, open_file=open_path)
+                                   context_lines=context_lines, open_file=open_path,
+                                   line_counts=line_counts)
   except ValueError:
     raise Skip("oracle_not_expressible") from None
 
