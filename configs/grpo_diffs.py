@@ -69,6 +69,8 @@ def get_config():
   # The one file a hunk's prompt shows is open: its blocks leave the "### path" line out
   # (the tiny policy recalled paths of other tasks instead of copying this one).
   config.data.mining.open_file = True
+  # True: references give ranges as LINES A+N (first line, length) instead of A-B.
+  config.data.mining.line_counts = False
 
   config.rewards = ml_collections.ConfigDict({"diff": 1.0})
   config.reward_options = ml_collections.ConfigDict({"diff": {}})
