@@ -70,9 +70,10 @@ _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 # lines a prompt leaves out (`omitted_lines`).
 _NUMBERED_RE = re.compile(r"^\d+\|")
 _OMITTED_RE = re.compile(r"^\[\.\.\. lines \d+-\d+ not shown \.\.\.\]$")
-# One line-edit block: "### path", the numbered range, whole replacement lines, the end.
-_LINES_RE = re.compile(r"^(?:### (.*)\n)?<<<<<<< LINES (\d+)([-+])(\d+)\n((?:.*\n)*?)>>>>>>> REPLACE$",
-                       re.MULTILINE)
+# One line-edit block: "### path" (optional: an open file's), the range (A-B or A+N),
+# whole replacement lines, the end.
+_LINES_RE = re.compile(
+    r"^(?:### (.*)\n)?<<<<<<< LINES (\d+)([-+])(\d+)\n((?:.*\n)*?)>>>>>>> REPLACE$", re.MULTILINE)
 
 _LANGUAGE_TAGS = {
     ".py": "python", ".pyi": "python", ".js": "javascript", ".jsx": "javascript",
@@ -347,8 +348,9 @@ def parse_line_edits(solution: str, open_file: str = ""
   LINES A-B replaces lines A..B (1-based, inclusive) of the file as it was
   before any block of the answer; B = A - 1 is an empty range (insert before
   line A). LINES A+N is the same range by its length: the N lines from line A
-  (A+0 inserts before line A), as a unified diff's hunk header counts. The new text is the block's whole lines, each with its newline
-  ("" deletes the range). Lines outside blocks (fences, prose) are ignored.
+  (A+0 inserts before line A), as a unified diff's hunk header counts. The new
+  text is the block's whole lines, each with its newline ("" deletes the
+  range). Lines outside blocks (fences, prose) are ignored.
   A block's "### path" line names its file; `open_file` is the file of a block
   without one (the one file a prompt shows, as an editor's open file).
 
