@@ -17,13 +17,13 @@ import pytest
 from flax import nnx
 
 from rlcode import checkpoint, config_lib, evaluate, rollout, sft, sharding, train
-from rlcode.rewards import diffs
 from rlcode.data import edits, sources
 from rlcode.data.git import EmptyRepositoryError, MiningConfig, NotARepositoryError, mine
 from rlcode.data.tasks import Task
 from rlcode.metrics import read_metrics
 from rlcode.models.build import build_model
 from rlcode.models.tokenizer import ByteTokenizer
+from rlcode.rewards import diffs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "grpo_diffs.py")

@@ -68,7 +68,7 @@ from rlcode.data.git.excerpts import window
 from rlcode.data.git.repo import (Blobs, Commit, Entry, Git, GitError, ShallowHistoryError,
                                   checkout)
 from rlcode.data.git.units import (Change, FileChange, Pr, Skip, Tests, decompose, make_task,
-                                   open_file, validate)
+                                   validate)
 from rlcode.data.tasks import Task
 
 _SUBMODULE, _SYMLINK = "160000", "120000"
@@ -292,8 +292,7 @@ def _units(pr: Pr, config: MiningConfig, dropped: collections.Counter) -> dict[s
     valid = []
     for unit in decompose(pr, granularity):
       try:
-        valid.append((unit, validate(unit, config.edit_format, config.oracle_context_lines,
-                                     open_file(unit, config), config.line_counts)))
+        valid.append((unit, validate(unit, config)))
       except Skip as s:
         if granularity == config.granularity:
           dropped[s.reason] += 1

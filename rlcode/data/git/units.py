@@ -167,22 +167,24 @@ def open_file(unit: Unit, config: MiningConfig) -> str:
   edits: its blocks may leave the path out); "" otherwise."""
   if not config.open_file:
     return ""
+  # As make_task shows them: excerpts of the changed files, or every file whole.
   shown = unit.oracle if config.context_lines else unit.files
   return next(iter(shown)) if len(shown) == 1 else ""
 
 
-def validate(unit: Unit, edit_format: str, context_lines: int = 3, open_path: str = "",
-             line_counts: bool = False) -> str:
-  """The unit's reference completion (blocks with `context_lines` unchanged lines, those
-  of `open_path` without a path line, ranges as A+N with `line_counts`:
-  rlcode.data.edits.oracle_completion); raises Skip when it is unusable."""
+def validate(unit: Unit, config: MiningConfig) -> str:
+  """The unit's reference completion in `config.edit_format` (blocks with
+  `config.oracle_context_lines` unchanged lines, the open file's without a path line,
+  ranges as A+N with `config.line_counts`: rlcode.data.edits.oracle_completion); raises
+  Skip when it is unusable."""
   for path, content in unit.oracle.items():
     if not edits.normalized_patch(unit.files[path], content):
       raise Skip("invisible_change")
   try:
-    return edits.oracle_completion(unit.files, unit.oracle, edit_format,
-                                   context_lines=context_lines, open_file=open_path,
-                                   line_counts=line_counts)
+    return edits.oracle_completion(unit.files, unit.oracle, config.edit_format,
+                                   context_lines=config.oracle_context_lines,
+                                   open_file=open_file(unit, config),
+                                   line_counts=config.line_counts)
   except ValueError:
     raise Skip("oracle_not_expressible") from None
 
