@@ -13,7 +13,8 @@ message; the prompt shows the lines within 3 of the change, each with its
 number (`context_lines=3`), and names the answer format in one line
 (`instructions=False`: the warm start teaches it); the answer is LINES blocks
 (`edit_format="line_edit"`: the range to replace by number, then the new
-lines; nothing of the old text is copied) holding only the changed lines
+lines; nothing of the old text is copied; the range as `LINES A+N`, its first
+line and length: `line_counts=True`) holding only the changed lines
 (`oracle_context_lines=0`). Splits by commit time: the latest 15% of the PRs
 are the test split, the 15% before them the validation split (the eval rows),
 the rest train.
@@ -29,15 +30,15 @@ validation tasks x 2 samples at T=1) carry `eval/diff/format_valid`,
 `eval/diff/reward_mean`, `eval/diff/exact`.
 
 Measured (experiments/grpo_diffs_seeds.py --no-control, seeds 0-2, 2 quiet CPU
-cores, 15-17 minutes a seed): format validity a miss, a reward gain on every
-seed. After the warm start validation format_valid is 0.565 +- 0.016 (the
-target is 0.9; 0.306 +- 0.037 when blocks had to name their file); from the
-first eval row to the last the validation reward rises by 0.130 +- 0.029
-(0.135, 0.078, 0.177 by seed) and the test split's by 0.063 +- 0.068, while
-exact matches fall (test 0.083 -> 0.020): GRPO turns format errors into valid
-edits that resemble the real change rather than make it. With SEARCH/REPLACE
-answers (this config until 2026-12-02) every answer was a format error.
-experiments/README.md (grpo_diffs) has the tables.
+cores, 16-18 minutes a seed): format validity a miss, a reward gain on every
+seed. After the warm start validation format_valid is 0.685 +- 0.023 (the
+target is 0.9; 0.565 +- 0.016 with A-B ranges, 0.306 +- 0.037 when blocks had
+to name their file); from the first eval row to the last the validation reward
+rises by 0.173 +- 0.017 (0.206, 0.167, 0.147 by seed) and the test split's by
+0.040 +- 0.058, while exact matches fall (test 0.093 -> 0.030): GRPO turns
+format errors into valid edits that resemble the real change rather than make
+it. With SEARCH/REPLACE answers (this config until 2026-12-02) every answer was
+a format error. experiments/README.md (grpo_diffs) has the tables.
 """
 
 import ml_collections
@@ -69,8 +70,9 @@ def get_config():
   # The one file a hunk's prompt shows is open: its blocks leave the "### path" line out
   # (the tiny policy recalled paths of other tasks instead of copying this one).
   config.data.mining.open_file = True
-  # True: references give ranges as LINES A+N (first line, length) instead of A-B.
-  config.data.mining.line_counts = False
+  # References give ranges as LINES A+N (first line, length), which cannot come out
+  # reversed; False: LINES A-B (first and last line). Answers may use either.
+  config.data.mining.line_counts = True
 
   config.rewards = ml_collections.ConfigDict({"diff": 1.0})
   config.reward_options = ml_collections.ConfigDict({"diff": {}})
