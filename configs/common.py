@@ -61,3 +61,24 @@ def edit_history_mining() -> ml_collections.ConfigDict:
       oracle_context_lines=0, instructions=False, test_fraction=0.15,
       validation_fraction=0.15, tests_hidden=("tests/test_*.py",),
       tests_visible=("checks/test_*.py",), tests_support=("toolkit/*.py",)))
+
+
+# A second generated history (data/make_edit_history.py --seed 1 --commits 1500), for
+# warm starts only: the same kinds of edit to the same 24 modules, other code and commits.
+EDIT_HISTORY_PRACTICE = "data/repos/edit-history-practice.bundle"
+
+
+def practice_data(mining: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+  """A `warmstart.data` section: every hunk of the practice history, mined as `mining`
+  (its answer format and excerpts follow `mining`'s, overrides included), all of it
+  train and without tests (every task would hold every module as a support file)."""
+  data = ml_collections.ConfigDict(dict(
+      source="git", repo=EDIT_HISTORY_PRACTICE, data_dir="", train_split="train"))
+  data.mining = edit_history_mining()
+  for key in ("edit_format", "context_lines", "oracle_context_lines", "instructions",
+              "open_file", "line_counts"):
+    if key in mining:
+      data.mining[key] = mining.get_ref(key)
+  data.mining.update(test_fraction=0.0, validation_fraction=0.0, tests_hidden=(),
+                     tests_visible=(), tests_support=())
+  return data

@@ -1,14 +1,15 @@
 """configs/grpo_diffs.py over seeds: the learning curve, the held-out result, a CE control.
 
     python experiments/grpo_diffs_seeds.py [--seeds 0 1 2] [--out DIR] [--no-control]
-        [--config.a.b=v ...]
+        [--no-held-out] [--config.a.b=v ...]
 
 For each seed, in this one process, one after another:
 1. `rlcode.train.train` on configs/grpo_diffs.py with `--config.seed=S`,
    `--config.data.test_split=test` and a warm-start cache under --out: the
    warm start, the step-0 evaluation, the GRPO steps with periodic evaluation
    on the validation split (the split the config was tuned on), and the test
-   split evaluated at the warm start and after the last step (its one look).
+   split evaluated at the warm start and after the last step (its one look;
+   --no-held-out leaves it alone, for probes that choose between settings).
 2. The cross-entropy control: the same warm start (loaded from the cache)
    trained on with supervised steps for as long as the GRPO steps took
    (sampling, reward and update seconds; experiments/ce_control.py), then
@@ -54,6 +55,8 @@ def eval_splits(config, graphdef, params, tokenizer, mesh) -> dict:
   """held_out_eval of params on the eval split ("eval") and the test split ("test")."""
   out = {}
   for name, split in (("eval", config.data.eval_split), ("test", config.data.test_split)):
+    if not split:
+      continue
     tasks, _ = rollout.fit_tasks(sources.load(config.data, split), tokenizer, split=name,
                                  max_seq_len=config.model.arch.max_seq_len,
                                  max_new_tokens=config.eval.max_new_tokens,
@@ -63,10 +66,12 @@ def eval_splits(config, graphdef, params, tokenizer, mesh) -> dict:
   return out
 
 
-def run_seed(seed: int, out: str, overrides: list[str], control: bool = True) -> dict:
+def run_seed(seed: int, out: str, overrides: list[str], control: bool = True,
+             held_out: bool = True) -> dict:
   workdir = os.path.join(out, f"seed{seed}")
   config = config_lib.load_config(CONFIG, overrides + [
-      f"--config.seed={seed}", f"--config.workdir={workdir}", "--config.data.test_split=test",
+      f"--config.seed={seed}", f"--config.workdir={workdir}",
+      f"--config.data.test_split={'test' if held_out else ''}",
       f"--config.warmstart.cache_dir={os.path.join(out, 'warm_start')}",
       "--config.train.progress_bar=false"])
   if os.path.exists(os.path.join(workdir, "checkpoints")):
@@ -84,8 +89,10 @@ def run_seed(seed: int, out: str, overrides: list[str], control: bool = True) ->
                                                  for k in KEYS}}
   result = {
       "seed": seed, **run, "grpo_seconds": grpo_seconds, "grpo_steps": len(steps),
-      "warm_start": {"eval": _pick(evals[0], "eval"), "test": _pick(tests[0], "test")},
-      "grpo": {"eval": _pick(evals[-1], "eval"), "test": _pick(tests[-1], "test")},
+      "warm_start": {"eval": _pick(evals[0], "eval"),
+                     **({"test": _pick(tests[0], "test")} if tests else {})},
+      "grpo": {"eval": _pick(evals[-1], "eval"),
+               **({"test": _pick(tests[-1], "test")} if tests else {})},
       "curve": curve, "groups_with_signal": [r["groups_with_signal"] for r in steps],
       "sft": next(r for r in read_metrics(workdir) if "sft_loss_last" in r),
   }
@@ -131,6 +138,8 @@ def main():
   parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/grpo_diffs_seeds"))
   parser.add_argument("--no-control", action="store_true",
                       help="skip the cross-entropy control")
+  parser.add_argument("--no-held-out", action="store_true",
+                      help="leave the test split alone (validation rows only)")
   args, overrides = parser.parse_known_args()
   for item in overrides:
     if not item.startswith(config_lib.PREFIX):
@@ -138,10 +147,12 @@ def main():
   os.makedirs(args.out, exist_ok=True)
   runs = []
   for seed in args.seeds:
-    runs.append(run_seed(seed, args.out, overrides, control=not args.no_control))
+    runs.append(run_seed(seed, args.out, overrides, control=not args.no_control,
+                         held_out=not args.no_held_out))
     with open(os.path.join(args.out, "grpo_diffs_seeds.json"), "w") as f:
       json.dump({"runs": runs, "overrides": overrides}, f, indent=2)
-  for split, name in (("eval", "validation"), ("test", "test")):
+  splits = [("eval", "validation")] + ([] if args.no_held_out else [("test", "test")])
+  for split, name in splits:
     print(f"\n{name} split (eval.num_samples per task):")
     print(table(runs, split))
   print("\n| seed | minutes | CPU minutes | load before / after | GRPO steps | GRPO seconds |")

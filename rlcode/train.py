@@ -249,11 +249,13 @@ def warm_start_tasks(config, tokenizer, max_seq_len: int, train_tasks):
   """The warm start's tasks: the training tasks, and the train split of
   `warmstart.data` (a data section like config.data) when the config has one, fitted
   to the context as the training tasks are (dropped and counted, "data/warmstart_*").
+  A section whose `source` is "" is off (`--config.warmstart.data.source=` from the
+  command line, where a config's section cannot be deleted).
 
   Returns (tasks, counts).
   """
   extra_cfg = config.warmstart.get("data")
-  if not extra_cfg:
+  if not extra_cfg or not extra_cfg.get("source"):
     return list(train_tasks), {}
   extra, counts = rollout.fit_tasks(
       sources.load(extra_cfg, extra_cfg.train_split), tokenizer, split="warmstart",

@@ -46,6 +46,27 @@ def test_wrong_types_and_shapes_fail():
     config_lib.load_config("configs/none.py")
 
 
+def test_the_diff_warm_starts_practice_data_is_mined_as_the_tasks_are():
+  # configs/grpo_diffs.py's warmstart.data: the practice history, its answer format
+  # following config.data.mining's through overrides, all of it train, no tests; off
+  # unless its source is set.
+  path = os.path.join(ROOT, "configs", "grpo_diffs.py")
+  assert config_lib.load_config(path).warmstart.data.source == ""
+  assert config_lib.load_config(
+      path, ["--config.warmstart.data.source=git"]).warmstart.data.source == "git"
+  for value in (False, True):
+    cfg = config_lib.load_config(path, [f"--config.data.mining.line_counts={value}",
+                                        f"--config.data.mining.open_file={value}"])
+    practice = cfg.warmstart.data.mining
+    assert practice.line_counts is value and practice.open_file is value
+    assert practice.edit_format == cfg.data.mining.edit_format == "line_edit"
+    assert (practice.test_fraction, practice.validation_fraction) == (0.0, 0.0)
+    assert practice.tests_hidden == practice.tests_visible == practice.tests_support == ()
+    assert os.path.isfile(os.path.join(ROOT, cfg.warmstart.data.repo))
+  cfg = config_lib.load_config(path, ["--config.data.mining.context_lines=5"])
+  assert cfg.warmstart.data.mining.context_lines == 5
+
+
 def test_config_is_locked():
   cfg = config_lib.load_config(SAMPLE)
   with pytest.raises(AttributeError):

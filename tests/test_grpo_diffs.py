@@ -112,6 +112,18 @@ def _config(shop, tmp_path, *extra):
   return config
 
 
+def test_warm_start_tasks_add_the_extra_sections_train_split_unless_it_is_off(shop, tmp_path):
+  config = _config(shop, tmp_path)
+  own = sources.load(config.data, "train")
+  tasks, counts = train.warm_start_tasks(config, ByteTokenizer(), 4096, own)
+  assert tasks == own + own and counts == {
+      "data/warmstart_kept": len(own), "data/warmstart_prompt_too_long": 0,
+      "data/warmstart_reference_too_long": 0}
+  config = _config(shop, tmp_path)
+  config.warmstart.data.source = ""  # as --config.warmstart.data.source= sets it
+  assert train.warm_start_tasks(config, ByteTokenizer(), 4096, own) == (own, {})
+
+
 def test_grpo_steps_on_a_mined_history(shop, tmp_path):
   train.train(_config(shop, tmp_path, "--config.data.test_split=test"))
   rows = read_metrics(str(tmp_path / "work"))
