@@ -38,7 +38,8 @@ on validation and held out. After the warm start validation format_valid is
 history, 0.565 +- 0.016 with A-B ranges as well, 0.306 +- 0.037 when blocks
 had to name their file, 0.0 with SEARCH/REPLACE answers); from the first eval
 row to the last the validation reward rises by 0.061 +- 0.020 (0.025, 0.095,
-0.061 by seed) and the test split's by 0.047 +- 0.016 (every seed). No answer
+0.061 by seed; the split the rate and the practice history were chosen on) and
+the test split's by 0.047 +- 0.016 (every seed). No answer
 is the exact change. Without the practice history (and at lr 3e-4) the
 validation gain was larger (0.173 +- 0.017: GRPO taught the validity this warm
 start now teaches) and the test gain inside its noise. experiments/README.md
