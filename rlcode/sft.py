@@ -12,6 +12,7 @@ from __future__ import annotations
 import time
 
 import jax
+import numpy as np
 import optax
 from flax import nnx
 from jax.sharding import Mesh
@@ -90,13 +91,48 @@ def train_on_batches(graphdef, params, next_batch, mesh: Mesh, *,
 
 def run(graphdef, params, tasks, tokenizer, mesh: Mesh, *, optimizer: grpo.OptimizerConfig,
         batch_size: int, seed: int, steps: int | None = None, seconds: float | None = None,
-        multiple: int = rollout.LENGTH_MULTIPLE, progress: bool = False,
+        multiple: int = rollout.LENGTH_MULTIPLE, bucket: int = 1, progress: bool = False,
         desc: str = "sft") -> tuple[nnx.State, dict]:
   """`train_on_batches` on the tasks' reference solutions: batches from a TaskStream
   seeded with `seed`, lengths padded to multiples of `multiple`
-  (rlcode.rollout.sft_batch)."""
-  stream = rollout.TaskStream(tasks, batch_size, seed)
+  (rlcode.rollout.sft_batch). bucket > 1: batches of similar lengths
+  (`LengthBuckets`), so that less of each batch is padding."""
+  if bucket > 1:
+    stream = LengthBuckets(tasks, tokenizer, batch_size, seed, bucket)
+  else:
+    stream = rollout.TaskStream(tasks, batch_size, seed)
   return train_on_batches(
       graphdef, params, lambda: rollout.sft_batch(tokenizer, stream.next(), multiple), mesh,
       optimizer=optimizer, batch_size=batch_size, steps=steps, seconds=seconds,
       progress=progress, desc=desc)
+
+
+class LengthBuckets:
+  """Batches of similar lengths: `pool` batches' worth of tasks at a time from a seeded
+  TaskStream (so every epoch still visits every task once), sorted by the length of their
+  supervised row (prompt + reference + EOS) and cut into `pool` batches, which come out
+  in a seeded random order. A batch is padded to its longest row, so with rows of mixed
+  lengths this trains on the same rows with less padding (the grpo_diffs warm start:
+  mean batch width 473 -> 433 tokens at pool 8, in multiples of 32). Which rows share
+  a batch is no longer independent of their lengths; a pool of 1 is the plain stream.
+  """
+
+  def __init__(self, tasks, tokenizer, batch_size: int, seed: int, pool: int):
+    if pool < 1:
+      raise ValueError(f"LengthBuckets: pool must be >= 1, got {pool}")
+    self.stream = rollout.TaskStream(tasks, batch_size * pool, seed)
+    self.batch_size, self.seed, self.pool = batch_size, seed, pool
+    bos = len(tokenizer.encode(""))
+    self._length = {id(t): len(tokenizer.encode(t.prompt)) + len(tokenizer.encode(t.reference)) - bos
+                    for t in self.stream.tasks}
+    self._pending: list[list] = []
+    self._drawn = 0
+
+  def next(self) -> list:
+    if not self._pending:
+      tasks = sorted(self.stream.next(), key=lambda t: self._length[id(t)])
+      batches = [tasks[i:i + self.batch_size] for i in range(0, len(tasks), self.batch_size)]
+      order = np.random.default_rng([self.seed, self._drawn, 1]).permutation(len(batches))
+      self._pending = [batches[i] for i in order]
+      self._drawn += 1
+    return self._pending.pop()

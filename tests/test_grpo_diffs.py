@@ -320,6 +320,31 @@ def test_fit_context_counts():
   assert counts == {"kept": 3, "prompt_too_long": 1, "reference_too_long": 1}
 
 
+def test_length_buckets_visit_every_task_once_an_epoch_in_batches_of_like_lengths():
+  tok = ByteTokenizer()
+  rng = np.random.default_rng(0)
+  tasks = [Task(id=str(i), prompt="p" * int(rng.integers(5, 200)), kind="diff",
+                reference="r" * int(rng.integers(1, 50))) for i in range(96)]
+  length = {t.id: len(t.prompt) + len(t.reference) for t in tasks}
+  spread = lambda batches: np.mean([max(length[t.id] for t in b) - min(length[t.id] for t in b)
+                                    for b in batches])
+  stream = sft.LengthBuckets(tasks, tok, batch_size=4, seed=3, pool=8)
+  epochs = [[stream.next() for _ in range(24)] for _ in range(2)]
+  for batches in epochs:  # 96 tasks = 24 batches of 4 = 3 pools of 8 batches
+    assert all(len(b) == 4 for b in batches)
+    assert sorted(t.id for b in batches for t in b) == sorted(t.id for t in tasks)
+  plain = rollout.TaskStream(tasks, 4, seed=3)
+  assert spread(epochs[0]) < 0.5 * spread([plain.next() for _ in range(24)])
+  # Seeded: the same batches in the same order; a pool of 1 is the plain stream's batches.
+  again = sft.LengthBuckets(tasks, tok, batch_size=4, seed=3, pool=8)
+  assert [[t.id for t in again.next()] for _ in range(24)] == [[t.id for t in b] for b in epochs[0]]
+  one, plain = sft.LengthBuckets(tasks, tok, 4, seed=5, pool=1), rollout.TaskStream(tasks, 4, 5)
+  for _ in range(30):
+    assert {t.id for t in one.next()} == {t.id for t in plain.next()}
+  with pytest.raises(ValueError, match="pool must be >= 1"):
+    sft.LengthBuckets(tasks, tok, 4, seed=0, pool=0)
+
+
 def test_checkpoint_under_a_relative_workdir(tmp_path, monkeypatch):
   # The configs' workdirs are relative ("workdirs/grpo_diffs"); orbax needs absolute paths.
   monkeypatch.chdir(tmp_path)
