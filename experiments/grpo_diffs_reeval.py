@@ -1,16 +1,17 @@
 """A grpo_diffs_seeds.py run's policies evaluated again, with more samples per task.
 
     python experiments/grpo_diffs_reeval.py OUT [--samples 16] [--seeds 0 1 2]
-        [--splits validation] [--config.a.b=v ...]
+        [--held-out] [--config.a.b=v ...]
 
 OUT is a directory experiments/grpo_diffs_seeds.py wrote. For each seed, the
 policy right after its warm start (OUT/seedS/warm_start) and after its last GRPO
 step (OUT/seedS/checkpoints) are evaluated as the config's eval rows are
-(rlcode.evaluate.held_out_eval, T=1, the same sampling seed) but with
---samples answers per task instead of the config's 2. The eval rows' reward
-mean over 54 tasks x 2 answers has a sampling error of several hundredths, as
-large as the gain the issue asks for; this tells whether a gain or a loss in
-those rows is the policy's or the draw's. The run's own overrides (in
+(grpo_diffs_seeds.eval_splits: T=1, the same sampling seed) on the validation
+split (and with --held-out the test split) but with --samples answers per task.
+A row of 54 tasks x 2 answers, as the config's rows were before 2026-12-03, has
+a sampling error of several hundredths, as large as the gain the issue asks
+for; this tells whether a gain or a loss in such rows is the policy's or the
+draw's. The run's own overrides (in
 OUT/grpo_diffs_seeds.json) are applied first, then any given here. Prints a
 row per seed and split and the mean ± SE of the gain, and writes
 OUT/reeval_n{samples}.json.
@@ -28,34 +29,31 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 sys.path.insert(0, os.path.join(ROOT, "experiments"))
 
+from flax import nnx  # noqa: E402
+
 from ce_control import mean_se  # noqa: E402
-from rlcode import config_lib, evaluate, rollout, sharding  # noqa: E402
-from rlcode.data import sources  # noqa: E402
-
-CONFIG = os.path.join(ROOT, "configs", "grpo_diffs.py")
-KEYS = ("diff/format_valid", "diff/reward_mean", "diff/similarity")
+from grpo_diffs_seeds import CONFIG, eval_splits  # noqa: E402
+from rlcode import config_lib, evaluate, sharding  # noqa: E402
 
 
-def evaluate_seed(out: str, seed: int, samples: int, splits: list[str],
+def evaluate_seed(out: str, seed: int, samples: int, held_out: bool,
                   overrides: list[str]) -> dict:
+  """{split name: {"warm_start": row, "last": row}} of one seed's two policies."""
   workdir = os.path.join(out, f"seed{seed}")
   config = config_lib.load_config(CONFIG, overrides + [
       f"--config.seed={seed}", f"--config.eval.num_samples={samples}",
+      f"--config.data.test_split={'test' if held_out else ''}",
       "--config.train.progress_bar=false"])
+  names = {"eval": config.data.eval_split, "test": config.data.test_split}
   mesh = sharding.mesh_from_config(config.mesh)
   result = {}
   for name, path in (("warm_start", os.path.join(workdir, "warm_start")), ("last", workdir)):
     model, tokenizer, step, _ = evaluate.restore_policy(config, path, mesh)
-    for split in splits:
-      start = time.time()
-      tasks, _ = rollout.fit_tasks(sources.load(config.data, split), tokenizer, split=split,
-                                   max_seq_len=model.cfg.max_seq_len,
-                                   max_new_tokens=config.eval.max_new_tokens,
-                                   drop_too_long=bool(config.data.drop_too_long))
-      row = evaluate.held_out_eval(config, model, tokenizer, tasks, mesh)
-      result.setdefault(split, {})[name] = {"step": step, "tasks": len(tasks),
-                                            "seconds": time.time() - start,
-                                            **{k: row[k] for k in KEYS}}
+    graphdef, params = nnx.split(model, nnx.Param)
+    start = time.time()
+    for split, row in eval_splits(config, graphdef, params, tokenizer, mesh).items():
+      result.setdefault(names[split], {})[name] = {"step": step, **row}
+    result["seconds"] = result.get("seconds", 0.0) + time.time() - start
   return result
 
 
@@ -64,16 +62,16 @@ def main():
   parser.add_argument("out")
   parser.add_argument("--samples", type=int, default=16)
   parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-  parser.add_argument("--splits", nargs="+", default=["validation"])
+  parser.add_argument("--held-out", action="store_true", help="the test split as well")
   args, extra = parser.parse_known_args()
   for item in extra:
     if not item.startswith("--config."):
       parser.error(f"unknown argument {item!r}")
   with open(os.path.join(args.out, "grpo_diffs_seeds.json")) as f:
     overrides = json.load(f)["overrides"] + extra
-  runs = {seed: evaluate_seed(args.out, seed, args.samples, args.splits, overrides)
+  runs = {seed: evaluate_seed(args.out, seed, args.samples, args.held_out, overrides)
           for seed in args.seeds}
-  for split in args.splits:
+  for split in ["validation"] + (["test"] if args.held_out else []):
     print(f"\n{split}, {args.samples} samples a task: warm start -> last (reward gain)")
     gains = []
     for seed, run in runs.items():

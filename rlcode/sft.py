@@ -121,7 +121,7 @@ class LengthBuckets:
     if pool < 1:
       raise ValueError(f"LengthBuckets: pool must be >= 1, got {pool}")
     self.stream = rollout.TaskStream(tasks, batch_size * pool, seed)
-    self.batch_size, self.seed, self.pool = batch_size, seed, pool
+    self.batch_size, self.seed = batch_size, seed
     bos = len(tokenizer.encode(""))
     self._length = {id(t): len(tokenizer.encode(t.prompt)) + len(tokenizer.encode(t.reference)) - bos
                     for t in self.stream.tasks}

@@ -268,8 +268,8 @@ def warm_start(config, graphdef, params, tasks, tokenizer, mesh, metrics):
 
   Batches are padded to multiples of `rl.length_multiple` (default 32), as the GRPO
   updates are; `warmstart.bucket` > 1 batches rows of similar lengths together
-  (rlcode.sft.LengthBuckets). With `warmstart.cache_dir` set, the result is kept there under a hash
-  of everything it depends on (`warm_start_key`) and a later run with the same key
+  (rlcode.sft.LengthBuckets). With `warmstart.cache_dir` set, the result is kept
+  there under a hash of everything it depends on (`warm_start_key`) and a later run with the same key
   loads it instead of training again: several runs (arms of an experiment, a
   cross-entropy control) then start from the very same parameters.
   """
@@ -287,7 +287,8 @@ def warm_start(config, graphdef, params, tasks, tokenizer, mesh, metrics):
                           batch_size=ws.batch_size, seed=warm_start_seed(config) + 1,
                           steps=ws.steps,
                           multiple=int(config.rl.get("length_multiple", rollout.LENGTH_MULTIPLE)),
-                          bucket=int(ws.get("bucket", 1)), progress=config.train.progress_bar, desc="warm start")
+                          bucket=int(ws.get("bucket", 1)),
+                          progress=config.train.progress_bar, desc="warm start")
   row = {"sft_loss_first": stats["loss_first"], "sft_loss_last": stats["loss_last"],
          "sft_steps": ws.steps}
   metrics.write(0, row)
