@@ -9,7 +9,9 @@ compared with: did RL beat simply training longer on the references?
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable
 
 import jax
 import numpy as np
@@ -19,6 +21,7 @@ from jax.sharding import Mesh
 from tqdm import tqdm
 
 from rlcode import distributed, grpo, rollout, sharding
+from rlcode.data import edits
 
 
 def make_sft_step(graphdef, optimizer: optax.GradientTransformation, mesh: Mesh,
@@ -92,19 +95,44 @@ def train_on_batches(graphdef, params, next_batch, mesh: Mesh, *,
 def run(graphdef, params, tasks, tokenizer, mesh: Mesh, *, optimizer: grpo.OptimizerConfig,
         batch_size: int, seed: int, steps: int | None = None, seconds: float | None = None,
         multiple: int = rollout.LENGTH_MULTIPLE, bucket: int = 1, progress: bool = False,
-        desc: str = "sft") -> tuple[nnx.State, dict]:
+        desc: str = "sft", augment: Callable[[list, np.random.Generator], list] | None = None,
+        ) -> tuple[nnx.State, dict]:
   """`train_on_batches` on the tasks' reference solutions: batches from a TaskStream
   seeded with `seed`, lengths padded to multiples of `multiple`
   (rlcode.rollout.sft_batch). bucket > 1: batches of similar lengths
-  (`LengthBuckets`), so that less of each batch is padding."""
+  (`LengthBuckets`), so that less of each batch is padding. augment(tasks, rng), when
+  given, rewrites each batch's tasks before they are tokenised (`renumber`), with a
+  generator seeded from `seed`."""
   if bucket > 1:
     stream = LengthBuckets(tasks, tokenizer, batch_size, seed, bucket)
   else:
     stream = rollout.TaskStream(tasks, batch_size, seed)
+  rng = np.random.default_rng([seed, 2])
+  draw = (lambda: augment(stream.next(), rng)) if augment is not None else stream.next
   return train_on_batches(
-      graphdef, params, lambda: rollout.sft_batch(tokenizer, stream.next(), multiple), mesh,
+      graphdef, params, lambda: rollout.sft_batch(tokenizer, draw(), multiple), mesh,
       optimizer=optimizer, batch_size=batch_size, steps=steps, seconds=seconds,
       progress=progress, desc=desc)
+
+
+def renumber(max_offset: int) -> Callable[[list, np.random.Generator], list]:
+  """An `augment` for `run`: every line_edit diff task of a batch shown as if its file had
+  0..max_offset more lines on top (edits.shift_line_numbers; a fresh uniform draw at
+  each visit), so that a range is fitted by copying its number from the numbered line,
+  not by recalling the numbers of the rows seen before. Other tasks pass unchanged."""
+  if max_offset < 0:
+    raise ValueError(f"renumber: max_offset must be >= 0, got {max_offset}")
+
+  def augment(tasks: list, rng: np.random.Generator) -> list:
+    out = []
+    for task in tasks:
+      if task.kind == "diff" and task.extra.get("edit_format") == "line_edit":
+        prompt, reference = edits.shift_line_numbers(
+            task.prompt, task.reference, int(rng.integers(0, max_offset + 1)))
+        task = dataclasses.replace(task, prompt=prompt, reference=reference)
+      out.append(task)
+    return out
+  return augment
 
 
 class LengthBuckets:

@@ -268,9 +268,11 @@ def warm_start(config, graphdef, params, tasks, tokenizer, mesh, metrics):
 
   Batches are padded to multiples of `rl.length_multiple` (default 32), as the GRPO
   updates are; `warmstart.bucket` > 1 batches rows of similar lengths together
-  (rlcode.sft.LengthBuckets). With `warmstart.cache_dir` set, the result is kept
-  there under a hash of everything it depends on (`warm_start_key`) and a later run with the same key
-  loads it instead of training again: several runs (arms of an experiment, a
+  (rlcode.sft.LengthBuckets); `warmstart.renumber` > 0 shows each line-edit row's file as
+  if it had up to that many more lines on top (rlcode.sft.renumber). With
+  `warmstart.cache_dir` set, the result is kept there under a hash of everything it
+  depends on (`warm_start_key`) and a later run with the same key loads it instead of
+  training again: several runs (arms of an experiment, a
   cross-entropy control) then start from the very same parameters.
   """
   ws = config.warmstart
@@ -288,6 +290,7 @@ def warm_start(config, graphdef, params, tasks, tokenizer, mesh, metrics):
                           steps=ws.steps,
                           multiple=int(config.rl.get("length_multiple", rollout.LENGTH_MULTIPLE)),
                           bucket=int(ws.get("bucket", 1)),
+                          augment=(sft.renumber(int(ws.renumber)) if ws.get("renumber") else None),
                           progress=config.train.progress_bar, desc="warm start")
   row = {"sft_loss_first": stats["loss_first"], "sft_loss_last": stats["loss_last"],
          "sft_steps": ws.steps}

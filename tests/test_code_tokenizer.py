@@ -69,3 +69,26 @@ def test_tools_suffix_adds_the_tool_tags_as_single_tokens(tok):
   inner = '{"name":"finish","arguments":{}}'
   assert tools.encode(inner) == tok.encode(inner)
   assert ChatFormat("compact", tools).stop_ids == (4097, 2)
+
+
+def test_edits_suffix_makes_the_answer_markers_single_tokens(tok):
+  """"PATH+edits": each marker of an edit answer is one token after the file's 4096, the
+  answer round-trips, text without markers encodes as before; suffixes stack in order."""
+  from rlcode.models.tokenizer import EDIT_SPECIALS, TOOL_SPECIALS, split_specials
+  edits = load_tokenizer(PATH + "+edits")
+  assert edits.vocab_size == 4096 + len(EDIT_SPECIALS)
+  assert [edits.special_id(s) for s in EDIT_SPECIALS] == list(range(4096, 4104))
+  answer = ("<think>\nRename it.\n</think>\n<solution>\n<<<<<<< LINES 29+1\n"
+            "def total(xs):\n>>>>>>> REPLACE\n</solution>")
+  ids = edits.encode(answer)
+  assert edits.decode(ids) == answer
+  fence = edits.special_id("<<<<<<< LINES")
+  assert ids[ids.index(fence) + 1] == tok.encode(" 29")[1]
+  assert sum(i >= 4096 for i in ids) == 6 and len(ids) < len(tok.encode(answer)) / 2
+  body = "def total(xs):\n  return sum(xs)\n"
+  assert edits.encode(body) == tok.encode(body)
+  both = load_tokenizer(PATH + "+tools+edits")
+  assert both.special_id("<tool_call>") == 4096 and both.special_id("<think>") == 4100
+  assert split_specials("dir+x/tok.json+tools+edits") == ("dir+x/tok.json",
+                                                          TOOL_SPECIALS + EDIT_SPECIALS)
+  assert split_specials("a+b") == ("a+b", ())

@@ -67,6 +67,21 @@ def test_the_diff_warm_starts_practice_data_is_mined_as_the_tasks_are():
   assert cfg.warmstart.data.mining.context_lines == 5
 
 
+# Every config but the shared pieces and the 7B plan, whose model is only costed by
+# `rlcode plan` (Qwen2's vocabulary, never built with a tokenizer here).
+@pytest.mark.parametrize("name", sorted(
+    n for n in os.listdir(os.path.join(ROOT, "configs"))
+    if n.endswith(".py") and n not in ("common.py", "qwen2_7b_plan.py")))
+def test_a_configs_tokenizer_fits_its_models_vocabulary(name, monkeypatch):
+  """Every id the tokenizer can write has an embedding row (padding rows may follow)."""
+  from rlcode.models.tokenizer import load_tokenizer
+  monkeypatch.chdir(ROOT)  # configs name tokenizers relative to the repository
+  cfg = config_lib.load_config(os.path.join(ROOT, "configs", name), [])
+  assert not cfg.model.hf_path
+  tok = load_tokenizer(cfg.model.get("tokenizer") or "bytes")
+  assert tok.vocab_size <= cfg.model.arch.vocab_size < tok.vocab_size + 64
+
+
 def test_config_is_locked():
   cfg = config_lib.load_config(SAMPLE)
   with pytest.raises(AttributeError):

@@ -367,3 +367,39 @@ def test_exact_is_the_same_change_after_normalisation():
   assert out.metrics["exact"] == 3 / 6
   assert out.metrics["format_valid"] == 5 / 6
   assert out.metrics["reward_mean"] == pytest.approx(float(out.scores.mean()))
+
+
+@pytest.mark.parametrize("offset", [0, 1, 7, 40])
+@pytest.mark.parametrize("line_counts", [True, False])
+def test_shifted_line_numbers_are_the_task_of_a_file_with_more_lines_on_top(offset, line_counts):
+  """edits.shift_line_numbers(prompt, reference, k) is exactly the prompt and reference
+  built, by the miner's own excerpting, for the same change in the file with k more lines
+  on top (the change far enough down that its context does not reach them)."""
+  from rlcode.data.git import excerpts
+  old = "".join(f"v{i} = {i}\n" for i in range(1, 21))
+  new = old.replace("v9 = 9\n", "v9 = 90\n").replace("v16 = 16\n", "v16 = 16\nw = 0\n")
+  pad = "".join(f"top{i} = 0\n" for i in range(offset))
+
+  def task(before, after, path="m.py"):
+    shown = excerpts.excerpt(before, after, 3, numbered=True)
+    prompt = edits.build_prompt("Change it.", {path: shown}, "line_edit", instructions=False,
+                                open_file=False)
+    reference = edits.oracle_completion({path: before}, {path: after}, "line_edit",
+                                        context_lines=0, open_file=path,
+                                        line_counts=line_counts)
+    return prompt, reference
+
+  prompt, reference = task(old, new)
+  assert edits.shift_line_numbers(prompt, reference, offset) == task(pad + old, pad + new)
+  # The shifted reference applies to the longer file as the reference does to the file.
+  shifted = edits.shift_line_numbers(prompt, reference, offset)[1]
+  assert edits.apply_completion(shifted, {"m.py": pad + old}, "line_edit", "m.py") == {
+      "m.py": pad + new}
+  # A file shown from its first line gains an omitted range on top.
+  whole = edits.build_prompt("Change it.", {"m.py": edits.number_lines("a\nb\n")}, "line_edit",
+                             instructions=False)
+  expected = ("### m.py\n" + edits.omitted_lines(1, offset) + edits.number_lines("a\nb\n", 1 + offset)
+              if offset else "### m.py\n1|a\n2|b\n")
+  assert expected in edits.shift_line_numbers(whole, "", offset)[0]
+  with pytest.raises(ValueError, match="offset"):
+    edits.shift_line_numbers(prompt, reference, -1)

@@ -345,6 +345,31 @@ def test_length_buckets_visit_every_task_once_an_epoch_in_batches_of_like_length
     sft.LengthBuckets(tasks, tok, 4, seed=0, pool=0)
 
 
+def test_renumber_shifts_line_edit_rows_afresh_at_each_visit():
+  prompt = edits.build_prompt("Fix it.", {"f.py": edits.omitted_lines(1, 4) + "5|a\n6|b\n"},
+                              "line_edit", instructions=False)
+  reference = "<think>\nx\n</think>\n<solution>\n<<<<<<< LINES 6+1\nB\n>>>>>>> REPLACE\n</solution>"
+  line = Task(id="l", prompt=prompt, kind="diff", reference=reference,
+              extra={"edit_format": "line_edit"})
+  other = Task(id="s", prompt="5|a\n", kind="diff", reference="LINES 5+1",
+               extra={"edit_format": "search_replace"})
+  augment, rng = sft.renumber(30), np.random.default_rng(0)
+  offsets = []
+  for _ in range(40):
+    shifted, same = augment([line, other], rng)
+    assert same is other and shifted.id == "l" and shifted.extra == line.extra
+    k = int(shifted.reference.split("LINES ")[1].split("+")[0]) - 6
+    assert (shifted.prompt, shifted.reference) == edits.shift_line_numbers(prompt, reference, k)
+    offsets.append(k)
+  assert min(offsets) >= 0 and max(offsets) <= 30 and len(set(offsets)) > 10
+  again = sft.renumber(30)
+  rng = np.random.default_rng(0)
+  assert [again([line], rng)[0].reference for _ in range(5)] == [
+      edits.shift_line_numbers(prompt, reference, k)[1] for k in offsets[:5]]
+  with pytest.raises(ValueError, match="max_offset"):
+    sft.renumber(-1)
+
+
 def test_checkpoint_under_a_relative_workdir(tmp_path, monkeypatch):
   # The configs' workdirs are relative ("workdirs/grpo_diffs"); orbax needs absolute paths.
   monkeypatch.chdir(tmp_path)

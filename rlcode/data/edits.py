@@ -341,6 +341,50 @@ def number_lines(text: str, first: int = 1) -> str:
   return "".join(f"{first + k}|{line}" for k, line in enumerate(split_keepends(text)))
 
 
+_OMITTED_NUMBERS_RE = re.compile(r"^\[\.\.\. lines (\d+)-(\d+) not shown \.\.\.\]$")
+_HUNK_HEADER_RE = re.compile(r"^@@ -(\d+)(,\d+)? \+(\d+)(,\d+)? @@")
+
+
+def shift_line_numbers(prompt: str, reference: str, offset: int) -> tuple[str, str]:
+  """A line_edit task as if every shown file had `offset` more lines on top: each shown
+  line's number, each omitted range (the first one, from line 1, grows), the hunk headers
+  of an applied diff and the reference's LINES ranges all move down by `offset`; a file
+  shown from its first line gains an omitted range of `offset` lines. The edit itself is
+  the same. For warm starts (train.warm_start's `warmstart.renumber`): a policy that
+  copies its ranges from the numbered lines still fits; one that recalls likely numbers
+  no longer does.
+  """
+  if offset < 0:
+    raise ValueError(f"shift_line_numbers: offset must be >= 0, got {offset}")
+  if offset == 0:
+    return prompt, reference
+  out, after_path = [], False
+  for line in prompt.split("\n"):
+    numbered = _NUMBERED_RE.match(line)
+    omitted = _OMITTED_NUMBERS_RE.match(line)
+    hunk = _HUNK_HEADER_RE.match(line)
+    if numbered:
+      number = int(line[:numbered.end() - 1])
+      if after_path and number == 1:
+        out.append(omitted_lines(1, offset).rstrip("\n"))
+      line = f"{number + offset}{line[numbered.end() - 1:]}"
+    elif omitted:
+      first, last = int(omitted.group(1)), int(omitted.group(2))
+      line = omitted_lines(1 if first == 1 else first + offset, last + offset).rstrip("\n")
+    elif hunk:
+      old, old_n, new, new_n = hunk.groups()
+      line = (f"@@ -{int(old) + offset}{old_n or ''} +{int(new) + offset}{new_n or ''} @@"
+              f"{line[hunk.end():]}")
+    out.append(line)
+    after_path = line.startswith("### ")
+
+  def shift(m: re.Match) -> str:
+    first, sign, other = int(m.group(1)), m.group(2), int(m.group(3))
+    return f"LINES {first + offset}{sign}{other + offset if sign == '-' else other}"
+  return "\n".join(out), re.sub(r"(?<=^<<<<<<< )LINES (\d+)([-+])(\d+)", shift, reference,
+                                 flags=re.MULTILINE)
+
+
 def parse_line_edits(solution: str, open_file: str = ""
                      ) -> dict[str, list[tuple[int, int, str]]]:
   """path -> [(first, last, new text), ...] in the order the blocks appear.

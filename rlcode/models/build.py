@@ -2,7 +2,7 @@
 
 `config.model.hf_path` set: load that Hugging Face directory, with its own
 tokenizer.json unless `config.model.tokenizer` names one ("bytes", "bytes+tools" or a
-path). Otherwise build `config.model.arch` from scratch with sharded initialisation and
+path, which may end with "+tools" or "+edits": rlcode.models.tokenizer.load_tokenizer). Otherwise build `config.model.arch` from scratch with sharded initialisation and
 the tokenizer `config.model.tokenizer` ("" or "bytes": the byte-level one; "bytes+tools":
 the byte-level one with the tool-calling tags as single tokens; or a path). A tokenizer
 with more tokens than the model's vocabulary is an error.
@@ -20,7 +20,7 @@ from rlcode.errors import BadInput, MissingInput
 from rlcode.models.config import ModelConfig
 from rlcode.models.decoder import Decoder
 from rlcode.models.hf import load_hf
-from rlcode.models.tokenizer import BYTE_TOKENIZERS, Tokenizer, load_tokenizer
+from rlcode.models.tokenizer import Tokenizer, is_byte_tokenizer, load_tokenizer, split_specials
 
 _DTYPE_KEYS = ("param_dtype", "dtype", "attn_impl")
 
@@ -39,7 +39,9 @@ def build_model(model_cfg, mesh: Mesh, seed: int) -> tuple[Decoder, Tokenizer]:
     model, _ = load_hf(model_cfg.hf_path, mesh=mesh, **overrides)
     # A checkpoint brings its own tokenizer unless the config names one.
     tok_path = named or model_cfg.hf_path
-    if tok_path not in BYTE_TOKENIZERS and not os.path.isfile(os.path.join(tok_path, "tokenizer.json")):
+    base = split_specials(tok_path)[0]
+    if not is_byte_tokenizer(tok_path) and not (
+        os.path.isfile(base) or os.path.isfile(os.path.join(base, "tokenizer.json"))):
       raise MissingInput(f"{tok_path}: no tokenizer.json; name one with "
                          "config.model.tokenizer")
     tokenizer = load_tokenizer(tok_path)

@@ -28,6 +28,16 @@ class Tokenizer(Protocol):
 # The special strings of the tool-calling chat format (rlcode.agent.chat), one token each
 # in the "bytes+tools" tokenizer, as they are in Qwen2.5's vocabulary.
 TOOL_SPECIALS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")
+# The markers of the edit answers (rlcode.data.edits: SWE-RL's reasoning and solution
+# tags, the SEARCH/REPLACE and LINES blocks' fences), one token each in "+edits"
+# tokenizers, as chat models have their <think> tags: a tiny policy sampling at T=1
+# writes such a marker as one draw instead of up to ten (the code BPE spells
+# "<<<<<<< LINES" in ten tokens), and an answer takes about half the tokens.
+EDIT_SPECIALS = ("<think>", "</think>", "<solution>", "</solution>", "<<<<<<< SEARCH",
+                 "<<<<<<< LINES", "=======", ">>>>>>> REPLACE")
+# The added-token sets a tokenizer's name may end with, "+tools", "+edits" or both
+# ("+tools+edits": the tool tags first, then the edit markers, after the vocabulary).
+SPECIAL_SETS = {"tools": TOOL_SPECIALS, "edits": EDIT_SPECIALS}
 
 
 class ByteTokenizer:
@@ -145,19 +155,33 @@ class HFTokenizer:
     return self._tok.token_to_id(text)
 
 
-BYTE_TOKENIZERS = ("bytes", "bytes+tools")
-TOOLS_SUFFIX = "+tools"
+def split_specials(name: str) -> tuple[str, tuple[str, ...]]:
+  """(base, added specials) of a tokenizer name: "data/code_bpe.json+tools+edits" ->
+  ("data/code_bpe.json", TOOL_SPECIALS + EDIT_SPECIALS); a name without a known
+  suffix is its own base."""
+  specials: tuple[str, ...] = ()
+  while True:
+    base, plus, suffix = name.rpartition("+")
+    if not plus or suffix not in SPECIAL_SETS:
+      return name, specials
+    name, specials = base, SPECIAL_SETS[suffix] + specials
+
+
+def is_byte_tokenizer(name: str | None) -> bool:
+  """Whether `name` is the byte-level tokenizer ("bytes", "bytes+tools", ...)."""
+  return name is None or split_specials(name)[0] == "bytes"
 
 
 def load_tokenizer(path: str | None) -> Tokenizer:
-  """tokenizer.json under `path`, or a byte-level tokenizer: path None/"bytes", or
-  "bytes+tools" (with TOOL_SPECIALS as single tokens). "PATH+tools" is PATH's
-  tokenizer with TOOL_SPECIALS added as single tokens where it lacks them (for example
-  "data/code_bpe.json+tools": 4096 + 4 tokens)."""
-  if path in (None, "bytes"):
+  """tokenizer.json under `path`, or a byte-level tokenizer (path None or "bytes").
+
+  A name may end with added-token sets (SPECIAL_SETS): "+tools" (TOOL_SPECIALS), "+edits"
+  (EDIT_SPECIALS) or both, each string then one token: "bytes+tools" has the tool tags
+  after its bytes; "PATH+tools" is PATH's tokenizer with them added where it lacks them,
+  after its vocabulary (for example "data/code_bpe.json+tools": 4096 + 4 tokens)."""
+  if path is None:
     return ByteTokenizer()
-  if path == "bytes+tools":
-    return ByteTokenizer(specials=TOOL_SPECIALS)
-  if path.endswith(TOOLS_SUFFIX):
-    return HFTokenizer(path[:-len(TOOLS_SUFFIX)], specials=TOOL_SPECIALS)
-  return HFTokenizer(path)
+  base, specials = split_specials(path)
+  if base == "bytes":
+    return ByteTokenizer(specials=specials)
+  return HFTokenizer(base, specials=specials)
