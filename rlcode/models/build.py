@@ -1,11 +1,12 @@
 """From the `model` section of a config to a sharded Decoder and its tokenizer.
 
 `config.model.hf_path` set: load that Hugging Face directory, with its own
-tokenizer.json unless `config.model.tokenizer` names one ("bytes", "bytes+tools" or a
-path, which may end with "+tools" or "+edits": rlcode.models.tokenizer.load_tokenizer). Otherwise build `config.model.arch` from scratch with sharded initialisation and
-the tokenizer `config.model.tokenizer` ("" or "bytes": the byte-level one; "bytes+tools":
-the byte-level one with the tool-calling tags as single tokens; or a path). A tokenizer
-with more tokens than the model's vocabulary is an error.
+tokenizer.json unless `config.model.tokenizer` names one ("bytes" or a path). Otherwise
+build `config.model.arch` from scratch with sharded initialisation and the tokenizer
+`config.model.tokenizer` ("" or "bytes": the byte-level one; or a path). Either name may
+end with "+tools" (the tool-calling tags as single tokens) or "+edits" (the edit
+answers' markers): rlcode.models.tokenizer.load_tokenizer. A tokenizer with more tokens
+than the model's vocabulary is an error.
 """
 
 from __future__ import annotations
