@@ -6,12 +6,12 @@
 POLICY is a workdir, a workdir's warm_start/ or a checkpoint directory of
 configs/grpo_diffs.py (with the overrides it was trained with). Its answers are
 sampled as the config's eval rows are (the same seed, T, budget) but with
---samples answers a task, and each goes through the diff reward's own parser
-(rlcode.rewards.diffs.score_details). Prints one line per error code, `bad_range`
+--samples answers a task, and scored by the diff reward itself
+(rlcode.rewards.diffs.diff_reward, whose details name each answer's error). Prints one line per error code, `bad_range`
 split into ranges outside the file and blocks out of order, and how many failing
 answers have a malformed marker line (a line that starts like a fence or a tag, or
-holds "LINES", "REPLACE" or a tag's end, but is not one), then --show examples of each code. Writes
-nothing.
+holds "LINES", "REPLACE" or a tag's end, but is not one), then --show examples
+of each code. Writes nothing.
 """
 
 from __future__ import annotations
@@ -71,10 +71,8 @@ def main():
       max_new_tokens=config.eval.max_new_tokens, seed=config.seed + 7919,
       batch_prompts=config.eval.batch_prompts, mesh=mesh)
   counts, marked, examples = collections.Counter(), collections.Counter(), {}
-  for task, text in zip(row_tasks, texts):
-    _, detail = diffs.score_details(text, task.extra["files"], task.extra["oracle"],
-                                    task.extra.get("edit_format", "search_replace"),
-                                    task.extra.get("open_file", ""))
+  details = diffs.diff_reward(row_tasks, texts).details
+  for task, text, detail in zip(row_tasks, texts, details):
     k = kind(detail)
     counts[k] += 1
     marked[k] += k != "valid" and malformed_marker(text)

@@ -69,7 +69,7 @@ _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 # A line as a line_edit prompt shows it ("12|..."), and the line that stands for a run of
 # lines a prompt leaves out (`omitted_lines`).
 _NUMBERED_RE = re.compile(r"^\d+\|")
-_OMITTED_RE = re.compile(r"^\[\.\.\. lines \d+-\d+ not shown \.\.\.\]$")
+_OMITTED_RE = re.compile(r"^\[\.\.\. lines (\d+)-(\d+) not shown \.\.\.\]$")
 # One line-edit block: "### path" (optional: an open file's), the range (A-B or A+N),
 # whole replacement lines, the end.
 _LINES_RE = re.compile(
@@ -341,7 +341,6 @@ def number_lines(text: str, first: int = 1) -> str:
   return "".join(f"{first + k}|{line}" for k, line in enumerate(split_keepends(text)))
 
 
-_OMITTED_NUMBERS_RE = re.compile(r"^\[\.\.\. lines (\d+)-(\d+) not shown \.\.\.\]$")
 _HUNK_HEADER_RE = re.compile(r"^@@ -(\d+)(,\d+)? \+(\d+)(,\d+)? @@")
 
 
@@ -361,7 +360,7 @@ def shift_line_numbers(prompt: str, reference: str, offset: int) -> tuple[str, s
   out, after_path = [], False
   for line in prompt.split("\n"):
     numbered = _NUMBERED_RE.match(line)
-    omitted = _OMITTED_NUMBERS_RE.match(line)
+    omitted = _OMITTED_RE.match(line)
     hunk = _HUNK_HEADER_RE.match(line)
     if numbered:
       number = int(line[:numbered.end() - 1])
