@@ -46,7 +46,10 @@ validation reward rises by 0.062 +- 0.007 (0.048, 0.069, 0.068 by seed; the spli
 the tokenizer, the warm-start length, the rate and the eval size were chosen on) and
 the test split's by 0.034 +- 0.011 (every seed), to 0.530 and 0.566. Most of the
 format errors left are line numbers past the shown lines
-(experiments/grpo_diffs_errors.py counts them).
+(experiments/grpo_diffs_errors.py counts them); digit tokens (`+digits`), the training
+split repeated (`warmstart.train_repeats`), a second practice history, 6 layers and
+references that quote their lines first (`reference_thought="locate"`) were each no
+better on seed 0 (experiments/README.md, grpo_diffs, third session).
 """
 
 import ml_collections
@@ -83,6 +86,9 @@ def get_config():
   # References give ranges as LINES A+N (first line, length), which cannot come out
   # reversed; False: LINES A-B (first and last line). Answers may use either.
   config.data.mining.line_counts = True
+  # What the references reason: "fixed" (one sentence) or "locate" (each block's first
+  # line quoted, then its number: rlcode.data.edits.locating_thought).
+  config.data.mining.reference_thought = "fixed"
 
   config.rewards = ml_collections.ConfigDict({"diff": 1.0})
   config.reward_options = ml_collections.ConfigDict({"diff": {}})
@@ -107,6 +113,9 @@ def get_config():
       # ranges) moved down by a fresh 0..renumber at every visit (rlcode.sft.renumber), so
       # ranges are copied from the numbered lines, not recalled.
       renumber=0,
+      # Each training task this many times in the warm start's rows (the practice
+      # history's once).
+      train_repeats=1,
       # >= 0: the warm start's own seed, so runs of several seeds share one (with cache_dir,
       # trained once); -1: the run's seed.
       seed=-1))

@@ -38,6 +38,7 @@ from tqdm import tqdm
 from rlcode import (async_rollouts, checkpoint, config_lib, distributed, evaluate, grpo, rewards,
                     rollout, sft, shared_prefix)
 from rlcode.data import sources
+from rlcode.errors import BadInput
 from rlcode.metrics import MetricsWriter
 from rlcode.models.build import build_model
 
@@ -252,15 +253,22 @@ def warm_start_tasks(config, tokenizer, max_seq_len: int, train_tasks):
   A section whose `source` is "" is off (`--config.warmstart.data.source=` from the
   command line, where a config's section cannot be deleted).
 
+  `warmstart.train_repeats` (default 1) is how many times each training task is in the
+  list: the training split's weight against the extra section's.
+
   Returns (tasks, counts).
   """
+  repeats = int(config.warmstart.get("train_repeats", 1))
+  if repeats < 1:
+    raise BadInput(f"config.warmstart.train_repeats={repeats}: must be >= 1")
+  own = list(train_tasks) * repeats
   extra_cfg = config.warmstart.get("data")
   if not extra_cfg or not extra_cfg.get("source"):
-    return list(train_tasks), {}
+    return own, {}
   extra, counts = rollout.fit_tasks(
       sources.load(extra_cfg, extra_cfg.train_split), tokenizer, split="warmstart",
       max_seq_len=max_seq_len, max_new_tokens=config.rl.max_new_tokens, drop_too_long=True)
-  return list(train_tasks) + extra, counts
+  return own + extra, counts
 
 
 def warm_start(config, graphdef, params, tasks, tokenizer, mesh, metrics):

@@ -90,5 +90,28 @@ def test_edits_suffix_makes_the_answer_markers_single_tokens(tok):
   both = load_tokenizer(PATH + "+tools+edits")
   assert both.special_id("<tool_call>") == 4096 and both.special_id("<think>") == 4100
   assert split_specials("dir+x/tok.json+tools+edits") == ("dir+x/tok.json",
-                                                          TOOL_SPECIALS + EDIT_SPECIALS)
-  assert split_specials("a+b") == ("a+b", ())
+                                                          TOOL_SPECIALS + EDIT_SPECIALS, False)
+  assert split_specials("a+b") == ("a+b", (), False)
+  assert split_specials("t.json+digits+edits") == ("t.json", EDIT_SPECIALS, True)
+
+
+def test_digits_suffix_spells_every_number_digit_by_digit(tok):
+  """"PATH+digits": every digit is one token, so a line number is the same tokens in a
+  prompt's "137|" and an answer's " 137" (the plain BPE spells them "1","37" and " 13",
+  "7"); everything round-trips; text without digits encodes as before; the vocabulary
+  is the file's."""
+  digits = load_tokenizer(PATH + "+digits+edits")
+  assert digits.vocab_size == tok.vocab_size + 8
+
+  def pieces(t, text):
+    return [t.decode([i]) for i in t.encode(text)[1:]]
+  assert pieces(tok, "137|") != ["1", "3", "7", "|"]            # what +digits mends
+  assert pieces(digits, "137|    x = f(a2)\n") == [
+      "1", "3", "7", "|", "   ", " x", " =", " f", "(", "a", "2", ")", "\n"]
+  assert pieces(digits, "<<<<<<< LINES 137+12\n") == [
+      "<<<<<<< LINES", " ", "1", "3", "7", "+", "1", "2", "\n"]
+  for text in ("x = 3.14159e-10  # 2024\n", "[... lines 1-16 not shown ...]\n",
+               "<solution>\n<<<<<<< LINES 9+0\nv = 0x1F\n>>>>>>> REPLACE\n</solution>"):
+    assert digits.decode(digits.encode(text)) == text
+  body = "def total(xs):\n  return sum(xs)\n"
+  assert digits.encode(body) == tok.encode(body)

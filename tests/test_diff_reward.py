@@ -403,3 +403,30 @@ def test_shifted_line_numbers_are_the_task_of_a_file_with_more_lines_on_top(offs
   assert expected in edits.shift_line_numbers(whole, "", offset)[0]
   with pytest.raises(ValueError, match="offset"):
     edits.shift_line_numbers(prompt, reference, -1)
+
+
+def test_locating_thought_quotes_each_blocks_first_line_then_its_number():
+  """edits.locating_thought: per LINES block the first line it replaces (an insertion: the
+  line it goes before, or the end), then "at line N." with the block's first number;
+  another file's blocks name it; shift_line_numbers moves those numbers with the ranges."""
+  files = {"a.py": "x = 1\ndef f(a):\n  return a\n\nY = 2\n", "b.py": "k = 0\n"}
+  solution = ("<<<<<<< LINES 2+2\ndef f(a, b=0):\n  return a + b\n>>>>>>> REPLACE\n\n"
+              "<<<<<<< LINES 5+0\nW = 1\n>>>>>>> REPLACE\n\n"
+              "<<<<<<< LINES 6-5\nZ = 4\n>>>>>>> REPLACE\n\n"
+              "### b.py\n<<<<<<< LINES 1-1\nk = 1\n>>>>>>> REPLACE")
+  thought = edits.locating_thought(files, solution, open_file="a.py")
+  assert thought == ("Replace\ndef f(a):\nat line 2.\n"
+                     "Insert before\nY = 2\nat line 5.\n"
+                     "Insert after the last line\nat line 6.\n"
+                     "In b.py: Replace\nk = 0\nat line 1.")
+  # The miner's references carry it (MiningConfig.reference_thought="locate") and still
+  # apply; renumbering moves the thought's numbers with the block's.
+  old, new = files["a.py"], "x = 1\ndef f(a, b=0):\n  return a + b\n\nY = 2\n"
+  reference = edits.oracle_completion({"a.py": old}, {"a.py": new}, "line_edit",
+                                      context_lines=0, open_file="a.py", line_counts=True,
+                                      thought=edits.locating_thought(
+                                          {"a.py": old}, solution.split("\n\n")[0], "a.py"))
+  assert "<think>\nReplace\ndef f(a):\nat line 2.\n</think>" in reference
+  assert edits.apply_completion(reference, {"a.py": old}, "line_edit", "a.py") == {"a.py": new}
+  shifted = edits.shift_line_numbers("", reference, 10)[1]
+  assert "at line 12.\n" in shifted and "<<<<<<< LINES 12+2\n" in shifted

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import subprocess
 from pathlib import Path
 
@@ -167,6 +168,24 @@ def test_oracle_applies_to_context_for_every_task(bad_repo, granularity,
   if edit_format != "search_replace":
     # The rst change SEARCH/REPLACE cannot express is a plain diff or a LINES block.
     assert "oracle_not_expressible" not in result.report["commits_skipped"]
+
+
+def test_locating_references_still_apply_and_name_their_ranges(bad_repo):
+  """reference_thought="locate": every reference still takes its files to the commit's,
+  and its thought gives each block's first number (rlcode.data.edits.locating_thought);
+  the other formats refuse it."""
+  repo, _ = bad_repo
+  tasks = mine(_config(repo, test_fraction=0.0, granularity="hunk", edit_format="line_edit",
+                       reference_thought="locate")).splits["train"]
+  _check_oracle_applies(repo, tasks)
+  for task in tasks:
+    think = task.reference.split("</think>")[0]
+    firsts = re.findall(r"^<<<<<<< LINES (\d+)", task.reference, re.MULTILINE)
+    assert re.findall(r"^at line (\d+)\.$", think, re.MULTILINE) == firsts, task.id
+  with pytest.raises(ValueError, match="reference_thought='locate' needs"):
+    MiningConfig(source="x", reference_thought="locate")
+  with pytest.raises(ValueError, match="reference_thought='why'"):
+    MiningConfig(source="x", edit_format="line_edit", reference_thought="why")
 
 
 def test_decomposition_contexts(bad_repo):

@@ -20,6 +20,7 @@ from rlcode import checkpoint, config_lib, evaluate, rollout, sft, sharding, tra
 from rlcode.data import edits, sources
 from rlcode.data.git import EmptyRepositoryError, MiningConfig, NotARepositoryError, mine
 from rlcode.data.tasks import Task
+from rlcode.errors import BadInput
 from rlcode.metrics import read_metrics
 from rlcode.models.build import build_model
 from rlcode.models.tokenizer import ByteTokenizer
@@ -122,6 +123,13 @@ def test_warm_start_tasks_add_the_extra_sections_train_split_unless_it_is_off(sh
   config = _config(shop, tmp_path)
   config.warmstart.data.source = ""  # as --config.warmstart.data.source= sets it
   assert train.warm_start_tasks(config, ByteTokenizer(), 4096, own) == (own, {})
+  # train_repeats weighs the training split against the extra section's.
+  config = _config(shop, tmp_path, "--config.warmstart.train_repeats=3")
+  tasks, _ = train.warm_start_tasks(config, ByteTokenizer(), 4096, own)
+  assert tasks == own * 3 + own
+  config.warmstart.train_repeats = 0
+  with pytest.raises(BadInput, match="train_repeats=0"):
+    train.warm_start_tasks(config, ByteTokenizer(), 4096, own)
 
 
 def test_grpo_steps_on_a_mined_history(shop, tmp_path):

@@ -347,7 +347,8 @@ _HUNK_HEADER_RE = re.compile(r"^@@ -(\d+)(,\d+)? \+(\d+)(,\d+)? @@")
 def shift_line_numbers(prompt: str, reference: str, offset: int) -> tuple[str, str]:
   """A line_edit task as if every shown file had `offset` more lines on top: each shown
   line's number, each omitted range (the first one, from line 1, grows), the hunk headers
-  of an applied diff and the reference's LINES ranges all move down by `offset`; a file
+  of an applied diff, the reference's LINES ranges and its locating thought's numbers
+  (locating_thought) all move down by `offset`; a file
   shown from its first line gains an omitted range of `offset` lines. The edit itself is
   the same. For warm starts (train.warm_start's `warmstart.renumber`): a policy that
   copies its ranges from the numbered lines still fits; one that recalls likely numbers
@@ -380,8 +381,12 @@ def shift_line_numbers(prompt: str, reference: str, offset: int) -> tuple[str, s
   def shift(m: re.Match) -> str:
     first, sign, other = int(m.group(1)), m.group(2), int(m.group(3))
     return f"LINES {first + offset}{sign}{other + offset if sign == '-' else other}"
-  return "\n".join(out), re.sub(r"(?<=^<<<<<<< )LINES (\d+)([-+])(\d+)", shift, reference,
-                                 flags=re.MULTILINE)
+  reference = re.sub(r"(?<=^<<<<<<< )LINES (\d+)([-+])(\d+)", shift, reference,
+                     flags=re.MULTILINE)
+  # A locating thought's numbers (locating_thought).
+  reference = re.sub(r"^at line (\d+)\.$", lambda m: f"at line {int(m.group(1)) + offset}.",
+                     reference, flags=re.MULTILINE)
+  return "\n".join(out), reference
 
 
 def parse_line_edits(solution: str, open_file: str = ""
@@ -444,6 +449,30 @@ def apply_line_edits(files: Mapping[str, str],
       lines[first - 1:last] = [text] if text else []
     out[path] = "".join(lines)
   return out
+
+
+def locating_thought(files: Mapping[str, str], solution: str, open_file: str = "") -> str:
+  """A reference's reasoning that finds each LINES block of `solution` before writing it:
+  per block, the first line it replaces quoted as the prompt shows it (for an insertion,
+  the line it goes before), then its number ("Replace" / the line / "at line 23.").
+  Quoting a line is copying text the request points at (the identifier to rename, the
+  constant to change); its number then stands right before that text in the prompt, and
+  the block's range repeats the number just written. `files` are the contents the
+  ranges count in; a named block's thought starts with its path.
+  """
+  steps = []
+  for path, blocks in parse_line_edits(solution, open_file).items():
+    lines = split_keepends(files.get(path, ""))
+    for first, last, _ in blocks:
+      where = "" if path == open_file else f"In {path}: "
+      if first <= last:
+        steps.append(f"{where}Replace\n{lines[first - 1].rstrip(chr(10))}\nat line {first}.")
+      elif first <= len(lines):
+        steps.append(f"{where}Insert before\n{lines[first - 1].rstrip(chr(10))}\n"
+                     f"at line {first}.")
+      else:
+        steps.append(f"{where}Insert after the last line\nat line {first}.")
+  return "\n".join(steps)
 
 
 # ---------------------------------------------------------------------------

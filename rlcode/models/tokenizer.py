@@ -38,6 +38,15 @@ EDIT_SPECIALS = ("<think>", "</think>", "<solution>", "</solution>", "<<<<<<< SE
 # The added-token sets a tokenizer's name may end with, "+tools", "+edits" or both
 # ("+tools+edits": the tool tags first, then the edit markers, after the vocabulary).
 SPECIAL_SETS = {"tools": TOOL_SPECIALS, "edits": EDIT_SPECIALS}
+# The suffix that splits numbers into their digits ("data/code_bpe.json+digits+edits"):
+# each digit is one token, so a number is spelled the same wherever it stands. Without
+# it the code BPE writes a prompt's line "137|" as "1", "37" but an answer's " 137" as
+# " 13", "7", and line 20 is the token "20" in the prompt and " 20" in the answer: a
+# policy that copies a line number has to learn the pair for every number. (Llama's
+# and Qwen's tokenizers split digits for the same reason.) The vocabulary is unchanged;
+# its merges of digits are no longer used. A byte tokenizer's digits are already single
+# tokens, so "bytes+digits" is "bytes".
+DIGITS = "digits"
 
 
 class ByteTokenizer:
@@ -109,12 +118,19 @@ class HFTokenizer:
   of `_PAD_TOKENS`.
   """
 
-  def __init__(self, path: str, specials: Sequence[str] = ()):
+  def __init__(self, path: str, specials: Sequence[str] = (), digits: bool = False):
     from tokenizers import Tokenizer as _Tok
+    from tokenizers import pre_tokenizers
     file = os.path.join(path, "tokenizer.json") if os.path.isdir(path) else path
     if not os.path.isfile(file):
       raise FileNotFoundError(f"{path}: no tokenizer.json")
     self._tok = _Tok.from_file(file)
+    if digits:
+      # Digits first, then the file's own pre-tokenizer on each piece (DIGITS).
+      steps = [pre_tokenizers.Digits(individual_digits=True)]
+      if self._tok.pre_tokenizer is not None:
+        steps.append(self._tok.pre_tokenizer)
+      self._tok.pre_tokenizer = pre_tokenizers.Sequence(steps)
     # Specials the file lacks are appended as single tokens (ids after its vocabulary),
     # as added tokens rather than special ones, so that decoding keeps them (a tool
     # call's tags are part of its text) while it still drops <|bos|> and the like.
@@ -155,16 +171,20 @@ class HFTokenizer:
     return self._tok.token_to_id(text)
 
 
-def split_specials(name: str) -> tuple[str, tuple[str, ...]]:
-  """(base, added specials) of a tokenizer name: "data/code_bpe.json+tools+edits" ->
-  ("data/code_bpe.json", TOOL_SPECIALS + EDIT_SPECIALS); a name without a known
-  suffix is its own base."""
+def split_specials(name: str) -> tuple[str, tuple[str, ...], bool]:
+  """(base, added specials, digits split) of a tokenizer name:
+  "data/code_bpe.json+digits+tools+edits" -> ("data/code_bpe.json", TOOL_SPECIALS +
+  EDIT_SPECIALS, True); a name without a known suffix is its own base."""
   specials: tuple[str, ...] = ()
+  digits = False
   while True:
     base, plus, suffix = name.rpartition("+")
-    if not plus or suffix not in SPECIAL_SETS:
-      return name, specials
-    name, specials = base, SPECIAL_SETS[suffix] + specials
+    if plus and suffix == DIGITS:
+      name, digits = base, True
+    elif plus and suffix in SPECIAL_SETS:
+      name, specials = base, SPECIAL_SETS[suffix] + specials
+    else:
+      return name, specials, digits
 
 
 def is_byte_tokenizer(name: str | None) -> bool:
@@ -178,10 +198,11 @@ def load_tokenizer(path: str | None) -> Tokenizer:
   A name may end with added-token sets (SPECIAL_SETS): "+tools" (TOOL_SPECIALS), "+edits"
   (EDIT_SPECIALS) or both, each string then one token: "bytes+tools" has the tool tags
   after its bytes; "PATH+tools" is PATH's tokenizer with them added where it lacks them,
-  after its vocabulary (for example "data/code_bpe.json+tools": 4096 + 4 tokens)."""
+  after its vocabulary (for example "data/code_bpe.json+tools": 4096 + 4 tokens). And
+  "+digits" (DIGITS): every digit one token."""
   if path is None:
     return ByteTokenizer()
-  base, specials = split_specials(path)
+  base, specials, digits = split_specials(path)
   if base == "bytes":
     return ByteTokenizer(specials=specials)
-  return HFTokenizer(base, specials=specials)
+  return HFTokenizer(base, specials=specials, digits=digits)

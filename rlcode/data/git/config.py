@@ -17,6 +17,8 @@ import re
 from rlcode.data import edits
 
 GRANULARITIES = ("pr", "commit", "file", "hunk")
+# MiningConfig.reference_thought's choices.
+REFERENCE_THOUGHTS = ("fixed", "locate")
 
 # In the order they are checked; a skipped PR counts under the first.
 SKIP_REASONS = (
@@ -109,6 +111,9 @@ class MiningConfig:
     line_counts: line_edit only: the references write each range as its first
       line and length (LINES A+N) rather than its first and last (A-B); answers
       may use either.
+    reference_thought: what the references reason inside <think>: "fixed" (one
+      sentence, the same for every task) or "locate" (line_edit only: each block's
+      first line quoted, then its number; rlcode.data.edits.locating_thought).
     test_fraction: the latest fraction of kept PRs that form the test split
       (PRs at the boundary time all go to test).
     validation_fraction: this fraction of the kept PRs, the latest before the
@@ -150,6 +155,7 @@ class MiningConfig:
   instructions: bool = True
   open_file: bool = False
   line_counts: bool = False
+  reference_thought: str = "fixed"
   test_fraction: float | None = 0.1
   validation_fraction: float = 0.0
   test_after: str | None = None
@@ -184,6 +190,12 @@ class MiningConfig:
                        "expected 0 (whole files) or at least 3")
     if self.oracle_context_lines < 0:
       raise ValueError(f"MiningConfig.oracle_context_lines={self.oracle_context_lines} < 0")
+    if self.reference_thought not in REFERENCE_THOUGHTS:
+      raise ValueError(f"MiningConfig.reference_thought={self.reference_thought!r}; "
+                       f"expected one of {REFERENCE_THOUGHTS}")
+    if self.reference_thought == "locate" and self.edit_format != "line_edit":
+      raise ValueError("MiningConfig.reference_thought='locate' needs edit_format='line_edit' "
+                       f"(LINES blocks), got {self.edit_format!r}")
     for name in ("open_file", "line_counts"):
       if getattr(self, name) and self.edit_format != "line_edit":
         raise ValueError(f"MiningConfig.{name} needs edit_format='line_edit' (LINES blocks), "

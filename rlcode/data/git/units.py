@@ -175,16 +175,20 @@ def open_file(unit: Unit, config: MiningConfig) -> str:
 def validate(unit: Unit, config: MiningConfig) -> str:
   """The unit's reference completion in `config.edit_format` (blocks with
   `config.oracle_context_lines` unchanged lines, the open file's without a path line,
-  ranges as A+N with `config.line_counts`: rlcode.data.edits.oracle_completion); raises
-  Skip when it is unusable."""
+  ranges as A+N with `config.line_counts`, the reasoning `config.reference_thought`'s:
+  rlcode.data.edits.oracle_completion); raises Skip when it is unusable."""
   for path, content in unit.oracle.items():
     if not edits.normalized_patch(unit.files[path], content):
       raise Skip("invisible_change")
+  options = dict(context_lines=config.oracle_context_lines, open_file=open_file(unit, config),
+                 line_counts=config.line_counts)
   try:
-    return edits.oracle_completion(unit.files, unit.oracle, config.edit_format,
-                                   context_lines=config.oracle_context_lines,
-                                   open_file=open_file(unit, config),
-                                   line_counts=config.line_counts)
+    completion = edits.oracle_completion(unit.files, unit.oracle, config.edit_format, **options)
+    if config.reference_thought == "locate":
+      thought = edits.locating_thought(unit.files, completion, options["open_file"])
+      completion = edits.oracle_completion(unit.files, unit.oracle, config.edit_format,
+                                           thought=thought, **options)
+    return completion
   except ValueError:
     raise Skip("oracle_not_expressible") from None
 
