@@ -74,7 +74,7 @@ def test_tools_suffix_adds_the_tool_tags_as_single_tokens(tok):
 def test_edits_suffix_makes_the_answer_markers_single_tokens(tok):
   """"PATH+edits": each marker of an edit answer is one token after the file's 4096, the
   answer round-trips, text without markers encodes as before; suffixes stack in order."""
-  from rlcode.models.tokenizer import EDIT_SPECIALS, TOOL_SPECIALS, split_specials
+  from rlcode.models.tokenizer import EDIT_SPECIALS, TOOL_SPECIALS, split_tokenizer_name
   edits = load_tokenizer(PATH + "+edits")
   assert edits.vocab_size == 4096 + len(EDIT_SPECIALS)
   assert [edits.special_id(s) for s in EDIT_SPECIALS] == list(range(4096, 4104))
@@ -89,10 +89,10 @@ def test_edits_suffix_makes_the_answer_markers_single_tokens(tok):
   assert edits.encode(body) == tok.encode(body)
   both = load_tokenizer(PATH + "+tools+edits")
   assert both.special_id("<tool_call>") == 4096 and both.special_id("<think>") == 4100
-  assert split_specials("dir+x/tok.json+tools+edits") == ("dir+x/tok.json",
-                                                          TOOL_SPECIALS + EDIT_SPECIALS, False)
-  assert split_specials("a+b") == ("a+b", (), False)
-  assert split_specials("t.json+digits+edits") == ("t.json", EDIT_SPECIALS, True)
+  assert split_tokenizer_name("dir+x/tok.json+tools+edits") == (
+      "dir+x/tok.json", TOOL_SPECIALS + EDIT_SPECIALS, False)
+  assert split_tokenizer_name("a+b") == ("a+b", (), False)
+  assert split_tokenizer_name("t.json+digits+edits") == ("t.json", EDIT_SPECIALS, True)
 
 
 def test_digits_suffix_spells_every_number_digit_by_digit(tok):

@@ -21,7 +21,8 @@ from rlcode.errors import BadInput, MissingInput
 from rlcode.models.config import ModelConfig
 from rlcode.models.decoder import Decoder
 from rlcode.models.hf import load_hf
-from rlcode.models.tokenizer import Tokenizer, is_byte_tokenizer, load_tokenizer, split_specials
+from rlcode.models.tokenizer import (Tokenizer, is_byte_tokenizer, load_tokenizer,
+                                     split_tokenizer_name)
 
 _DTYPE_KEYS = ("param_dtype", "dtype", "attn_impl")
 
@@ -40,7 +41,7 @@ def build_model(model_cfg, mesh: Mesh, seed: int) -> tuple[Decoder, Tokenizer]:
     model, _ = load_hf(model_cfg.hf_path, mesh=mesh, **overrides)
     # A checkpoint brings its own tokenizer unless the config names one.
     tok_path = named or model_cfg.hf_path
-    base = split_specials(tok_path)[0]
+    base = split_tokenizer_name(tok_path)[0]
     if not is_byte_tokenizer(tok_path) and not (
         os.path.isfile(base) or os.path.isfile(os.path.join(base, "tokenizer.json"))):
       raise MissingInput(f"{tok_path}: no tokenizer.json; name one with "

@@ -171,7 +171,7 @@ class HFTokenizer:
     return self._tok.token_to_id(text)
 
 
-def split_specials(name: str) -> tuple[str, tuple[str, ...], bool]:
+def split_tokenizer_name(name: str) -> tuple[str, tuple[str, ...], bool]:
   """(base, added specials, digits split) of a tokenizer name:
   "data/code_bpe.json+digits+tools+edits" -> ("data/code_bpe.json", TOOL_SPECIALS +
   EDIT_SPECIALS, True); a name without a known suffix is its own base."""
@@ -189,7 +189,7 @@ def split_specials(name: str) -> tuple[str, tuple[str, ...], bool]:
 
 def is_byte_tokenizer(name: str | None) -> bool:
   """Whether `name` is the byte-level tokenizer ("bytes", "bytes+tools", ...)."""
-  return name is None or split_specials(name)[0] == "bytes"
+  return name is None or split_tokenizer_name(name)[0] == "bytes"
 
 
 def load_tokenizer(path: str | None) -> Tokenizer:
@@ -202,7 +202,7 @@ def load_tokenizer(path: str | None) -> Tokenizer:
   "+digits" (DIGITS): every digit one token."""
   if path is None:
     return ByteTokenizer()
-  base, specials, digits = split_specials(path)
+  base, specials, digits = split_tokenizer_name(path)
   if base == "bytes":
     return ByteTokenizer(specials=specials)
   return HFTokenizer(base, specials=specials, digits=digits)
