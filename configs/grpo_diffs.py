@@ -49,7 +49,9 @@ format errors left are line numbers past the shown lines
 (experiments/grpo_diffs_errors.py counts them); digit tokens (`+digits`), the training
 split repeated (`warmstart.train_repeats`), a second practice history, 6 layers and
 references that quote their lines first (`reference_thought="locate"`) were each no
-better on seed 0 (experiments/README.md, grpo_diffs, third session).
+better on seed 0; a second practice history with 800 steps had the best warm-start
+reward yet (0.554, 36% exact) but validity 0.815, over the time budget
+(experiments/README.md, grpo_diffs, third session).
 """
 
 import ml_collections
