@@ -50,8 +50,8 @@ format errors left are line numbers past the shown lines
 split repeated (`warmstart.train_repeats`), a second practice history, 6 layers and
 references that quote their lines first (`reference_thought="locate"`) were each no
 better on seed 0; a second practice history with 800 steps had the best warm-start
-reward yet (0.554, 36% exact) but validity 0.815, over the time budget
-(experiments/README.md, grpo_diffs, third session).
+reward yet (0.554, 36% exact) but validity 0.815, over the time budget, and GRPO then
+gained +0.004 (experiments/README.md, grpo_diffs, third session).
 """
 
 import ml_collections
