@@ -177,6 +177,7 @@ def test_locating_references_still_apply_and_name_their_ranges(bad_repo):
   repo, _ = bad_repo
   tasks = mine(_config(repo, test_fraction=0.0, granularity="hunk", edit_format="line_edit",
                        reference_thought="locate")).splits["train"]
+  assert tasks
   _check_oracle_applies(repo, tasks)
   for task in tasks:
     think = task.reference.split("</think>")[0]
