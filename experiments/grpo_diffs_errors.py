@@ -7,8 +7,9 @@ POLICY is a workdir, a workdir's warm_start/ or a checkpoint directory of
 configs/grpo_diffs.py (with the overrides it was trained with). Its answers are
 sampled as the config's eval rows are (the same seed, T, budget) but with
 --samples answers a task, and scored by the diff reward itself
-(rlcode.rewards.diffs.diff_reward, whose details name each answer's error). Prints one line per error code, `bad_range`
-split into ranges outside the file and blocks out of order, and how many failing
+(rlcode.rewards.diffs.diff_reward, whose details name each answer's error). Prints one
+line per error code, `bad_range` split into ranges outside the file and blocks out of
+order, and how many failing
 answers have a malformed marker line (a line that starts like a fence or a tag, or
 holds "LINES", "REPLACE" or a tag's end, but is not one), then --show examples
 of each code. Writes nothing.

@@ -430,3 +430,16 @@ def test_locating_thought_quotes_each_blocks_first_line_then_its_number():
   assert edits.apply_completion(reference, {"a.py": old}, "line_edit", "a.py") == {"a.py": new}
   shifted = edits.shift_line_numbers("", reference, 10)[1]
   assert "at line 12.\n" in shifted and "<<<<<<< LINES 12+2\n" in shifted
+  # Only the thought's: new text reading "at line 2." is left as it is.
+  text_line = reference.replace("  return a + b\n", "at line 2.\n")
+  assert edits.shift_line_numbers("", text_line, 10)[1] == shifted.replace(
+      "  return a + b\n", "at line 2.\n")
+
+
+def test_shifted_line_numbers_move_an_applied_diffs_hunk_headers():
+  """The hunk headers of a prompt's applied changes move with the numbered lines, counts
+  kept where the header has them and left out where it has none."""
+  prompt = ("--- BEGIN APPLIED CHANGES ---\n--- a/m.py\n+++ b/m.py\n@@ -3,2 +3,1 @@ def f\n"
+            "-a\n-b\n+c\n@@ -9 +8 @@\n-d\n+e\n--- END APPLIED CHANGES ---")
+  assert edits.shift_line_numbers(prompt, "", 4)[0] == prompt.replace(
+      "@@ -3,2 +3,1 @@ def f", "@@ -7,2 +7,1 @@ def f").replace("@@ -9 +8 @@", "@@ -13 +12 @@")

@@ -341,9 +341,6 @@ def number_lines(text: str, first: int = 1) -> str:
   return "".join(f"{first + k}|{line}" for k, line in enumerate(split_keepends(text)))
 
 
-_HUNK_HEADER_RE = re.compile(r"^@@ -(\d+)(,\d+)? \+(\d+)(,\d+)? @@")
-
-
 def shift_line_numbers(prompt: str, reference: str, offset: int) -> tuple[str, str]:
   """A line_edit task as if every shown file had `offset` more lines on top: each shown
   line's number, each omitted range (the first one, from line 1, grows), the hunk headers
@@ -362,7 +359,7 @@ def shift_line_numbers(prompt: str, reference: str, offset: int) -> tuple[str, s
   for line in prompt.split("\n"):
     numbered = _NUMBERED_RE.match(line)
     omitted = _OMITTED_RE.match(line)
-    hunk = _HUNK_HEADER_RE.match(line)
+    hunk = _HUNK_RE.match(line)
     if numbered:
       number = int(line[:numbered.end() - 1])
       if after_path and number == 1:
@@ -373,7 +370,8 @@ def shift_line_numbers(prompt: str, reference: str, offset: int) -> tuple[str, s
       line = omitted_lines(1 if first == 1 else first + offset, last + offset).rstrip("\n")
     elif hunk:
       old, old_n, new, new_n = hunk.groups()
-      line = (f"@@ -{int(old) + offset}{old_n or ''} +{int(new) + offset}{new_n or ''} @@"
+      line = (f"@@ -{int(old) + offset}{'' if old_n is None else ',' + old_n} "
+              f"+{int(new) + offset}{'' if new_n is None else ',' + new_n} @@"
               f"{line[hunk.end():]}")
     out.append(line)
     after_path = line.startswith("### ")
@@ -383,10 +381,13 @@ def shift_line_numbers(prompt: str, reference: str, offset: int) -> tuple[str, s
     return f"LINES {first + offset}{sign}{other + offset if sign == '-' else other}"
   reference = re.sub(r"(?<=^<<<<<<< )LINES (\d+)([-+])(\d+)", shift, reference,
                      flags=re.MULTILINE)
-  # A locating thought's numbers (locating_thought).
-  reference = re.sub(r"^at line (\d+)\.$", lambda m: f"at line {int(m.group(1)) + offset}.",
-                     reference, flags=re.MULTILINE)
-  return "\n".join(out), reference
+  # A locating thought's numbers (locating_thought), in the thought only: a line of the
+  # solution's new text that happens to read "at line 5." is code, not a number to move.
+  thought, end, rest = reference.partition(THINK_END)
+  if end:
+    thought = re.sub(r"^at line (\d+)\.$", lambda m: f"at line {int(m.group(1)) + offset}.",
+                     thought, flags=re.MULTILINE)
+  return "\n".join(out), thought + end + rest
 
 
 def parse_line_edits(solution: str, open_file: str = ""
