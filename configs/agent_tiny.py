@@ -87,7 +87,9 @@ def get_config():
       max_episodes=0,  # > 0: expert episodes of only the first that many training tasks
       # The fraction of training tasks whose episode is a demonstrator's that does not
       # look (rlcode.agent.expert.guess_calls) instead of the expert's.
-      guess_fraction=0.0))
+      guess_fraction=0.0,
+      # The families whose tasks may get such a demonstrator (empty: every family).
+      guess_families=()))
 
   # 20 GRPO steps (~17 s each) after the ~12-minute warm start, three validation rows
   # included: 19.8-21.6 minutes a seed measured on 2 cores (3 seeds; the budget

@@ -141,6 +141,10 @@ def test_the_guessing_demonstrator_writes_at_once_and_fails_without_luck(scorer)
     assert 8 <= sum(picked) <= 32
     assert picked != [expert.is_guess(t, 0.5, seed=1) for t in tasks]
     assert not any(expert.is_guess(t, 0.0, seed=0) for t in tasks)
+    # Limited to families: the same choice inside them, none outside.
+    others = tuple(v for v in expert.VARIANTS if v != variant)
+    assert [expert.is_guess(t, 0.5, 0, (variant,)) for t in tasks] == picked
+    assert not any(expert.is_guess(t, 1.0, 0, others) for t in tasks)
 
 
 def test_the_tests_variant_needs_the_test_run(scorer):

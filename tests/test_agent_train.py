@@ -86,3 +86,14 @@ def test_grpo_tasks_leaves_out_the_matching_ids():
     grpo_tasks(config("^agent/"), tasks)
   with pytest.raises(BadInput, match="not a regular expression"):
     grpo_tasks(config("(practice"), tasks)
+
+
+def test_demonstrations_reject_an_unknown_guess_family():
+  import ml_collections
+
+  from rlcode.agent.train import demonstrations
+  from rlcode.errors import BadInput
+  config = ml_collections.ConfigDict({"warmstart": {"guess_fraction": 0.5,
+                                                    "guess_families": ("file", "serach")}})
+  with pytest.raises(BadInput, match=r"guess_families: unknown \['serach'\]"):
+    demonstrations(config, [], [], None, None)

@@ -20,6 +20,7 @@ from rlcode.agent.env import ToolEnv
 from rlcode.data.tasks import Task
 
 TOOLSETS = ("rich", "terminal")
+VARIANTS = ("file", "search", "tests")  # the task families (a task's hint["variant"])
 THINK = ("none", "start", "each")
 
 
@@ -69,9 +70,13 @@ def expert_calls(task: Task, toolset: str = "rich", think: str = "none") -> list
 GUESSED_NAMES = ("solve", "f", "func", "answer", "compute", "solution")
 
 
-def is_guess(task: Task, fraction: float, seed: int) -> bool:
+def is_guess(task: Task, fraction: float, seed: int,
+             families: tuple[str, ...] | None = None) -> bool:
   """Whether the imperfect demonstrator (`guess_calls`) answers `task` without looking:
-  true for about `fraction` of the tasks, chosen by a hash of the task id and `seed`."""
+  true for about `fraction` of the tasks, chosen by a hash of the task id and `seed`;
+  with `families`, only for tasks of those families (the hint's variant)."""
+  if families is not None and task.extra["hint"]["variant"] not in families:
+    return False
   digest = hashlib.sha256(f"guess/{seed}/{task.id}".encode()).hexdigest()
   return int(digest[:15], 16) / 16**15 < fraction
 

@@ -204,12 +204,14 @@ def evaluate(config, model, chat, envs, tasks, budgets, mesh) -> dict:
           "n_episodes": len(trajs)}
 
 
-def expert_episodes(config, tasks, envs, chat, budgets,
-                    guess_fraction: float = 0.0) -> list[sampler.Trajectory | None]:
+def expert_episodes(config, tasks, envs, chat, budgets, guess_fraction: float = 0.0,
+                    guess_families: tuple[str, ...] | None = None
+                    ) -> list[sampler.Trajectory | None]:
   """One scripted expert episode per task, None where the tool set cannot solve it;
   played on the environments side by side, each taking every len(envs)-th episode.
-  guess_fraction > 0: that fraction of the tasks (expert.is_guess, by the run's seed)
-  get the episode of a demonstrator that does not look (expert.guess_calls) instead."""
+  guess_fraction > 0: that fraction of the tasks (expert.is_guess, by the run's seed;
+  of the `guess_families` only, when given) get the episode of a demonstrator that
+  does not look (expert.guess_calls) instead."""
   agent = config.agent
   jobs = []
   for i, task in enumerate(tasks):
@@ -217,7 +219,8 @@ def expert_episodes(config, tasks, envs, chat, budgets,
       calls = expert.expert_calls(task, agent.toolset, agent.think)
     except ValueError:
       continue
-    if guess_fraction > 0 and expert.is_guess(task, guess_fraction, config.seed):
+    if guess_fraction > 0 and expert.is_guess(task, guess_fraction, config.seed,
+                                              guess_families):
       calls = expert.guess_calls(task, agent.toolset, config.seed)
     jobs.append((i, task, calls))
   out: list[sampler.Trajectory | None] = [None] * len(tasks)
@@ -232,19 +235,27 @@ def expert_episodes(config, tasks, envs, chat, budgets,
   return out
 
 
-def expert_trajectories(config, tasks, envs, chat, budgets,
-                        guess_fraction: float = 0.0) -> list[sampler.Trajectory]:
+def expert_trajectories(config, tasks, envs, chat, budgets, guess_fraction: float = 0.0,
+                        guess_families: tuple[str, ...] | None = None
+                        ) -> list[sampler.Trajectory]:
   """The expert episodes of the tasks its tool set can solve, in task order
-  (guess_fraction: as in expert_episodes)."""
-  return [t for t in expert_episodes(config, tasks, envs, chat, budgets, guess_fraction)
-          if t is not None]
+  (guess_fraction, guess_families: as in expert_episodes)."""
+  return [t for t in expert_episodes(config, tasks, envs, chat, budgets, guess_fraction,
+                                     guess_families) if t is not None]
 
 
 def demonstrations(config, tasks, envs, chat, budgets) -> list[sampler.Trajectory]:
   """The warm start's episodes (and a cross-entropy control's): the expert's, with
-  `warmstart.guess_fraction` of them a demonstrator's that does not look."""
+  `warmstart.guess_fraction` of them (of the `warmstart.guess_families` only, when
+  set) a demonstrator's that does not look."""
+  ws = config.warmstart
+  families = tuple(ws.get("guess_families", ())) or None
+  unknown = set(families or ()) - set(expert.VARIANTS)
+  if unknown:
+    raise BadInput(f"warmstart.guess_families: unknown {sorted(unknown)}; "
+                   f"known: {list(expert.VARIANTS)}")
   return expert_trajectories(config, tasks, envs, chat, budgets,
-                             config.warmstart.get("guess_fraction", 0.0))
+                             ws.get("guess_fraction", 0.0), families)
 
 
 def guide_groups(trajs, experts, group_size: int, slots: int):
