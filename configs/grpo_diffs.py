@@ -118,6 +118,9 @@ def get_config():
       # Each training task this many times in the warm start's rows (the practice
       # history's once).
       train_repeats=1,
+      # In (0, 1): the warm start returns a moving average of its params over the steps
+      # (avg = ema * avg + (1 - ema) * params; rlcode.sft.train_on_batches); 0: the last.
+      ema=0.0,
       # >= 0: the warm start's own seed, so runs of several seeds share one (with cache_dir,
       # trained once); -1: the run's seed.
       seed=-1))

@@ -50,7 +50,7 @@ def train_on_batches(graphdef, params, next_batch, mesh: Mesh, *,
                      optimizer: grpo.OptimizerConfig, batch_size: int,
                      steps: int | None = None, seconds: float | None = None,
                      progress: bool = False, desc: str = "sft",
-                     on_step=None) -> tuple[nnx.State, dict]:
+                     on_step=None, ema: float = 0.0) -> tuple[nnx.State, dict]:
   """Cross-entropy steps from `params` on batches of `batch_size` rows from `next_batch()`
   (SequenceBatches whose masks mark the targets).
 
@@ -61,16 +61,25 @@ def train_on_batches(graphdef, params, next_batch, mesh: Mesh, *,
   Runs `steps` steps, or, with `seconds`, steps until that much time was spent in them
   (a wall-clock budget, for controls that match another run's training time; batch
   building and the step count towards it, compilation of the first step too).
+  ema in (0, 1): the returned params are an exponential moving average of the params
+  after each step, `avg = ema * avg + (1 - ema) * params`, started at the first step's
+  (Polyak averaging; the loop itself trains the raw params). 0 returns the last params.
+
   Returns the new params and {"steps", "seconds", "loss_first", "loss_last",
   "target_tokens"}.
   """
   if (steps is None) == (seconds is None):
     raise ValueError(f"{desc}: give exactly one of steps and seconds")
+  if not 0.0 <= ema < 1.0:
+    raise ValueError(f"{desc}: ema must be in [0, 1), got {ema}")
   opt = grpo.make_optimizer(optimizer)
   state = grpo.init_state(nnx.merge(graphdef, params), opt, mesh)
   example = grpo.SequenceBatch.abstract(batch_size)
   step_fn = make_sft_step(graphdef, opt, mesh, state, example)
   batch_sh = grpo.batch_shardings(mesh, example)
+  average = jax.jit(lambda avg, new: jax.tree.map(lambda a, b: ema * a + (1 - ema) * b,
+                                                  avg, new), donate_argnums=(0,))
+  avg = None
   losses, targets, spent = [], 0, 0.0
   bar = tqdm(total=steps, desc=desc, disable=not progress, leave=False)
   while (len(losses) < steps) if steps is not None else (spent < seconds):
@@ -78,6 +87,9 @@ def train_on_batches(graphdef, params, next_batch, mesh: Mesh, *,
     batch = next_batch()
     # Every process builds the whole batch (the same stream); each places its part.
     state, m = step_fn(state, distributed.put_global(batch, batch_sh))
+    if ema > 0:  # before the next step donates state.params
+      avg = (jax.tree.map(lambda x: x.copy(), state.params) if avg is None
+             else average(avg, state.params))
     losses.append(m["sft_loss"])
     targets += int(batch.mask.sum())
     if on_step is not None:
@@ -88,7 +100,8 @@ def train_on_batches(graphdef, params, next_batch, mesh: Mesh, *,
     bar.update()
   bar.close()
   losses = [float(x) for x in jax.device_get(losses)]
-  return state.params, {"steps": len(losses), "seconds": spent, "loss_first": losses[0],
+  return (avg if ema > 0 else state.params), {
+      "steps": len(losses), "seconds": spent, "loss_first": losses[0],
                         "loss_last": losses[-1], "target_tokens": targets}
 
 
@@ -96,13 +109,13 @@ def run(graphdef, params, tasks, tokenizer, mesh: Mesh, *, optimizer: grpo.Optim
         batch_size: int, seed: int, steps: int | None = None, seconds: float | None = None,
         multiple: int = rollout.LENGTH_MULTIPLE, bucket: int = 1, progress: bool = False,
         desc: str = "sft", augment: Callable[[list, np.random.Generator], list] | None = None,
-        ) -> tuple[nnx.State, dict]:
+        ema: float = 0.0) -> tuple[nnx.State, dict]:
   """`train_on_batches` on the tasks' reference solutions: batches from a TaskStream
   seeded with `seed`, lengths padded to multiples of `multiple`
   (rlcode.rollout.sft_batch). bucket > 1: batches of similar lengths
   (`LengthBuckets`), so that less of each batch is padding. augment(tasks, rng), when
   given, rewrites each batch's tasks before they are tokenised (`renumber`), with a
-  generator seeded from `seed`."""
+  generator seeded from `seed`. ema: as in `train_on_batches`."""
   if bucket > 1:
     stream = LengthBuckets(tasks, tokenizer, batch_size, seed, bucket)
   else:
@@ -112,7 +125,7 @@ def run(graphdef, params, tasks, tokenizer, mesh: Mesh, *, optimizer: grpo.Optim
   return train_on_batches(
       graphdef, params, lambda: rollout.sft_batch(tokenizer, draw(), multiple), mesh,
       optimizer=optimizer, batch_size=batch_size, steps=steps, seconds=seconds,
-      progress=progress, desc=desc)
+      progress=progress, desc=desc, ema=ema)
 
 
 def renumber(max_offset: int) -> Callable[[list, np.random.Generator], list]:

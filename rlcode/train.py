@@ -277,7 +277,8 @@ def warm_start(config, graphdef, params, tasks, tokenizer, mesh, metrics):
   Batches are padded to multiples of `rl.length_multiple` (default 32), as the GRPO
   updates are; `warmstart.bucket` > 1 batches rows of similar lengths together
   (rlcode.sft.LengthBuckets); `warmstart.renumber` > 0 shows each line-edit row's file as
-  if it had up to that many more lines on top (rlcode.sft.renumber). With
+  if it had up to that many more lines on top (rlcode.sft.renumber); `warmstart.ema` > 0
+  returns a moving average of the params over the steps (rlcode.sft.train_on_batches). With
   `warmstart.cache_dir` set, the result is kept there under a hash of everything it
   depends on (`warm_start_key`) and a later run with the same key loads it instead of
   training again: several runs (arms of an experiment, a
@@ -299,7 +300,8 @@ def warm_start(config, graphdef, params, tasks, tokenizer, mesh, metrics):
                           multiple=int(config.rl.get("length_multiple", rollout.LENGTH_MULTIPLE)),
                           bucket=int(ws.get("bucket", 1)),
                           augment=(sft.renumber(int(ws.renumber)) if ws.get("renumber") else None),
-                          progress=config.train.progress_bar, desc="warm start")
+                          progress=config.train.progress_bar, desc="warm start",
+                          ema=float(ws.get("ema", 0.0)))
   row = {"sft_loss_first": stats["loss_first"], "sft_loss_last": stats["loss_last"],
          "sft_steps": ws.steps}
   metrics.write(0, row)

@@ -257,6 +257,7 @@ def test_imitate_reports_every_step_to_on_step(model, episodes):
   graphdef, params = nnx.split(model, nnx.Param)
   seen = []
   mesh = sharding.make_mesh()
+  params = jax.tree.map(lambda x: x.copy(), params)  # the first step donates them
   out, stats = imitate(graphdef, params, trajs, TOK.pad_id, mesh,
                        optimizer=grpo.OptimizerConfig(learning_rate=1e-2, decay_steps=3), batch_size=2,
                        seed=0, steps=3,
@@ -267,6 +268,38 @@ def test_imitate_reports_every_step_to_on_step(model, episodes):
   for a, b in zip(seen[-1][1], jax.tree.leaves(out)):
     np.testing.assert_array_equal(a, np.asarray(b))
   assert not all(np.array_equal(a, np.asarray(b)) for a, b in zip(seen[0][1], jax.tree.leaves(out)))
+
+
+def test_train_on_batches_with_ema_returns_the_moving_average_of_the_steps_params(model,
+                                                                                  episodes):
+  """ema=0.6 over 3 steps: the first step's params, then avg = 0.6 avg + 0.4 new, from the
+  same raw steps as a run without it (numpy on the params each step left)."""
+  from rlcode import sft, sharding
+  trajs, _, _ = episodes
+  graphdef, params = nnx.split(model, nnx.Param)
+  mesh = sharding.make_mesh()
+
+  def run(ema, on_step=None):
+    rng = np.random.default_rng(0)
+    batch = lambda: rollout.sft_batch([trajs[i] for i in rng.choice(len(trajs), 2)],
+                                      TOK.pad_id)
+    return sft.train_on_batches(  # a copy each run: the first step donates its params
+        graphdef, jax.tree.map(lambda x: x.copy(), params), batch, mesh, batch_size=2,
+        steps=3, ema=ema, on_step=on_step,
+        optimizer=grpo.OptimizerConfig(learning_rate=1e-2, decay_steps=3))
+  seen = []
+  last, _ = run(0.0, lambda step, p, loss: seen.append(
+      [np.asarray(x, np.float64) for x in jax.tree.leaves(p)]))
+  avg, _ = run(0.6)
+  want = seen[0]
+  for new in seen[1:]:
+    want = [0.6 * a + 0.4 * b for a, b in zip(want, new)]
+  for w, got, raw in zip(want, jax.tree.leaves(avg), jax.tree.leaves(last)):
+    np.testing.assert_allclose(np.asarray(got), w, rtol=1e-5, atol=1e-6)
+  assert not all(np.allclose(np.asarray(a), np.asarray(b))
+                 for a, b in zip(jax.tree.leaves(avg), jax.tree.leaves(last)))
+  with pytest.raises(ValueError, match="ema must be in"):
+    run(1.0)
 
 
 def test_episode_metrics_count_success_per_task_family():
