@@ -92,8 +92,8 @@ def get_config():
       guess_families=()))
 
   # 20 GRPO steps (~17 s each) after the ~12-minute warm start, three validation rows
-  # included: 19.8-21.6 minutes a seed measured on 2 cores (3 seeds; the budget
-  # is 20).
+  # included: 19.8-21.6 minutes a seed measured on 2 cores with other work on them (3
+  # seeds; the budget is 20), about 16 on a quiet machine (seed 1, 2026-12-03).
   config.train = ml_collections.ConfigDict(dict(
       steps=20, checkpoint_every=10, eval_every=10, keep_checkpoints=2,
       on_nonfinite="skip", progress_bar=True))

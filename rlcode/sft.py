@@ -100,9 +100,9 @@ def train_on_batches(graphdef, params, next_batch, mesh: Mesh, *,
     bar.update()
   bar.close()
   losses = [float(x) for x in jax.device_get(losses)]
-  return (avg if ema > 0 else state.params), {
-      "steps": len(losses), "seconds": spent, "loss_first": losses[0],
-                        "loss_last": losses[-1], "target_tokens": targets}
+  stats = {"steps": len(losses), "seconds": spent, "loss_first": losses[0],
+           "loss_last": losses[-1], "target_tokens": targets}
+  return (avg if ema > 0 else state.params), stats
 
 
 def run(graphdef, params, tasks, tokenizer, mesh: Mesh, *, optimizer: grpo.OptimizerConfig,

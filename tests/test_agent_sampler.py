@@ -294,7 +294,7 @@ def test_train_on_batches_with_ema_returns_the_moving_average_of_the_steps_param
   want = seen[0]
   for new in seen[1:]:
     want = [0.6 * a + 0.4 * b for a, b in zip(want, new)]
-  for w, got, raw in zip(want, jax.tree.leaves(avg), jax.tree.leaves(last)):
+  for w, got in zip(want, jax.tree.leaves(avg)):
     np.testing.assert_allclose(np.asarray(got), w, rtol=1e-5, atol=1e-6)
   assert not all(np.allclose(np.asarray(a), np.asarray(b))
                  for a, b in zip(jax.tree.leaves(avg), jax.tree.leaves(last)))
