@@ -22,6 +22,7 @@ from tqdm import tqdm
 
 from rlcode import distributed, grpo, rollout, sharding
 from rlcode.data import edits
+from rlcode.errors import BadInput
 
 
 def make_sft_step(graphdef, optimizer: optax.GradientTransformation, mesh: Mesh,
@@ -70,16 +71,17 @@ def train_on_batches(graphdef, params, next_batch, mesh: Mesh, *,
   """
   if (steps is None) == (seconds is None):
     raise ValueError(f"{desc}: give exactly one of steps and seconds")
-  if not 0.0 <= ema < 1.0:
-    raise ValueError(f"{desc}: ema must be in [0, 1), got {ema}")
+  if not 0.0 <= ema < 1.0:  # a config value (warmstart.ema): one line from the CLI
+    raise BadInput(f"{desc}: ema must be in [0, 1), got {ema}")
   opt = grpo.make_optimizer(optimizer)
   state = grpo.init_state(nnx.merge(graphdef, params), opt, mesh)
   example = grpo.SequenceBatch.abstract(batch_size)
   step_fn = make_sft_step(graphdef, opt, mesh, state, example)
   batch_sh = grpo.batch_shardings(mesh, example)
-  average = jax.jit(lambda avg, new: jax.tree.map(lambda a, b: ema * a + (1 - ema) * b,
-                                                  avg, new), donate_argnums=(0,))
-  avg = None
+  avg = average = None  # with ema > 0: the moving average, updated in place every step
+  if ema > 0:
+    average = jax.jit(lambda avg, new: jax.tree.map(lambda a, b: ema * a + (1 - ema) * b,
+                                                    avg, new), donate_argnums=(0,))
   losses, targets, spent = [], 0, 0.0
   bar = tqdm(total=steps, desc=desc, disable=not progress, leave=False)
   while (len(losses) < steps) if steps is not None else (spent < seconds):

@@ -298,7 +298,8 @@ def test_train_on_batches_with_ema_returns_the_moving_average_of_the_steps_param
     np.testing.assert_allclose(np.asarray(got), w, rtol=1e-5, atol=1e-6)
   assert not all(np.allclose(np.asarray(a), np.asarray(b))
                  for a, b in zip(jax.tree.leaves(avg), jax.tree.leaves(last)))
-  with pytest.raises(ValueError, match="ema must be in"):
+  from rlcode.errors import BadInput
+  with pytest.raises(BadInput, match="ema must be in"):  # one line from the CLI
     run(1.0)
 
 
