@@ -71,7 +71,11 @@ def get_config():
       expert_slots=0,
       # A regular expression: training tasks whose id matches it are left out of GRPO's
       # stream (the warm start still uses them), e.g. "^agent/practice/".
-      exclude_task_ids=""))
+      exclude_task_ids="",
+      # > 1: DAPO's dynamic sampling, capped: up to that many rounds of prompts_per_step
+      # tasks a step, keeping the groups whose rewards differ until prompts_per_step are
+      # kept (rlcode.agent.train.fill_with_signal); 1: every sampled group is trained.
+      sample_rounds=1))
   # lr 1e-4, tuned on validation (seed 0): from the 0.746 warm start 3e-4 drifted down
   # (0.719 at step 25) and so did 1e-4 (0.714 at 30); from this warm start 1e-4 rises,
   # 0.688 -> 0.723 in 20 steps, 0.754 in 50 (experiments/README.md, agent_tiny).

@@ -29,12 +29,14 @@ SMALL = [
 def test_rlcode_train_runs_the_agent_loop_and_resumes(tmp_path):
   """With expert-guided groups (one of the two slots; 3 turns fit the expert's view,
   create, finish): from a 2-step warm start every sampled episode fails and the
-  expert's succeeds, so every group carries a signal; the expert rows' old log-probs
+  expert's succeeds, so every group carries a signal (and dynamic sampling stops after
+  its first round); the expert rows' old log-probs
   are the policy's own, so the update's mean ratio is 1 (with the expert's recorded
   0.0 it would be ~1/vocab)."""
   workdir = str(tmp_path / "run")
   argv = ["train", "--config", CONFIG, *SMALL, f"--config.workdir={workdir}",
-          "--config.rl.expert_slots=1", "--config.agent.max_turns=3"]
+          "--config.rl.expert_slots=1", "--config.agent.max_turns=3",
+          "--config.rl.sample_rounds=2"]
   assert cli.main(argv) == 0
   rows = read_metrics(workdir)
   evals = [r for r in rows if "eval/success" in r]
@@ -49,6 +51,8 @@ def test_rlcode_train_runs_the_agent_loop_and_resumes(tmp_path):
   for row in steps:
     assert row["expert_rows"] == 0.5 and row["success"] == 0.0
     assert row["groups_with_signal"] == 1.0 and row["expert_logprob_seconds"] > 0
+    # Dynamic sampling needs no second round when every group has a signal.
+    assert row["sample_rounds"] == 1 and row["sampled_groups_with_signal"] == 1.0
     assert abs(row["ratio"] - 1.0) < 1e-3
   assert rows[0]["expert_success"] == 1.0  # every expert episode solved its task
   assert rows[0]["expert_episodes"] == 8
@@ -97,3 +101,49 @@ def test_demonstrations_reject_an_unknown_guess_family():
                                                     "guess_families": ("file", "serach")}})
   with pytest.raises(BadInput, match=r"guess_families: unknown \['serach'\]"):
     demonstrations(config, [], [], None, None)
+
+
+def test_fill_with_signal_keeps_groups_whose_rewards_differ():
+  """DAPO's dynamic sampling: flat groups are dropped while rounds remain; a batch still
+  short after the last round is filled with that round's flat groups; one round is the
+  plain loop."""
+  from types import SimpleNamespace
+
+  from rlcode.agent.train import fill_with_signal
+  # Three rounds of three groups of 2; the groups with signal: round 0 its second,
+  # round 1 its first, round 2 its first two.
+  rounds = [[1, 1, 0, 1, 0, 0], [1, 0, 1, 1, 0, 0], [0, 1, 1, 0, 1, 1]]
+  calls = []
+
+  def sample(r):
+    calls.append(r)
+    return [SimpleNamespace(reward=x, tag=(r, i)) for i, x in enumerate(rounds[r])]
+
+  # Full in the third round: the first three groups with signal, in the order drawn.
+  batch, drawn, ran = fill_with_signal(sample, 2, 3, rounds=3)
+  assert ran == 3 and calls == [0, 1, 2] and len(drawn) == 18
+  assert [b.tag for b in batch] == [(0, 2), (0, 3), (1, 0), (1, 1), (2, 0), (2, 1)]
+  # Capped at two rounds, two groups with signal: the last round's first flat group
+  # fills the third place.
+  calls.clear()
+  batch, _, ran = fill_with_signal(sample, 2, 3, rounds=2)
+  assert ran == 2 and calls == [0, 1]
+  assert [b.tag for b in batch] == [(0, 2), (0, 3), (1, 0), (1, 1), (1, 2), (1, 3)]
+  # One round: the groups as they came, flat ones included.
+  calls.clear()
+  batch, drawn, ran = fill_with_signal(sample, 2, 3, rounds=1)
+  assert ran == 1 and calls == [0] and [b.tag for b in batch] == [(0, i) for i in range(6)]
+  with pytest.raises(ValueError, match="expected 2 x 2"):
+    fill_with_signal(sample, 2, 2, rounds=1)
+
+
+def test_sample_rounds_rejects_a_bad_value():
+  import ml_collections
+
+  from rlcode.agent.train import sample_rounds
+  from rlcode.errors import BadInput
+  assert sample_rounds(ml_collections.ConfigDict({})) == 1
+  assert sample_rounds(ml_collections.ConfigDict({"sample_rounds": 3})) == 3
+  for bad in (0, 1.5):
+    with pytest.raises(BadInput, match="rl.sample_rounds must be an integer >= 1"):
+      sample_rounds(ml_collections.ConfigDict({"sample_rounds": bad}))

@@ -17,6 +17,10 @@ fails a task the expert's episode gets a positive advantage; where it succeeds e
 reward is equal and nothing is pushed. The expert rows are trained as on-policy (old
 log-probs under the current policy), and the logged success is the sampled episodes'.
 
+With rl.sample_rounds = n > 1 a step samples up to n rounds of prompts_per_step tasks and
+trains on the groups whose rewards differ (DAPO's dynamic sampling, capped;
+`fill_with_signal`), logging sample_rounds and sampled_groups_with_signal.
+
 Evaluation rows: eval/success (the share of episodes whose final reward reaches
 agent.success_reward), eval/success/<family> (the same per task family: file, search,
 tests), eval/tool_calls_per_episode, and the other means of
@@ -77,6 +81,7 @@ def train(config) -> list[dict]:
   optimizer = grpo.make_optimizer(grpo.OptimizerConfig.from_config(config.optimizer))
   loss_cfg = grpo.LossConfig.from_config(rl, agent.max_total_tokens)
   advantages = grpo.advantages_from_config(rl)
+  rounds = sample_rounds(rl)  # checked before the warm start
   keeps_reference = loss_cfg.uses_reference
   ckpt = checkpoint.Checkpointer(os.path.join(config.workdir, "checkpoints"),
                                  keep=config.train.keep_checkpoints)
@@ -126,20 +131,33 @@ def train(config) -> list[dict]:
   bar = tqdm(range(start_step, config.train.steps), initial=start_step,
              total=config.train.steps, desc="agent grpo",
              disable=not config.train.progress_bar)
-  for step in bar:
+
+  def sample_round(step: int, r: int, timing: sampler.Timing
+                   ) -> list[tuple[sampler.Trajectory, bool]]:
+    """One round of the step's rollouts: G episodes of the stream's next tasks (expert
+    slots filled when set), as (trajectory, is it the expert's) pairs, task-major."""
     tasks = stream.next()
-    timing = sampler.Timing()
-    start = time.perf_counter()
+    seed = config.seed * 1_000_003 + step + r * 104_729  # round 0: the plain loop's seed
     trajs = sampler.run_episodes(
         policy(state.params), chat, envs, tasks, group_size=rl.group_size, budgets=budgets,
-        temperature=rl.temperature, seed=config.seed * 1_000_003 + step, mesh=mesh,
-        workers=agent.workers, timing=timing)
-    sampled, guided = trajs, np.zeros(len(trajs), bool)
+        temperature=rl.temperature, seed=seed, mesh=mesh, workers=agent.workers,
+        timing=timing)
+    guided = np.zeros(len(trajs), bool)
     if slots:
       experts = [e if e is not None and not e.cut and e.reward >= agent.success_reward
                  else None for e in expert_episodes(config, tasks, envs, chat, budgets)]
-      trajs, guided = guide_groups(sampled, experts, rl.group_size, slots)
-      sampled = [t for t, g in zip(sampled, guided) if not g]
+      trajs, guided = guide_groups(trajs, experts, rl.group_size, slots)
+    return list(zip(trajs, guided))
+
+  for step in bar:
+    timing = sampler.Timing()
+    start = time.perf_counter()
+    picked, drawn, rounds_run = fill_with_signal(
+        lambda r: sample_round(step, r, timing), rl.group_size, rl.prompts_per_step, rounds,
+        reward=lambda item: item[0].reward)
+    trajs = [t for t, _ in picked]
+    guided = np.array([g for _, g in picked], bool)
+    sampled = [t for t, g in drawn if not g]
     rollout_s = time.perf_counter() - start
     scores = np.array([t.reward for t in trajs], np.float32)
     adv = advantages(scores)
@@ -161,6 +179,10 @@ def train(config) -> list[dict]:
     row.update(rollout.episode_metrics(sampled, agent.success_reward))
     if slots:
       row.update(expert_rows=float(guided.mean()), expert_logprob_seconds=logprob_s)
+    if rounds > 1:
+      row.update(sample_rounds=float(rounds_run), sampled_groups_with_signal=float(
+          np.mean([_has_signal(drawn[i:i + rl.group_size], lambda item: item[0].reward)
+                   for i in range(0, len(drawn), rl.group_size)])))
     row.update(
         groups_with_signal=float(np.mean(np.abs(adv.reshape(-1, rl.group_size)).max(1) > 0)),
         trained_tokens=float(batch.mask.sum() / len(trajs)),
@@ -272,6 +294,49 @@ def guide_groups(trajs, experts, group_size: int, slots: int):
       for i in range((g + 1) * group_size - slots, (g + 1) * group_size):
         out[i], guided[i] = episode, True
   return out, guided
+
+
+def sample_rounds(rl) -> int:
+  """rl.sample_rounds (1 when absent), checked: at least 1."""
+  rounds = rl.get("sample_rounds", 1)
+  if not isinstance(rounds, int) or rounds < 1:
+    raise BadInput(f"rl.sample_rounds must be an integer >= 1, got {rounds!r}")
+  return rounds
+
+
+def _has_signal(group, reward) -> bool:
+  return len({reward(item) for item in group}) > 1
+
+
+def fill_with_signal(sample_round, group_size: int, groups: int, rounds: int, *,
+                     reward=lambda item: item.reward):
+  """DAPO's dynamic sampling (Yu et al. 2025), with a cap on the rounds.
+
+  sample_round(r) returns round r's items (`groups` groups of `group_size`, group-major;
+  reward(item) is an item's final reward). Rounds run until `groups` groups whose
+  rewards are not all equal have been kept, or `rounds` rounds have run. A batch still
+  short then is filled with the last round's flat groups, whose advantages are 0 (with
+  beta = 0 they add nothing to the gradient, as in plain GRPO). rounds = 1 is plain
+  GRPO: the first round's groups as they came.
+
+  Returns (the batch's items, groups * group_size of them; every item drawn, in order;
+  the rounds run).
+  """
+  kept, drawn = [], []
+  for r in range(rounds):
+    items = sample_round(r)
+    if len(items) != groups * group_size:
+      raise ValueError(f"round {r}: {len(items)} items, expected {groups} x {group_size}")
+    drawn += items
+    chunks = [items[i:i + group_size] for i in range(0, len(items), group_size)]
+    if rounds == 1:
+      return items, drawn, 1
+    flat = [c for c in chunks if not _has_signal(c, reward)]
+    kept += [c for c in chunks if _has_signal(c, reward)]
+    if len(kept) >= groups:
+      break
+  batch = (kept + flat)[:groups]
+  return [item for chunk in batch for item in chunk], drawn, r + 1
 
 
 def warm_start(config, graphdef, params, tasks, envs, chat, budgets, mesh, metrics):
