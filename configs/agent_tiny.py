@@ -42,7 +42,9 @@ def get_config():
   # With 2, copying from the tools' output appeared by warm-start step 600 in one seed of
   # three (held-out success after the warm start 0.719, 0.066, 0.372); with 4, in all
   # three (0.708, 0.535, 0.542). A warm-start step costs ~11% more (experiments/README.md,
-  # agent_tiny).
+  # agent_tiny). That was one machine's arithmetic: on another CPU (AMD EPYC, 2026-12-03)
+  # seeds 1 and 2 had not finished copying by step 600 (validation 0.080 and 0.375;
+  # seed 0 0.710 on both).
   config.model.arch.num_kv_heads = 4
 
   config.data = ml_collections.ConfigDict(dict(
