@@ -53,8 +53,8 @@ better on seed 0; a second practice history with 800 steps had the best warm-sta
 reward yet (0.554, 36% exact) but validity 0.815, over the time budget, and GRPO then
 gained +0.004 (experiments/README.md, grpo_diffs, third session). Weight decay 0.1 and
 a moving average of the warm start's params (`warmstart.ema=0.99`) gave 0.785 and 0.825
-(fourth session); a peak warm-start rate of 5e-3, 0.833 against the config's 0.831 on
-the same (another) machine (fifth session).
+(fourth session); a peak warm-start rate of 5e-3 gave 0.833 against the config's 0.831,
+both on another machine (fifth session).
 """
 
 import ml_collections
