@@ -328,11 +328,12 @@ def fill_with_signal(sample_round, group_size: int, groups: int, rounds: int, *,
     if len(items) != groups * group_size:
       raise ValueError(f"round {r}: {len(items)} items, expected {groups} x {group_size}")
     drawn += items
-    chunks = [items[i:i + group_size] for i in range(0, len(items), group_size)]
     if rounds == 1:
       return items, drawn, 1
-    flat = [c for c in chunks if not _has_signal(c, reward)]
-    kept += [c for c in chunks if _has_signal(c, reward)]
+    flat = []
+    for i in range(0, len(items), group_size):
+      chunk = items[i:i + group_size]
+      (kept if _has_signal(chunk, reward) else flat).append(chunk)
     if len(kept) >= groups:
       break
   batch = (kept + flat)[:groups]
