@@ -77,7 +77,10 @@ def get_config():
       # > 1: DAPO's dynamic sampling, capped: up to that many rounds of prompts_per_step
       # tasks a step, keeping the groups whose rewards differ until prompts_per_step are
       # kept (rlcode.agent.train.fill_with_signal); 1: every sampled group is trained.
-      sample_rounds=1))
+      sample_rounds=1,
+      # The update runs only the groups whose rewards differ, with the loss and gradient
+      # of the whole batch (rlcode.shared_prefix.drop_idle_groups); False: every group.
+      drop_idle_groups=True))
   # lr 1e-4, tuned on validation (seed 0): from the 0.746 warm start 3e-4 drifted down
   # (0.719 at step 25) and so did 1e-4 (0.714 at 30); from this warm start 1e-4 rises,
   # 0.688 -> 0.723 in 20 steps, 0.754 in 50 (experiments/README.md, agent_tiny).

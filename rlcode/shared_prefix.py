@@ -157,3 +157,69 @@ def update_step(graphdef, optimizer, cfg: grpo.LossConfig, mesh, state, example:
   """grpo.make_update_step with the shared-prefix forward."""
   return grpo.make_update_step(graphdef, optimizer, cfg, mesh, state, example,
                                logprob_fn=logprob_fn(cfg.temperature))
+
+
+def _denominator(mask_nt: np.ndarray, aggregation: str) -> float:
+  """What grpo.AGGREGATIONS[aggregation] divides the batch's summed loss by (max_len, a
+  constant of the config, left out)."""
+  if aggregation == "seq_mean_token_mean":
+    return float((mask_nt.sum(1) > 0).sum())  # sequences with a trained token
+  if aggregation == "token_mean":
+    return float(mask_nt.sum())
+  if aggregation == "seq_mean_token_sum_norm":
+    return float(mask_nt.shape[0])
+  raise KeyError(f"rl.loss_aggregation={aggregation!r}; known: {sorted(grpo.AGGREGATIONS)}")
+
+
+def drop_idle_groups(batch: GroupedBatch, group_size: int, cfg: grpo.LossConfig, *,
+                     multiple: int = COMPLETION_MULTIPLE, group_multiple: int = 1
+                     ) -> GroupedBatch:
+  """The batch less the groups that add nothing to the loss, with the same loss and gradient.
+
+  Without a KL term (beta = 0) a row adds nothing to the clipped surrogate when its
+  advantage is 0 (every row of a group whose rewards are all equal, often most of a GRPO
+  batch) or its mask is all 0 (a trajectory cut by a budget, masked out whole). Groups
+  with no other row are dropped, prompts and all; the completions are cut to the longest
+  trained row left, rounded up to `multiple` (a long cut trajectory no longer sets every
+  row's width). The kept rows' weights are scaled by the aggregation's denominator of
+  the new batch over the old one's (sequences with a trained token, trained tokens, or
+  rows), so the loss, and with it the gradient and the optimiser's step, equal the full
+  batch's (tests/test_shared_prefix.py). The groups are padded to a power of two (and a
+  multiple of `group_multiple`, the batch axes of a mesh; never past the batch's own
+  count) with rows that are masked out, so that few shapes compile. At least one group
+  stays: a step without signal still steps the optimiser (Adam's moments move with a
+  zero gradient).
+
+  The update's token means (clip_frac, ratio, entropy) are then over the kept rows.
+  With beta > 0 every trained token carries the KL term (not scaled by the weights), and
+  the batch comes back as it was.
+  """
+  if cfg.beta > 0:
+    return batch
+  mask = np.asarray(batch.mask)
+  adv = np.asarray(batch.adv)
+  p, n = len(batch.prompt_lengths), len(adv)
+  if n != p * group_size:
+    raise ValueError(f"{n} rows do not split into {p} groups of {group_size}")
+  live = mask.any(1) & (adv != 0)
+  kept = np.flatnonzero(live.reshape(p, group_size).any(1))
+  size = 1 << max(len(kept) - 1, 0).bit_length()  # a power of two, at least 1
+  size = min(round_up(size, group_multiple), p)
+  idle = np.setdiff1d(np.arange(p), kept)
+  groups = np.concatenate([kept, idle[:size - len(kept)]])
+  rows = (groups[:, None] * group_size + np.arange(group_size)[None, :]).reshape(-1)
+  last = max((int(np.flatnonzero(mask[i]).max()) + 1 for i in np.flatnonzero(live)), default=1)
+  width = min(round_up(last, multiple), mask.shape[1])
+  new_mask = mask[rows, :width].copy()
+  new_mask[len(kept) * group_size:] = 0.0  # the padding groups train nothing
+  old, new = _denominator(mask, cfg.aggregation), _denominator(new_mask, cfg.aggregation)
+  scale = new / old if old > 0 else 1.0
+  take = lambda x: np.asarray(x)[rows, :width]
+  return GroupedBatch(
+      prompt_tokens=np.asarray(batch.prompt_tokens)[groups],
+      prompt_lengths=np.asarray(batch.prompt_lengths)[groups],
+      completion_tokens=take(batch.completion_tokens), mask=new_mask,
+      old_logp=take(batch.old_logp), ref_logp=take(batch.ref_logp),
+      adv=np.where(np.arange(len(rows)) < len(kept) * group_size, adv[rows], 0.0
+                   ).astype(np.float32),
+      weight=(take(batch.weight) * np.float32(scale)).astype(np.float32))

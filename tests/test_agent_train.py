@@ -51,6 +51,7 @@ def test_rlcode_train_runs_the_agent_loop_and_resumes(tmp_path):
   for row in steps:
     assert row["expert_rows"] == 0.5 and row["success"] == 0.0
     assert row["groups_with_signal"] == 1.0 and row["expert_logprob_seconds"] > 0
+    assert row["update_groups"] == 2  # every group has a signal: none dropped
     # Dynamic sampling needs no second round when every group has a signal.
     assert row["sample_rounds"] == 1 and row["sampled_groups_with_signal"] == 1.0
     assert abs(row["ratio"] - 1.0) < 1e-3

@@ -1,8 +1,11 @@
 """The shared-prefix update equals the naive repeated-prompt update."""
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import optax
 import pytest
 from flax import nnx
 
@@ -124,7 +127,8 @@ def test_logprobs_equal_per_token(model):
 def test_update_step_runs_sharded(model):
   mesh = sharding.make_mesh(2, 1, 2)
   graphdef, params = model
-  m = sharding.shard_module(nnx.merge(graphdef, params), mesh)
+  # A copy: the update donates its state, and the module fixture's params are shared.
+  m = sharding.shard_module(nnx.merge(graphdef, jax.tree.map(lambda x: x.copy(), params)), mesh)
   opt_cfg = grpo.OptimizerConfig(learning_rate=1e-3, warmup_steps=1, decay_steps=10)
   optimizer = grpo.make_optimizer(opt_cfg)
   data = _data(5, True)
@@ -167,3 +171,110 @@ def test_sliding_window_layers_equal_repeated_prompt():
     for path, g in nnx.to_flat_state(shared[name][1]):
       np.testing.assert_allclose(np.asarray(g.get_value()), np.asarray(flat[path].get_value()),
                                  rtol=1e-4, atol=1e-6, err_msg=f"{name} {path}")
+
+
+def _idle_batch(model, seed=7):
+  """4 groups of G: group 0 with signal; group 1 flat (advantages 0); group 2 with signal,
+  one row cut (mask 0) and 15 tokens long; group 3 flat with a long row. Trained rows
+  are at most 5 tokens, so the width can fall from 16 to 8. The behaviour log-probs are
+  the model's, jittered, so that some ratios are clipped and most are not."""
+  rng = np.random.default_rng(seed)
+  prompts = [rng.integers(1, 40, n).tolist() for n in (5, 9, 3, 7)]
+  lengths = [3, 5, 2, 4, 14, 1, 5, 15, 4, 2, 16, 3]
+  completions = [rng.integers(1, 40, k).tolist() for k in lengths]
+  old = [(-rng.random(k) * 2).astype(np.float32) for k in lengths]
+  adv = rng.normal(size=4 * G).astype(np.float32)
+  adv[3:6] = 0.0
+  adv[9:12] = 0.0
+  masks = [[1] * k for k in lengths]
+  masks[7] = [0] * lengths[7]  # cut, masked out whole
+  masks[1] = [1, 1, 0, 0, 1]  # an observation inside a trajectory
+  batch = shared_prefix.grouped_batch(prompts, completions, pad_id=PAD, completion_len=16,
+                                      old_logp=old, adv=adv, masks=masks)
+  batch.weight = rng.uniform(0.5, 1.5, batch.weight.shape).astype(np.float32)
+  graphdef, params = model
+  logp, _ = shared_prefix.grouped_logprobs(nnx.merge(graphdef, params), batch, 1.0)
+  batch.old_logp = (np.asarray(logp) + rng.normal(0, 0.15, logp.shape)).astype(np.float32)
+  return batch
+
+
+def _loss_and_grads(graphdef, params, batch, cfg):
+  def loss(p):
+    logp, _ = shared_prefix.grouped_logprobs(nnx.merge(graphdef, p), batch, 1.0)
+    return grpo.policy_loss(logp, batch.old_logp, batch.adv, batch.mask, cfg,
+                            weight_nt=batch.weight)[0]
+  return jax.jit(jax.value_and_grad(loss))(params)
+
+
+@pytest.mark.parametrize("aggregation", sorted(grpo.AGGREGATIONS))
+def test_drop_idle_groups_keeps_loss_and_grads(model, aggregation):
+  graphdef, params = model
+  cfg = grpo.LossConfig(aggregation=aggregation, clip_eps_low=0.2, clip_eps_high=0.28,
+                        max_completion_len=16)
+  full = _idle_batch(model)
+  small = shared_prefix.drop_idle_groups(full, G, cfg, multiple=8)
+  # Groups 0 and 2 kept (a power of two already), 8 columns instead of 16.
+  assert small.prompt_tokens.shape[0] == 2 and small.completion_tokens.shape == (2 * G, 8)
+  np.testing.assert_array_equal(small.prompt_lengths, full.prompt_lengths[[0, 2]])
+  loss_a, grads_a = _loss_and_grads(graphdef, params, full, cfg)
+  loss_b, grads_b = _loss_and_grads(graphdef, params, small, cfg)
+  assert abs(float(loss_a)) > 1e-3 and float(optax.tree.norm(grads_a)) > 1e-3
+  np.testing.assert_allclose(float(loss_b), float(loss_a), rtol=1e-5, atol=1e-7)
+  flat_a = dict(nnx.to_flat_state(grads_a))
+  for path, g in nnx.to_flat_state(grads_b):
+    np.testing.assert_allclose(np.asarray(g.get_value()), np.asarray(flat_a[path].get_value()),
+                               rtol=1e-4, atol=1e-7, err_msg=f"{aggregation} {path}")
+
+
+def test_drop_idle_groups_pads_and_keeps_one(model):
+  cfg = grpo.LossConfig(max_completion_len=16)
+  full = _idle_batch(model)
+  # One group with signal, padded to the mesh's 2 batch shards with a masked-out group.
+  one = dataclasses.replace(full, adv=np.where(np.arange(4 * G) < G, full.adv, 0.0))
+  small = shared_prefix.drop_idle_groups(one, G, cfg, multiple=8, group_multiple=2)
+  assert small.prompt_tokens.shape[0] == 2
+  assert small.mask[G:].sum() == 0 and not small.adv[G:].any()
+  # Three groups with signal: a power of two is 4, the batch's own count.
+  three = dataclasses.replace(full, adv=np.where(np.arange(4 * G) < 3 * G, 1.0, 0.0))
+  assert shared_prefix.drop_idle_groups(three, G, cfg, multiple=8).prompt_tokens.shape[0] == 4
+  # No signal at all: one masked-out group, so the optimiser still steps.
+  flat = dataclasses.replace(full, adv=np.zeros_like(full.adv))
+  none = shared_prefix.drop_idle_groups(flat, G, cfg, multiple=8)
+  assert none.prompt_tokens.shape[0] == 1 and none.mask.sum() == 0
+  # With a KL term every trained token counts: the batch comes back as it was.
+  assert shared_prefix.drop_idle_groups(full, G, grpo.LossConfig(beta=0.1), multiple=8) is full
+  with pytest.raises(ValueError, match="12 rows do not split into 4 groups of 2"):
+    shared_prefix.drop_idle_groups(full, 2, cfg)
+
+
+def test_drop_idle_groups_same_optimiser_steps(model):
+  """Through the compiled update with momentum: a step with signal, then one without
+  (whose zero gradient still moves the params by the momentum); the same params either
+  way. (SGD, not Adam: Adam divides by the gradient's root mean square, so where a
+  gradient is ~1e-7 its rounding, summed in another order, moves the step visibly.)"""
+  graphdef, params = model
+  mesh = sharding.make_mesh(1, 1, 1)
+  optimizer = optax.sgd(learning_rate=0.5, momentum=0.9)
+  cfg = grpo.LossConfig(max_completion_len=16)
+  full = _idle_batch(model)
+  flat = dataclasses.replace(full, adv=np.zeros_like(full.adv))
+  finals = []
+  for compact in (False, True):
+    m = nnx.merge(graphdef, jax.tree.map(lambda x: x.copy(), params))
+    state = grpo.init_state(m, optimizer, mesh)
+    update = shared_prefix.update_step(graphdef, optimizer, cfg, mesh, state,
+                                       shared_prefix.GroupedBatch.abstract(4, 4 * G))
+    for batch in (full, flat):
+      if compact:
+        batch = shared_prefix.drop_idle_groups(batch, G, cfg, multiple=8)
+      state, _ = update(state, batch)
+    finals.append(state.params)
+  moved = 0.0
+  flat_a = dict(nnx.to_flat_state(finals[0]))
+  for path, p in nnx.to_flat_state(finals[1]):
+    a = np.asarray(flat_a[path].get_value())
+    np.testing.assert_allclose(np.asarray(p.get_value()), a, rtol=1e-4, atol=1e-6,
+                               err_msg=str(path))
+    moved = max(moved, float(np.abs(a - np.asarray(dict(nnx.to_flat_state(params))[path]
+                                                   .get_value())).max()))
+  assert moved > 1e-3

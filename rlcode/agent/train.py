@@ -17,6 +17,11 @@ fails a task the expert's episode gets a positive advantage; where it succeeds e
 reward is equal and nothing is pushed. The expert rows are trained as on-policy (old
 log-probs under the current policy), and the logged success is the sampled episodes'.
 
+The update skips what adds nothing to the loss (rl.drop_idle_groups, on unless set
+False): groups whose rewards are all equal and trajectories masked out whole, with the
+loss and gradient of the whole batch (rlcode.shared_prefix.drop_idle_groups); the row
+update_groups counts the groups it ran, trained_tokens the whole batch's.
+
 With rl.sample_rounds = n > 1 a step samples up to n rounds of prompts_per_step tasks and
 trains on the groups whose rewards differ (DAPO's dynamic sampling, capped;
 `fill_with_signal`), logging sample_rounds and sampled_groups_with_signal.
@@ -31,6 +36,7 @@ evaluation task.
 from __future__ import annotations
 
 import concurrent.futures
+import math
 import os
 import re
 import time
@@ -112,6 +118,11 @@ def train(config) -> list[dict]:
   stream = TaskStream(stream_tasks, rl.prompts_per_step, config.seed, position)
   example = shared_prefix.GroupedBatch.abstract(rl.prompts_per_step, n_rows)
   update = shared_prefix.update_step(graphdef, optimizer, loss_cfg, mesh, state, example)
+  # rl.drop_idle_groups: the update runs only the groups whose rewards differ (and no
+  # trajectory cut and masked out sets the batch's width), with the same loss and
+  # gradient as the whole batch (shared_prefix.drop_idle_groups).
+  drop_idle = rl.get("drop_idle_groups", True)
+  batch_shards = math.prod(mesh.shape[a] for a in sharding.DEFAULT_RULES["batch"])
   # rl.expert_slots > 0: expert-guided groups (guide_groups); their rows' old log-probs
   # are computed under the current policy, so the update treats them as on-policy.
   slots = rl.get("expert_slots", 0)
@@ -172,6 +183,11 @@ def train(config) -> list[dict]:
                                 batch.old_logp)
       logprob_s = time.perf_counter() - start
 
+    trained_tokens = float(batch.mask.sum() / len(trajs))
+    if drop_idle:
+      batch = shared_prefix.drop_idle_groups(batch, rl.group_size, loss_cfg,
+                                             multiple=rollout.LENGTH_MULTIPLE,
+                                             group_multiple=batch_shards)
     state, m, update_s = grpo.run_passes(update, state, batch, rl.num_passes, step=step,
                                          on_nonfinite=config.train.on_nonfinite)
 
@@ -185,7 +201,7 @@ def train(config) -> list[dict]:
                    for i in range(0, len(drawn), rl.group_size)])))
     row.update(
         groups_with_signal=float(np.mean(np.abs(adv.reshape(-1, rl.group_size)).max(1) > 0)),
-        trained_tokens=float(batch.mask.sum() / len(trajs)),
+        trained_tokens=trained_tokens, update_groups=float(len(batch.prompt_lengths)),
         rollout_seconds=rollout_s, update_seconds=update_s,
         decode_seconds=timing.decode, extend_seconds=timing.extend,
         prefill_seconds=timing.prefill, env_seconds=timing.env)
