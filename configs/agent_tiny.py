@@ -80,7 +80,10 @@ def get_config():
       sample_rounds=1,
       # The update runs only the groups whose rewards differ, with the loss and gradient
       # of the whole batch (rlcode.shared_prefix.drop_idle_groups); False: every group.
-      drop_idle_groups=True))
+      drop_idle_groups=True,
+      # "signal": tasks drawn by family, weighted by the share of each family's recent
+      # groups whose rewards differed (rlcode.curriculum); "": the plain seeded stream.
+      curriculum="", curriculum_decay=0.8, curriculum_floor=0.05))
   # lr 1e-4, tuned on validation (seed 0): from the 0.746 warm start 3e-4 drifted down
   # (0.719 at step 25) and so did 1e-4 (0.714 at 30); from this warm start 1e-4 rises,
   # 0.688 -> 0.723 in 20 steps, 0.754 in 50 (experiments/README.md, agent_tiny).

@@ -1,5 +1,7 @@
 """The agent loop end to end through `rlcode train`: eval rows, metrics, resume."""
 
+import glob
+import json
 import os
 
 import pytest
@@ -148,3 +150,21 @@ def test_sample_rounds_rejects_a_bad_value():
   for bad in (0, 1.5):
     with pytest.raises(BadInput, match="rl.sample_rounds must be an integer >= 1"):
       sample_rounds(ml_collections.ConfigDict({"sample_rounds": bad}))
+
+
+def test_agent_loop_with_the_signal_curriculum_resumes(tmp_path):
+  """rl.curriculum="signal": weights logged per family (one family here, file), its
+  state saved with the checkpoint and read back on resume."""
+  workdir = str(tmp_path / "run")
+  argv = ["train", "--config", CONFIG, *SMALL, f"--config.workdir={workdir}",
+          "--config.rl.curriculum=signal", "--config.train.eval_every=0"]
+  assert cli.main(argv) == 0
+  steps = [r for r in read_metrics(workdir) if "loss" in r]
+  assert [r["step"] for r in steps] == [1, 2]
+  assert all(r["curriculum/file"] == 1.0 for r in steps)
+  meta = glob.glob(os.path.join(workdir, "checkpoints", "2", "meta", "*"))
+  saved = json.load(open(meta[0]))["curriculum"]
+  assert saved["position"] == 2 and saved["offsets"] == {"file": 4}
+  assert saved["groups"]["file"] == pytest.approx(2 * 0.8 + 2)  # decayed once, then 2 more
+  assert cli.main([*argv, "--config.train.steps=3"]) == 0
+  assert [r["step"] for r in read_metrics(workdir) if "loss" in r] == [1, 2, 3]

@@ -37,7 +37,10 @@ def test_unknown_config_key(capsys):
 
 @pytest.mark.parametrize("flag, needle", [("--config.rl.advantage=ppo", "rl.advantage='ppo'"),
                                           ("--config.rl.negative_weight=-0.5", "[0, 1]"),
-                                          ("--config.rl.sample_rounds=0", "rl.sample_rounds")])
+                                          ("--config.rl.sample_rounds=0", "rl.sample_rounds"),
+                                          ("--config.rl.curriculum=hard", "rl.curriculum='hard'"),
+                                          ("--config.rl.curriculum_decay=1.0",
+                                           "rl.curriculum_decay=1.0")])
 def test_bad_advantage_settings(capsys, tmp_path, flag, needle):
   # Checked before the warm start and the model's first step: nothing is trained.
   argv = ["train", "--config", os.path.join(ROOT, "configs", "agent_tiny.py"), flag,

@@ -22,6 +22,10 @@ False): groups whose rewards are all equal and trajectories masked out whole, wi
 loss and gradient of the whole batch (rlcode.shared_prefix.drop_idle_groups); the row
 update_groups counts the groups it ran, trained_tokens the whole batch's.
 
+With rl.curriculum = "signal" the tasks are drawn by family, each weighted by the share
+of its recent groups whose rewards differed (rlcode.curriculum.SignalCurriculum; rows
+curriculum/<family> log the weights); "" is the plain seeded stream.
+
 With rl.sample_rounds = n > 1 a step samples up to n rounds of prompts_per_step tasks and
 trains on the groups whose rewards differ (DAPO's dynamic sampling, capped;
 `fill_with_signal`), logging sample_rounds and sampled_groups_with_signal.
@@ -47,6 +51,7 @@ from flax import nnx
 from tqdm import tqdm
 
 from rlcode import checkpoint, config_lib, grpo, sft, sharding, shared_prefix
+from rlcode.curriculum import SignalCurriculum
 from rlcode.agent import expert, rollout, sampler
 from rlcode.agent.memory import Memory
 from rlcode.data import sources
@@ -88,10 +93,11 @@ def train(config) -> list[dict]:
   loss_cfg = grpo.LossConfig.from_config(rl, agent.max_total_tokens)
   advantages = grpo.advantages_from_config(rl)
   rounds = sample_rounds(rl)  # checked before the warm start
+  curriculum_kind = curriculum_of(rl)  # likewise
   keeps_reference = loss_cfg.uses_reference
   ckpt = checkpoint.Checkpointer(os.path.join(config.workdir, "checkpoints"),
                                  keep=config.train.keep_checkpoints)
-  start_step, position = 0, 0
+  start_step, position, stream_state = 0, 0, None
   if ckpt.latest_step() is None:
     metrics = MetricsWriter(config.workdir)
     config_lib.write_run_config(config, config.workdir)
@@ -109,13 +115,19 @@ def train(config) -> list[dict]:
     restored, meta, start_step = ckpt.restore(
         checkpoint.bundle_like(grpo.init_state(policy(params), optimizer, mesh), keeps_reference))
     state, ref_params, position = restored["state"], restored["ref"], meta["data_position"]
+    stream_state = meta.get("curriculum")
     if memory is not None:
       memory.restore(meta.get("memory", []))
     metrics = MetricsWriter(config.workdir, resume_step=start_step)
 
   # ══════════════════════════════════════════════════════════════ 4. sampler and update
   n_rows = rl.prompts_per_step * rl.group_size
-  stream = TaskStream(stream_tasks, rl.prompts_per_step, config.seed, position)
+  if curriculum_kind == "signal":
+    stream = SignalCurriculum(stream_tasks, rl.prompts_per_step, config.seed,
+                              decay=rl.get("curriculum_decay", 0.8),
+                              floor=rl.get("curriculum_floor", 0.05), state=stream_state)
+  else:
+    stream = TaskStream(stream_tasks, rl.prompts_per_step, config.seed, position)
   example = shared_prefix.GroupedBatch.abstract(rl.prompts_per_step, n_rows)
   update = shared_prefix.update_step(graphdef, optimizer, loss_cfg, mesh, state, example)
   # rl.drop_idle_groups: the update runs only the groups whose rewards differ (and no
@@ -167,6 +179,10 @@ def train(config) -> list[dict]:
         lambda r: sample_round(step, r, timing), rl.group_size, rl.prompts_per_step, rounds,
         reward=lambda item: item[0].reward)
     trajs = [t for t, _ in picked]
+    if curriculum_kind:
+      groups = [drawn[i:i + rl.group_size] for i in range(0, len(drawn), rl.group_size)]
+      stream.record([g[0][0].task for g in groups],
+                    [_has_signal(g, lambda item: item[0].reward) for g in groups])
     guided = np.array([g for _, g in picked], bool)
     sampled = [t for t, g in drawn if not g]
     rollout_s = time.perf_counter() - start
@@ -207,6 +223,9 @@ def train(config) -> list[dict]:
         prefill_seconds=timing.prefill, env_seconds=timing.env)
     if memory is not None:
       row["memory_notes"] = float(len(memory))
+    if curriculum_kind:
+      row.update({f"curriculum/{f}": float(w)
+                  for f, w in zip(stream.families, stream.weights())})
     rows.append(metrics.write(step + 1, row))
     bar.set_postfix(success=f"{row['success']:.2f}", loss=f"{row['loss']:.3f}")
 
@@ -215,9 +234,11 @@ def train(config) -> list[dict]:
                                     or done == config.train.steps):
       run_eval(done, state.params)
     if done % config.train.checkpoint_every == 0 or done == config.train.steps:
-      ckpt.save(done, {"state": state, "ref": ref_params},
-                {"data_position": stream.position, "seed": config.seed, "step": done,
-                 "memory": list(memory.notes) if memory is not None else []})
+      meta = {"data_position": stream.position, "seed": config.seed, "step": done,
+              "memory": list(memory.notes) if memory is not None else []}
+      if curriculum_kind:
+        meta["curriculum"] = stream.state()
+      ckpt.save(done, {"state": state, "ref": ref_params}, meta)
 
   # ══════════════════════════════════════════════════════════════ 6. save
   ckpt.wait()
@@ -318,6 +339,23 @@ def sample_rounds(rl) -> int:
   if not isinstance(rounds, int) or rounds < 1:
     raise BadInput(f"rl.sample_rounds must be an integer >= 1, got {rounds!r}")
   return rounds
+
+
+CURRICULA = ("", "signal")
+
+
+def curriculum_of(rl) -> str:
+  """rl.curriculum ("" when absent), checked: "" (the plain seeded stream) or "signal"
+  (rlcode.curriculum.SignalCurriculum: families drawn by their recent groups with a
+  signal), with rl.curriculum_decay in [0, 1) and rl.curriculum_floor in (0, 1]."""
+  kind = rl.get("curriculum", "")
+  if kind not in CURRICULA:
+    raise BadInput(f"rl.curriculum={kind!r}; known: {list(CURRICULA)}")
+  decay, floor = rl.get("curriculum_decay", 0.8), rl.get("curriculum_floor", 0.05)
+  if not 0.0 <= decay < 1.0 or not 0.0 < floor <= 1.0:
+    raise BadInput(f"rl.curriculum_decay={decay} must be in [0, 1) and rl.curriculum_floor="
+                   f"{floor} in (0, 1]")
+  return kind
 
 
 def _has_signal(group, reward) -> bool:
