@@ -162,7 +162,8 @@ def decode(state, first_logits, prefix, cache, key, done, row_offset=0, *, graph
 
   first_logits [B, V] predict each row's first token; `done` [B] marks rows that take
   no part (they sample nothing: length 0, pad tokens); row r draws the randomness of
-  global row `row_offset + r` (a process's share of a larger batch). Returns (tokens
+  global row `row_offset + r` (a process's share of a larger batch; an int, or one per
+  row, [B], for a batch whose rows were picked out of a larger one). Returns (tokens
   [B, max_new_tokens], logprobs, lengths [B], done [B] (a row stopped, or was done from
   the start), cache). The returned cache holds each row's tokens but its last one (the
   last token sampled is never fed back); its `lengths` advanced by the number of loop

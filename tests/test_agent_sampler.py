@@ -120,6 +120,7 @@ def forward(model):
 def test_kept_kv_logprobs_equal_a_prefill_of_the_whole_trajectory(episodes, forward):
   trajs, timing, grown = episodes
   assert timing.turns >= 3 and timing.extend > 0  # several turns, KV extended between them
+  assert timing.shrinks >= 1  # the batch was cut to its live rows on the way
   assert len(grown) >= 2 and grown == sorted(set(grown))  # the kept caches grew, and kept
   assert sum(len(t.turns) >= 2 for t in trajs) >= 3
   for t in trajs:

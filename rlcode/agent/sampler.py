@@ -134,18 +134,23 @@ class Timing:
   extend: float = 0.0
   env: float = 0.0
   turns: int = 0
+  shrinks: int = 0  # times the batch was cut down to its live rows
 
 
 def run_episodes(model: Decoder, chat: ChatFormat, envs: Sequence[ToolEnv],
                  tasks: Sequence[Task], *, group_size: int, budgets: Budgets,
                  temperature: float, seed: int, mesh=None, reuse_kv: bool = True,
                  workers: int = 8, timing: Timing | None = None,
-                 min_tasks: int = 0) -> list[Trajectory]:
+                 min_tasks: int = 0, shrink: bool = True) -> list[Trajectory]:
   """Plays len(tasks) * group_size episodes; envs[p * G + g] plays task p.
 
   The compiled batch holds at least `min_tasks` groups (a last, smaller batch of
-  tasks then reuses the programs compiled for the full ones). Returns the
-  trajectories, task-major (the order of `envs`).
+  tasks then reuses the programs compiled for the full ones). With `shrink` (and
+  kept KV), once the live rows fit in a quarter of the batch, the batch is cut down
+  to them (their caches, their prompts' KV and their logits gathered; a quarter at a
+  time, so that few shapes compile): the last turns of a few long episodes no longer
+  decode the whole batch. Every row keeps its randomness, so the episodes are the
+  same either way. Returns the trajectories, task-major (the order of `envs`).
   """
   g = group_size
   if len(envs) != len(tasks) * g:
@@ -157,13 +162,13 @@ def run_episodes(model: Decoder, chat: ChatFormat, envs: Sequence[ToolEnv],
   pool = concurrent.futures.ThreadPoolExecutor(max(1, min(workers, len(envs))))
   try:
     return _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv,
-                pool, timing, min_tasks)
+                pool, timing, min_tasks, shrink and reuse_kv)
   finally:
     pool.shutdown(wait=True)
 
 
 def _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv, pool,
-         timing, min_tasks):
+         timing, min_tasks, shrink):
   tok = chat.tokenizer
   start = time.perf_counter()
   first = list(pool.map(lambda pe: pe[0].reset(pe[1]),
@@ -212,6 +217,9 @@ def _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv
   active[:n] = True
   valid = np.zeros((rows,), np.int32)  # tokens of each row in its own cache
   pending = np.zeros((rows,), np.int32)  # each row's last sampled token, not yet fed
+  # slots[i]: the row (of the `rows` above, the trajectories' order) that row i of the
+  # device batch holds; the host arrays above stay indexed by row.
+  slots = np.arange(rows)
   key = jax.random.key(seed)
   turn = 0
   while active.any():
@@ -219,25 +227,31 @@ def _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv
       first_logits, cache = _reprefill(model, trajs, active, budgets, tok.pad_id, rows,
                                        mesh, timing)
     start = time.perf_counter()
+    if shrink and 4 * np.count_nonzero(active) <= len(slots) and len(slots) >= 4:
+      first_logits, prefix, cache, slots = _shrink(first_logits, prefix, cache, slots,
+                                                   active)
+      timing.shrinks += 1
     if reuse_kv:
-      cache = _fit(cache, int(valid.max()) + budgets.max_turn_tokens, max_cache)
+      cache = _fit(cache, int(valid[slots].max()) + budgets.max_turn_tokens, max_cache)
     out_tok, out_lp, lengths, _, cache = sampling.decode(
         state, first_logits, prefix, cache, jax.random.fold_in(key, turn),
-        jnp.asarray(~active), **decode_kw)
+        jnp.asarray(~active[slots]), jnp.asarray(slots - np.arange(len(slots)), jnp.int32),
+        **decode_kw)
     out_tok, out_lp, lengths = (np.asarray(x) for x in (out_tok, out_lp, lengths))
     timing.decode += time.perf_counter() - start
     turn += 1
     timing.turns += 1
+    where = {int(b): i for i, b in enumerate(slots)}
 
     stepping = []
     for b in np.flatnonzero(active):
-      t, k = trajs[b], int(lengths[b])
-      toks = out_tok[b, :k].tolist()
+      t, k = trajs[b], int(lengths[where[b]])
+      toks = out_tok[where[b], :k].tolist()
       room = budgets.max_total_tokens - t.context_tokens
       info = {"turn_tokens": min(k, room)}
       t.tokens += toks[:room]
       t.mask += [1] * min(k, room)
-      t.logprobs += out_lp[b, :min(k, room)].tolist()
+      t.logprobs += out_lp[where[b], :min(k, room)].tolist()
       t.turns.append(info)
       if k > room:
         stepping.append((b, None))
@@ -282,19 +296,46 @@ def _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv
       continue
     start = time.perf_counter()
     width = _width(max(len(x) for x in new.values()))
-    tokens = np.full((rows, width), tok.pad_id, np.int32)
-    n_new = np.zeros((rows,), np.int32)
+    tokens = np.full((len(slots), width), tok.pad_id, np.int32)
+    n_new = np.zeros((len(slots),), np.int32)
     for b, x in new.items():
-      tokens[b, :len(x)] = x
-      n_new[b] = len(x)
-    cache = _fit(cache, int(valid.max()) + width, max_cache)
-    cache = dataclasses.replace(cache, lengths=jnp.asarray(valid))
+      tokens[where[b], :len(x)] = x
+      n_new[where[b]] = len(x)
+    cache = _fit(cache, int(valid[slots].max()) + width, max_cache)
+    cache = dataclasses.replace(cache, lengths=jnp.asarray(valid[slots]))
     first_logits, cache = _extend(state, prefix, cache, jnp.asarray(tokens),
                                   jnp.asarray(n_new), graphdef=graphdef, mesh=mesh)
     jax.block_until_ready(first_logits)
-    valid += n_new
+    valid[slots] += n_new
     timing.extend += time.perf_counter() - start
   return trajs
+
+
+def _shrink(first_logits, prefix, cache, slots, active):
+  """The device batch cut to a quarter (or less, by quarters) that still holds every live
+  row: (logits, prefix, cache, slots) of the kept rows, live rows first. The rows of a
+  group no longer sit together, so the prefix becomes one per row (its group's)."""
+  live = np.flatnonzero(active[slots])
+  size = len(slots)
+  while size >= 4 and 4 * len(live) <= size:
+    size //= 4
+  size = max(size, 1)
+  rest = np.setdiff1d(np.arange(len(slots)), live)
+  keep = np.concatenate([live, rest[:size - len(live)]]).astype(np.int32)
+  return _gather_rows(first_logits, prefix, cache, jnp.asarray(keep)) + (slots[keep],)
+
+
+@jax.jit
+def _gather_rows(first_logits, prefix, cache, keep):
+  group = first_logits.shape[0] // prefix.lengths.shape[0]
+  take = lambda x, idx: jnp.take(x, idx, axis=0)
+  owner = keep // group
+  prefix = dataclasses.replace(prefix, k=tuple(take(k, owner) for k in prefix.k),
+                               v=tuple(take(v, owner) for v in prefix.v),
+                               lengths=take(prefix.lengths, owner))
+  cache = KVCache(k=tuple(take(k, keep) for k in cache.k),
+                  v=tuple(take(v, keep) for v in cache.v), lengths=take(cache.lengths, keep))
+  return take(first_logits, keep), prefix, cache
 
 
 def _width(n: int) -> int:
