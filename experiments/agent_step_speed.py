@@ -1,0 +1,152 @@
+"""What a GRPO step of configs/agent_tiny.py costs with and without skipping idle work.
+
+Two savings, each exact (the same episodes, the same loss and gradient), timed side by
+side on the same batches:
+
+- rollouts: the sampler cuts its batch down to the live rows once they fit in a
+  quarter of it (`run_episodes(shrink=True)`) against decoding the whole batch to the
+  end of the longest episode (`shrink=False`);
+- the update: only the groups whose rewards differ, cut to the longest trained row
+  (`shared_prefix.drop_idle_groups`, the config's `rl.drop_idle_groups`) against the
+  whole batch.
+
+For each of `--batches` batches of the config's training tasks (rl.prompts_per_step x
+rl.group_size episodes, its budgets and temperature, played by the policy in
+`--policy`, a run's warm_start/ or checkpoints/ directory) both rollout modes run,
+alternating which goes first, and must give the same episodes; then the update runs on
+the batch both ways, each from the same copy of the optimiser state. The first
+`--warmup` batches are left out of the totals: they compile most of the shapes (the
+totals with them are printed as well).
+
+    python experiments/agent_step_speed.py --policy OUT/seed0/warm_start [--batches 12]
+        [--warmup 2] [--config.a.b=value ...]
+
+Prints a table, the load average and the grep-able line
+`speedup agent step: Nx (rollout Nx, update Nx)`; writes
+experiments/out/agent_step_speed.json.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+
+ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+sys.path.insert(0, ROOT)
+
+import jax  # noqa: E402
+import numpy as np  # noqa: E402
+from flax import nnx  # noqa: E402
+
+from rlcode import config_lib, grpo, sharding, shared_prefix  # noqa: E402
+from rlcode.agent import rollout, sampler, train as agent_train  # noqa: E402
+from rlcode.data import sources  # noqa: E402
+from rlcode.rollout import TaskStream  # noqa: E402
+
+CONFIG = os.path.join(ROOT, "configs", "agent_tiny.py")
+
+
+def main():
+  parser = argparse.ArgumentParser()
+  parser.add_argument("--policy", required=True, help="a run's warm_start/ (or checkpoints/)")
+  parser.add_argument("--batches", type=int, default=12)
+  parser.add_argument("--warmup", type=int, default=2)
+  args, overrides = parser.parse_known_args()
+  if not os.path.isdir(args.policy):
+    raise SystemExit(f"--policy: {args.policy} is not a directory")
+  config = config_lib.load_config(CONFIG, overrides)
+  rl, agent = config.rl, config.agent
+  mesh = sharding.mesh_from_config(config.mesh)
+  model, tokenizer, _ = agent_train.restore_policy(config, args.policy, mesh)
+  chat = rollout.chat_format(config, tokenizer)
+  envs = rollout.make_envs(config, rl.prompts_per_step * rl.group_size)
+  budgets = rollout.budgets(agent)
+  stream = TaskStream(sources.load(config.data, config.data.train_split),
+                      rl.prompts_per_step, config.seed)
+  graphdef, params = nnx.split(model, nnx.Param)
+  optimizer = grpo.make_optimizer(grpo.OptimizerConfig.from_config(config.optimizer))
+  loss_cfg = grpo.LossConfig.from_config(rl, agent.max_total_tokens)
+  advantages = grpo.advantages_from_config(rl)
+  state = grpo.init_state(nnx.merge(graphdef, params), optimizer, mesh)
+  example = shared_prefix.GroupedBatch.abstract(rl.prompts_per_step,
+                                                rl.prompts_per_step * rl.group_size)
+  update = shared_prefix.update_step(graphdef, optimizer, loss_cfg, mesh, state, example)
+
+  rows, load_before = [], os.getloadavg()
+  for i in range(args.batches):
+    tasks = stream.next()
+    seconds, episodes = {}, {}
+    for shrink in ((True, False) if i % 2 else (False, True)):
+      timing = sampler.Timing()
+      start = time.perf_counter()
+      trajs = sampler.run_episodes(model, chat, envs, tasks, group_size=rl.group_size,
+                                   budgets=budgets, temperature=rl.temperature,
+                                   seed=config.seed * 1_000_003 + i, mesh=mesh,
+                                   workers=agent.workers, timing=timing, shrink=shrink)
+      seconds[shrink] = (time.perf_counter() - start, timing.decode, timing.shrinks)
+      episodes[shrink] = trajs
+    if ([t.tokens for t in episodes[True]] != [t.tokens for t in episodes[False]]):
+      raise SystemExit(f"batch {i}: the two rollout modes played different episodes")
+    trajs = episodes[True]
+    adv = advantages(np.array([t.reward for t in trajs], np.float32))
+    whole = rollout.grpo_batch(trajs, rl.group_size, adv, pad_id=tokenizer.pad_id,
+                               max_len=agent.max_total_tokens, mask_cut=agent.mask_cut)
+    dropped = shared_prefix.drop_idle_groups(whole, rl.group_size, loss_cfg,
+                                             multiple=rollout.LENGTH_MULTIPLE)
+    update_s, losses = {}, {}
+    for name, batch in (("whole", whole), ("dropped", dropped)):
+      copy = jax.tree.map(lambda x: x.copy(), state)
+      start = time.perf_counter()
+      _, m = update(copy, batch)
+      losses[name] = float(jax.device_get(m["loss"]))
+      update_s[name] = time.perf_counter() - start
+    rows.append({
+        "batch": i, "rollout_shrink": seconds[True][0], "rollout_plain": seconds[False][0],
+        "decode_shrink": seconds[True][1], "decode_plain": seconds[False][1],
+        "shrinks": seconds[True][2], "update_dropped": update_s["dropped"],
+        "update_whole": update_s["whole"], "loss_dropped": losses["dropped"],
+        "loss_whole": losses["whole"], "groups_kept": int(dropped.prompt_tokens.shape[0]),
+        "width_whole": int(whole.mask.shape[1]), "width_dropped": int(dropped.mask.shape[1]),
+        "groups_with_signal": float(np.mean(np.abs(adv.reshape(-1, rl.group_size)).max(1) > 0)),
+    })
+    r = rows[-1]
+    print(f"batch {i}: rollout {r['rollout_shrink']:.1f} s shrinking ({r['shrinks']} cuts) / "
+          f"{r['rollout_plain']:.1f} s whole; update {r['update_dropped']:.2f} s on "
+          f"{r['groups_kept']} groups x {r['width_dropped']} / {r['update_whole']:.2f} s on "
+          f"{rl.prompts_per_step} x {r['width_whole']}; loss {r['loss_dropped']:.6f} / "
+          f"{r['loss_whole']:.6f}", flush=True)
+  load_after = os.getloadavg()
+
+  def total(key, skip):
+    return sum(r[key] for r in rows[skip:])
+
+  print(f"\n{rl.prompts_per_step} tasks x {rl.group_size} episodes a batch, policy "
+        f"{args.policy}; CPU")
+  print("| batches | rollout s: shrinking / whole | ratio | update s: dropped / whole | ratio "
+        "| step s: both / neither | ratio |")
+  print("|---|---:|---:|---:|---:|---:|---:|")
+  summary = {}
+  for skip, label in ((args.warmup, f"{args.warmup + 1}-{args.batches} (compiled)"),
+                      (0, f"1-{args.batches} (with compiling)")):
+    ro = (total("rollout_shrink", skip), total("rollout_plain", skip))
+    up = (total("update_dropped", skip), total("update_whole", skip))
+    step = (ro[0] + up[0], ro[1] + up[1])
+    summary[label] = {"rollout": ro, "update": up, "step": step}
+    print(f"| {label} | {ro[0]:.1f} / {ro[1]:.1f} | {ro[1] / ro[0]:.2f}x | {up[0]:.1f} / "
+          f"{up[1]:.1f} | {up[1] / up[0]:.2f}x | {step[0]:.1f} / {step[1]:.1f} | "
+          f"{step[1] / step[0]:.2f}x |")
+  print(f"load average before {load_before[0]:.1f}, after {load_after[0]:.1f}")
+  s = summary[f"{args.warmup + 1}-{args.batches} (compiled)"]
+  print(f"speedup agent step: {s['step'][1] / s['step'][0]:.2f}x (rollout "
+        f"{s['rollout'][1] / s['rollout'][0]:.2f}x, update {s['update'][1] / s['update'][0]:.2f}x)")
+  os.makedirs(os.path.join(ROOT, "experiments", "out"), exist_ok=True)
+  with open(os.path.join(ROOT, "experiments", "out", "agent_step_speed.json"), "w") as f:
+    json.dump({"rows": rows, "summary": summary, "load": [load_before, load_after],
+               "policy": args.policy, "overrides": overrides}, f, indent=2)
+
+
+if __name__ == "__main__":
+  main()
