@@ -15,7 +15,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlcode import grpo, shared_prefix
+from rlcode import grpo, sharding, shared_prefix
 from rlcode.agent import env as env_lib, rollout, sampler, tools
 from rlcode.agent.chat import ChatFormat
 from rlcode.data.tasks import Task
@@ -138,6 +138,25 @@ def test_resending_the_context_each_turn_gives_the_same_episodes(model, episodes
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-5)
 
 
+def test_sharded_sampler_shrinks_to_a_row_a_shard_and_plays_the_same_episodes(model, episodes):
+  """On a data=2 mesh (the policy sharded over it) the batch of 8 rows shrinks to 2, one
+  row a shard, never to 1; the episodes are the unsharded run's."""
+  mesh = sharding.make_mesh(2, 1, 1)
+  sharded = sharding.shard_module(nnx.merge(*nnx.split(model)), mesh)
+  timing = sampler.Timing()
+  with pytest.MonkeyPatch.context() as patch:
+    sizes = []
+    gather = sampler._gather_rows
+    patch.setattr(sampler, "_gather_rows",
+                  lambda *a: sizes.append(len(a[3])) or gather(*a))
+    trajs = sampler.run_episodes(sharded, CHAT, make_envs(6, max_turns=4), TASKS, mesh=mesh,
+                                 timing=timing, **KW)
+  assert timing.shrinks >= 1 and min(sizes) == 2
+  for a, b in zip(episodes[0], trajs):
+    assert a.tokens == b.tokens and a.status == b.status
+    np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-5)
+
+
 def test_budgets_bound_every_trajectory(episodes):
   trajs = episodes[0]
   statuses = {t.status for t in trajs}
@@ -252,7 +271,6 @@ def test_imitate_reports_every_step_to_on_step(model, episodes):
   """The warm start's on_step hook sees steps 1..N, each step's loss and the params
   after it (copied here: the next step donates them): the last call's params are the
   ones returned."""
-  from rlcode import sharding
   from rlcode.agent.train import imitate
   trajs, _, _ = episodes
   graphdef, params = nnx.split(model, nnx.Param)

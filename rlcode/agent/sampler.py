@@ -28,6 +28,7 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
+import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -220,6 +221,8 @@ def _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv
   # slots[i]: the row (of the `rows` above, the trajectories' order) that row i of the
   # device batch holds; the host arrays above stay indexed by row.
   slots = np.arange(rows)
+  # A mesh's batch axes split the rows: the batch never shrinks below one row a shard.
+  floor = 1 if mesh is None else math.prod(mesh.shape[a] for a in ("data", "fsdp"))
   key = jax.random.key(seed)
   turn = 0
   while active.any():
@@ -227,9 +230,9 @@ def _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv
       first_logits, cache = _reprefill(model, trajs, active, budgets, tok.pad_id, rows,
                                        mesh, timing)
     start = time.perf_counter()
-    if shrink and 4 * np.count_nonzero(active) <= len(slots) and len(slots) >= 4:
+    if shrink and 4 * np.count_nonzero(active) <= len(slots) and len(slots) >= 4 * floor:
       first_logits, prefix, cache, slots = _shrink(first_logits, prefix, cache, slots,
-                                                   active)
+                                                   active, floor)
       timing.shrinks += 1
     if reuse_kv:
       cache = _fit(cache, int(valid[slots].max()) + budgets.max_turn_tokens, max_cache)
@@ -311,15 +314,15 @@ def _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv
   return trajs
 
 
-def _shrink(first_logits, prefix, cache, slots, active):
-  """The device batch cut to a quarter (or less, by quarters) that still holds every live
-  row: (logits, prefix, cache, slots) of the kept rows, live rows first. The rows of a
-  group no longer sit together, so the prefix becomes one per row (its group's)."""
+def _shrink(first_logits, prefix, cache, slots, active, floor):
+  """The device batch cut to a quarter (or less, by quarters, not below `floor` rows)
+  that still holds every live row: (logits, prefix, cache, slots) of the kept rows, live
+  rows first. The rows of a group no longer sit together, so the prefix becomes one per
+  row (its group's)."""
   live = np.flatnonzero(active[slots])
   size = len(slots)
-  while size >= 4 and 4 * len(live) <= size:
+  while size >= 4 * floor and 4 * len(live) <= size:
     size //= 4
-  size = max(size, 1)
   rest = np.setdiff1d(np.arange(len(slots)), live)
   keep = np.concatenate([live, rest[:size - len(live)]]).astype(np.int32)
   return _gather_rows(first_logits, prefix, cache, jnp.asarray(keep)) + (slots[keep],)
