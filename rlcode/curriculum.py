@@ -31,9 +31,10 @@ from rlcode.data.tasks import Task
 
 def family_of(task: Task) -> str:
   """A task's family: its hint's variant where it has one (rlcode.agent's tasks: file,
-  search, tests, practice tasks included), else the second part of its id
+  search, tests; a practice task joins its variant's family here, while the agent's
+  success/<family> metrics count it under "practice"), else the second part of its id
   ("agent/tests/mul/zap2" -> "tests"), else its whole id."""
-  variant = (task.extra or {}).get("hint", {}).get("variant")
+  variant = ((task.extra or {}).get("hint") or {}).get("variant")
   if variant:
     return str(variant)
   parts = task.id.split("/")

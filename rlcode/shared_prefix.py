@@ -162,10 +162,11 @@ def update_step(graphdef, optimizer, cfg: grpo.LossConfig, mesh, state, example:
 def _denominator(mask_nt: np.ndarray, aggregation: str) -> float:
   """What grpo.AGGREGATIONS[aggregation] divides the batch's summed loss by (max_len, a
   constant of the config, left out)."""
+  trained = mask_nt > 0  # as grpo.policy_loss reads a mask
   if aggregation == "seq_mean_token_mean":
-    return float((mask_nt.sum(1) > 0).sum())  # sequences with a trained token
+    return float(trained.any(1).sum())  # sequences with a trained token
   if aggregation == "token_mean":
-    return float(mask_nt.sum())
+    return float(trained.sum())
   if aggregation == "seq_mean_token_sum_norm":
     return float(mask_nt.shape[0])
   raise KeyError(f"rl.loss_aggregation={aggregation!r}; known: {sorted(grpo.AGGREGATIONS)}")
@@ -183,16 +184,18 @@ def drop_idle_groups(batch: GroupedBatch, group_size: int, cfg: grpo.LossConfig,
   trained row left, rounded up to `multiple` (a long cut trajectory no longer sets every
   row's width). The kept rows' weights are scaled by the aggregation's denominator of
   the new batch over the old one's (sequences with a trained token, trained tokens, or
-  rows), so the loss, and with it the gradient and the optimiser's step, equal the full
-  batch's (tests/test_shared_prefix.py). The groups are padded to a power of two (and a
+  rows), so the loss and the gradient equal the full batch's up to float rounding, which
+  the optimiser then sees (Adam magnifies it where a gradient is near 0;
+  tests/test_shared_prefix.py). The groups are padded to a power of two (and a
   multiple of `group_multiple`, the batch axes of a mesh; never past the batch's own
   count) with rows that are masked out, so that few shapes compile. At least one group
   stays: a step without signal still steps the optimiser (Adam's moments move with a
   zero gradient).
 
-  The update's token means (clip_frac, ratio, entropy) are then over the kept rows.
-  With beta > 0 every trained token carries the KL term (not scaled by the weights), and
-  the batch comes back as it was.
+  The update's token means (clip_frac, ratio, entropy, kl) are then over the kept rows.
+  A dropped row cannot make the loss non-finite any more (an infinite ratio times a zero
+  advantage). With beta > 0 every trained token carries the KL term (not scaled by the
+  weights), and the batch comes back as it was.
   """
   if cfg.beta > 0:
     return batch
@@ -201,14 +204,15 @@ def drop_idle_groups(batch: GroupedBatch, group_size: int, cfg: grpo.LossConfig,
   p, n = len(batch.prompt_lengths), len(adv)
   if n != p * group_size:
     raise ValueError(f"{n} rows do not split into {p} groups of {group_size}")
-  live = mask.any(1) & (adv != 0)
+  live = (mask > 0).any(1) & (adv != 0)
   kept = np.flatnonzero(live.reshape(p, group_size).any(1))
   size = 1 << max(len(kept) - 1, 0).bit_length()  # a power of two, at least 1
   size = min(round_up(size, group_multiple), p)
   idle = np.setdiff1d(np.arange(p), kept)
   groups = np.concatenate([kept, idle[:size - len(kept)]])
   rows = (groups[:, None] * group_size + np.arange(group_size)[None, :]).reshape(-1)
-  last = max((int(np.flatnonzero(mask[i]).max()) + 1 for i in np.flatnonzero(live)), default=1)
+  last = max((int(np.flatnonzero(mask[i] > 0).max()) + 1 for i in np.flatnonzero(live)),
+             default=1)
   width = min(round_up(last, multiple), mask.shape[1])
   new_mask = mask[rows, :width].copy()
   new_mask[len(kept) * group_size:] = 0.0  # the padding groups train nothing

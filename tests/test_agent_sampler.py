@@ -335,3 +335,34 @@ def test_episode_metrics_count_success_per_task_family():
   assert m["success/search"] == 0.5 and m["success/tests"] == 1.0
   assert not any(k.startswith("success/") and k not in ("success/search", "success/tests")
                  for k in m)
+
+
+def test_shrunk_size_cuts_by_quarters_to_shard_multiples():
+  assert sampler._shrunk_size(64, 1, 1) == 1
+  assert sampler._shrunk_size(64, 5, 1) == 16
+  assert sampler._shrunk_size(64, 17, 1) == 64
+  assert sampler._shrunk_size(8, 1, 1) == 2
+  assert sampler._shrunk_size(32, 2, 2) == 2
+  assert sampler._shrunk_size(24, 2, 4) == 24  # 6 rows would not split over 4 shards
+
+
+def test_gathering_rows_twice_equals_gathering_them_once():
+  """A second cut, of a batch whose prompts are already one per row, keeps each row's
+  own prompt, cache and logits."""
+  from rlcode.models.decoder import KVCache, Prefix
+  rng = np.random.default_rng(0)
+  arr = lambda *shape: jnp.asarray(rng.normal(size=shape).astype(np.float32))
+  prefix = Prefix(k=(arr(4, 2, 5, 3),), v=(arr(4, 2, 5, 3),),
+                  lengths=jnp.arange(1, 5, dtype=jnp.int32), head_major=True)
+  cache = KVCache(k=(arr(8, 2, 6, 3),), v=(arr(8, 2, 6, 3),),
+                  lengths=jnp.arange(8, dtype=jnp.int32))
+  logits = arr(8, 11)
+  once = sampler._gather_rows(logits, prefix, cache, jnp.asarray([7, 5], jnp.int32))
+  first = sampler._gather_rows(logits, prefix, cache, jnp.asarray([5, 2, 7, 0], jnp.int32))
+  twice = sampler._gather_rows(*first, jnp.asarray([2, 0], jnp.int32))
+  for a, b in zip(jax.tree.leaves(once), jax.tree.leaves(twice)):
+    np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
+  # Row 7 of groups of 2 continues prompt 3, row 5 prompt 2.
+  np.testing.assert_array_equal(np.asarray(once[1].lengths), [4, 3])
+  np.testing.assert_array_equal(np.asarray(once[1].k[0]), np.asarray(prefix.k[0])[[3, 2]])
+  np.testing.assert_array_equal(np.asarray(once[2].k[0]), np.asarray(cache.k[0])[[7, 5]])

@@ -162,6 +162,11 @@ def test_agent_loop_with_the_signal_curriculum_resumes(tmp_path):
   steps = [r for r in read_metrics(workdir) if "loss" in r]
   assert [r["step"] for r in steps] == [1, 2]
   assert all(r["curriculum/file"] == 1.0 for r in steps)
+  # A 2-step warm start fails every episode: no group to train, one masked-out group
+  # run (the optimiser still steps), and no means over trained tokens logged.
+  for r in steps:
+    assert r["groups_with_signal"] == 0.0 and r["update_groups"] == 1.0
+    assert r["loss"] == 0.0 and not {"ratio", "clip_frac", "entropy"} & set(r)
   meta = glob.glob(os.path.join(workdir, "checkpoints", "2", "meta", "*"))
   saved = json.load(open(meta[0]))["curriculum"]
   assert saved["position"] == 2 and saved["offsets"] == {"file": 4}

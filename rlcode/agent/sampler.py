@@ -230,9 +230,10 @@ def _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv
       first_logits, cache = _reprefill(model, trajs, active, budgets, tok.pad_id, rows,
                                        mesh, timing)
     start = time.perf_counter()
-    if shrink and 4 * np.count_nonzero(active) <= len(slots) and len(slots) >= 4 * floor:
+    size = _shrunk_size(len(slots), int(np.count_nonzero(active)), floor)
+    if shrink and size < len(slots):
       first_logits, prefix, cache, slots = _shrink(first_logits, prefix, cache, slots,
-                                                   active, floor)
+                                                   active, size)
       timing.shrinks += 1
     if reuse_kv:
       cache = _fit(cache, int(valid[slots].max()) + budgets.max_turn_tokens, max_cache)
@@ -314,15 +315,22 @@ def _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv
   return trajs
 
 
-def _shrink(first_logits, prefix, cache, slots, active, floor):
-  """The device batch cut to a quarter (or less, by quarters, not below `floor` rows)
-  that still holds every live row: (logits, prefix, cache, slots) of the kept rows, live
-  rows first. The rows of a group no longer sit together, so the prefix becomes one per
-  row (its group's)."""
-  live = np.flatnonzero(active[slots])
-  size = len(slots)
-  while size >= 4 * floor and 4 * len(live) <= size:
+def _shrunk_size(rows: int, live: int, floor: int) -> int:
+  """The batch's rows cut by quarters while the live rows still fit, each size a multiple
+  of `floor` (a mesh's batch shards): few sizes, so few compiled shapes."""
+  size = rows
+  while 4 * live <= size and (size // 4) % floor == 0 and size // 4 >= floor:
     size //= 4
+  return size
+
+
+def _shrink(first_logits, prefix, cache, slots, active, size):
+  """The device batch cut to `size` rows that still hold every live row: (logits,
+  prefix, cache, slots) of the kept rows, live rows first. The rows of a group no longer
+  sit together, so the prefix becomes one per row (its group's): rows/4 prompt copies at
+  most against the groups' P before, more prompt memory when G > 4, while the rows' own
+  caches shrink by 4x."""
+  live = np.flatnonzero(active[slots])
   rest = np.setdiff1d(np.arange(len(slots)), live)
   keep = np.concatenate([live, rest[:size - len(live)]]).astype(np.int32)
   return _gather_rows(first_logits, prefix, cache, jnp.asarray(keep)) + (slots[keep],)

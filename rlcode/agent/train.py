@@ -18,9 +18,14 @@ reward is equal and nothing is pushed. The expert rows are trained as on-policy 
 log-probs under the current policy), and the logged success is the sampled episodes'.
 
 The update skips what adds nothing to the loss (rl.drop_idle_groups, on unless set
-False): groups whose rewards are all equal and trajectories masked out whole, with the
-loss and gradient of the whole batch (rlcode.shared_prefix.drop_idle_groups); the row
-update_groups counts the groups it ran, trained_tokens the whole batch's.
+False): groups none of whose rows adds anything (rewards all equal, or every trajectory
+masked out whole) are dropped and the width is cut to the longest trained row, with the
+loss and gradient of the whole batch (rlcode.shared_prefix.drop_idle_groups). The row
+update_groups counts the groups the update ran (padded to a power of two),
+trained_tokens the whole batch's trained tokens a trajectory; the update's token means
+(ratio, clip_frac, entropy, kl) are over the kept rows, and a step with no group to train
+logs none of them. rollout_shrinks counts the sampler's cuts of its batch to the live
+rows (rlcode.agent.sampler.run_episodes).
 
 With rl.curriculum = "signal" the tasks are drawn by family, each weighted by the share
 of its recent groups whose rewards differed (rlcode.curriculum.SignalCurriculum; rows
@@ -208,6 +213,8 @@ def train(config) -> list[dict]:
                                          on_nonfinite=config.train.on_nonfinite)
 
     row = {k: float(v) for k, v in m.items()}
+    if not batch.mask.any():  # nothing trained: token means over no token are not logged
+      row = {k: v for k, v in row.items() if k not in TOKEN_MEANS}
     row.update(rollout.episode_metrics(sampled, agent.success_reward))
     if slots:
       row.update(expert_rows=float(guided.mean()), expert_logprob_seconds=logprob_s)
@@ -220,7 +227,8 @@ def train(config) -> list[dict]:
         trained_tokens=trained_tokens, update_groups=float(len(batch.prompt_lengths)),
         rollout_seconds=rollout_s, update_seconds=update_s,
         decode_seconds=timing.decode, extend_seconds=timing.extend,
-        prefill_seconds=timing.prefill, env_seconds=timing.env)
+        prefill_seconds=timing.prefill, env_seconds=timing.env,
+        rollout_shrinks=float(timing.shrinks))
     if memory is not None:
       row["memory_notes"] = float(len(memory))
     if curriculum_kind:
@@ -340,6 +348,9 @@ def sample_rounds(rl) -> int:
     raise BadInput(f"rl.sample_rounds must be an integer >= 1, got {rounds!r}")
   return rounds
 
+
+# The update's metrics that are means over trained tokens (rlcode.grpo.policy_loss).
+TOKEN_MEANS = ("ratio", "clip_frac", "entropy", "kl")
 
 CURRICULA = ("", "signal")
 
