@@ -29,7 +29,9 @@ rows (rlcode.agent.sampler.run_episodes).
 
 With rl.curriculum = "signal" the tasks are drawn by family, each weighted by the share
 of its recent groups whose rewards differed (rlcode.curriculum.SignalCurriculum; rows
-curriculum/<family> log the weights); "" is the plain seeded stream.
+curriculum/<family> log the weights; with rl.expert_slots a group's expert rows count,
+so a family the policy fails and the expert solves has a signal); "" is the plain
+seeded stream.
 
 With rl.sample_rounds = n > 1 a step samples up to n rounds of prompts_per_step tasks and
 trains on the groups whose rewards differ (DAPO's dynamic sampling, capped;
@@ -56,9 +58,9 @@ from flax import nnx
 from tqdm import tqdm
 
 from rlcode import checkpoint, config_lib, grpo, sft, sharding, shared_prefix
-from rlcode.curriculum import SignalCurriculum
 from rlcode.agent import expert, rollout, sampler
 from rlcode.agent.memory import Memory
+from rlcode.curriculum import SignalCurriculum
 from rlcode.data import sources
 from rlcode.errors import BadInput
 from rlcode.metrics import MetricsWriter
