@@ -134,7 +134,7 @@ def refuse_undivided(abstract_state, mesh, what: str, rows: int) -> None:
   batch's rows if the data-parallel axes do not divide them."""
   from flax import nnx
   bad = {}
-  dp = mesh.shape["data"] * mesh.shape["fsdp"]
+  dp = sharding.batch_shards(mesh)
   if rows % dp:
     bad[" rows"] = f"batch rows={rows} over data x fsdp={dp}"
   for path, var in nnx.to_flat_state(abstract_state):

@@ -218,7 +218,7 @@ def prefill(model: Decoder, prompts: Sequence[Sequence[int]], *, group_size: int
   """
   graphdef, state = nnx.split(model)
   lengths = [len(p) for p in prompts]
-  dp = 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+  dp = sharding.batch_shards(mesh)
   p = len(prompts)
   p_pad = max(bucket(p), dp, bucket(min_prompts))
   t_pad = bucket(max(lengths), MIN_PROMPT_BUCKET)

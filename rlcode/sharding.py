@@ -65,6 +65,11 @@ def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1,
   return Mesh(np.array(devices[:need]).reshape(sizes), MESH_AXES)
 
 
+def batch_shards(mesh: Mesh | None) -> int:
+  """How many ways a mesh's batch axes (data x fsdp) split the rows; 1 without a mesh."""
+  return 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+
+
 def mesh_from_config(mesh_cfg) -> Mesh:
   return make_mesh(mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor)
 

@@ -24,7 +24,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from kernels.tiling import round_up
-from rlcode import grpo, losses, rollout
+from rlcode import grpo, losses, rollout, sampling
 from rlcode.models.decoder import Prefix
 
 PROMPT_MULTIPLE = 32
@@ -206,8 +206,7 @@ def drop_idle_groups(batch: GroupedBatch, group_size: int, cfg: grpo.LossConfig,
     raise ValueError(f"{n} rows do not split into {p} groups of {group_size}")
   live = (mask > 0).any(1) & (adv != 0)
   kept = np.flatnonzero(live.reshape(p, group_size).any(1))
-  size = 1 << max(len(kept) - 1, 0).bit_length()  # a power of two, at least 1
-  size = min(round_up(size, group_multiple), p)
+  size = min(round_up(sampling.bucket(len(kept)), group_multiple), p)
   idle = np.setdiff1d(np.arange(p), kept)
   groups = np.concatenate([kept, idle[:size - len(kept)]])
   rows = (groups[:, None] * group_size + np.arange(group_size)[None, :]).reshape(-1)

@@ -53,7 +53,7 @@ def train(config) -> list[dict]:
   # The trainer's mesh spans every process; the sampler's is this process's own.
   mesh, sampler_mesh = distributed.meshes(config.mesh, config.sampler_mesh)
   n_rows = rl.prompts_per_step * rl.group_size
-  dp = mesh.shape["data"] * mesh.shape["fsdp"]
+  dp = sharding.batch_shards(mesh)
   if n_rows % dp:
     raise ValueError(f"rl.prompts_per_step * rl.group_size = {n_rows} rows do not split "
                      f"over the {dp} data-parallel devices of the mesh")

@@ -28,7 +28,6 @@ import concurrent.futures
 import contextlib
 import dataclasses
 import functools
-import math
 import time
 from collections.abc import Sequence
 from typing import Any
@@ -222,7 +221,7 @@ def _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv
   # device batch holds; the host arrays above stay indexed by row.
   slots = np.arange(rows)
   # A mesh's batch axes split the rows: the batch never shrinks below one row a shard.
-  floor = 1 if mesh is None else math.prod(mesh.shape[a] for a in ("data", "fsdp"))
+  floor = sharding.batch_shards(mesh)
   key = jax.random.key(seed)
   turn = 0
   while active.any():

@@ -47,7 +47,6 @@ evaluation task.
 from __future__ import annotations
 
 import concurrent.futures
-import math
 import os
 import re
 import time
@@ -141,7 +140,6 @@ def train(config) -> list[dict]:
   # trajectory cut and masked out sets the batch's width), with the same loss and
   # gradient as the whole batch (shared_prefix.drop_idle_groups).
   drop_idle = rl.get("drop_idle_groups", True)
-  batch_shards = math.prod(mesh.shape[a] for a in sharding.DEFAULT_RULES["batch"])
   # rl.expert_slots > 0: expert-guided groups (guide_groups); their rows' old log-probs
   # are computed under the current policy, so the update treats them as on-policy.
   slots = rl.get("expert_slots", 0)
@@ -210,7 +208,7 @@ def train(config) -> list[dict]:
     if drop_idle:
       batch = shared_prefix.drop_idle_groups(batch, rl.group_size, loss_cfg,
                                              multiple=rollout.LENGTH_MULTIPLE,
-                                             group_multiple=batch_shards)
+                                             group_multiple=sharding.batch_shards(mesh))
     state, m, update_s = grpo.run_passes(update, state, batch, rl.num_passes, step=step,
                                          on_nonfinite=config.train.on_nonfinite)
 
