@@ -36,7 +36,7 @@ from flax import nnx
 from tqdm import tqdm
 
 from rlcode import (async_rollouts, checkpoint, config_lib, distributed, evaluate, grpo, rewards,
-                    rollout, sft, shared_prefix)
+                    rollout, sft, sharding, shared_prefix)
 from rlcode.data import sources
 from rlcode.errors import BadInput
 from rlcode.metrics import MetricsWriter
