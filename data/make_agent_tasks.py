@@ -35,6 +35,17 @@ for "frob3"). With made-up names it still does after the 600-step warm start (te
 tasks 0.500 at T=1): reading the name from the test output is learnt last.
 
     python data/make_agent_tasks.py     # rewrites data/agent_tasks.jsonl deterministically
+    python data/make_agent_tasks.py --decoys    # data/agent_tasks_decoy.jsonl (below)
+
+With --decoys every file and search task but the practice ones also holds its symbol's
+old value, commented out: "# OFFSET = 4" beside "OFFSET = 7" in the named file (in a
+random order), or in another of the three files of a search task, so that the search
+finds both. The tasks, their splits and their references are the others' exactly; the
+hint records the decoy's value. The tests pass only with the live value, so a policy
+must copy from the right line, which a demonstrator that does not tell the two apart
+(rlcode.agent.expert.copies_decoy, warmstart.decoy_copy) gets right half the time:
+imitation of it cannot, and the reward can, teach the difference
+(experiments/README.md, agent_tiny).
 
 `extra` carries what the scripted expert (rlcode.agent.expert) needs: the
 variant, the file and symbol to look up, and the reference solution.
@@ -42,6 +53,7 @@ variant, the file and symbol to look up, and the reference solution.
 
 from __future__ import annotations
 
+import argparse
 import hashlib
 import json
 import os
@@ -163,14 +175,46 @@ def practice_tasks(rng, n_file=PRACTICE["file"], n_search=PRACTICE["search"],
   yield from tests_tasks(rng, [(rng.choice(sorted(OPS)), name) for name in names], True)
 
 
-def main():
+def add_decoy(row: dict) -> dict:
+  """The row with its symbol's old value commented out in the workspace (file and search
+  tasks; tests tasks and practice tasks are returned as they are: the practice tasks are
+  where a warm start learns to copy, and with decoys in them, and a demonstrator that
+  copies either line, seed 0's warm start did not learn to copy in its 600 steps).
+  Seeded by the task id alone, so the decoys do not depend on the order of the rows."""
+  hint = row["extra"]["hint"]
+  if hint["variant"] not in ("file", "search") or "/practice/" in row["id"]:
+    return row
+  rng = random.Random(f"decoy/{row['id']}")
+  k = int(row["reference"].split()[-1])
+  old = rng.choice([c for c in range(2, 10) if c != k])
+  files = dict(row["extra"]["files"])
+  if hint["variant"] == "file":
+    where = hint["path"]
+  else:
+    where = rng.choice(sorted(p for p in files if p != hint["path"]))
+  lines = files[where].splitlines()
+  lines.insert(rng.randint(0, len(lines)), f"# {hint['symbol']} = {old}")
+  files[where] = "\n".join(lines) + "\n"
+  extra = {**row["extra"], "files": files, "hint": {**hint, "decoy": old}}
+  return {**row, "extra": extra}
+
+
+def main(argv=None):
+  parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+  parser.add_argument("--decoys", action="store_true",
+                      help="write agent_tasks_decoy.jsonl: file and search tasks with "
+                           "their symbol's old value commented out beside the live one")
+  args = parser.parse_args(argv)
   rng = random.Random(0)
   rows = [t for gen in (file_tasks, search_tasks, tests_tasks) for t in gen(rng)]
   rows += list(practice_tasks(random.Random(2)))
   ids = [r["id"] for r in rows]
   assert len(ids) == len(set(ids))
   random.Random(1).shuffle(rows)
-  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), "agent_tasks.jsonl")
+  name = "agent_tasks.jsonl"
+  if args.decoys:
+    rows, name = [add_decoy(r) for r in rows], "agent_tasks_decoy.jsonl"
+  path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
   with open(path, "w") as f:
     for row in rows:
       f.write(json.dumps(row, sort_keys=True) + "\n")

@@ -147,6 +147,74 @@ def test_the_guessing_demonstrator_writes_at_once_and_fails_without_luck(scorer)
     assert not any(expert.is_guess(t, 1.0, 0, others) for t in tasks)
 
 
+DECOY_SPLITS = jsonl.read_jsonl_tasks(sources.resolve("data/agent_tasks_decoy.jsonl"), 0.2)
+
+
+def test_decoy_tasks_are_the_tasks_with_the_old_value_commented_out():
+  """data/agent_tasks_decoy.jsonl is data/agent_tasks.jsonl (its ids, splits, prompts,
+  references) with one line more in a file and search task's workspace (not the
+  practice tasks'): the symbol's
+  old value, another constant, commented out; in the named file (file tasks), in
+  another file than the live value (search tasks), so a text search finds both."""
+  import sys
+  sys.path.insert(0, sources.resolve("data"))
+  import make_agent_tasks
+  for split, tasks in SPLITS.items():
+    decoyed = DECOY_SPLITS[split]
+    assert [t.id for t in decoyed] == [t.id for t in tasks]
+    for plain, t in zip(tasks, decoyed):
+      assert (t.prompt, t.reference, t.tests) == (plain.prompt, plain.reference, plain.tests)
+      hint = t.extra["hint"]
+      if hint["variant"] == "tests" or "/practice/" in t.id:
+        assert t.extra == plain.extra
+        continue
+      live, old = t.reference.split()[-1], hint["decoy"]
+      assert str(old) != live and 2 <= old <= 9
+      line = f"# {hint['symbol']} = {old}"
+      holders = [p for p, text in t.extra["files"].items() if line in text.splitlines()]
+      assert len(holders) == 1, t.id
+      assert (holders[0] == hint["path"]) == (hint["variant"] == "file"), t.id
+      removed = {p: "".join(f"{x}\n" for x in text.splitlines() if x != line)
+                 for p, text in t.extra["files"].items()}
+      assert removed == plain.extra["files"], t.id
+  row = {"id": "agent/tests/x", "extra": {"hint": {"variant": "tests"}}}
+  assert make_agent_tasks.add_decoy(row) is row
+
+
+def test_the_demonstrator_that_copies_a_decoy_looks_as_the_expert_and_fails(scorer):
+  env = make_env(scorer)
+  budgets = sampler.Budgets()
+  tasks = DECOY_SPLITS["train"]
+  for variant in ("file", "search"):
+    task = next(t for t in tasks
+                if t.extra["hint"]["variant"] == variant and "decoy" in t.extra["hint"])
+    right = expert.expert_calls(task, "rich", "each")
+    wrong = expert.expert_calls(task, "rich", "each", copy_decoy=True)
+    assert [c[0] for c in wrong] == [c[0] for c in right] and wrong[0] == right[0]
+    env.reset(task)
+    look = env.step(expert.call_text(*right[0]), "call").observation
+    for calls, reward in ((right, 1.0), (wrong, 0.0)):
+      traj = expert.expert_trajectory(env, CHAT, task, calls, budgets)
+      assert traj.status == "finished" and traj.reward == reward
+    old = str(task.extra["hint"]["decoy"])
+    assert wrong[2][1]["file_text"].split()[-1] == old and old in wrong[1][1]["thought"]
+    # Both values were in what the look returned.
+    assert f"# {task.extra['hint']['symbol']} = {old}" in look
+    assert f"{task.extra['hint']['symbol']} = {task.reference.split()[-1]}" in look
+  # The tasks that copy the decoy: about the asked fraction of those with a decoy line,
+  # chosen by the seed; never a task without one.
+  with_decoy = [t for t in tasks if "decoy" in t.extra["hint"]]
+  assert len(with_decoy) >= 100
+  picked = [expert.copies_decoy(t, 0.5, seed=0) for t in with_decoy]
+  assert 0.3 * len(picked) <= sum(picked) <= 0.7 * len(picked)
+  assert picked != [expert.copies_decoy(t, 0.5, seed=1) for t in with_decoy]
+  assert not any(expert.copies_decoy(t, 1.0, 0) for t in tasks
+                 if t.extra["hint"]["variant"] == "tests")
+  assert not any(expert.copies_decoy(t, 1.0, 0) for t in TASKS)
+  with pytest.raises(ValueError, match="has no decoy line"):
+    expert.expert_calls(by_variant("file"), copy_decoy=True)
+
+
 def test_the_tests_variant_needs_the_test_run(scorer):
   env = make_env(scorer)
   task = by_variant("tests")

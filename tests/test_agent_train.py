@@ -106,6 +106,16 @@ def test_demonstrations_reject_an_unknown_guess_family():
     demonstrations(config, [], [], None, None)
 
 
+def test_demonstrations_reject_a_decoy_fraction_outside_0_1():
+  import ml_collections
+
+  from rlcode.agent.train import demonstrations
+  from rlcode.errors import BadInput
+  config = ml_collections.ConfigDict({"warmstart": {"decoy_copy": 1.5}})
+  with pytest.raises(BadInput, match=r"decoy_copy must be in \[0, 1\], got 1.5"):
+    demonstrations(config, [], [], None, None)
+
+
 def test_fill_with_signal_keeps_groups_whose_rewards_differ():
   """DAPO's dynamic sampling: flat groups are dropped while rounds remain; a batch still
   short after the last round is filled with that round's flat groups; one round is the

@@ -30,13 +30,21 @@ def call_text(name: str, arguments: dict) -> str:
   return f"{CALL_OPEN}{body}{CALL_CLOSE}"
 
 
-def expert_calls(task: Task, toolset: str = "rich", think: str = "none") -> list[tuple]:
-  """[(name, arguments), ...] ending with finish."""
+def expert_calls(task: Task, toolset: str = "rich", think: str = "none",
+                 copy_decoy: bool = False) -> list[tuple]:
+  """[(name, arguments), ...] ending with finish. copy_decoy: the same looks, then the
+  value of the task's decoy line (its symbol's old value, commented out: hint["decoy"],
+  data/make_agent_tasks.py --decoys) written instead of the live one, as a demonstrator
+  that does not tell the two lines apart does on some of its tasks (`copies_decoy`)."""
   if toolset not in TOOLSETS or think not in THINK:
     raise ValueError(f"toolset={toolset!r} (one of {TOOLSETS}), think={think!r} "
                      f"(one of {THINK})")
   hint = task.extra["hint"]
   variant, solution = hint["variant"], task.reference
+  if copy_decoy:
+    if "decoy" not in hint:
+      raise ValueError(f"task {task.id!r} has no decoy line to copy")
+    solution = solution.rsplit(" ", 1)[0] + f" {hint['decoy']}\n"
   write = (("editor", {"command": "create", "path": "solution.py", "file_text": solution})
            if toolset == "rich" else
            ("bash", {"command": f"cat > solution.py <<'EOF'\n{solution}EOF"}))
@@ -49,12 +57,12 @@ def expert_calls(task: Task, toolset: str = "rich", think: str = "none") -> list
   elif variant == "file":
     look = (("editor", {"command": "view", "path": hint["path"]}) if toolset == "rich"
             else ("bash", {"command": f"cat {hint['path']}"}))
-    fact = f"{hint['symbol']} is {task.reference.split()[-1]}"
+    fact = f"{hint['symbol']} is {solution.split()[-1]}"
     plan = f"read {hint['path']}, write solution.py"
   elif variant == "search":
     look = (("search", {"query": hint["symbol"]}) if toolset == "rich"
             else ("bash", {"command": f"grep -rn {hint['symbol']} ."}))
-    fact = f"{hint['symbol']} is {task.reference.split()[-1]}"
+    fact = f"{hint['symbol']} is {solution.split()[-1]}"
     plan = f"find {hint['symbol']}, write solution.py"
   else:
     raise ValueError(f"task {task.id!r}: unknown variant {variant!r}")
@@ -64,6 +72,19 @@ def expert_calls(task: Task, toolset: str = "rich", think: str = "none") -> list
   elif think == "start":
     calls = [("think", {"thought": plan})] + calls
   return calls + [("finish", {})]
+
+
+def copies_decoy(task: Task, fraction: float, seed: int) -> bool:
+  """Whether the demonstrator that does not tell a commented-out value from the live one
+  copies the commented-out one on `task`: for about `fraction` of the tasks that have a
+  decoy line (hint["decoy"]), chosen by a hash of the task id and `seed`; never on the
+  others. With 0.5 it copies either line with equal chance, whatever the lines say:
+  its episodes look and copy exactly as the expert's do, and half of those on tasks with
+  a decoy fail."""
+  if "decoy" not in task.extra["hint"]:
+    return False
+  digest = hashlib.sha256(f"decoy/{seed}/{task.id}".encode()).hexdigest()
+  return int(digest[:15], 16) / 16**15 < fraction
 
 
 # What a demonstrator that does not look writes for a function whose name it cannot know.

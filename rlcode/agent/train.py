@@ -272,18 +272,22 @@ def evaluate(config, model, chat, envs, tasks, budgets, mesh) -> dict:
 
 
 def expert_episodes(config, tasks, envs, chat, budgets, guess_fraction: float = 0.0,
-                    guess_families: tuple[str, ...] | None = None
+                    guess_families: tuple[str, ...] | None = None, decoy_copy: float = 0.0
                     ) -> list[sampler.Trajectory | None]:
   """One scripted expert episode per task, None where the tool set cannot solve it;
   played on the environments side by side, each taking every len(envs)-th episode.
   guess_fraction > 0: that fraction of the tasks (expert.is_guess, by the run's seed;
   of the `guess_families` only, when given) get the episode of a demonstrator that
-  does not look (expert.guess_calls) instead."""
+  does not look (expert.guess_calls) instead. decoy_copy > 0: on that fraction of the
+  tasks with a decoy line (expert.copies_decoy, by the run's seed) the episode copies
+  the decoy's value."""
   agent = config.agent
   jobs = []
   for i, task in enumerate(tasks):
     try:
-      calls = expert.expert_calls(task, agent.toolset, agent.think)
+      calls = expert.expert_calls(
+          task, agent.toolset, agent.think,
+          copy_decoy=expert.copies_decoy(task, decoy_copy, config.seed))
     except ValueError:
       continue
     if guess_fraction > 0 and expert.is_guess(task, guess_fraction, config.seed,
@@ -303,26 +307,30 @@ def expert_episodes(config, tasks, envs, chat, budgets, guess_fraction: float = 
 
 
 def expert_trajectories(config, tasks, envs, chat, budgets, guess_fraction: float = 0.0,
-                        guess_families: tuple[str, ...] | None = None
-                        ) -> list[sampler.Trajectory]:
+                        guess_families: tuple[str, ...] | None = None,
+                        decoy_copy: float = 0.0) -> list[sampler.Trajectory]:
   """The expert episodes of the tasks its tool set can solve, in task order
-  (guess_fraction, guess_families: as in expert_episodes)."""
+  (guess_fraction, guess_families, decoy_copy: as in expert_episodes)."""
   return [t for t in expert_episodes(config, tasks, envs, chat, budgets, guess_fraction,
-                                     guess_families) if t is not None]
+                                     guess_families, decoy_copy) if t is not None]
 
 
 def demonstrations(config, tasks, envs, chat, budgets) -> list[sampler.Trajectory]:
   """The warm start's episodes (and a cross-entropy control's): the expert's, with
   `warmstart.guess_fraction` of them (of the `warmstart.guess_families` only, when
-  set) a demonstrator's that does not look."""
+  set) a demonstrator's that does not look, and on `warmstart.decoy_copy` of the tasks
+  with a decoy line the decoy's value copied."""
   ws = config.warmstart
   families = tuple(ws.get("guess_families", ())) or None
   unknown = set(families or ()) - set(expert.VARIANTS)
   if unknown:
     raise BadInput(f"warmstart.guess_families: unknown {sorted(unknown)}; "
                    f"known: {list(expert.VARIANTS)}")
+  decoy_copy = ws.get("decoy_copy", 0.0)
+  if not 0.0 <= decoy_copy <= 1.0:
+    raise BadInput(f"warmstart.decoy_copy must be in [0, 1], got {decoy_copy}")
   return expert_trajectories(config, tasks, envs, chat, budgets,
-                             ws.get("guess_fraction", 0.0), families)
+                             ws.get("guess_fraction", 0.0), families, decoy_copy)
 
 
 def guide_groups(trajs, experts, group_size: int, slots: int):
