@@ -7,7 +7,9 @@ OUT is an experiments/agent_tiny_seeds.py output directory (OUT/seed{S} holding 
 workdir with its warm_start/). Each policy is scored as agent_tiny_seeds.py scores it
 (rlcode.agent.train.evaluate_policy: config.eval.num_samples episodes of every task of the
 split), and the rows give eval/success and success per task family (the second
-component of the task id: file, search, tests). Writes OUT/agent_families.json.
+component of the task id: file, search, tests), and on tasks with a decoy line the
+share of episodes that wrote the live constant and the decoy's (decoy/live,
+decoy/decoy). Writes OUT/agent_families.json.
 """
 
 from __future__ import annotations
@@ -42,7 +44,8 @@ def main():
       model, tokenizer, _ = agent_train.restore_policy(config, directory, mesh)
       for split in args.splits:
         scores = agent_train.evaluate_policy(config, model, tokenizer, split, mesh)
-        row = {k: v for k, v in scores.items() if k == "success" or k.startswith("success/")}
+        row = {k: v for k, v in scores.items()
+               if k == "success" or k.startswith(("success/", "decoy/"))}
         results[f"{seed}/{arm}/{split}"] = row
         print(f"seed {seed} {arm:10s} {split:10s} "
               + "  ".join(f"{k} {v:.3f}" for k, v in row.items()), flush=True)

@@ -196,6 +196,7 @@ def test_the_demonstrator_that_copies_a_decoy_looks_as_the_expert_and_fails(scor
     for calls, reward in ((right, 1.0), (wrong, 0.0)):
       traj = expert.expert_trajectory(env, CHAT, task, calls, budgets)
       assert traj.status == "finished" and traj.reward == reward
+      assert traj.program == calls[2][1]["file_text"]  # the file the reward scored
     old = str(task.extra["hint"]["decoy"])
     assert wrong[2][1]["file_text"].split()[-1] == old and old in wrong[1][1]["thought"]
     # Both values were in what the look returned.

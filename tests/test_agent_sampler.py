@@ -337,6 +337,25 @@ def test_episode_metrics_count_success_per_task_family():
                  for k in m)
 
 
+def test_episode_metrics_count_which_line_a_decoy_task_copied():
+  def episode(program, decoy=4):
+    hint = {"variant": "file"} if decoy is None else {"variant": "file", "decoy": decoy}
+    task = Task(id="agent/file/add/k7/LIMIT", prompt="p",
+                reference="def add_limit(x):\n    return x + 7\n", extra={"hint": hint})
+    return sampler.Trajectory(task, [1], tokens=[2], mask=[1], logprobs=[0.0],
+                              status="finished", reward=float("+ 7" in program),
+                              program=program)
+  trajs = [episode("def add_limit(x):\n    return x + 7\n"),
+           episode("def add_limit(x):\n    return x + 4\n"),
+           episode("def add_limit(x):\n    return x + 17\n"), episode(""),
+           episode("def add_limit(x):\n    return x + 7\n", decoy=None)]
+  m = rollout.episode_metrics(trajs, success_reward=1.0)
+  assert (m["decoy/live"], m["decoy/decoy"]) == (0.25, 0.25)  # of the 4 with a decoy
+  assert rollout.written_constant("def f(x):\n    return x * 12\n") == "12"
+  assert rollout.written_constant("# nothing\n") is None
+  assert "decoy/live" not in rollout.episode_metrics(trajs[-1:], success_reward=1.0)
+
+
 def test_shrunk_size_cuts_by_quarters_to_shard_multiples():
   assert sampler._shrunk_size(64, 1, 1) == 1
   assert sampler._shrunk_size(64, 5, 1) == 16

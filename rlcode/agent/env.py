@@ -131,6 +131,7 @@ class ToolEnv:
     self.failure: str | None = None
     self.fixes: list[tuple[str, str]] = []
     self.final_reward = 0.0
+    self.final_program = ""
     return task.prompt
 
   def step(self, text: str, ended: str) -> Step:
@@ -194,7 +195,7 @@ class ToolEnv:
       except SessionError:
         program = ""
     reward, details = self.scorer.reward(self.task, program)
-    self.final_reward = reward
+    self.final_reward, self.final_program = reward, program
     if self.notes is not None:
       self.notes.close(reward > 0, self.fixes)
     self.close()

@@ -10,6 +10,7 @@ or a timeout), supervised batches of expert trajectories, and episode metrics.
 from __future__ import annotations
 
 import collections
+import re
 from collections.abc import Sequence
 
 import numpy as np
@@ -90,8 +91,11 @@ def sft_batch(trajs: Sequence[sampler.Trajectory], pad_id: int) -> grpo.Sequence
 
 def episode_metrics(trajs: Sequence[sampler.Trajectory], success_reward: float) -> dict:
   """Means over episodes: success, reward, tool calls, turns, context tokens, statuses,
-  tool use, call errors and per-turn test signals; and success per task family
-  ("success/<family>", the second component of ids like "agent/search/sub/k6/LIMIT")."""
+  tool use, call errors and per-turn test signals; success per task family
+  ("success/<family>", the second component of ids like "agent/search/sub/k6/LIMIT");
+  and, over the episodes of tasks with a decoy line (data/agent_tasks_decoy.jsonl), the
+  share whose scored solution ends in the live constant ("decoy/live") and in the
+  decoy's ("decoy/decoy"; `written_constant`)."""
   n = max(len(trajs), 1)
   turns = [x for t in trajs for x in t.turns]
   tools = collections.Counter(x["tool"] for x in turns if "tool" in x)
@@ -118,4 +122,18 @@ def episode_metrics(trajs: Sequence[sampler.Trajectory], success_reward: float) 
     if len(parts) > 2:
       families[parts[1]].append(t.reward >= success_reward)
   out.update({f"success/{f}": float(np.mean(v)) for f, v in sorted(families.items())})
+  decoys = [t for t in trajs if "decoy" in t.task.extra.get("hint", {})]
+  if decoys:
+    written = [written_constant(t.program) for t in decoys]
+    out["decoy/live"] = float(np.mean([w == t.task.reference.split()[-1]
+                                       for w, t in zip(written, decoys)]))
+    out["decoy/decoy"] = float(np.mean([w == str(t.task.extra["hint"]["decoy"])
+                                        for w, t in zip(written, decoys)]))
   return out
+
+
+def written_constant(program: str) -> str | None:
+  """The last integer literal of a solution's text ("7" of "return x + 7"), None if it
+  has none."""
+  found = re.findall(r"\b\d+\b", program)
+  return found[-1] if found else None

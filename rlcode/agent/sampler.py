@@ -86,6 +86,7 @@ class Trajectory:
       "observation_tokens" and "observation_cut".
     status: how it ended (rlcode.agent.env.STATUSES).
     reward: the final reward.
+    program: the solution file's text that the final reward scored ("" if none).
   """
 
   task: Task
@@ -96,6 +97,7 @@ class Trajectory:
   turns: list[dict[str, Any]] = dataclasses.field(default_factory=list)
   status: str = ""
   reward: float = 0.0
+  program: str = ""
 
   @property
   def context_tokens(self) -> int:
@@ -282,14 +284,14 @@ def _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv
         t.turns[-1].update(result.info)
       if result is None or result.done:
         active[b] = False
-        t.status, t.reward = envs[b].status, envs[b].final_reward
+        t.status, t.reward, t.program = envs[b].status, envs[b].final_reward, envs[b].final_program
         continue
       obs, cut = chat.observation_tokens(result.observation, budgets.max_observation_tokens)
       t.turns[-1].update(observation_tokens=len(obs), observation_cut=cut)
       if t.context_tokens + len(obs) + 1 > budgets.max_total_tokens:
         envs[b].abort("max_tokens")
         active[b] = False
-        t.status, t.reward = envs[b].status, envs[b].final_reward
+        t.status, t.reward, t.program = envs[b].status, envs[b].final_reward, envs[b].final_program
         continue
       t.tokens += obs
       t.mask += [0] * len(obs)
