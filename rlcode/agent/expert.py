@@ -83,8 +83,12 @@ def copies_decoy(task: Task, fraction: float, seed: int) -> bool:
   a decoy fail."""
   if "decoy" not in task.extra["hint"]:
     return False
-  digest = hashlib.sha256(f"decoy/{seed}/{task.id}".encode()).hexdigest()
-  return int(digest[:15], 16) / 16**15 < fraction
+  return _hashed_fraction(f"decoy/{seed}/{task.id}") < fraction
+
+
+def _hashed_fraction(key: str) -> float:
+  """A number in [0, 1) from a hash of `key`: the same on every run and machine."""
+  return int(hashlib.sha256(key.encode()).hexdigest()[:15], 16) / 16**15
 
 
 # What a demonstrator that does not look writes for a function whose name it cannot know.
@@ -98,8 +102,7 @@ def is_guess(task: Task, fraction: float, seed: int,
   with `families`, only for tasks of those families (the hint's variant)."""
   if families is not None and task.extra["hint"]["variant"] not in families:
     return False
-  digest = hashlib.sha256(f"guess/{seed}/{task.id}".encode()).hexdigest()
-  return int(digest[:15], 16) / 16**15 < fraction
+  return _hashed_fraction(f"guess/{seed}/{task.id}") < fraction
 
 
 def guess_calls(task: Task, toolset: str = "rich", seed: int = 0) -> list[tuple]:
