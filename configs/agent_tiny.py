@@ -1,27 +1,18 @@
-"""GRPO over multi-turn tool-use episodes with a tiny policy, on CPU.
+"""GRPO over multi-turn tool-use episodes with a tiny byte-level policy, on CPU.
 
     rlcode train --config configs/agent_tiny.py
 
 The policy (configs/common.py's decoder with 4 KV heads, 1.33M parameters with the code
 BPE's 4096 tokens plus the four tool-calling tags, "data/code_bpe.json+tools") starts from
-scratch, gets a supervised warm start on scripted episodes of the training tasks
-(rlcode.agent.expert), then trains with GRPO on whole trajectories: G episodes per task,
-each in its own sandbox session, the final reward the task's tests on the workspace's
-solution.py. The tasks (data/agent_tasks_decoy.jsonl) can only be solved through the
-tools: the constant is in a workspace file (named or to be searched for), or the
-function's name is only in the output of the first failing test run. In the file and
-search tasks the workspace also holds the constant's old value, commented out
-("# OFFSET = 4" beside "OFFSET = 7"), and the scripted demonstrator does not tell the
-two lines apart: it copies either with equal chance (warmstart.decoy_copy=0.5), so
-imitating it cannot teach which line to read, and the tests' reward can. Evaluation
-rows report eval/success and eval/tool_calls_per_episode on the validation split (used
-for tuning); the held-out split is reported once (experiments/agent_tiny_seeds.py).
-
-Until 2026-12-03 the config ran on data/agent_tasks.jsonl (no decoys) with a perfect
-expert; there a 600-step warm start leaves GRPO a few points (held out +0.009 ± 0.003 in
-20 steps) and more imitation beats it. Its settings: --config.data.path=data/agent_tasks.jsonl
---config.warmstart.decoy_copy=0.0 --config.rl.exclude_task_ids= --config.optimizer.learning_rate=1e-4
---config.train.steps=20.
+scratch, gets a supervised warm start on scripted expert episodes of the training
+tasks (rlcode.agent.expert), then trains with GRPO on
+whole trajectories: G episodes per task, each in its own sandbox session, the
+final reward the task's tests on the workspace's solution.py. The tasks
+(data/agent_tasks.jsonl) can only be solved through the tools: the constant is in
+a workspace file (named or to be searched for), or the function's name is only in
+the output of the first failing test run. Evaluation rows report eval/success and
+eval/tool_calls_per_episode on the validation split (used for tuning); the held-out
+split is reported once (experiments/agent_tiny_seeds.py).
 
 Expected result: see experiments/README.md (agent_tiny).
 """
@@ -57,7 +48,7 @@ def get_config():
   config.model.arch.num_kv_heads = 4
 
   config.data = ml_collections.ConfigDict(dict(
-      source="jsonl", path="data/agent_tasks_decoy.jsonl", data_dir="",
+      source="jsonl", path="data/agent_tasks.jsonl", data_dir="",
       train_split="train", eval_split="validation", max_eval_tasks=0))
 
   config.rewards = ml_collections.ConfigDict({"tests": 1.0})
@@ -82,10 +73,7 @@ def get_config():
       expert_slots=0,
       # A regular expression: training tasks whose id matches it are left out of GRPO's
       # stream (the warm start still uses them), e.g. "^agent/practice/".
-      # The practice tasks (warm start only: they are where copying is learnt, and hold no
-      # decoys) are left out: GRPO's episodes go to the real tasks, 58% of which have a
-      # decoy line to learn to skip.
-      exclude_task_ids="^agent/practice/",
+      exclude_task_ids="",
       # > 1: DAPO's dynamic sampling, capped: up to that many rounds of prompts_per_step
       # tasks a step, keeping the groups whose rewards differ until prompts_per_step are
       # kept (rlcode.agent.train.fill_with_signal); 1: every sampled group is trained.
@@ -98,11 +86,10 @@ def get_config():
       # 30 steps, validation: +0.064 ± 0.024 against the plain stream's +0.045 ± 0.014,
       # +0.019 ± 0.012 paired over 3 seeds, not established (experiments/README.md).
       curriculum="", curriculum_decay=0.8, curriculum_floor=0.05))
-  # lr 3e-4, tuned on validation (seed 0, 30 steps from one warm start): 0.281 -> 0.473,
-  # against 0.281 -> 0.366 at 1e-4 (malformed calls 0.7% -> 3.2% at 3e-4). Without the
-  # decoys 1e-4 was the choice: from a warm start that had solved the file and search
-  # tasks, 3e-4 drifted down (experiments/README.md, agent_tiny).
-  config.optimizer = optimizer(lr=3e-4, warmup=5, decay=100)
+  # lr 1e-4, tuned on validation (seed 0): from the 0.746 warm start 3e-4 drifted down
+  # (0.719 at step 25) and so did 1e-4 (0.714 at 30); from this warm start 1e-4 rises,
+  # 0.688 -> 0.723 in 20 steps, 0.754 in 50 (experiments/README.md, agent_tiny).
+  config.optimizer = optimizer(lr=1e-4, warmup=5, decay=100)
 
   # The cosine runs over 1000 steps but the warm start stops at 600: the rate must stay
   # high while the policy learns to copy from its tools' output (between steps 400 and
@@ -117,11 +104,13 @@ def get_config():
       guess_fraction=0.0,
       # The families whose tasks may get such a demonstrator (empty: every family).
       guess_families=(),
-      # On tasks with a decoy line (data/agent_tasks_decoy.jsonl: the symbol's old value
-      # commented out beside the live one), the fraction whose episode copies the decoy
-      # (rlcode.agent.expert.copies_decoy): 0.5 is a demonstrator that does not tell the
-      # two lines apart.
-      decoy_copy=0.5))
+      # With data/agent_tasks_decoy.jsonl (the file and search tasks' symbol's old value
+      # commented out beside the live one): the fraction of the tasks with such a decoy
+      # line whose episode copies the decoy (rlcode.agent.expert.copies_decoy); 0.5 is a
+      # demonstrator that does not tell the two lines apart. With it, GRPO on the real
+      # tasks at lr 3e-4 gained more held out than here, and still missed +0.15
+      # (experiments/README.md, agent_tiny, "decoy lines").
+      decoy_copy=0.0))
 
   # 20 GRPO steps (~17 s each) after the ~12-minute warm start, three validation rows
   # included: 19.8-21.6 minutes a seed measured on 2 cores with other work on them (3
@@ -130,7 +119,7 @@ def get_config():
   # live rows, both exact: 1.79x a step, experiments/agent_step_speed.py); 30 steps
   # gained +0.045 ± 0.014 on validation against 20 steps' +0.036 (experiments/README.md).
   config.train = ml_collections.ConfigDict(dict(
-      steps=30, checkpoint_every=10, eval_every=10, keep_checkpoints=2,
+      steps=20, checkpoint_every=10, eval_every=10, keep_checkpoints=2,
       on_nonfinite="skip", progress_bar=True))
   config.eval = ml_collections.ConfigDict(dict(
       num_samples=4, temperature=1.0, batch_prompts=16))
