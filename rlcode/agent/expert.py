@@ -152,5 +152,5 @@ def expert_trajectory(env: ToolEnv, chat: ChatFormat, task: Task, calls: list[tu
     traj.tokens += obs
     traj.mask += [0] * len(obs)
     traj.logprobs += [0.0] * len(obs)
-  traj.status, traj.reward, traj.program = env.status, env.final_reward, env.final_program
+  sampler.record_end(traj, env)
   return traj

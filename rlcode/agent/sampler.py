@@ -139,6 +139,11 @@ class Timing:
   shrinks: int = 0  # times the batch was cut down to its live rows
 
 
+def record_end(traj: Trajectory, env: ToolEnv) -> None:
+  """Copies how `env`'s ended episode ended into `traj`: status, reward, scored program."""
+  traj.status, traj.reward, traj.program = env.status, env.final_reward, env.final_program
+
+
 def run_episodes(model: Decoder, chat: ChatFormat, envs: Sequence[ToolEnv],
                  tasks: Sequence[Task], *, group_size: int, budgets: Budgets,
                  temperature: float, seed: int, mesh=None, reuse_kv: bool = True,
@@ -284,14 +289,14 @@ def _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv
         t.turns[-1].update(result.info)
       if result is None or result.done:
         active[b] = False
-        t.status, t.reward, t.program = envs[b].status, envs[b].final_reward, envs[b].final_program
+        record_end(t, envs[b])
         continue
       obs, cut = chat.observation_tokens(result.observation, budgets.max_observation_tokens)
       t.turns[-1].update(observation_tokens=len(obs), observation_cut=cut)
       if t.context_tokens + len(obs) + 1 > budgets.max_total_tokens:
         envs[b].abort("max_tokens")
         active[b] = False
-        t.status, t.reward, t.program = envs[b].status, envs[b].final_reward, envs[b].final_program
+        record_end(t, envs[b])
         continue
       t.tokens += obs
       t.mask += [0] * len(obs)
