@@ -44,7 +44,7 @@ def expert_calls(task: Task, toolset: str = "rich", think: str = "none",
   if copy_decoy:
     if "decoy" not in hint:
       raise ValueError(f"task {task.id!r} has no decoy line to copy")
-    solution = solution.rsplit(" ", 1)[0] + f" {hint['decoy']}\n"
+    solution = with_constant(solution, hint["decoy"])
   write = (("editor", {"command": "create", "path": "solution.py", "file_text": solution})
            if toolset == "rich" else
            ("bash", {"command": f"cat > solution.py <<'EOF'\n{solution}EOF"}))
@@ -72,6 +72,11 @@ def expert_calls(task: Task, toolset: str = "rich", think: str = "none",
   elif think == "start":
     calls = [("think", {"thought": plan})] + calls
   return calls + [("finish", {})]
+
+
+def with_constant(solution: str, k: int) -> str:
+  """A task's solution ("def f(x):\\n    return x + 7\\n") with another constant."""
+  return solution.rsplit(" ", 1)[0] + f" {k}\n"
 
 
 def copies_decoy(task: Task, fraction: float, seed: int) -> bool:
@@ -122,7 +127,7 @@ def guess_calls(task: Task, toolset: str = "rich", seed: int = 0) -> list[tuple]
   if hint["variant"] == "tests":
     head = f"def {rng.choice(GUESSED_NAMES)}(x):"
   elif hint["variant"] in ("file", "search"):
-    body = body.rsplit(" ", 1)[0] + f" {rng.randint(2, 9)}\n"
+    body = with_constant(body, rng.randint(2, 9))
   else:
     raise ValueError(f"task {task.id!r}: unknown variant {hint['variant']!r}")
   solution = f"{head}\n{body}"
