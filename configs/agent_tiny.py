@@ -1,4 +1,4 @@
-"""GRPO over multi-turn tool-use episodes with a tiny byte-level policy, on CPU.
+"""GRPO over multi-turn tool-use episodes with a tiny policy, on CPU.
 
     rlcode train --config configs/agent_tiny.py
 
@@ -108,8 +108,8 @@ def get_config():
       # commented out beside the live one): the fraction of the tasks with such a decoy
       # line whose episode copies the decoy (rlcode.agent.expert.copies_decoy); 0.5 is a
       # demonstrator that does not tell the two lines apart. With it, GRPO on the real
-      # tasks at lr 3e-4 gained more held out than here, and still missed +0.15
-      # (experiments/README.md, agent_tiny, "decoy lines").
+      # tasks at lr 3e-4 gained more held out than here, and still missed +0.15 in 30
+      # and in 50 steps (experiments/README.md, agent_tiny, "decoy lines").
       decoy_copy=0.0))
 
   # 20 GRPO steps (~17 s each) after the ~12-minute warm start, three validation rows

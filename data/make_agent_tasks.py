@@ -44,8 +44,8 @@ finds both. The tasks, their splits and their references are the others' exactly
 hint records the decoy's value. The tests pass only with the live value, so a policy
 must copy from the right line, which a demonstrator that does not tell the two apart
 (rlcode.agent.expert.copies_decoy, warmstart.decoy_copy) gets right half the time:
-imitating it cannot teach the difference, the reward could. (In 30 GRPO steps it did
-not: experiments/README.md, agent_tiny, "decoy lines".)
+imitating it cannot teach the difference, the reward could. (In 30 or 50 GRPO steps it
+did not: experiments/README.md, agent_tiny, "decoy lines".)
 
 `extra` carries what the scripted expert (rlcode.agent.expert) needs: the
 variant, the file and symbol to look up, and the reference solution.
