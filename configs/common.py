@@ -76,7 +76,7 @@ def practice_data(mining: ml_collections.ConfigDict) -> ml_collections.ConfigDic
       source="git", repo=EDIT_HISTORY_PRACTICE, data_dir="", train_split="train"))
   data.mining = edit_history_mining()
   for key in ("edit_format", "context_lines", "oracle_context_lines", "instructions",
-              "open_file", "line_counts", "reference_thought"):
+              "open_file", "line_counts", "line_numbers", "reference_thought"):
     if key in mining:
       data.mining[key] = mining.get_ref(key)
   data.mining.update(test_fraction=0.0, validation_fraction=0.0, tests_hidden=(),

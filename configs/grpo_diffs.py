@@ -91,6 +91,9 @@ def get_config():
   # References give ranges as LINES A+N (first line, length), which cannot come out
   # reversed; False: LINES A-B (first and last line). Answers may use either.
   config.data.mining.line_counts = True
+  # What the prompt's line numbers count: "file" (the files' own) or "shown" (the shown
+  # lines, 1 to K; rlcode.data.edits.count_shown_lines).
+  config.data.mining.line_numbers = "file"
   # What the references reason: "fixed" (one sentence) or "locate" (each block's first
   # line quoted, then its number: rlcode.data.edits.locating_thought).
   config.data.mining.reference_thought = "fixed"

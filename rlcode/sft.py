@@ -142,6 +142,10 @@ def renumber(max_offset: int) -> Callable[[list, np.random.Generator], list]:
     out = []
     for task in tasks:
       if task.kind == "diff" and task.extra.get("edit_format") == "line_edit":
+        if "shown_lines" in task.extra:
+          raise ValueError(f"renumber: task {task.id!r} counts the lines its prompt shows "
+                           "(MiningConfig.line_numbers='shown'), so there are no file line "
+                           "numbers to shift; leave warmstart.renumber at 0")
         prompt, reference = edits.shift_line_numbers(
             task.prompt, task.reference, int(rng.integers(0, max_offset + 1)))
         task = dataclasses.replace(task, prompt=prompt, reference=reference)

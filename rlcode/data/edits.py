@@ -70,6 +70,8 @@ _HUNK_RE = re.compile(r"^@@ -(\d+)(?:,(\d+))? \+(\d+)(?:,(\d+))? @@")
 # lines a prompt leaves out (`omitted_lines`).
 _NUMBERED_RE = re.compile(r"^\d+\|")
 _OMITTED_RE = re.compile(r"^\[\.\.\. lines (\d+)-(\d+) not shown \.\.\.\]$")
+# The same, in a prompt whose numbers count the shown lines (`count_shown_lines`).
+_OMITTED_COUNT_RE = re.compile(r"^\[\.\.\. (\d+) lines not shown \.\.\.\]$")
 # One line-edit block: "### path" (optional: an open file's), the range (A-B or A+N),
 # whole replacement lines, the end.
 _LINES_RE = re.compile(
@@ -390,6 +392,93 @@ def shift_line_numbers(prompt: str, reference: str, offset: int) -> tuple[str, s
   return "\n".join(out), thought + end + rest
 
 
+def count_shown_lines(text: str) -> tuple[str, list[int]]:
+  """A numbered excerpt (`number_lines`, rlcode.data.git.excerpts.excerpt) renumbered to
+  count the lines it shows: its k-th shown line is numbered k, and an omitted run says how
+  many lines it hides, not which ("[... 17 lines not shown ...]"). Also returns the
+  file's number of each shown line, in order: what `file_ranges` maps ranges back with.
+
+  Raises:
+    ValueError: a line that is neither numbered nor an omitted run.
+  """
+  out, numbers = [], []
+  for line in split_keepends(text):
+    numbered, omitted = _NUMBERED_RE.match(line), _OMITTED_RE.match(line.rstrip("\n"))
+    if numbered:
+      numbers.append(int(line[:numbered.end() - 1]))
+      out.append(f"{len(numbers)}{line[numbered.end() - 1:]}")
+    elif omitted:
+      hidden = int(omitted.group(2)) - int(omitted.group(1)) + 1
+      out.append(f"[... {hidden} lines not shown ...]" + line[len(line.rstrip("\n")):])
+    else:
+      raise ValueError(f"count_shown_lines: not a numbered excerpt's line: {line[:80]!r}")
+  return "".join(out), numbers
+
+
+def file_ranges(edits: Mapping[str, Sequence[tuple[int, int, str]]],
+                shown_lines: Mapping[str, Sequence[int]]
+                ) -> dict[str, list[tuple[int, int, str]]]:
+  """Blocks whose ranges count the shown lines (`count_shown_lines`), as ranges of their
+  files: shown line k is line shown_lines[path][k - 1] of its file; an insertion before
+  shown line k goes before that line, one after the last shown line right after it. The
+  blocks' order is kept (apply_line_edits checks it).
+
+  Raises:
+    FormatError ("bad_range"): a file the prompt does not show, a range outside the shown
+      lines or reversed, a range across lines not shown.
+  """
+  out: dict[str, list[tuple[int, int, str]]] = {}
+  for path, blocks in edits.items():
+    if path not in shown_lines:
+      raise FormatError("bad_range", f"{path}: not a file the prompt shows, so its lines "
+                        "have no numbers")
+    numbers = shown_lines[path]
+    k = len(numbers)
+    for first, last, text in blocks:
+      if not 1 <= first <= last + 1 <= k + 1:
+        raise FormatError("bad_range", f"{path}: LINES {first}-{last} is not a range of the "
+                          f"{k} lines shown (A-B with 1 <= A <= B + 1 <= {k + 1})")
+      if first > last:
+        start = numbers[first - 1] if first <= k else (numbers[-1] + 1 if numbers else 1)
+        out.setdefault(path, []).append((start, start - 1, text))
+        continue
+      start, stop = numbers[first - 1], numbers[last - 1]
+      if stop - start != last - first:
+        raise FormatError("bad_range", f"{path}: LINES {first}-{last} runs across lines "
+                          "that are not shown")
+      out.setdefault(path, []).append((start, stop, text))
+  return out
+
+
+def shown_ranges(solution: str, shown_lines: Mapping[str, Sequence[int]],
+                 open_file: str = "") -> str:
+  """`solution`'s LINES ranges (numbers of the files) rewritten to count the shown lines:
+  the inverse of `file_ranges`, for a reference whose prompt counts them. A+N keeps its
+  length, A-B its span.
+
+  Raises:
+    ValueError: a block whose lines (or, for an insertion, the line it goes before, or
+      the end of the last shown line) are not shown.
+  """
+  def rewrite(m: re.Match) -> str:
+    path = m.group(1) or open_file
+    numbers = list(shown_lines.get(path, ()))
+    first, sign, other = int(m.group(2)), m.group(3), int(m.group(4))
+    last = other if sign == "-" else first + other - 1
+    span = max(last - first, 0)
+    if first in numbers and numbers[numbers.index(first):][span:span + 1] == [first + span]:
+      local = numbers.index(first) + 1
+    elif last == first - 1 and first == (numbers[-1] + 1 if numbers else 1):
+      local = len(numbers) + 1
+    else:
+      raise ValueError(f"shown_ranges: {path}: LINES {first}{sign}{other} is not within the "
+                       "shown lines")
+    head = m.group(0)[:m.start(2) - m.start(0)]
+    tail = m.group(0)[m.end(4) - m.start(0):]
+    return f"{head}{local}{sign}{local + last - first if sign == '-' else other}{tail}"
+  return _LINES_RE.sub(rewrite, solution)
+
+
 def parse_line_edits(solution: str, open_file: str = ""
                      ) -> dict[str, list[tuple[int, int, str]]]:
   """path -> [(first, last, new text), ...] in the order the blocks appear.
@@ -480,11 +569,17 @@ def locating_thought(files: Mapping[str, str], solution: str, open_file: str = "
 # Completion -> new contents.
 
 def apply_completion(completion: str, files: Mapping[str, str],
-                     edit_format: str = "search_replace", open_file: str = "") -> dict[str, str]:
+                     edit_format: str = "search_replace", open_file: str = "",
+                     shown_lines: Mapping[str, Sequence[int]] | None = None
+                     ) -> dict[str, str]:
   """path -> new content for every file the completion edits.
 
   `open_file`: line_edit only, the file of a block that names none (the task's
   `extra["open_file"]`: the one file its prompt shows; parse_line_edits).
+  `shown_lines`: line_edit only, for a prompt whose numbers count the lines it shows
+  (the task's `extra["shown_lines"]`, `count_shown_lines`): each shown file's numbers of
+  its shown lines, which the ranges are mapped through (`file_ranges`); None: ranges
+  are the files' own numbers.
 
   Raises:
     FormatError: anything that keeps the completion from applying.
@@ -503,6 +598,8 @@ def apply_completion(completion: str, files: Mapping[str, str],
     blocks = parse_line_edits(solution, open_file)
     if not blocks:
       raise FormatError("no_edits", "no LINES block in the solution")
+    if shown_lines is not None:
+      blocks = file_ranges(blocks, shown_lines)
     return apply_line_edits(files, blocks)
   patches = parse_unified_diff(solution)
   if not patches:
@@ -807,7 +904,9 @@ def build_prompt(request: str, files: Mapping[str, str],
   if edit_format == "line_edit":
     for path in sorted(set(files) - new_files):
       bare = [line.rstrip("\n") for line in split_keepends(files[path])
-              if not _NUMBERED_RE.match(line) and not _OMITTED_RE.match(line.rstrip("\n"))]
+              if not _NUMBERED_RE.match(line)
+              and not _OMITTED_RE.match(line.rstrip("\n"))
+              and not _OMITTED_COUNT_RE.match(line.rstrip("\n"))]
       if bare:
         raise ValueError(f"{path}: a line_edit prompt numbers every line it shows "
                          f"(number_lines); this one is not numbered: {bare[0][:80]!r}")

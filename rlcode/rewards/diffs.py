@@ -22,7 +22,8 @@ deliberate differences:
 This module must not build prompts or mine tasks; it reads a task's `extra`:
 "files" (path -> context content), "oracle" (path -> content after the
 change), "edit_format" and, for line edits that may leave the path out,
-"open_file". A diff task may also carry `tests`; mixing in the
+"open_file", and for line edits whose ranges count the shown lines, "shown_lines".
+A diff task may also carry `tests`; mixing in the
 tests reward is the registry's weighted sum, nothing here.
 """
 
@@ -75,11 +76,13 @@ def compare(files: Mapping[str, str], oracle: Mapping[str, str],
 
 def score_details(completion: str, files: Mapping[str, str],
                   oracle: Mapping[str, str], edit_format: str = "search_replace",
-                  open_file: str = "") -> tuple[float, dict[str, Any]]:
+                  open_file: str = "", shown_lines: Mapping[str, Sequence[int]] | None = None
+                  ) -> tuple[float, dict[str, Any]]:
   """The reward and why: {"error", "message"} or {"similarities", "exact"} (`compare`).
-  open_file: the file of line edits that name none (edits.apply_completion)."""
+  open_file: the file of line edits that name none; shown_lines: the files' numbers of
+  the lines a prompt shows, when its ranges count those (both edits.apply_completion)."""
   try:
-    predicted = edits.apply_completion(completion, files, edit_format, open_file)
+    predicted = edits.apply_completion(completion, files, edit_format, open_file, shown_lines)
   except edits.FormatError as e:
     return FORMAT_ERROR_SCORE, {"error": e.code, "message": str(e)}
   sims, exact = compare(files, oracle, predicted)
@@ -126,7 +129,8 @@ def diff_reward(tasks: Sequence[Task], completions: Sequence[str]) -> RewardOutp
     s, detail = score_details(completion, task.extra["files"],
                               task.extra["oracle"],
                               task.extra.get("edit_format", "search_replace"),
-                              task.extra.get("open_file", ""))
+                              task.extra.get("open_file", ""),
+                              task.extra.get("shown_lines"))
     scores[i] = s
     details.append(detail)
   is_valid = np.array(["error" not in d for d in details], bool)

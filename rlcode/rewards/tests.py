@@ -151,7 +151,8 @@ def _files_job(task: Task, completion: str, tests: str) -> sandbox.Job:
   files = {**task.extra.get("support_files", {}), **task.extra["files"]}
   try:
     edited = edits.apply_completion(completion, task.extra["files"], task.extra["edit_format"],
-                                    task.extra.get("open_file", ""))
+                                    task.extra.get("open_file", ""),
+                                    task.extra.get("shown_lines"))
   except edits.FormatError as e:
     job = files_job(files, tests, task.extra.get("tests_format", "auto"))
     return dataclasses.replace(

@@ -19,6 +19,8 @@ from rlcode.data import edits
 GRANULARITIES = ("pr", "commit", "file", "hunk")
 # MiningConfig.reference_thought's choices.
 REFERENCE_THOUGHTS = ("fixed", "locate")
+# MiningConfig.line_numbers's choices.
+LINE_NUMBERS = ("file", "shown")
 
 # In the order they are checked; a skipped PR counts under the first.
 SKIP_REASONS = (
@@ -111,6 +113,14 @@ class MiningConfig:
     line_counts: line_edit only: the references write each range as its first
       line and length (LINES A+N) rather than its first and last (A-B); answers
       may use either.
+    line_numbers: line_edit only: what the prompt's line numbers (and so the ranges of
+      answers and references) count: "file" (each shown line carries its number in the
+      file) or "shown" (the shown lines, 1 to K, each omitted run saying only how many
+      lines it hides; the task records each file's numbers of its shown lines as
+      `extra["shown_lines"]`, and the rewards map ranges back through them:
+      rlcode.data.edits.count_shown_lines, file_ranges). With excerpts the shown
+      numbers are small and few: a policy picks a range among the ten or so lines it
+      sees, not among every number a file might have.
     reference_thought: what the references reason inside <think>: "fixed" (one
       sentence, the same for every task) or "locate" (line_edit only: each block's
       first line quoted, then its number; rlcode.data.edits.locating_thought).
@@ -155,6 +165,7 @@ class MiningConfig:
   instructions: bool = True
   open_file: bool = False
   line_counts: bool = False
+  line_numbers: str = "file"
   reference_thought: str = "fixed"
   test_fraction: float | None = 0.1
   validation_fraction: float = 0.0
@@ -196,6 +207,15 @@ class MiningConfig:
     if self.reference_thought == "locate" and self.edit_format != "line_edit":
       raise ValueError("MiningConfig.reference_thought='locate' needs edit_format='line_edit' "
                        f"(LINES blocks), got {self.edit_format!r}")
+    if self.line_numbers not in LINE_NUMBERS:
+      raise ValueError(f"MiningConfig.line_numbers={self.line_numbers!r}; "
+                       f"expected one of {LINE_NUMBERS}")
+    if self.line_numbers == "shown" and self.reference_thought == "locate":
+      raise ValueError("MiningConfig.line_numbers='shown' with reference_thought='locate': "
+                       "the locating thought quotes the files' numbers; use one of them")
+    if self.line_numbers != "file" and self.edit_format != "line_edit":
+      raise ValueError(f"MiningConfig.line_numbers={self.line_numbers!r} needs "
+                       f"edit_format='line_edit' (LINES blocks), got {self.edit_format!r}")
     for name in ("open_file", "line_counts"):
       if getattr(self, name) and self.edit_format != "line_edit":
         raise ValueError(f"MiningConfig.{name} needs edit_format='line_edit' (LINES blocks), "

@@ -215,6 +215,12 @@ def make_task(pr: Pr, unit: Unit, granularity: str, reference: str,
     shown = {p: edits.number_lines(text) for p, text in shown.items()}
   tests, tests_extra = _tests_fields(unit)
   open_path = open_file(unit, config)
+  numbering = {}
+  if config.line_numbers == "shown":
+    counted = {p: edits.count_shown_lines(text) for p, text in shown.items()}
+    shown = {p: text for p, (text, _) in counted.items()}
+    numbering = {"shown_lines": {p: numbers for p, (_, numbers) in counted.items()}}
+    reference = edits.shown_ranges(reference, numbering["shown_lines"], open_path)
   return Task(
       id=unit.id,
       prompt=edits.build_prompt(unit.request, shown, config.edit_format, unit.new_files,
@@ -233,5 +239,6 @@ def make_task(pr: Pr, unit: Unit, granularity: str, reference: str,
           "time": pr.change.commit.time,
           "unit": granularity,
           **({"open_file": open_path} if open_path else {}),
+          **numbering,
           **tests_extra,
       })
