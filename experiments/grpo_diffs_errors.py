@@ -8,8 +8,8 @@ configs/grpo_diffs.py (with the overrides it was trained with). Its answers are
 sampled as the config's eval rows are (the same seed, T, budget) but with
 --samples answers a task, and scored by the diff reward itself
 (rlcode.rewards.diffs.diff_reward, whose details name each answer's error). Prints one
-line per error code, `bad_range` split into ranges outside the file and blocks out of
-order, and how many failing
+line per error code, `bad_range` split into ranges outside the file (or, when the
+ranges count the shown lines, outside those) and blocks out of order, and how many failing
 answers have a malformed marker line (a line that starts like a fence or a tag, or
 holds "LINES", "REPLACE" or a tag's end, but is not one), then --show examples
 of each code. Writes nothing.
@@ -45,8 +45,12 @@ def malformed_marker(text: str) -> bool:
 def kind(detail: dict) -> str:
   code = detail.get("error", "valid")
   if code == "bad_range":
-    return "bad_range: out of order" if "precedes" in detail["message"] else (
-        "bad_range: outside the file")
+    message = detail["message"]
+    if "precedes" in message:
+      return "bad_range: out of order"
+    # Ranges that count the shown lines (line_numbers="shown") fail against those.
+    return ("bad_range: outside the shown lines" if "shown" in message
+            else "bad_range: outside the file")
   return code
 
 

@@ -443,3 +443,65 @@ def test_shifted_line_numbers_move_an_applied_diffs_hunk_headers():
             "-a\n-b\n+c\n@@ -9 +8 @@\n-d\n+e\n--- END APPLIED CHANGES ---")
   assert edits.shift_line_numbers(prompt, "", 4)[0] == prompt.replace(
       "@@ -3,2 +3,1 @@ def f", "@@ -7,2 +7,1 @@ def f").replace("@@ -9 +8 @@", "@@ -13 +12 @@")
+
+
+def test_ranges_that_count_the_shown_lines_map_back_to_the_files_lines():
+  """line_numbers='shown': count_shown_lines renumbers an excerpt 1..K, file_ranges maps
+  an answer's ranges back through the shown lines' file numbers (worked out by hand),
+  and shown_ranges is its inverse on the references."""
+  from rlcode.data.git import excerpts
+  old = "".join(f"v{i} = {i}\n" for i in range(1, 41))
+  new = old.replace("v9 = 9\n", "v9 = 90\n").replace("v30 = 30\n", "v30 = 30\nw = 0\n")
+  shown, numbers = edits.count_shown_lines(excerpts.excerpt(old, new, 3, numbered=True))
+  # Within 3 lines of a change: 6-12 (line 9) and 28-33 (the insertion before line 31).
+  assert numbers == [*range(6, 13), *range(28, 34)]
+  assert shown == ("[... 5 lines not shown ...]\n"
+                   + "".join(f"{k}|v{n} = {n}\n" for k, n in enumerate(range(6, 13), 1))
+                   + "[... 15 lines not shown ...]\n"
+                   + "".join(f"{k}|v{n} = {n}\n" for k, n in enumerate(range(28, 34), 8))
+                   + "[... 7 lines not shown ...]\n")
+  shown_lines = {"m.py": numbers}
+  # Shown line 4 is v9; shown 11 is v31, so an insertion before it goes after v30.
+  answer_text = answer("<<<<<<< LINES 4+1\nv9 = 90\n>>>>>>> REPLACE\n\n"
+                       "<<<<<<< LINES 11-10\nw = 0\n>>>>>>> REPLACE")
+  assert edits.apply_completion(answer_text, {"m.py": old}, "line_edit", "m.py",
+                                shown_lines) == {"m.py": new}
+  assert diffs.score_details(answer_text, {"m.py": old}, {"m.py": new}, "line_edit", "m.py",
+                             shown_lines)[0] == 1.0
+  # The same ranges read as the file's own numbers are another edit (line 4, line 11).
+  assert edits.apply_completion(answer_text, {"m.py": old}, "line_edit", "m.py") != {
+      "m.py": new}
+  # An insertion after the last shown line goes right after it (file line 34).
+  tail = answer("<<<<<<< LINES 14+0\nz = 1\n>>>>>>> REPLACE")
+  assert edits.apply_completion(tail, {"m.py": old}, "line_edit", "m.py", shown_lines) == {
+      "m.py": old.replace("v33 = 33\n", "v33 = 33\nz = 1\n")}
+  # Errors name what is wrong: past the shown lines, across a gap, a file not shown.
+  for solution, message in [
+      ("<<<<<<< LINES 14+1\nx\n>>>>>>> REPLACE", "not a range of the 13 lines shown"),
+      ("<<<<<<< LINES 7+2\nx\ny\n>>>>>>> REPLACE", "runs across lines that are not shown"),
+      ("### n.py\n<<<<<<< LINES 1+1\nx\n>>>>>>> REPLACE", "not a file the prompt shows")]:
+    reward, details = diffs.score_details(answer(solution), {"m.py": old, "n.py": "n\n"},
+                                          {"m.py": new}, "line_edit", "m.py", shown_lines)
+    assert (reward, details["error"]) == (-1.0, "bad_range") and message in details["message"]
+  # Blocks out of order stay an error after the mapping.
+  backwards = answer("<<<<<<< LINES 11-10\nw = 0\n>>>>>>> REPLACE\n\n"
+                     "<<<<<<< LINES 4+1\nv9 = 90\n>>>>>>> REPLACE")
+  assert "precedes" in diffs.score_details(backwards, {"m.py": old}, {"m.py": new},
+                                           "line_edit", "m.py", shown_lines)[1]["message"]
+  # shown_ranges writes the references' ranges in shown numbers; both forms round-trip.
+  for counted in (True, False):
+    reference = edits.oracle_completion({"m.py": old}, {"m.py": new}, "line_edit",
+                                        context_lines=0, open_file="m.py", line_counts=counted)
+    local = edits.shown_ranges(reference, shown_lines, "m.py")
+    assert ("LINES 4+1" if counted else "LINES 4-4") in local
+    assert ("LINES 11+0" if counted else "LINES 11-10") in local
+    assert edits.apply_completion(local, {"m.py": old}, "line_edit", "m.py", shown_lines) == {
+        "m.py": new}
+  with pytest.raises(ValueError, match="not within the shown lines"):
+    edits.shown_ranges("<<<<<<< LINES 20+1\nx\n>>>>>>> REPLACE", shown_lines, "m.py")
+  # The prompt accepts the counted omitted runs as it does the numbered ones.
+  prompt = edits.build_prompt("Change it.", {"m.py": shown}, "line_edit", instructions=False,
+                              open_file=True)
+  assert "### m.py\n[... 5 lines not shown ...]\n1|v6 = 6\n" in prompt
+  with pytest.raises(ValueError, match="not a numbered excerpt's line"):
+    edits.count_shown_lines("1|a\nb\n")

@@ -317,6 +317,44 @@ def test_an_open_file_task_leaves_the_path_out_and_is_scored_with_it(tmp_path):
   assert diffs.diff_reward([task], [task.reference]).metrics["exact"] == 1.0
 
 
+def test_a_task_whose_ranges_count_the_shown_lines_is_scored_through_them(tmp_path):
+  """MiningConfig.line_numbers='shown': the prompt numbers its shown lines 1..K, the
+  reference's ranges count them, extra["shown_lines"] maps them back for the rewards."""
+  repo = Repo(tmp_path / "repo")
+  lines = [f"line {i}\n" for i in range(1, 31)]
+  repo.commit("Add", {"a.py": "".join(lines)})
+  lines[14] = "line fifteen\n"
+  repo.commit("Change", {"a.py": "".join(lines)})
+  options = dict(source=str(repo.path), granularity="hunk", context_lines=3,
+                 edit_format="line_edit", oracle_context_lines=0, test_fraction=0.0,
+                 open_file=True, line_counts=True)
+  shown_task, = [t for t in mine(MiningConfig(**options, line_numbers="shown")
+                                 ).splits["train"] if "Change" in t.prompt]
+  task = shown_task
+  assert _file_section(task.prompt, "a.py") == (
+      "[... 11 lines not shown ...]\n"
+      + "".join(f"{k}|line {i}\n" for k, i in enumerate(range(12, 19), 1))
+      + "[... 12 lines not shown ...]")
+  assert task.extra["shown_lines"] == {"a.py": list(range(12, 19))}
+  assert "<<<<<<< LINES 4+1\nline fifteen\n>>>>>>> REPLACE" in task.reference
+  # The file's own number (15) is past the 7 shown lines: a format error, not an edit.
+  reward = diffs.diff_reward([task, task], [task.reference,
+                                            task.reference.replace("LINES 4+1", "LINES 15+1")])
+  assert list(reward.scores) == [1.0, -1.0] and reward.metrics["exact"] == 0.5
+  # The default keeps the files' numbers and records no map.
+  task, = [t for t in mine(MiningConfig(**options)).splits["train"] if "Change" in t.prompt]
+  assert "shown_lines" not in task.extra and "LINES 15+1" in task.reference
+  with pytest.raises(ValueError, match="line_numbers='bogus'"):
+    MiningConfig(**options, line_numbers="bogus")
+  with pytest.raises(ValueError, match="needs edit_format='line_edit'"):
+    MiningConfig(source=str(repo.path), line_numbers="shown")
+  with pytest.raises(ValueError, match="reference_thought='locate'"):
+    MiningConfig(**options, line_numbers="shown", reference_thought="locate")
+  # The warm start's renumbering shifts the files' numbers, which such a task has not.
+  with pytest.raises(ValueError, match="leave warmstart.renumber at 0"):
+    sft.renumber(3)([shown_task], np.random.default_rng(0))
+
+
 def test_fit_context_counts():
   tok = ByteTokenizer()  # one token per byte, plus a BOS on encode
   tasks = [Task(id=str(i), prompt="p" * n, kind="diff", reference="r" * m)
