@@ -49,7 +49,7 @@ def kind(detail: dict) -> str:
     if "precedes" in message:
       return "bad_range: out of order"
     # Ranges that count the shown lines (line_numbers="shown") fail against those.
-    return ("bad_range: outside the shown lines" if "shown" in message
+    return ("bad_range: outside the shown lines" if "shown" in message or "prompt shows" in message
             else "bad_range: outside the file")
   return code
 
