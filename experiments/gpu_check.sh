@@ -1,24 +1,29 @@
 #!/usr/bin/env bash
 # The accelerator check in one run, from the repository root on a GPU machine
-# (one H200: about 8 minutes, each part under its own time limit):
+# (one H200: under 10 minutes, each part under its own time limit):
 #   1. tests: the kernel tests with the compiled Triton kernels and cuDNN added
 #      to the interpreter runs (tests/kernel_impls.py), at the same tolerances
 #      as on CPU, and the Hugging Face parity tests with impl="auto";
 #   2. experiments/attention_vs_cudnn.py: dense, sliding, document (16
 #      documents) and NSA against cuDNN at 8k, 32k and 64k;
-#   3. experiments/decode_roofline.py: decode steps against the HBM bound;
-#   4. experiments/kv_offload.py: prompt KV in pinned host memory vs on device;
-#   5. experiments/shared_prefix_update.py: the shared-prompt update per token.
+#   3. experiments/shared_prefix_update.py: the shared-prompt update per token;
+#   4. experiments/decode_roofline.py: decode steps against the HBM bound;
+#   5. experiments/decode_profile.py: the decode step's kernel time against its
+#      wall-clock, with XLA's command buffers as they are, off, and over loops;
+#   6. experiments/kv_offload.py: prompt KV in pinned host memory vs on device.
 # Every part writes its JSON (rows as they finish) and its log under $OUT
 # (default experiments/gpu_h200); a part cut by its limit keeps its rows.
 #
-#   bash experiments/gpu_check.sh                 # on the GPU
+#   bash experiments/gpu_carry.sh                 # here: .carry/site, what the GPU image lacks
+#   bash experiments/gpu_check.sh                 # on the GPU (the device run carries .carry)
 #   SMOKE=1 OUT=/tmp/smoke bash experiments/gpu_check.sh   # CPU: tiny sizes, no tests
 set -u
 OUT=${OUT:-experiments/gpu_h200}
 SMOKE=${SMOKE:-0}
+CARRY_SITE=
+[ "$SMOKE" != 1 ] && [ -d .carry/site ] && CARRY_SITE=$PWD/.carry/site
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}${CARRY_SITE:+:$CARRY_SITE} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
 PY=${PYTHON:-python3}
 if [ "$SMOKE" = 1 ]; then
   ARGS=(--smoke)
@@ -46,17 +51,19 @@ part() {  # part NAME LIMIT_S COMMAND...: runs COMMAND under a time limit, logs 
 
 if [ "$SMOKE" != 1 ]; then
   # float32 matmuls at full precision on the XLA side too (TF32 is XLA's GPU default).
-  JAX_DEFAULT_MATMUL_PRECISION=highest part tests "${TEST_TIMEOUT:-110}" \
-    "$PY" -m pytest -q -n 4 -p no:cacheprovider --tb=short -k "not interpret" \
+  JAX_DEFAULT_MATMUL_PRECISION=highest part tests "${TEST_TIMEOUT:-90}" \
+    "$PY" -m pytest -q -n 8 -p no:cacheprovider --tb=short -k "not interpret" \
     tests/test_kernels_flash.py tests/test_kernels_decode.py tests/test_kernels_nsa.py \
     tests/test_kernels_dispatch.py tests/test_models_hf.py
 fi
-part attention_vs_cudnn "${ATTENTION_TIMEOUT:-${LIMIT:-150}}" \
+part attention_vs_cudnn "${ATTENTION_TIMEOUT:-${LIMIT:-140}}" \
   "$PY" experiments/attention_vs_cudnn.py ${ARGS[@]+"${ARGS[@]}"} --out "$OUT"
-part decode_roofline "${ROOFLINE_TIMEOUT:-${LIMIT:-60}}" \
-  "$PY" experiments/decode_roofline.py ${ARGS[@]+"${ARGS[@]}"} --out "$OUT"
-part kv_offload "${OFFLOAD_TIMEOUT:-${LIMIT:-90}}" \
-  "$PY" experiments/kv_offload.py ${ARGS[@]+"${ARGS[@]}"} --out "$OUT"
-part shared_prefix_update "${UPDATE_TIMEOUT:-${LIMIT:-70}}" \
+part shared_prefix_update "${UPDATE_TIMEOUT:-${LIMIT:-100}}" \
   "$PY" experiments/shared_prefix_update.py ${ARGS[@]+"${ARGS[@]}"} --out "$OUT"
+part decode_roofline "${ROOFLINE_TIMEOUT:-${LIMIT:-40}}" \
+  "$PY" experiments/decode_roofline.py ${ARGS[@]+"${ARGS[@]}"} --out "$OUT"
+part decode_profile "${PROFILE_TIMEOUT:-${LIMIT:-150}}" \
+  "$PY" experiments/decode_profile.py ${ARGS[@]+"${ARGS[@]}"} --out "$OUT"
+part kv_offload "${OFFLOAD_TIMEOUT:-${LIMIT:-70}}" \
+  "$PY" experiments/kv_offload.py ${ARGS[@]+"${ARGS[@]}"} --out "$OUT"
 echo "== total $SECONDS s"

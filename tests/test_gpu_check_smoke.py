@@ -36,8 +36,8 @@ def _load(out, name):
     return json.load(f)
 
 
-@pytest.mark.parametrize("part", ["attention_vs_cudnn", "decode_roofline", "kv_offload",
-                                  "shared_prefix_update"])
+@pytest.mark.parametrize("part", ["attention_vs_cudnn", "decode_roofline", "decode_profile",
+                                  "kv_offload", "shared_prefix_update"])
 def test_part_exits_cleanly(smoke, part):
   out, proc = smoke
   assert proc.returncode == 0, proc.stderr[-2000:]
@@ -62,6 +62,9 @@ def test_roofline_update_and_offload_rows(smoke):
   out = smoke[0]
   roof = _load(out, "decode_roofline")["rows"][0]
   assert roof["bytes_per_step"]["weights"] > 0 and roof["bound_ms"] > 0
+  (profile,) = _load(out, "decode_profile")["rows"]
+  assert profile["variant"] == "default" and "error" not in profile, profile
+  assert profile["step_ms"] > 0 and profile["kernel_ms_per_step"] >= 0  # no device plane on a CPU
   update = _load(out, "shared_prefix_update")["rows"][0]
   assert update["shared_tokens"] == 32 + 2 * 16 and update["repeated_tokens"] == 2 * 48
   assert update["per_token_ratio"] > 0
