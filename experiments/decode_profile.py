@@ -12,8 +12,14 @@ For each --variant (a name and the XLA_FLAGS it adds), in its own process
 prefill and one generate traced with `jax.profiler`, read back with
 `jax.profiler.ProfileData`. The device's kernel time in the generate trace
 minus the prefill's, over the new tokens after the first, is the kernel time
-per decode step; busy_fraction is that over the step time. The kernels that
-take most of it are listed with their launches per step.
+per decode step; busy_fraction is that over the (untraced, best of 2) step
+time. Both are approximate by a few percent: the traced prefill is the
+prompts' forward alone (generate's also fills the cache), and kernels are summed
+over the device's streams (overlap would count twice). The kernels that take
+most of it are listed with their time and launches per step (prefill's
+subtracted by name). Kernels that run inside a CUDA graph of a while loop are
+not traced (seen with "graphs_while": 2 launches a step): such a row has
+kernels_traced False and its kernel columns are void.
 
     python experiments/decode_profile.py --out experiments/gpu_h200     # GPU, ~2 minutes
     python experiments/decode_profile.py --smoke --out /tmp/smoke        # CPU, seconds
@@ -55,9 +61,9 @@ def device_kernels(path: str) -> tuple[float, collections.Counter, collections.C
   for plane in ProfileData.from_file(path).planes:
     if not plane.name.startswith("/device:"):
       continue
-    lines = list(plane.lines)
-    streams = [line for line in lines if line.name.startswith("Stream")] or lines
-    for line in streams:
+    # Kernels and copies are on the "Stream #N" lines; other lines (XLA Ops, Modules)
+    # restate the same time and are left out.
+    for line in (line for line in plane.lines if line.name.startswith("Stream")):
       for event in line.events:
         seconds = event.duration_ns * 1e-9
         total += seconds
@@ -104,18 +110,20 @@ def child(smoke: bool, batch: int, prompt: int, new: int) -> dict:
   gen = lambda: generate(model, prompts.tolist(), max_new_tokens=new, temperature=0.0).tokens
   jax.block_until_ready(prefill(state, tokens))
   jax.block_until_ready(gen())
-  pre_s, _, pre_n = device_kernels(traced(lambda: prefill(state, tokens)))
+  pre_s, pre_t, pre_n = device_kernels(traced(lambda: prefill(state, tokens)))
   gen_s, gen_t, gen_n = device_kernels(traced(gen))
   steps = max(new - 1, 1)
   per_step_s = max(gen_s - pre_s, 0.0) / steps
+  decode_t = collections.Counter({name: seconds - pre_t[name] for name, seconds in gen_t.items()
+                                  if seconds > pre_t[name]})
   top = [dict(name=name[:120], ms_per_step=seconds / steps * 1e3,
               launches_per_step=max(gen_n[name] - pre_n[name], 0) / steps)
-         for name, seconds in gen_t.most_common(TOP)]
+         for name, seconds in decode_t.most_common(TOP)]
+  launches = max(sum(gen_n.values()) - sum(pre_n.values()), 0) / steps
   return dict(step_ms=row["step_ms"], bound_ms=row["bound_ms"],
               ratio_to_bound=row["ratio_to_bound"], kernel_ms_per_step=per_step_s * 1e3,
               busy_fraction=per_step_s * 1e3 / row["step_ms"] if row["step_ms"] > 0 else 0.0,
-              launches_per_step=max(sum(gen_n.values()) - sum(pre_n.values()), 0) / steps,
-              top_kernels=top)
+              launches_per_step=launches, kernels_traced=launches >= 10, top_kernels=top)
 
 
 def main(argv=None):
@@ -162,12 +170,15 @@ def main(argv=None):
     if "error" in row:
       print(f"{name}: {row['error']}", flush=True)
       continue
+    void = "" if row["kernels_traced"] else " (kernels not traced: columns void)"
     print(f"{name}: step {row['step_ms']:.3f} ms ({row['ratio_to_bound']:.2f}x the bound), "
           f"kernels {row['kernel_ms_per_step']:.3f} ms/step ({row['busy_fraction']:.0%} busy), "
-          f"{row['launches_per_step']:.0f} launches/step", flush=True)
+          f"{row['launches_per_step']:.0f} launches/step{void}", flush=True)
     for k in row["top_kernels"]:
       print(f"   {k['ms_per_step']:8.4f} ms/step {k['launches_per_step']:6.1f}x  {k['name']}",
             flush=True)
+  if all("error" in row for row in rows):
+    sys.exit(1)
 
 
 if __name__ == "__main__":

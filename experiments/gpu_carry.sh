@@ -3,6 +3,8 @@
 # python3 has jax, flax and optax but not tensorflow_datasets or ml_collections), copied from
 # this checkout's .venv into .carry/site. `.carry/` is for .git/info/exclude; a device run
 # names it in carry, and gpu_check.sh puts .carry/site on PYTHONPATH when it is there.
+# Pure Python only: they are copied from this venv's Python (3.11) and run under the
+# image's (3.12).
 #
 #   bash experiments/gpu_carry.sh      # here, before the device run (about 24 MB)
 set -euo pipefail
@@ -12,5 +14,7 @@ rm -rf .carry/site && mkdir -p .carry/site
 tar cf - -C "$SITE" --exclude=__pycache__ --exclude=dummy_data \
   tensorflow_datasets tensorflow_metadata immutabledict promise toml ml_collections |
   tar xf - -C .carry/site
-grep -qx '/.carry/' .git/info/exclude 2>/dev/null || echo '/.carry/' >> .git/info/exclude
+EXCLUDE=$(git rev-parse --git-path info/exclude)
+mkdir -p "$(dirname "$EXCLUDE")"
+grep -qx '/.carry/' "$EXCLUDE" 2>/dev/null || echo '/.carry/' >> "$EXCLUDE"
 du -sh .carry/site
