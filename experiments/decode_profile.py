@@ -83,34 +83,15 @@ def traced(fn) -> str:
 
 def child(smoke: bool, batch: int, prompt: int, new: int) -> dict:
   """Runs in the variant's process: the step time, then the traced kernel time."""
-  import jax
-  import jax.numpy as jnp
-  import numpy as np
-  from flax import nnx
-
   from experiments import decode_roofline
   from experiments.gpu_common import QWEN2_05B, TINY
-  from rlcode.models import Decoder
-  from rlcode.sampling import generate
 
   cfg = TINY if smoke else QWEN2_05B
+  prefill, gen = work = decode_roofline.workload(cfg, batch=batch, prompt=prompt, new=new)
+  # Compiles both and times them untraced (best of 2), then each is traced once.
   row = decode_roofline.measure(cfg, batch=batch, prompt=prompt, new=new, repeats=2,
-                                hbm=decode_roofline.H200_HBM_BYTES_PER_S)
-  model = Decoder(cfg, rngs=nnx.Rngs(0))
-  prompts = np.random.default_rng(0).integers(1, cfg.vocab_size, (batch, prompt))
-  graphdef, state = nnx.split(model)
-
-  @jax.jit
-  def prefill(state, tokens):
-    m = nnx.merge(graphdef, state)
-    h, _ = m.hidden(tokens)
-    return m.logits(h[:, -1:])
-
-  tokens = jnp.asarray(prompts, jnp.int32)
-  gen = lambda: generate(model, prompts.tolist(), max_new_tokens=new, temperature=0.0).tokens
-  jax.block_until_ready(prefill(state, tokens))
-  jax.block_until_ready(gen())
-  pre_s, pre_t, pre_n = device_kernels(traced(lambda: prefill(state, tokens)))
+                                hbm=decode_roofline.H200_HBM_BYTES_PER_S, work=work)
+  pre_s, pre_t, pre_n = device_kernels(traced(prefill))
   gen_s, gen_t, gen_n = device_kernels(traced(gen))
   steps = max(new - 1, 1)
   per_step_s = max(gen_s - pre_s, 0.0) / steps

@@ -51,21 +51,31 @@ def step_bytes(cfg, batch: int, prompt: int, new: int) -> dict:
   return dict(weights=int(weights), kv=int(batch * live * per_token))
 
 
-def measure(cfg, *, batch: int, prompt: int, new: int, repeats: int, hbm: float) -> dict:
+def workload(cfg, *, batch: int, prompt: int, new: int):
+  """(prefill, gen): thunks running the prompts' forward alone (jitted) and a greedy
+  `generate` of `new` tokens, on a random-weight `cfg` model and random prompts."""
   model = Decoder(cfg, rngs=nnx.Rngs(0))
   rng = np.random.default_rng(0)
   prompts = rng.integers(1, cfg.vocab_size, (batch, prompt))
   graphdef, state = nnx.split(model)
 
   @jax.jit
-  def prefill(state, tokens):
+  def forward(state, tokens):
     m = nnx.merge(graphdef, state)
     h, _ = m.hidden(tokens)
     return m.logits(h[:, -1:])
 
   tokens = jnp.asarray(prompts, jnp.int32)
-  prefill_s = best_time(lambda: prefill(state, tokens), repeats)
+  prefill = lambda: forward(state, tokens)
   gen = lambda: generate(model, prompts.tolist(), max_new_tokens=new, temperature=0.0).tokens
+  return prefill, gen
+
+
+def measure(cfg, *, batch: int, prompt: int, new: int, repeats: int, hbm: float,
+            work=None) -> dict:
+  """The step against its bound; `work`: a `workload(...)` pair to time (default: a new one)."""
+  prefill, gen = work or workload(cfg, batch=batch, prompt=prompt, new=new)
+  prefill_s = best_time(prefill, repeats)
   total_s = best_time(gen, repeats)
   step_s = (total_s - prefill_s) / max(new - 1, 1)
   need = step_bytes(cfg, batch, prompt, new)
