@@ -37,11 +37,13 @@ it is meant to show) carry `eval/diff/format_valid`, `eval/diff/reward_mean`,
 `eval/diff/exact`.
 
 Measured (experiments/grpo_diffs_seeds.py, seeds 0-2 from scratch, 11.4-12.3
-minutes a seed on 2 quiet CPU cores; experiments/README.md, grpo_diffs, eighth
-session): after the warm start validation format_valid is 0.928 +- 0.005 (target
-0.9), and from the first eval row to the last the validation reward rises by
-0.066 +- 0.015 (+0.075, +0.036, +0.086 by seed; target 0.05; the warm-start length,
-the GRPO steps and rate were chosen on seed 0's validation) and the held-out test
+minutes a seed on 2 CPU cores at load 0.5-2.7; experiments/README.md, grpo_diffs,
+eighth session): after the warm start validation format_valid is 0.928 +- 0.005
+(target 0.9; every seed above it), and from the first eval row to the last the
+validation reward rises by 0.066 +- 0.015 (target 0.05, met by the mean, about one
+SE above it; +0.075, +0.036, +0.086 by seed, seed 1 under it; the warm-start
+length, the GRPO steps and rate were chosen on seed 0's validation, whose run this
+seed 0 repeats: seeds 1 and 2 alone give +0.061) and the held-out test
 split's by 0.057 +- 0.002 (every seed), to 0.820, mostly by fewer invalid answers
 (validity 0.936 -> 0.962) and a little by closer valid ones; exact answers stay near
 0. A cross-entropy control given each seed's GRPO seconds ends lower on reward (held
@@ -96,10 +98,11 @@ def get_config():
   # run said only by its length; rlcode.data.edits.count_shown_lines; the rewards map an
   # answer's ranges back through extra["shown_lines"]) or "file" (the files' own). With
   # "file" most format errors were ranges past the shown lines: validity 0.843 +- 0.010
-  # after the 400-step warm start (experiments/README.md, grpo_diffs, eighth session).
+  # after the 400-step warm start (experiments/README.md, grpo_diffs, second session;
+  # the switch: eighth session).
   config.data.mining.line_numbers = "shown"
   # What the references reason: "fixed" (one sentence) or "locate" (each block's first
-  # line quoted, then its number: rlcode.data.edits.locating_thought).
+  # line quoted, then its number: rlcode.data.edits.locating_thought; file numbers only).
   config.data.mining.reference_thought = "fixed"
 
   config.rewards = ml_collections.ConfigDict({"diff": 1.0})
@@ -125,7 +128,7 @@ def get_config():
       bucket=8,
       # > 0: each row's line numbers (shown lines, omitted ranges, the reference's LINES
       # ranges) moved down by a fresh 0..renumber at every visit (rlcode.sft.renumber), so
-      # ranges are copied from the numbered lines, not recalled.
+      # ranges are copied from the numbered lines, not recalled (file numbers only).
       renumber=0,
       # Each training task this many times in the warm start's rows (the practice
       # history's once).
