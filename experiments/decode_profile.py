@@ -44,9 +44,12 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 # name -> XLA_FLAGS added. "graphs_off" turns XLA's command buffers off; "graphs_while"
-# also captures while loops and conditionals (the decode loop) into them.
+# also captures while loops and conditionals (the decode loop) into them; "cublas" sends
+# the matrix products to cuBLAS instead of XLA's Triton GEMM fusions (on 2026-12-04 the
+# four per-layer products, 64 rows each, ran at 4x their bytes as Triton fusions).
 VARIANTS = {
     "default": "",
+    "cublas": "--xla_gpu_enable_triton_gemm=false",
     "graphs_off": "--xla_gpu_enable_command_buffer=",
     "graphs_while": ("--xla_gpu_enable_command_buffer="
                      "FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL,CUDNN,WHILE,CONDITIONAL"),
