@@ -75,13 +75,14 @@ def device_kernels(path: str) -> tuple[float, collections.Counter, collections.C
   return total, by_time, by_count
 
 
-def traced(fn) -> str:
+def traced_kernels(fn) -> tuple[float, collections.Counter, collections.Counter]:
+  """device_kernels of one traced call of fn (the trace is read, then removed)."""
   import jax
-  out = tempfile.mkdtemp(prefix="decode_profile_")
-  with jax.profiler.trace(out):
-    jax.block_until_ready(fn())
-  (path,) = glob.glob(os.path.join(out, "**", "*.xplane.pb"), recursive=True)
-  return path
+  with tempfile.TemporaryDirectory(prefix="decode_profile_") as out:
+    with jax.profiler.trace(out):
+      jax.block_until_ready(fn())
+    (path,) = glob.glob(os.path.join(out, "**", "*.xplane.pb"), recursive=True)
+    return device_kernels(path)
 
 
 def child(smoke: bool, batch: int, prompt: int, new: int) -> dict:
@@ -94,8 +95,8 @@ def child(smoke: bool, batch: int, prompt: int, new: int) -> dict:
   # Compiles both and times them untraced (best of 2), then each is traced once.
   row = decode_roofline.measure(cfg, batch=batch, prompt=prompt, new=new, repeats=2,
                                 hbm=decode_roofline.H200_HBM_BYTES_PER_S, work=work)
-  pre_s, pre_t, pre_n = device_kernels(traced(prefill))
-  gen_s, gen_t, gen_n = device_kernels(traced(gen))
+  pre_s, pre_t, pre_n = traced_kernels(prefill)
+  gen_s, gen_t, gen_n = traced_kernels(gen)
   steps = max(new - 1, 1)
   per_step_s = max(gen_s - pre_s, 0.0) / steps
   decode_t = collections.Counter({name: seconds - pre_t[name] for name, seconds in gen_t.items()
