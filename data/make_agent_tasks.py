@@ -36,6 +36,7 @@ tasks 0.500 at T=1): reading the name from the test output is learnt last.
 
     python data/make_agent_tasks.py     # rewrites data/agent_tasks.jsonl deterministically
     python data/make_agent_tasks.py --decoys    # data/agent_tasks_decoy.jsonl (below)
+    python data/make_agent_tasks.py --notes     # data/agent_tasks_notes.jsonl (below)
 
 With --decoys every file and search task but the practice ones also holds its symbol's
 old value, commented out: "# OFFSET = 4" beside "OFFSET = 7" in the named file (in a
@@ -46,6 +47,16 @@ must copy from the right line, which a demonstrator that does not tell the two a
 (rlcode.agent.expert.copies_decoy, warmstart.decoy_copy) gets right half the time:
 imitating it cannot teach the difference, the reward could. (In 30 or 50 GRPO steps it
 did not: experiments/README.md, agent_tiny, "decoy lines".)
+
+With --notes every task but the practice ones ends its prompt with a stale note: "An
+old note says OFFSET = 4." (file and search tasks: another constant 2-9) or "An old
+note calls it frob2." (tests tasks: another name of the same pool). The note is never
+right, and the tasks, splits, workspaces and tests are the others' exactly; the hint
+records the note's value. A demonstrator that trusts the note on some tasks
+(rlcode.agent.expert.trusts_note, warmstart.note_trust) writes solution.py from it at
+once, without a tool call, and fails; on the others it looks, as the expert does.
+Imitating it teaches looking on only part of the tasks; the reward tells which of
+the two pays.
 
 `extra` carries what the scripted expert (rlcode.agent.expert) needs: the
 variant, the file and symbol to look up, and the reference solution.
@@ -199,12 +210,37 @@ def add_decoy(row: dict) -> dict:
   return {**row, "extra": extra}
 
 
+def add_note(row: dict) -> dict:
+  """The row with a stale note ending its prompt (every task but the practice ones, which
+  are returned as they are): for file and search tasks another constant 2-9 for the
+  symbol, for tests tasks another name of the pool. Seeded by the task id alone."""
+  hint = row["extra"]["hint"]
+  if "/practice/" in row["id"]:
+    return row
+  rng = random.Random(f"note/{row['id']}")
+  if hint["variant"] == "tests":
+    pool = [f"{base}{digit}" for base in NAMES for digit in range(1, 4)]
+    old = rng.choice([n for n in pool if n != hint["name"]])
+    note = f" An old note calls it {old}."
+  else:
+    k = int(row["reference"].split()[-1])
+    old = rng.choice([c for c in range(2, 10) if c != k])
+    note = f" An old note says {hint['symbol']} = {old}."
+  extra = {**row["extra"], "hint": {**hint, "note": old}}
+  return {**row, "prompt": row["prompt"] + note, "extra": extra}
+
+
 def main(argv=None):
   parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
   parser.add_argument("--decoys", action="store_true",
                       help="write agent_tasks_decoy.jsonl: file and search tasks with "
                            "their symbol's old value commented out beside the live one")
+  parser.add_argument("--notes", action="store_true",
+                      help="write agent_tasks_notes.jsonl: every task but the practice ones "
+                           "with a stale note (a wrong constant or name) ending its prompt")
   args = parser.parse_args(argv)
+  if args.decoys and args.notes:
+    parser.error("--decoys and --notes write different files: give one")
   rng = random.Random(0)
   rows = [t for gen in (file_tasks, search_tasks, tests_tasks) for t in gen(rng)]
   rows += list(practice_tasks(random.Random(2)))
@@ -214,6 +250,8 @@ def main(argv=None):
   name = "agent_tasks.jsonl"
   if args.decoys:
     rows, name = [add_decoy(r) for r in rows], "agent_tasks_decoy.jsonl"
+  if args.notes:
+    rows, name = [add_note(r) for r in rows], "agent_tasks_notes.jsonl"
   path = os.path.join(os.path.dirname(os.path.abspath(__file__)), name)
   with open(path, "w") as f:
     for row in rows:

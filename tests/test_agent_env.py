@@ -216,6 +216,72 @@ def test_the_demonstrator_that_copies_a_decoy_looks_as_the_expert_and_fails(scor
     expert.expert_calls(by_variant("file"), copy_decoy=True)
 
 
+NOTE_SPLITS = jsonl.read_jsonl_tasks(sources.resolve("data/agent_tasks_notes.jsonl"), 0.2)
+
+
+def test_note_tasks_are_the_tasks_with_a_stale_note_ending_the_prompt():
+  """data/agent_tasks_notes.jsonl is data/agent_tasks.jsonl (ids, splits, workspaces,
+  references, tests) with a sentence more at the end of every prompt but the practice
+  tasks': a constant (file, search) or a name (tests) that is never the task's."""
+  import sys
+  sys.path.insert(0, sources.resolve("data"))
+  import make_agent_tasks
+  pool = {f"{b}{d}" for b in make_agent_tasks.NAMES for d in range(1, 4)}
+  for split, tasks in SPLITS.items():
+    noted = NOTE_SPLITS[split]
+    assert [t.id for t in noted] == [t.id for t in tasks]
+    for plain, t in zip(tasks, noted):
+      assert (t.reference, t.tests) == (plain.reference, plain.tests)
+      assert t.extra["files"] == plain.extra["files"]
+      hint = t.extra["hint"]
+      if "/practice/" in t.id:
+        assert t.extra == plain.extra and t.prompt == plain.prompt
+        continue
+      note = hint["note"]
+      assert {k: v for k, v in hint.items() if k != "note"} == plain.extra["hint"]
+      if hint["variant"] == "tests":
+        assert note in pool and note != hint["name"]
+        assert t.prompt == f"{plain.prompt} An old note calls it {note}."
+      else:
+        assert 2 <= note <= 9 and str(note) != t.reference.split()[-1]
+        assert t.prompt == f"{plain.prompt} An old note says {hint['symbol']} = {note}."
+  row = {"id": "agent/practice/tests/x", "extra": {"hint": {"variant": "tests"}}}
+  assert make_agent_tasks.add_note(row) is row
+
+
+def test_the_demonstrator_that_trusts_the_note_writes_it_at_once_and_fails(scorer):
+  env = make_env(scorer)
+  budgets = sampler.Budgets()
+  tasks = NOTE_SPLITS["train"]
+  for variant in expert.VARIANTS:
+    task = next(t for t in tasks
+                if t.extra["hint"]["variant"] == variant and "note" in t.extra["hint"])
+    calls = expert.note_calls(task, "rich")
+    assert [c[0] for c in calls] == ["editor", "finish"]
+    text = calls[0][1]["file_text"]
+    note = str(task.extra["hint"]["note"])
+    if variant == "tests":
+      assert text.startswith(f"def {note}(x):") and text.split("\n")[1:] == \
+          task.reference.split("\n")[1:]
+    else:
+      assert text.split()[-1] == note and text.split()[:-1] == task.reference.split()[:-1]
+    wrong = expert.expert_trajectory(env, CHAT, task, calls, budgets)
+    right = expert.expert_trajectory(env, CHAT, task, expert.expert_calls(task), budgets)
+    assert (wrong.status, wrong.reward, wrong.tool_calls) == ("finished", 0.0, 2)
+    assert (right.status, right.reward) == ("finished", 1.0) and right.tool_calls == 3
+  # About the asked fraction of the tasks with a note, chosen by the seed; never the
+  # tasks without one (the practice tasks, the plain file's tasks).
+  with_note = [t for t in tasks if "note" in t.extra["hint"]]
+  assert len(with_note) >= 200
+  picked = [expert.trusts_note(t, 0.5, seed=0) for t in with_note]
+  assert 0.35 * len(picked) <= sum(picked) <= 0.65 * len(picked)
+  assert picked != [expert.trusts_note(t, 0.5, seed=1) for t in with_note]
+  assert not any(expert.trusts_note(t, 1.0, 0) for t in tasks if "/practice/" in t.id)
+  assert not any(expert.trusts_note(t, 1.0, 0) for t in TASKS)
+  with pytest.raises(ValueError, match="has no note to trust"):
+    expert.note_calls(by_variant("file"))
+
+
 def test_the_tests_variant_needs_the_test_run(scorer):
   env = make_env(scorer)
   task = by_variant("tests")

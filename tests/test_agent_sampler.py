@@ -356,6 +356,26 @@ def test_episode_metrics_count_which_line_a_decoy_task_copied():
   assert "decoy/live" not in rollout.episode_metrics(trajs[-1:], success_reward=1.0)
 
 
+def test_episode_metrics_count_the_episodes_that_believed_a_stale_note():
+  def episode(program, hint):
+    task = Task(id="agent/x/add/k7/LIMIT", prompt="p",
+                reference="def add_limit(x):\n    return x + 7\n", extra={"hint": hint})
+    return sampler.Trajectory(task, [1], tokens=[2], mask=[1], logprobs=[0.0],
+                              status="finished", reward=0.0, program=program)
+  file_hint = {"variant": "file", "note": 4}
+  tests_hint = {"variant": "tests", "name": "frob3", "note": "frob2"}
+  trajs = [episode("def add_limit(x):\n    return x + 4\n", file_hint),
+           episode("def add_limit(x):\n    return x + 7\n", file_hint),
+           episode("def add_limit(x):\n    return x + 14\n", file_hint),
+           episode("def frob2(x):\n    return x + 7\n", tests_hint),
+           episode("def frob3(x):\n    return x + 2\n", tests_hint),
+           episode("def frob22(x):\n    return x + 7\n", tests_hint),
+           episode("def add_limit(x):\n    return x + 4\n", {"variant": "file"})]
+  m = rollout.episode_metrics(trajs, success_reward=1.0)
+  assert m["note/believed"] == pytest.approx(2 / 6)  # of the 6 tasks with a note
+  assert "note/believed" not in rollout.episode_metrics(trajs[-1:], success_reward=1.0)
+
+
 def test_shrunk_size_cuts_by_quarters_to_shard_multiples():
   assert sampler._shrunk_size(64, 1, 1) == 1
   assert sampler._shrunk_size(64, 5, 1) == 16

@@ -116,6 +116,21 @@ def test_demonstrations_reject_a_decoy_fraction_outside_0_1():
     demonstrations(config, [], [], None, None)
 
 
+def test_demonstrations_reject_a_bad_note_trust():
+  import ml_collections
+
+  from rlcode.agent.train import demonstrations
+  from rlcode.data.tasks import Task
+  from rlcode.errors import BadInput
+  config = ml_collections.ConfigDict({"warmstart": {"note_trust": -0.1}})
+  with pytest.raises(BadInput, match=r"note_trust must be in \[0, 1\], got -0.1"):
+    demonstrations(config, [], [], None, None)
+  config.warmstart.note_trust = 0.5
+  plain = [Task(id="agent/file/add/k7/LIMIT", prompt="p", extra={"hint": {"variant": "file"}})]
+  with pytest.raises(BadInput, match="no training task has a stale note"):
+    demonstrations(config, plain, [], None, None)
+
+
 def test_fill_with_signal_keeps_groups_whose_rewards_differ():
   """DAPO's dynamic sampling: flat groups are dropped while rounds remain; a batch still
   short after the last round is filled with that round's flat groups; one round is the

@@ -137,6 +137,41 @@ def guess_calls(task: Task, toolset: str = "rich", seed: int = 0) -> list[tuple]
   return [write, ("finish", {})]
 
 
+def trusts_note(task: Task, fraction: float, seed: int) -> bool:
+  """Whether the demonstrator that trusts a task's stale note (hint["note"],
+  data/make_agent_tasks.py --notes) answers from it without looking: for about
+  `fraction` of the tasks with a note, chosen by a hash of the task id and `seed`;
+  never on the others. What it picks does not depend on anything the policy sees."""
+  if "note" not in task.extra["hint"]:
+    return False
+  return _hashed_fraction(f"note/{seed}/{task.id}") < fraction
+
+
+def note_calls(task: Task, toolset: str = "rich") -> list[tuple]:
+  """[(name, arguments), ...]: the calls of a demonstrator that believes the task's stale
+  note and writes solution.py at once, the note's constant (file and search tasks) or
+  name (tests tasks) copied from the prompt, then finishes. The note is never right, so
+  these episodes fail; they copy exactly, so a warm start on them still learns to copy
+  (unlike guess_calls' random constants, which kept copying from forming)."""
+  if toolset not in TOOLSETS:
+    raise ValueError(f"toolset={toolset!r} (one of {TOOLSETS})")
+  hint = task.extra["hint"]
+  if "note" not in hint:
+    raise ValueError(f"task {task.id!r} has no note to trust")
+  head, body = task.reference.split("\n", 1)
+  if hint["variant"] == "tests":
+    head = head.replace(f"def {hint['name']}(", f"def {hint['note']}(", 1)
+  elif hint["variant"] in ("file", "search"):
+    body = with_constant(body, hint["note"])
+  else:
+    raise ValueError(f"task {task.id!r}: unknown variant {hint['variant']!r}")
+  solution = f"{head}\n{body}"
+  write = (("editor", {"command": "create", "path": "solution.py", "file_text": solution})
+           if toolset == "rich" else
+           ("bash", {"command": f"cat > solution.py <<'EOF'\n{solution}EOF"}))
+  return [write, ("finish", {})]
+
+
 def expert_trajectory(env: ToolEnv, chat: ChatFormat, task: Task, calls: list[tuple],
                       budgets: sampler.Budgets) -> sampler.Trajectory:
   """Plays `calls` in `env` and returns the episode as tokens (log-probs 0)."""

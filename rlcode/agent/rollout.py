@@ -95,7 +95,9 @@ def episode_metrics(trajs: Sequence[sampler.Trajectory], success_reward: float) 
   ("success/<family>", the second component of ids like "agent/search/sub/k6/LIMIT");
   and, over the episodes of tasks with a decoy line (data/agent_tasks_decoy.jsonl), the
   share whose scored solution ends in the live constant ("decoy/live") and in the
-  decoy's ("decoy/decoy"; `written_constant`)."""
+  decoy's ("decoy/decoy"; `written_constant`); over the episodes of tasks with a stale
+  note (data/agent_tasks_notes.jsonl), the share whose scored solution uses the note's
+  constant or name ("note/believed"; `uses_note`)."""
   n = max(len(trajs), 1)
   turns = [x for t in trajs for x in t.turns]
   tools = collections.Counter(x["tool"] for x in turns if "tool" in x)
@@ -129,7 +131,19 @@ def episode_metrics(trajs: Sequence[sampler.Trajectory], success_reward: float) 
                                        for w, t in zip(written, decoys)]))
     out["decoy/decoy"] = float(np.mean([w == str(t.task.extra["hint"]["decoy"])
                                         for w, t in zip(written, decoys)]))
+  noted = [t for t in trajs if "note" in t.task.extra.get("hint", {})]
+  if noted:
+    out["note/believed"] = float(np.mean([uses_note(t.program, t.task.extra["hint"])
+                                          for t in noted]))
   return out
+
+
+def uses_note(program: str, hint: dict) -> bool:
+  """Whether a solution's text uses a task's stale note: defines the note's name (tests
+  tasks) or ends in the note's constant (file and search tasks)."""
+  if hint["variant"] == "tests":
+    return re.search(rf"\bdef\s+{re.escape(str(hint['note']))}\s*\(", program) is not None
+  return written_constant(program) == str(hint["note"])
 
 
 def written_constant(program: str) -> str | None:

@@ -272,15 +272,17 @@ def evaluate(config, model, chat, envs, tasks, budgets, mesh) -> dict:
 
 
 def expert_episodes(config, tasks, envs, chat, budgets, guess_fraction: float = 0.0,
-                    guess_families: tuple[str, ...] | None = None, decoy_copy: float = 0.0
-                    ) -> list[sampler.Trajectory | None]:
+                    guess_families: tuple[str, ...] | None = None, decoy_copy: float = 0.0,
+                    note_trust: float = 0.0) -> list[sampler.Trajectory | None]:
   """One scripted expert episode per task, None where the tool set cannot solve it;
   played on the environments side by side, each taking every len(envs)-th episode.
   guess_fraction > 0: that fraction of the tasks (expert.is_guess, by the run's seed;
   of the `guess_families` only, when given) get the episode of a demonstrator that
   does not look (expert.guess_calls) instead. decoy_copy > 0: on that fraction of the
   tasks with a decoy line (expert.copies_decoy, by the run's seed) the episode copies
-  the decoy's value."""
+  the decoy's value. note_trust > 0: on that fraction of the tasks with a stale note
+  (expert.trusts_note, by the run's seed) the episode writes the note's value at once
+  (expert.note_calls)."""
   agent = config.agent
   jobs = []
   for i, task in enumerate(tasks):
@@ -293,6 +295,8 @@ def expert_episodes(config, tasks, envs, chat, budgets, guess_fraction: float = 
     if guess_fraction > 0 and expert.is_guess(task, guess_fraction, config.seed,
                                               guess_families):
       calls = expert.guess_calls(task, agent.toolset, config.seed)
+    if expert.trusts_note(task, note_trust, config.seed):
+      calls = expert.note_calls(task, agent.toolset)
     jobs.append((i, task, calls))
   out: list[sampler.Trajectory | None] = [None] * len(tasks)
   lanes = min(len(envs), len(jobs))
@@ -308,18 +312,21 @@ def expert_episodes(config, tasks, envs, chat, budgets, guess_fraction: float = 
 
 def expert_trajectories(config, tasks, envs, chat, budgets, guess_fraction: float = 0.0,
                         guess_families: tuple[str, ...] | None = None,
-                        decoy_copy: float = 0.0) -> list[sampler.Trajectory]:
+                        decoy_copy: float = 0.0, note_trust: float = 0.0
+                        ) -> list[sampler.Trajectory]:
   """The expert episodes of the tasks its tool set can solve, in task order
-  (guess_fraction, guess_families, decoy_copy: as in expert_episodes)."""
+  (guess_fraction, guess_families, decoy_copy, note_trust: as in expert_episodes)."""
   return [t for t in expert_episodes(config, tasks, envs, chat, budgets, guess_fraction,
-                                     guess_families, decoy_copy) if t is not None]
+                                     guess_families, decoy_copy, note_trust)
+          if t is not None]
 
 
 def demonstrations(config, tasks, envs, chat, budgets) -> list[sampler.Trajectory]:
   """The warm start's episodes (and a cross-entropy control's): the expert's, with
   `warmstart.guess_fraction` of them (of the `warmstart.guess_families` only, when
   set) a demonstrator's that does not look, and on `warmstart.decoy_copy` of the tasks
-  with a decoy line the decoy's value copied."""
+  with a decoy line the decoy's value copied, and on `warmstart.note_trust` of the tasks
+  with a stale note the note believed without a look."""
   ws = config.warmstart
   families = tuple(ws.get("guess_families", ())) or None
   unknown = set(families or ()) - set(expert.VARIANTS)
@@ -329,8 +336,14 @@ def demonstrations(config, tasks, envs, chat, budgets) -> list[sampler.Trajector
   decoy_copy = ws.get("decoy_copy", 0.0)
   if not 0.0 <= decoy_copy <= 1.0:
     raise BadInput(f"warmstart.decoy_copy must be in [0, 1], got {decoy_copy}")
+  note_trust = ws.get("note_trust", 0.0)
+  if not 0.0 <= note_trust <= 1.0:
+    raise BadInput(f"warmstart.note_trust must be in [0, 1], got {note_trust}")
+  if note_trust > 0 and not any("note" in t.extra["hint"] for t in tasks):
+    raise BadInput("warmstart.note_trust > 0 but no training task has a stale note: "
+                   "use data/agent_tasks_notes.jsonl (python data/make_agent_tasks.py --notes)")
   return expert_trajectories(config, tasks, envs, chat, budgets,
-                             ws.get("guess_fraction", 0.0), families, decoy_copy)
+                             ws.get("guess_fraction", 0.0), families, decoy_copy, note_trust)
 
 
 def guide_groups(trajs, experts, group_size: int, slots: int):
