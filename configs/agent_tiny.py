@@ -110,7 +110,12 @@ def get_config():
       # demonstrator that does not tell the two lines apart. With it, GRPO on the real
       # tasks at lr 3e-4 gained more held out than here, and still missed +0.15 in 30
       # and in 50 steps (experiments/README.md, agent_tiny, "decoy lines").
-      decoy_copy=0.0))
+      decoy_copy=0.0,
+      # With data/agent_tasks_notes.jsonl (every real task's prompt ends with a stale
+      # note, a wrong constant or name): the fraction of the tasks with a note whose
+      # episode believes it, writing solution.py at once without a look
+      # (rlcode.agent.expert.trusts_note, note_calls).
+      note_trust=0.0))
 
   # 20 GRPO steps (~17 s each) after the ~12-minute warm start, three validation rows
   # included: 19.8-21.6 minutes a seed measured on 2 cores with other work on them (3
