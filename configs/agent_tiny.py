@@ -4,17 +4,27 @@
 
 The policy (configs/common.py's decoder with 4 KV heads, 1.33M parameters with the code
 BPE's 4096 tokens plus the four tool-calling tags, "data/code_bpe.json+tools") starts from
-scratch, gets a supervised warm start on scripted expert episodes of the training
-tasks (rlcode.agent.expert), then trains with GRPO on
-whole trajectories: G episodes per task, each in its own sandbox session, the
-final reward the task's tests on the workspace's solution.py. The tasks
-(data/agent_tasks.jsonl) can only be solved through the tools: the constant is in
-a workspace file (named or to be searched for), or the function's name is only in
-the output of the first failing test run. Evaluation rows report eval/success and
-eval/tool_calls_per_episode on the validation split (used for tuning); the held-out
-split is reported once (experiments/agent_tiny_seeds.py).
+scratch, gets a supervised warm start on scripted episodes of the training tasks
+(rlcode.agent.expert), then trains with GRPO on whole trajectories: G episodes per task,
+each in its own sandbox session, the final reward the task's tests on the workspace's
+solution.py. The tasks (data/agent_tasks_notes.jsonl) can only be solved through the
+tools: the constant is in a workspace file (named or to be searched for), or the
+function's name is only in the output of the first failing test run. Each real task's
+prompt also ends with a stale note (a wrong constant or name).
 
-Expected result: see experiments/README.md (agent_tiny).
+The demonstrations are a weaker agent's: on 70% of the real tasks it believes the note
+and writes solution.py at once (and fails), on the rest it looks as the expert does; the
+practice tasks are all the expert's. Imitation learns that mix; the reward tells looking
+from believing, and GRPO (on the real tasks only) learns to look. With a perfect expert
+for every task, imitation leaves GRPO nothing to learn in this budget: the plain tasks'
+figures and every arm tried on them are in experiments/README.md (agent_tiny).
+
+Evaluation rows report eval/success, eval/tool_calls_per_episode and eval/note/believed
+on the validation split (used for tuning); the held-out split is reported once
+(experiments/agent_tiny_seeds.py).
+
+Expected result: see experiments/README.md (agent_tiny, "a demonstrator that believes a
+stale note").
 """
 
 import ml_collections
@@ -48,7 +58,7 @@ def get_config():
   config.model.arch.num_kv_heads = 4
 
   config.data = ml_collections.ConfigDict(dict(
-      source="jsonl", path="data/agent_tasks.jsonl", data_dir="",
+      source="jsonl", path="data/agent_tasks_notes.jsonl", data_dir="",
       train_split="train", eval_split="validation", max_eval_tasks=0))
 
   config.rewards = ml_collections.ConfigDict({"tests": 1.0})
@@ -73,7 +83,8 @@ def get_config():
       expert_slots=0,
       # A regular expression: training tasks whose id matches it are left out of GRPO's
       # stream (the warm start still uses them), e.g. "^agent/practice/".
-      exclude_task_ids="",
+      # The practice tasks carry no note (nothing to learn there): GRPO on the real ones.
+      exclude_task_ids="^agent/practice/",
       # > 1: DAPO's dynamic sampling, capped: up to that many rounds of prompts_per_step
       # tasks a step, keeping the groups whose rewards differ until prompts_per_step are
       # kept (rlcode.agent.train.fill_with_signal); 1: every sampled group is trained.
@@ -86,18 +97,20 @@ def get_config():
       # 30 steps, validation: +0.064 ± 0.024 against the plain stream's +0.045 ± 0.014,
       # +0.019 ± 0.012 paired over 3 seeds, not established (experiments/README.md).
       curriculum="", curriculum_decay=0.8, curriculum_floor=0.05))
-  # lr 1e-4, tuned on validation (seed 0): from the 0.746 warm start 3e-4 drifted down
-  # (0.719 at step 25) and so did 1e-4 (0.714 at 30); from this warm start 1e-4 rises,
-  # 0.688 -> 0.723 in 20 steps, 0.754 in 50 (experiments/README.md, agent_tiny).
-  config.optimizer = optimizer(lr=1e-4, warmup=5, decay=100)
+  # lr 3e-4, as the decoy arm chose on seed 0's validation (0.473 at step 30 against
+  # 0.366 at 1e-4). Its price: malformed calls rise (experiments/README.md, agent_tiny).
+  config.optimizer = optimizer(lr=3e-4, warmup=5, decay=100)
 
-  # The cosine runs over 1000 steps but the warm start stops at 600: the rate must stay
+  # The cosine runs over 1000 steps but the warm start stops at 900: the rate must stay
   # high while the policy learns to copy from its tools' output (between steps 400 and
   # 600 here). With the cosine over 600 the rate has fallen by then and, on these
   # practice names, copying did not appear (validation success 0.062 after 600 steps,
   # against 0.70 teacher-forced with the longer cosine; experiments/README.md).
   config.warmstart = ml_collections.ConfigDict(dict(
-      steps=600, batch_size=16, optimizer=optimizer(lr=3e-3, warmup=20, decay=1000),
+      # 900 steps, not 600: with the notes, seed 0's warm start had not learnt to copy
+      # by step 600 on this machine (loss 0.043, validation 0.054); by 900 it had
+      # (loss 0.009).
+      steps=900, batch_size=16, optimizer=optimizer(lr=3e-3, warmup=20, decay=1000),
       max_episodes=0,  # > 0: expert episodes of only the first that many training tasks
       # The fraction of training tasks whose episode is a demonstrator's that does not
       # look (rlcode.agent.expert.guess_calls) instead of the expert's.
@@ -115,16 +128,12 @@ def get_config():
       # note, a wrong constant or name): the fraction of the tasks with a note whose
       # episode believes it, writing solution.py at once without a look
       # (rlcode.agent.expert.trusts_note, note_calls).
-      note_trust=0.0))
+      note_trust=0.7))
 
-  # 20 GRPO steps (~17 s each) after the ~12-minute warm start, three validation rows
-  # included: 19.8-21.6 minutes a seed measured on 2 cores with other work on them (3
-  # seeds; the issue's budget is 20), about 16 on a quiet machine (seed 1, 2026-12-03).
-  # Since then a step costs ~9-10 s (rl.drop_idle_groups and the sampler's cut to the
-  # live rows, both exact: 1.79x a step, experiments/agent_step_speed.py); 30 steps
-  # gained +0.045 ± 0.014 on validation against 20 steps' +0.036 (experiments/README.md).
+  # 30 GRPO steps (~9 s each) after the ~10-minute warm start, three validation rows
+  # included: about 16 minutes a seed on 2 cores (experiments/README.md, agent_tiny).
   config.train = ml_collections.ConfigDict(dict(
-      steps=20, checkpoint_every=10, eval_every=10, keep_checkpoints=2,
+      steps=30, checkpoint_every=15, eval_every=15, keep_checkpoints=2,
       on_nonfinite="skip", progress_bar=True))
   config.eval = ml_collections.ConfigDict(dict(
       num_samples=4, temperature=1.0, batch_prompts=16))

@@ -44,6 +44,7 @@ from flax import nnx  # noqa: E402
 from rlcode import config_lib, grpo, sharding, shared_prefix  # noqa: E402
 from rlcode.agent import rollout, sampler, train as agent_train  # noqa: E402
 from rlcode.data import sources  # noqa: E402
+from agent_tiny_seeds import PLAIN  # noqa: E402  (the settings its tables were made with)
 from rlcode.rollout import TaskStream  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "agent_tiny.py")
@@ -57,7 +58,7 @@ def main():
   args, overrides = parser.parse_known_args()
   if not os.path.isdir(args.policy):
     raise SystemExit(f"--policy: {args.policy} is not a directory")
-  config = config_lib.load_config(CONFIG, overrides)
+  config = config_lib.load_config(CONFIG, [*PLAIN, *overrides])
   rl, agent = config.rl, config.agent
   mesh = sharding.mesh_from_config(config.mesh)
   model, tokenizer, _ = agent_train.restore_policy(config, args.policy, mesh)

@@ -14,8 +14,10 @@ For each seed:
 
     python experiments/agent_tiny_seeds.py [--seeds 0 1 2] [--arms grpo ce]
         [--no-held-out] [--out experiments/out/agent_tiny_seeds] [--warm-start-from OUT]
-        [--config.a.b=value ...]
+        [--plain] [--config.a.b=value ...]
 
+--plain runs the config as it was before the stale notes (PLAIN below); the sections of
+experiments/README.md written before 2026-12-04 need it to reproduce.
 --no-held-out with --arms grpo is the tuning mode (validation only). --warm-start-from
 runs an arm that differs only after the warm start (its minutes are then the GRPO
 phase's alone). Prints a table with mean and standard error over seeds; writes
@@ -46,6 +48,14 @@ from rlcode.data import sources  # noqa: E402
 from rlcode.metrics import read_metrics  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "agent_tiny.py")
+# configs/agent_tiny.py before the stale notes (2026-12-04): the plain tasks, the perfect
+# expert, 600 warm-start steps, GRPO on every training task at lr 1e-4 for 20 steps.
+# The sections of experiments/README.md written before then ran with these settings;
+# agent_tools.py and agent_think.py pin them so that their tables still reproduce.
+PLAIN = ["--config.data.path=data/agent_tasks.jsonl", "--config.warmstart.note_trust=0.0",
+         "--config.warmstart.steps=600", "--config.rl.exclude_task_ids=",
+         "--config.optimizer.learning_rate=1e-4", "--config.train.steps=20",
+         "--config.train.eval_every=10", "--config.train.checkpoint_every=10"]
 
 
 def mean_se(xs):
@@ -130,7 +140,13 @@ def main():
   parser.add_argument("--warm-start-from", default=None, metavar="OUT",
                       help="start each seed from OUT/seedS/warm_start (an earlier run of this "
                            "script) instead of a warm start of its own")
+  parser.add_argument("--plain", action="store_true",
+                      help="the config as it was before the stale notes (PLAIN: the plain "
+                           "tasks, the perfect expert), as the sections of "
+                           "experiments/README.md written before 2026-12-04 ran it")
   args, overrides = parser.parse_known_args()
+  if args.plain:
+    overrides = [*PLAIN, *overrides]
   os.makedirs(args.out, exist_ok=True)
   path = os.path.join(args.out, "agent_tiny_seeds.json")
   runs = []

@@ -1,6 +1,7 @@
 """Terminal only vs the richer tools, same budget: success and context tokens used.
 
-Two arms of configs/agent_tiny.py on the tasks a terminal can solve (the file and
+Two arms of configs/agent_tiny.py (with the settings before the stale notes,
+agent_tiny_seeds.PLAIN) on the tasks a terminal can solve (the file and
 search variants of data/agent_tasks.jsonl; the tests variant needs run_tests):
   rich      editor, search, run_tests, finish; experts view/search, create, finish.
   terminal  bash, finish; experts `cat FILE` or `grep -rn SYMBOL .`, a heredoc into
@@ -24,7 +25,7 @@ import argparse
 import json
 import os
 
-from agent_tiny_seeds import ROOT, held_out, load, mean_se, run_arm
+from agent_tiny_seeds import PLAIN, ROOT, held_out, load, mean_se, run_arm
 from rlcode import sharding
 
 ARMS = {
@@ -42,6 +43,7 @@ def study(arms, description, out_name):
   parser.add_argument("--warm-start-only", action="store_true",
                       help="no GRPO steps: compare the arms' warm starts (same budget)")
   args, overrides = parser.parse_known_args()
+  overrides = [*PLAIN, *overrides]  # the settings these tables were made with
   if args.warm_start_only:
     overrides = [*overrides, "--config.train.steps=0"]
   os.makedirs(args.out, exist_ok=True)

@@ -45,6 +45,7 @@ from rlcode import config_lib, grpo, losses, sharding  # noqa: E402
 from rlcode.agent import rollout  # noqa: E402
 from rlcode.agent.train import expert_trajectories, imitate, select_variants  # noqa: E402
 from rlcode.data import sources  # noqa: E402
+from agent_tiny_seeds import PLAIN  # noqa: E402  (the settings its tables were made with)
 from rlcode.models.build import build_model  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "agent_tiny.py")
@@ -69,7 +70,7 @@ def main(argv=None):
   p.add_argument("--eval_every", type=int, default=100)
   p.add_argument("--top", type=int, default=12, help="wrong tokens listed at each eval")
   args, overrides = p.parse_known_args(argv)
-  config = config_lib.load_config(CONFIG, overrides)
+  config = config_lib.load_config(CONFIG, [*PLAIN, *overrides])
   ws = config.warmstart
   steps = args.steps or ws.steps
   opt_cfg = grpo.OptimizerConfig.from_config(ws.optimizer)
