@@ -12,8 +12,8 @@ tools: the constant is in a workspace file (named or to be searched for), or the
 function's name is only in the output of the first failing test run. Each real task's
 prompt also ends with a stale note (a wrong constant or name).
 
-The demonstrations are a weaker agent's: on 70% of the real tasks it believes the note
-and writes solution.py at once (and fails), on the rest it looks as the expert does; the
+The demonstrations are a weaker agent's: on about 70% of the real tasks it believes the
+note and writes solution.py at once (and fails), on the rest it looks as the expert does; the
 practice tasks are all the expert's. Imitation learns that mix; the reward tells looking
 from believing, and GRPO (on the real tasks only) learns to look. With a perfect expert
 for every task, imitation leaves GRPO nothing to learn in this budget: the plain tasks'
@@ -108,8 +108,8 @@ def get_config():
   # against 0.70 teacher-forced with the longer cosine; experiments/README.md).
   config.warmstart = ml_collections.ConfigDict(dict(
       # 900 steps, not 600: with the notes, seed 0's warm start had not learnt to copy
-      # by step 600 on this machine (loss 0.043, validation 0.054); by 900 it had
-      # (loss 0.009).
+      # by step 600 on this machine (loss 0.043, validation 0.054); by 900 its loss
+      # was 0.009 (3 seeds: 0.009-0.017), and its looks copied on some of the tasks.
       steps=900, batch_size=16, optimizer=optimizer(lr=3e-3, warmup=20, decay=1000),
       max_episodes=0,  # > 0: expert episodes of only the first that many training tasks
       # The fraction of training tasks whose episode is a demonstrator's that does not
@@ -130,8 +130,8 @@ def get_config():
       # (rlcode.agent.expert.trusts_note, note_calls).
       note_trust=0.7))
 
-  # 30 GRPO steps (~9 s each) after the ~10-minute warm start, three validation rows
-  # included: about 16 minutes a seed on 2 cores (experiments/README.md, agent_tiny).
+  # 30 GRPO steps (9-11 s each) after the ~10-minute warm start, three validation rows
+  # included: 15.7-16.2 minutes a seed on 2 cores (experiments/README.md, agent_tiny).
   config.train = ml_collections.ConfigDict(dict(
       steps=30, checkpoint_every=15, eval_every=15, keep_checkpoints=2,
       on_nonfinite="skip", progress_bar=True))

@@ -50,7 +50,7 @@ class FixedEnv:
   tools = {t.name: t for t in tools.make_tools(("bash", "finish"))}
 
   def reset(self, task):
-    self.turns, self.status, self.final_reward = 0, "", 0.0
+    self.turns, self.status, self.final_reward, self.final_program = 0, "", 0.0, ""
     return task.prompt
 
   def step(self, text, ended):
