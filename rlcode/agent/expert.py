@@ -45,9 +45,7 @@ def expert_calls(task: Task, toolset: str = "rich", think: str = "none",
     if "decoy" not in hint:
       raise ValueError(f"task {task.id!r} has no decoy line to copy")
     solution = with_constant(solution, hint["decoy"])
-  write = (("editor", {"command": "create", "path": "solution.py", "file_text": solution})
-           if toolset == "rich" else
-           ("bash", {"command": f"cat > solution.py <<'EOF'\n{solution}EOF"}))
+  write = write_call(solution, toolset)
   if variant == "tests":
     if toolset == "terminal":
       raise ValueError(f"task {task.id!r}: its function name is only in the test output, "
@@ -72,6 +70,14 @@ def expert_calls(task: Task, toolset: str = "rich", think: str = "none",
   elif think == "start":
     calls = [("think", {"thought": plan})] + calls
   return calls + [("finish", {})]
+
+
+def write_call(solution: str, toolset: str) -> tuple:
+  """The call that writes `solution` to solution.py: the editor's create, or a heredoc
+  through bash in the terminal tool set."""
+  if toolset == "rich":
+    return ("editor", {"command": "create", "path": "solution.py", "file_text": solution})
+  return ("bash", {"command": f"cat > solution.py <<'EOF'\n{solution}EOF"})
 
 
 def with_constant(solution: str, k: int) -> str:
@@ -130,11 +136,7 @@ def guess_calls(task: Task, toolset: str = "rich", seed: int = 0) -> list[tuple]
     body = with_constant(body, rng.randint(2, 9))
   else:
     raise ValueError(f"task {task.id!r}: unknown variant {hint['variant']!r}")
-  solution = f"{head}\n{body}"
-  write = (("editor", {"command": "create", "path": "solution.py", "file_text": solution})
-           if toolset == "rich" else
-           ("bash", {"command": f"cat > solution.py <<'EOF'\n{solution}EOF"}))
-  return [write, ("finish", {})]
+  return [write_call(f"{head}\n{body}", toolset), ("finish", {})]
 
 
 def trusts_note(task: Task, fraction: float, seed: int) -> bool:
@@ -165,11 +167,7 @@ def note_calls(task: Task, toolset: str = "rich") -> list[tuple]:
     body = with_constant(body, hint["note"])
   else:
     raise ValueError(f"task {task.id!r}: unknown variant {hint['variant']!r}")
-  solution = f"{head}\n{body}"
-  write = (("editor", {"command": "create", "path": "solution.py", "file_text": solution})
-           if toolset == "rich" else
-           ("bash", {"command": f"cat > solution.py <<'EOF'\n{solution}EOF"}))
-  return [write, ("finish", {})]
+  return [write_call(f"{head}\n{body}", toolset), ("finish", {})]
 
 
 def expert_trajectory(env: ToolEnv, chat: ChatFormat, task: Task, calls: list[tuple],
