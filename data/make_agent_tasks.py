@@ -54,7 +54,7 @@ note calls it frob2." (tests tasks: another name of the same pool). The note is 
 right, and the tasks, splits, workspaces and tests are the others' exactly; the hint
 records the note's value. A demonstrator that trusts the note on some tasks
 (rlcode.agent.expert.trusts_note, warmstart.note_trust) writes solution.py from it at
-once, without a tool call, and fails; on the others it looks, as the expert does.
+once, without looking, and fails; on the others it looks, as the expert does.
 Imitating it teaches looking on only part of the tasks; the reward tells which of
 the two pays.
 
@@ -77,6 +77,8 @@ FILES = ("config.txt", "notes.txt", "settings.ini", "values.txt")
 NOISE = ("mode = fast", "version = 2", "# settings", "name = demo")
 NAMES = ("zap", "frob", "blip", "quux", "zorg", "miro", "tund", "vex", "plom", "gax",
          "korr", "bix", "dune", "yelp", "sorb", "nack")
+# The tests tasks' function names: every stem of NAMES with a digit 1-3.
+TASK_NAMES = tuple(f"{base}{digit}" for base in NAMES for digit in range(1, 4))
 INPUTS = (0, 1, 2, 5, 10, -3)
 VISIBLE = 2
 HELD_OUT_FRACTION = 0.2
@@ -145,8 +147,7 @@ def search_tasks(rng, constants=range(2, 10), practice=False, symbols=SYMBOLS):
 def tests_tasks(rng, names=None, practice=False):
   """Tests tasks: every operation with every name of NAMES and digit 1-3, or with each
   (operation, name) pair of `names` when given."""
-  pairs = names or [(op, f"{base}{digit}") for op in OPS for base in NAMES
-                    for digit in range(1, 4)]
+  pairs = names or [(op, name) for op in OPS for name in TASK_NAMES]
   for op, name in pairs:
     word = OPS[op][1]
     k = rng.randint(2, 9)
@@ -219,8 +220,7 @@ def add_note(row: dict) -> dict:
     return row
   rng = random.Random(f"note/{row['id']}")
   if hint["variant"] == "tests":
-    pool = [f"{base}{digit}" for base in NAMES for digit in range(1, 4)]
-    old = rng.choice([n for n in pool if n != hint["name"]])
+    old = rng.choice([n for n in TASK_NAMES if n != hint["name"]])
     note = f" An old note calls it {old}."
   else:
     k = int(row["reference"].split()[-1])

@@ -226,7 +226,6 @@ def test_note_tasks_are_the_tasks_with_a_stale_note_ending_the_prompt():
   import sys
   sys.path.insert(0, sources.resolve("data"))
   import make_agent_tasks
-  pool = {f"{b}{d}" for b in make_agent_tasks.NAMES for d in range(1, 4)}
   for split, tasks in SPLITS.items():
     noted = NOTE_SPLITS[split]
     assert [t.id for t in noted] == [t.id for t in tasks]
@@ -240,7 +239,7 @@ def test_note_tasks_are_the_tasks_with_a_stale_note_ending_the_prompt():
       note = hint["note"]
       assert {k: v for k, v in hint.items() if k != "note"} == plain.extra["hint"]
       if hint["variant"] == "tests":
-        assert note in pool and note != hint["name"]
+        assert note in make_agent_tasks.TASK_NAMES and note != hint["name"]
         assert t.prompt == f"{plain.prompt} An old note calls it {note}."
       else:
         assert 2 <= note <= 9 and str(note) != t.reference.split()[-1]

@@ -125,18 +125,10 @@ def guess_calls(task: Task, toolset: str = "rich", seed: int = 0) -> list[tuple]
   Such episodes in a warm start give a policy that uses its tools on only part of the
   tasks, as a policy distilled from a weaker agent does; the reward is what can tell it
   that looking pays (configs/agent_tiny.py, experiments/README.md agent_tiny)."""
-  if toolset not in TOOLSETS:
-    raise ValueError(f"toolset={toolset!r} (one of {TOOLSETS})")
-  hint = task.extra["hint"]
   rng = random.Random(f"guess/{seed}/{task.id}")
-  head, body = task.reference.split("\n", 1)
-  if hint["variant"] == "tests":
-    head = f"def {rng.choice(GUESSED_NAMES)}(x):"
-  elif hint["variant"] in ("file", "search"):
-    body = with_constant(body, rng.randint(2, 9))
-  else:
-    raise ValueError(f"task {task.id!r}: unknown variant {hint['variant']!r}")
-  return [write_call(f"{head}\n{body}", toolset), ("finish", {})]
+  guess = (rng.choice(GUESSED_NAMES) if task.extra["hint"]["variant"] == "tests"
+           else rng.randint(2, 9))
+  return _written_at_once(task, toolset, guess)
 
 
 def trusts_note(task: Task, fraction: float, seed: int) -> bool:
@@ -155,18 +147,25 @@ def note_calls(task: Task, toolset: str = "rich") -> list[tuple]:
   name (tests tasks) copied from the prompt, then finishes. The note is never right, so
   these episodes fail; they copy exactly, so a warm start on them still learns to copy
   (unlike guess_calls' random constants, which kept copying from forming)."""
+  if "note" not in task.extra["hint"]:
+    raise ValueError(f"task {task.id!r} has no note to trust")
+  return _written_at_once(task, toolset, task.extra["hint"]["note"])
+
+
+def _written_at_once(task: Task, toolset: str, value) -> list[tuple]:
+  """[write, finish]: solution.py written without a look, the task's reference with
+  `value` in place of what only the workspace tells: the function's name (tests tasks)
+  or the constant (file and search tasks)."""
   if toolset not in TOOLSETS:
     raise ValueError(f"toolset={toolset!r} (one of {TOOLSETS})")
-  hint = task.extra["hint"]
-  if "note" not in hint:
-    raise ValueError(f"task {task.id!r} has no note to trust")
+  variant = task.extra["hint"]["variant"]
   head, body = task.reference.split("\n", 1)
-  if hint["variant"] == "tests":
-    head = head.replace(f"def {hint['name']}(", f"def {hint['note']}(", 1)
-  elif hint["variant"] in ("file", "search"):
-    body = with_constant(body, hint["note"])
+  if variant == "tests":
+    head = f"def {value}(x):"
+  elif variant in ("file", "search"):
+    body = with_constant(body, value)
   else:
-    raise ValueError(f"task {task.id!r}: unknown variant {hint['variant']!r}")
+    raise ValueError(f"task {task.id!r}: unknown variant {variant!r}")
   return [write_call(f"{head}\n{body}", toolset), ("finish", {})]
 
 
