@@ -28,8 +28,11 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from rlcode import config_lib, sharding  # noqa: E402
-from rlcode.agent import rollout, sampler, train as agent_train  # noqa: E402
+from rlcode.config import loader
+from rlcode.parallel import sharding  # noqa: E402
+from rlcode.agent import episodes, sampler
+from rlcode.agent import evaluate
+from rlcode.agent import groups  # noqa: E402
 from rlcode.data import sources  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "agent_tiny.py")
@@ -46,20 +49,20 @@ def main():
   parser.add_argument("--seed", type=int, default=11, help="sampling seed")
   parser.add_argument("--failures-only", action="store_true")
   args, overrides = parser.parse_known_args()
-  config = config_lib.load_config(CONFIG, overrides)
+  config = loader.load_config(CONFIG, overrides)
   mesh = sharding.mesh_from_config(config.mesh)
-  model, tokenizer, _ = agent_train.restore_policy(config, args.policy, mesh)
+  model, tokenizer, _ = evaluate.restore_policy(config, args.policy, mesh)
   pattern = re.compile(args.tasks)
-  tasks = [t for t in agent_train.select_variants(config, sources.load(config.data, args.split))
+  tasks = [t for t in step_groups.select_variants(config, sources.load(config.data, args.split))
            if pattern.search(t.id)][:args.max_tasks]
   if not tasks:
     raise SystemExit(f"--tasks {args.tasks!r}: no task of the {args.split} split matches")
-  chat = rollout.chat_format(config, tokenizer)
-  envs = rollout.make_envs(config, len(tasks) * args.samples,
-                           embed=agent_train.embedder(config.agent))
+  chat = episodes.chat_format(config, tokenizer)
+  envs = episodes.make_envs(config, len(tasks) * args.samples,
+                           embed=episodes.embedder(config.agent))
   try:
     trajs = sampler.run_episodes(model, chat, envs, tasks, group_size=args.samples,
-                                 budgets=rollout.budgets(config.agent),
+                                 budgets=episodes.budgets(config.agent),
                                  temperature=args.temperature, seed=args.seed, mesh=mesh,
                                  workers=config.agent.workers)
   finally:

@@ -22,8 +22,9 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from rlcode import config_lib, sharding  # noqa: E402
-from rlcode.agent import train as agent_train  # noqa: E402
+from rlcode.config import loader
+from rlcode.parallel import sharding  # noqa: E402
+from rlcode.agent import evaluate  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "agent_tiny.py")
 
@@ -37,13 +38,13 @@ def main():
   results = {}
   for seed in args.seeds:
     workdir = os.path.join(args.out, f"seed{seed}")
-    config = config_lib.load_config(CONFIG, [f"--config.seed={seed}", *overrides])
+    config = loader.load_config(CONFIG, [f"--config.seed={seed}", *overrides])
     mesh = sharding.mesh_from_config(config.mesh)
     for arm, directory in (("warm_start", os.path.join(workdir, "warm_start")),
                            ("final", workdir)):
-      model, tokenizer, _ = agent_train.restore_policy(config, directory, mesh)
+      model, tokenizer, _ = evaluate.restore_policy(config, directory, mesh)
       for split in args.splits:
-        scores = agent_train.evaluate_policy(config, model, tokenizer, split, mesh)
+        scores = evaluate.evaluate_policy(config, model, tokenizer, split, mesh)
         row = {k: v for k, v in scores.items()
                if k == "success" or k.startswith(("success/", "decoy/"))}
         results[f"{seed}/{arm}/{split}"] = row

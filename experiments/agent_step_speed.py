@@ -41,11 +41,17 @@ import jax  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from rlcode import config_lib, grpo, sharding, shared_prefix  # noqa: E402
-from rlcode.agent import rollout, sampler, train as agent_train  # noqa: E402
+from rlcode.config import loader
+from rlcode.parallel import sharding
+from rlcode.rl import shared_prefix
+from rlcode import optim
+from rlcode.rl import advantages
+from rlcode.rl import objective  # noqa: E402
+from rlcode.agent import episodes as rollout, sampler
+from rlcode.agent import evaluate  # noqa: E402
 from rlcode.data import sources  # noqa: E402
 from agent_tiny_seeds import PLAIN  # noqa: E402  (the settings its tables were made with)
-from rlcode.rollout import TaskStream  # noqa: E402
+from rlcode.data.stream import TaskStream  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "agent_tiny.py")
 
@@ -58,20 +64,20 @@ def main():
   args, overrides = parser.parse_known_args()
   if not os.path.isdir(args.policy):
     raise SystemExit(f"--policy: {args.policy} is not a directory")
-  config = config_lib.load_config(CONFIG, [*PLAIN, *overrides])
+  config = loader.load_config(CONFIG, [*PLAIN, *overrides])
   rl, agent = config.rl, config.agent
   mesh = sharding.mesh_from_config(config.mesh)
-  model, tokenizer, _ = agent_train.restore_policy(config, args.policy, mesh)
+  model, tokenizer, _ = evaluate.restore_policy(config, args.policy, mesh)
   chat = rollout.chat_format(config, tokenizer)
   envs = rollout.make_envs(config, rl.prompts_per_step * rl.group_size)
   budgets = rollout.budgets(agent)
   stream = TaskStream(sources.load(config.data, config.data.train_split),
                       rl.prompts_per_step, config.seed)
   graphdef, params = nnx.split(model, nnx.Param)
-  optimizer = grpo.make_optimizer(grpo.OptimizerConfig.from_config(config.optimizer))
-  loss_cfg = grpo.LossConfig.from_config(rl, agent.max_total_tokens)
-  advantages = grpo.advantages_from_config(rl)
-  state = grpo.init_state(nnx.merge(graphdef, params), optimizer, mesh)
+  optimizer = optim.make_optimizer(optim.OptimizerConfig.from_config(config.optimizer))
+  loss_cfg = objective.LossConfig.from_config(rl, agent.max_total_tokens)
+  advantage_of = advantages.advantages_from_config(rl)
+  state = optim.init_state(nnx.merge(graphdef, params), optimizer, mesh)
   example = shared_prefix.GroupedBatch.abstract(rl.prompts_per_step,
                                                 rl.prompts_per_step * rl.group_size)
   update = shared_prefix.update_step(graphdef, optimizer, loss_cfg, mesh, state, example)
@@ -92,7 +98,7 @@ def main():
     if ([t.tokens for t in episodes[True]] != [t.tokens for t in episodes[False]]):
       raise SystemExit(f"batch {i}: the two rollout modes played different episodes")
     trajs = episodes[True]
-    adv = advantages(np.array([t.reward for t in trajs], np.float32))
+    adv = advantage_of(np.array([t.reward for t in trajs], np.float32))
     whole = rollout.grpo_batch(trajs, rl.group_size, adv, pad_id=tokenizer.pad_id,
                                max_len=agent.max_total_tokens, mask_cut=agent.mask_cut)
     dropped = shared_prefix.drop_idle_groups(whole, rl.group_size, loss_cfg,

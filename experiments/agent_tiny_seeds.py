@@ -42,10 +42,15 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from rlcode import config_lib, grpo, sharding  # noqa: E402
-from rlcode.agent import rollout, train as agent_train  # noqa: E402
+from rlcode.config import loader
+from rlcode.parallel import sharding
+from rlcode import optim  # noqa: E402
+from rlcode.agent import episodes
+from rlcode.agent import demos
+from rlcode.agent import evaluate
+from rlcode.agent import groups  # noqa: E402
 from rlcode.data import sources  # noqa: E402
-from rlcode.metrics import read_metrics  # noqa: E402
+from rlcode.runs.metrics import read_metrics  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "agent_tiny.py")
 # configs/agent_tiny.py before the stale notes (2026-12-04): the plain tasks, the perfect
@@ -67,7 +72,7 @@ def mean_se(xs):
 
 
 def load(seed, overrides):
-  return config_lib.load_config(CONFIG, [f"--config.seed={seed}", *overrides])
+  return loader.load_config(CONFIG, [f"--config.seed={seed}", *overrides])
 
 
 def run_arm(seed, workdir, overrides, warm_start_from=None):
@@ -83,7 +88,7 @@ def run_arm(seed, workdir, overrides, warm_start_from=None):
       raise SystemExit(f"--warm-start-from: {source} does not exist")
     shutil.copytree(source, os.path.join(workdir, "warm_start"))
     shutil.copytree(source, os.path.join(workdir, "checkpoints"))
-    config_lib.write_run_config(config_lib.load_config(CONFIG, flags), workdir)
+    loader.write_run_config(loader.load_config(CONFIG, flags), workdir)
   cmd = [sys.executable, "-m", "rlcode", "train", "--config", CONFIG, *flags]
   before = resource.getrusage(resource.RUSAGE_CHILDREN)
   load_before, start = os.getloadavg()[0], time.time()
@@ -105,26 +110,26 @@ def run_arm(seed, workdir, overrides, warm_start_from=None):
 
 
 def held_out(config, directory, mesh):
-  model, tokenizer, _ = agent_train.restore_policy(config, directory, mesh)
-  return agent_train.evaluate_policy(config, model, tokenizer, "held_out", mesh)
+  model, tokenizer, _ = evaluate.restore_policy(config, directory, mesh)
+  return evaluate.evaluate_policy(config, model, tokenizer, "held_out", mesh)
 
 
 def control(config, workdir, seconds, mesh):
   """Cross-entropy on the warm start's episodes (the expert's, and the guesses of
   warmstart.guess_fraction) from the run's warm start for `seconds`."""
   from flax import nnx
-  model, tokenizer, _ = agent_train.restore_policy(config, os.path.join(workdir, "warm_start"),
+  model, tokenizer, _ = evaluate.restore_policy(config, os.path.join(workdir, "warm_start"),
                                                    mesh)
-  chat = rollout.chat_format(config, tokenizer)
-  envs = rollout.make_envs(config, 16)
-  tasks = agent_train.select_variants(config, sources.load(config.data, config.data.train_split))
-  trajs = agent_train.demonstrations(config, tasks, envs, chat, rollout.budgets(config.agent))
+  chat = episodes.chat_format(config, tokenizer)
+  envs = episodes.make_envs(config, 16)
+  tasks = step_groups.select_variants(config, sources.load(config.data, config.data.train_split))
+  trajs = demos.demonstrations(config, tasks, envs, chat, episodes.budgets(config.agent))
   for env in envs:
     env.close()
   graphdef, params = nnx.split(model, nnx.Param)
-  opt = dataclasses.replace(grpo.OptimizerConfig.from_config(config.optimizer),
+  opt = dataclasses.replace(optim.OptimizerConfig.from_config(config.optimizer),
                             end_lr_fraction=1.0)
-  params, stats = agent_train.imitate(graphdef, params, trajs, tokenizer.pad_id, mesh,
+  params, stats = demos.imitate(graphdef, params, trajs, tokenizer.pad_id, mesh,
                                       optimizer=opt, batch_size=config.warmstart.batch_size,
                                       seed=config.seed + 2, seconds=seconds)
   return nnx.merge(graphdef, params), tokenizer, stats
@@ -163,9 +168,9 @@ def main():
                          "grpo": held_out(config, workdir, mesh)}
     if "ce" in args.arms:
       policy, tokenizer, stats = control(config, workdir, run["train_seconds"], mesh)
-      stats["val"] = agent_train.evaluate_policy(config, policy, tokenizer, "validation", mesh)
+      stats["val"] = evaluate.evaluate_policy(config, policy, tokenizer, "validation", mesh)
       if not args.no_held_out:
-        run["held_out"]["ce"] = agent_train.evaluate_policy(config, policy, tokenizer,
+        run["held_out"]["ce"] = evaluate.evaluate_policy(config, policy, tokenizer,
                                                             "held_out", mesh)
       run["ce"] = stats
     runs.append(run)

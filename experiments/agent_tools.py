@@ -26,7 +26,7 @@ import json
 import os
 
 from agent_tiny_seeds import PLAIN, ROOT, held_out, load, mean_se, run_arm
-from rlcode import sharding
+from rlcode.parallel import sharding
 
 ARMS = {
     "rich": ["--config.agent.tools=('editor','search','run_tests','finish')",

@@ -41,9 +41,14 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from rlcode import config_lib, grpo, losses, sharding  # noqa: E402
-from rlcode.agent import rollout  # noqa: E402
-from rlcode.agent.train import expert_trajectories, imitate, select_variants  # noqa: E402
+from rlcode.config import loader
+from rlcode.rl import logprobs
+from rlcode.parallel import sharding
+from rlcode import optim
+from rlcode.rl import sequences  # noqa: E402
+from rlcode.agent import episodes  # noqa: E402
+from rlcode.agent.demos import expert_trajectories, imitate
+from rlcode.agent.step_groups import select_variants  # noqa: E402
 from rlcode.data import sources  # noqa: E402
 from agent_tiny_seeds import PLAIN  # noqa: E402  (the settings its tables were made with)
 from rlcode.models.build import build_model  # noqa: E402
@@ -70,18 +75,18 @@ def main(argv=None):
   p.add_argument("--eval_every", type=int, default=100)
   p.add_argument("--top", type=int, default=12, help="wrong tokens listed at each eval")
   args, overrides = p.parse_known_args(argv)
-  config = config_lib.load_config(CONFIG, [*PLAIN, *overrides])
+  config = loader.load_config(CONFIG, [*PLAIN, *overrides])
   ws = config.warmstart
   steps = args.steps or ws.steps
-  opt_cfg = grpo.OptimizerConfig.from_config(ws.optimizer)
+  opt_cfg = optim.OptimizerConfig.from_config(ws.optimizer)
   if args.steps:
-    opt_cfg = grpo.OptimizerConfig(**{**opt_cfg.__dict__, "decay_steps": steps})
+    opt_cfg = optim.OptimizerConfig(**{**opt_cfg.__dict__, "decay_steps": steps})
 
   mesh = sharding.mesh_from_config(config.mesh)
   model, tok = build_model(config.model, mesh, config.seed)
-  chat = rollout.chat_format(config, tok)
-  budgets = rollout.budgets(config.agent)
-  envs = rollout.make_envs(config, 8)
+  chat = episodes.chat_format(config, tok)
+  budgets = episodes.budgets(config.agent)
+  envs = episodes.make_envs(config, 8)
   start = time.perf_counter()
   train = expert_trajectories(config, select_variants(
       config, sources.load(config.data, config.data.train_split)), envs, chat, budgets)
@@ -94,7 +99,7 @@ def main(argv=None):
 
   graphdef, params = nnx.split(model, nnx.Param)
 
-  vb = rollout.sft_batch(val, tok.pad_id)
+  vb = episodes.sft_batch(val, tok.pad_id)
   expert = vb.mask > 0
   in_text = np.zeros_like(expert)
   for i, t in enumerate(val):
@@ -102,8 +107,8 @@ def main(argv=None):
 
   @jax.jit
   def teacher_forced(params, batch):
-    logits, targets = grpo.window_logits(nnx.merge(graphdef, params), batch)
-    return jnp.argmax(logits, -1) == targets, losses.token_logprobs(logits, targets)
+    logits, targets = sequences.window_logits(nnx.merge(graphdef, params), batch)
+    return jnp.argmax(logits, -1) == targets, logprobs.token_logprobs(logits, targets)
 
   def evaluate(step, params, loss):
     ok, logp = map(np.asarray, teacher_forced(params, vb))

@@ -38,9 +38,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from rlcode import config_lib, evaluate, sharding  # noqa: E402
+from rlcode.config import loader
+from rlcode.parallel import sharding
+from rlcode.evaluation import policy_eval  # noqa: E402
 from rlcode.data import sources  # noqa: E402
-from rlcode.metrics import read_metrics  # noqa: E402
+from rlcode.runs.metrics import read_metrics  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "grpo_tiny.py")
 PARTS = ("rollout_seconds", "reward_seconds", "update_seconds", "proximal_seconds",
@@ -77,11 +79,11 @@ def arm(seed, eta, steps, workdir, overrides, cache):
 
 
 def held_out(seed, workdir, overrides):
-  config = config_lib.load_config(CONFIG, [f"--config.seed={seed}", *overrides,
+  config = loader.load_config(CONFIG, [f"--config.seed={seed}", *overrides,
                                            "--config.data.eval_split=held_out"])
   mesh = sharding.mesh_from_config(config.mesh)
-  model, tokenizer, _, _ = evaluate.restore_policy(config, workdir, mesh)
-  result = evaluate.held_out_eval(config, model, tokenizer, sources.load_eval(config.data), mesh,
+  model, tokenizer, _, _ = policy_eval.restore_policy(config, workdir, mesh)
+  result = policy_eval.held_out_eval(config, model, tokenizer, sources.load_eval(config.data), mesh,
                                   ks=(1,))
   return result["pass@1"]
 

@@ -58,8 +58,8 @@ def _problem(kind: str, t: int, dtype: str = "float32", impl: str = "auto"):
   import jax.numpy as jnp  # pylint: disable=import-outside-toplevel
   import numpy as np  # pylint: disable=import-outside-toplevel
 
-  import kernels  # pylint: disable=import-outside-toplevel
-  from kernels import nsa  # pylint: disable=import-outside-toplevel
+  from rlcode import kernels  # pylint: disable=import-outside-toplevel
+  from rlcode.kernels import nsa  # pylint: disable=import-outside-toplevel
 
   rng = np.random.default_rng(0)
   normal = lambda *shape: jnp.asarray(rng.standard_normal(shape), dtype)

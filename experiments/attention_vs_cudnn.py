@@ -45,8 +45,8 @@ import numpy as np
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
 from experiments.gpu_common import environment, timed, write_json  # noqa: E402
-import kernels  # noqa: E402
-from kernels import dispatch, nsa  # noqa: E402
+from rlcode import kernels  # noqa: E402
+from rlcode.kernels import dispatch, nsa  # noqa: E402
 
 DOCUMENTS = 16
 # (kind, T, fwd ratio, fwd+bwd ratio) that the claims ask of ours against cudnn_dense.

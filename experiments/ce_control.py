@@ -22,9 +22,15 @@ import time
 import jax
 from flax import nnx
 
-from rlcode import grpo, rollout, sft, sharding, train
+from rlcode.train import sft
+from rlcode.parallel import sharding
+from rlcode import optim
+from rlcode.rl import rollout
+from rlcode.rl import sequences
+from rlcode.train import warm_start
+from rlcode.data.stream import TaskStream
 from rlcode.data import sources
-from rlcode.metrics import MetricsWriter
+from rlcode.runs.metrics import MetricsWriter
 from rlcode.models.build import build_model
 
 
@@ -44,8 +50,8 @@ def warm_started(config, workdir: str):
                                drop_too_long=bool(config.data.get("drop_too_long")))
   graphdef, params = nnx.split(model, nnx.Param)
   metrics = MetricsWriter(workdir, tensorboard=False)
-  warm_tasks, _ = train.warm_start_tasks(config, tokenizer, model.cfg.max_seq_len, tasks)
-  params = train.warm_start(config, graphdef, params, warm_tasks, tokenizer, mesh, metrics)
+  warm_tasks, _ = warm_start.warm_start_tasks(config, tokenizer, model.cfg.max_seq_len, tasks)
+  params = warm_start.warm_start(config, graphdef, params, warm_tasks, tokenizer, mesh, metrics)
   metrics.close()
   return graphdef, params, tokenizer, mesh, tasks
 
@@ -58,20 +64,20 @@ def continue_cross_entropy(config, graphdef, params, tasks, tokenizer, mesh, *,
   forward+backward), "loss_first", "loss_last"} and, when `positions` > 0, the
   same at the first step whose running total reached it under "at_positions".
   """
-  opt_cfg = dataclasses.replace(grpo.OptimizerConfig.from_config(config.optimizer),
+  opt_cfg = dataclasses.replace(optim.OptimizerConfig.from_config(config.optimizer),
                                 end_lr_fraction=1.0)
-  optimizer = grpo.make_optimizer(opt_cfg)
+  optimizer = optim.make_optimizer(opt_cfg)
   # The step donates its state: train a copy, so the caller's params stay usable
   # (the warm start is evaluated after this control).
   params = jax.tree.map(lambda x: x.copy(), params)
-  state = grpo.init_state(nnx.merge(graphdef, params), optimizer, mesh)
-  multiple = int(config.rl.get("length_multiple", rollout.LENGTH_MULTIPLE))
-  stream = rollout.TaskStream(tasks, config.warmstart.batch_size, config.seed + 2)
+  state = optim.init_state(nnx.merge(graphdef, params), optimizer, mesh)
+  multiple = int(config.rl.get("length_multiple", sequences.LENGTH_MULTIPLE))
+  stream = TaskStream(tasks, config.warmstart.batch_size, config.seed + 2)
   step_fn, spent, steps, done_positions, losses = None, 0.0, 0, 0, []
   at_positions = None
   while spent < seconds or (positions and at_positions is None):
     start = time.perf_counter()
-    batch = rollout.sft_batch(tokenizer, stream.next(), multiple)
+    batch = sequences.sft_batch(tokenizer, stream.next(), multiple)
     if step_fn is None:
       step_fn = sft.make_sft_step(graphdef, optimizer, mesh, state, batch)
     state, m = step_fn(state, batch)

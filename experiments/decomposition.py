@@ -55,7 +55,11 @@ import numpy as np
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from rlcode import config_lib, evaluate, rollout, sharding, train  # noqa: E402
+from rlcode.config import loader
+from rlcode.parallel import sharding
+from rlcode.evaluation import policy_eval
+from rlcode.rl import rollout
+from rlcode.train import grpo_loop  # noqa: E402
 from rlcode.data import sources  # noqa: E402
 from rlcode.data.git import GRANULARITIES  # noqa: E402
 from rlcode.rewards.diffs import FORMAT_ERROR_SCORE, SUCCESS_THRESHOLD  # noqa: E402
@@ -196,10 +200,10 @@ def main(argv=None):
   parser.add_argument("--out", default="experiments/out/decomposition.json")
   args, overrides = parser.parse_known_args(argv)
   for item in overrides:
-    if not item.startswith(config_lib.PREFIX):
+    if not item.startswith(loader.PREFIX):
       parser.error(f"unknown argument {item!r}")
   overrides = [f"--config.workdir={args.workdir}", *overrides]
-  config = config_lib.load_config(args.config, overrides)
+  config = loader.load_config(args.config, overrides)
   config.train.progress_bar = False
   samples = args.samples or config.rl.group_size
 
@@ -208,8 +212,8 @@ def main(argv=None):
   trained_here = not os.path.isdir(os.path.join(args.workdir, "checkpoints"))
   if trained_here:
     print(f"no checkpoint in {args.workdir}: training the policy there", file=sys.stderr)
-    train.train(config)
-  model, tokenizer, step, _ = evaluate.restore_policy(config, args.workdir, mesh)
+    grpo_loop.train(config)
+  model, tokenizer, step, _ = policy_eval.restore_policy(config, args.workdir, mesh)
   repos = config.data.repo if isinstance(config.data.repo, tuple) else (config.data.repo,)
   rows = [measure(config, model, tokenizer, mesh, repo, g, args.split, samples,
                   args.max_tasks, config.seed + 7919)

@@ -46,7 +46,12 @@ import ml_collections  # noqa: E402
 from flax import nnx  # noqa: E402
 
 from ce_control import mean_se, warm_started  # noqa: E402
-from rlcode import config_lib, evaluate, rewards, rollout, sharding, train  # noqa: E402
+from rlcode.config import loader
+from rlcode import rewards
+from rlcode.parallel import sharding
+from rlcode.evaluation import policy_eval
+from rlcode.rl import rollout
+from rlcode.train import grpo_loop  # noqa: E402
 from rlcode.data import sources  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "grpo_diffs.py")
@@ -70,7 +75,7 @@ def score_three_ways(tasks, texts) -> dict:
 
 def held_out(config, model, tokenizer, tasks, mesh) -> dict:
   ev = config.eval
-  row_tasks, texts = evaluate.sample_completions(
+  row_tasks, texts = policy_eval.sample_completions(
       model, tokenizer, tasks, num_samples=ev.num_samples, temperature=ev.temperature,
       max_new_tokens=ev.max_new_tokens, seed=config.seed + 7919,
       batch_prompts=ev.batch_prompts, mesh=mesh)
@@ -78,7 +83,7 @@ def held_out(config, model, tokenizer, tasks, mesh) -> dict:
 
 
 def arm_config(seed: int, out: str, arm: str, overrides: list[str]):
-  config = config_lib.load_config(CONFIG, overrides + [
+  config = loader.load_config(CONFIG, overrides + [
       f"--config.seed={seed}", f"--config.workdir={os.path.join(out, f'seed{seed}_{arm}')}",
       f"--config.warmstart.cache_dir={os.path.join(out, 'warm_start')}",
       "--config.train.progress_bar=false"])
@@ -97,10 +102,10 @@ def run_seed(seed: int, out: str, overrides: list[str]) -> dict:
       raise FileExistsError(f"{config.workdir} holds a previous run; remove it or pass "
                             "another --out")
     wall, cpu = time.time(), time.process_time()
-    rows = train.train(config)
+    rows = grpo_loop.train(config)
     steps = [r for r in rows if "loss" in r]
     mesh = sharding.mesh_from_config(config.mesh)
-    model, tokenizer, _, _ = evaluate.restore_policy(config, config.workdir, mesh)
+    model, tokenizer, _, _ = policy_eval.restore_policy(config, config.workdir, mesh)
     result[arm] = {**held_out(config, model, tokenizer, test_tasks(config, tokenizer), mesh),
                    "minutes": (time.time() - wall) / 60,
                    "cpu_minutes": (time.process_time() - cpu) / 60,
@@ -140,7 +145,7 @@ def main():
   parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/diff_vs_tests"))
   args, overrides = parser.parse_known_args()
   for item in overrides:
-    if not item.startswith(config_lib.PREFIX):
+    if not item.startswith(loader.PREFIX):
       parser.error(f"unknown argument {item!r}")
   os.makedirs(args.out, exist_ok=True)
   runs = []

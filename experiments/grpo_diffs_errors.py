@@ -26,7 +26,10 @@ import sys
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from rlcode import config_lib, evaluate, rollout, sharding  # noqa: E402
+from rlcode.config import loader
+from rlcode.parallel import sharding
+from rlcode.evaluation import policy_eval
+from rlcode.rl import rollout  # noqa: E402
 from rlcode.data import sources  # noqa: E402
 from rlcode.rewards import diffs  # noqa: E402
 
@@ -64,14 +67,14 @@ def main():
   for item in extra:
     if not item.startswith("--config."):
       parser.error(f"unknown argument {item!r}")
-  config = config_lib.load_config(CONFIG, extra + ["--config.train.progress_bar=false"])
+  config = loader.load_config(CONFIG, extra + ["--config.train.progress_bar=false"])
   mesh = sharding.mesh_from_config(config.mesh)
-  model, tokenizer, step, directory = evaluate.restore_policy(config, args.policy, mesh)
+  model, tokenizer, step, directory = policy_eval.restore_policy(config, args.policy, mesh)
   tasks, _ = rollout.fit_tasks(sources.load(config.data, args.split), tokenizer, split=args.split,
                                max_seq_len=model.cfg.max_seq_len,
                                max_new_tokens=config.eval.max_new_tokens,
                                drop_too_long=bool(config.data.drop_too_long))
-  row_tasks, texts = evaluate.sample_completions(
+  row_tasks, texts = policy_eval.sample_completions(
       model, tokenizer, tasks, num_samples=args.samples, temperature=config.eval.temperature,
       max_new_tokens=config.eval.max_new_tokens, seed=config.seed + 7919,
       batch_prompts=config.eval.batch_prompts, mesh=mesh)

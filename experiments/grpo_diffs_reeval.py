@@ -33,14 +33,16 @@ from flax import nnx  # noqa: E402
 
 from ce_control import mean_se  # noqa: E402
 from grpo_diffs_seeds import CONFIG, eval_splits  # noqa: E402
-from rlcode import config_lib, evaluate, sharding  # noqa: E402
+from rlcode.config import loader
+from rlcode.parallel import sharding
+from rlcode.evaluation import policy_eval  # noqa: E402
 
 
 def evaluate_seed(out: str, seed: int, samples: int, held_out: bool,
                   overrides: list[str]) -> dict:
   """{split name: {"warm_start": row, "last": row}} of one seed's two policies."""
   workdir = os.path.join(out, f"seed{seed}")
-  config = config_lib.load_config(CONFIG, overrides + [
+  config = loader.load_config(CONFIG, overrides + [
       f"--config.seed={seed}", f"--config.eval.num_samples={samples}",
       f"--config.data.test_split={'test' if held_out else ''}",
       "--config.train.progress_bar=false"])
@@ -48,7 +50,7 @@ def evaluate_seed(out: str, seed: int, samples: int, held_out: bool,
   mesh = sharding.mesh_from_config(config.mesh)
   result = {}
   for name, path in (("warm_start", os.path.join(workdir, "warm_start")), ("last", workdir)):
-    model, tokenizer, step, _ = evaluate.restore_policy(config, path, mesh)
+    model, tokenizer, step, _ = policy_eval.restore_policy(config, path, mesh)
     graphdef, params = nnx.split(model, nnx.Param)
     start = time.time()
     for split, row in eval_splits(config, graphdef, params, tokenizer, mesh).items():

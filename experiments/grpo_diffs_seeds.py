@@ -39,9 +39,12 @@ sys.path.insert(0, os.path.join(ROOT, "experiments"))
 from flax import nnx  # noqa: E402
 
 from ce_control import continue_cross_entropy, mean_se, warm_started  # noqa: E402
-from rlcode import config_lib, evaluate, rollout, train  # noqa: E402
+from rlcode.config import loader
+from rlcode.evaluation import policy_eval
+from rlcode.rl import rollout
+from rlcode.train import grpo_loop  # noqa: E402
 from rlcode.data import sources  # noqa: E402
-from rlcode.metrics import read_metrics  # noqa: E402
+from rlcode.runs.metrics import read_metrics  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "grpo_diffs.py")
 KEYS = ("diff/format_valid", "diff/reward_mean", "diff/exact", "diff/similarity")
@@ -61,7 +64,7 @@ def eval_splits(config, graphdef, params, tokenizer, mesh) -> dict:
                                  max_seq_len=config.model.arch.max_seq_len,
                                  max_new_tokens=config.eval.max_new_tokens,
                                  drop_too_long=bool(config.data.drop_too_long))
-    result = evaluate.held_out_eval(config, nnx.merge(graphdef, params), tokenizer, tasks, mesh)
+    result = policy_eval.held_out_eval(config, nnx.merge(graphdef, params), tokenizer, tasks, mesh)
     out[name] = {k: result[k] for k in KEYS}
   return out
 
@@ -69,7 +72,7 @@ def eval_splits(config, graphdef, params, tokenizer, mesh) -> dict:
 def run_seed(seed: int, out: str, overrides: list[str], control: bool = True,
              held_out: bool = True) -> dict:
   workdir = os.path.join(out, f"seed{seed}")
-  config = config_lib.load_config(CONFIG, overrides + [
+  config = loader.load_config(CONFIG, overrides + [
       f"--config.seed={seed}", f"--config.workdir={workdir}",
       f"--config.data.test_split={'test' if held_out else ''}",
       f"--config.warmstart.cache_dir={os.path.join(out, 'warm_start')}",
@@ -77,7 +80,7 @@ def run_seed(seed: int, out: str, overrides: list[str], control: bool = True,
   if os.path.exists(os.path.join(workdir, "checkpoints")):
     raise FileExistsError(f"{workdir} holds a previous run; remove it or pass another --out")
   load_before, wall, cpu = os.getloadavg()[0], time.time(), time.process_time()
-  rows = train.train(config)
+  rows = grpo_loop.train(config)
   run = {"minutes": (time.time() - wall) / 60, "cpu_minutes": (time.process_time() - cpu) / 60,
          "load_before": load_before, "load_after": os.getloadavg()[0]}
   steps = [r for r in rows if "loss" in r]
@@ -142,7 +145,7 @@ def main():
                       help="leave the test split alone (validation rows only)")
   args, overrides = parser.parse_known_args()
   for item in overrides:
-    if not item.startswith(config_lib.PREFIX):
+    if not item.startswith(loader.PREFIX):
       parser.error(f"unknown argument {item!r}")
   os.makedirs(args.out, exist_ok=True)
   runs = []

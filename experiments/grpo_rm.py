@@ -29,9 +29,11 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from rlcode import config_lib, evaluate, sharding  # noqa: E402
+from rlcode.config import loader
+from rlcode.parallel import sharding
+from rlcode.evaluation import policy_eval  # noqa: E402
 from rlcode.data import sources  # noqa: E402
-from rlcode.metrics import read_metrics  # noqa: E402
+from rlcode.runs.metrics import read_metrics  # noqa: E402
 
 CONFIGS = {"tests": "configs/grpo_tiny.py", "rm": "configs/grpo_rm.py"}
 
@@ -49,13 +51,13 @@ def arm_args(arm, seed, workdir, rm, overrides):
 
 
 def held_out(arm, seed, directory, rm, overrides, workdir):
-  config = config_lib.load_config(os.path.join(ROOT, CONFIGS[arm]),
+  config = loader.load_config(os.path.join(ROOT, CONFIGS[arm]),
                                   [*arm_args(arm, seed, workdir, rm, overrides),
                                    "--config.data.eval_split=held_out"])
   mesh = sharding.mesh_from_config(config.mesh)
-  model, tokenizer, _, _ = evaluate.restore_policy(config, directory, mesh)
+  model, tokenizer, _, _ = policy_eval.restore_policy(config, directory, mesh)
   tasks = sources.load_eval(config.data)
-  return evaluate.held_out_eval(config, model, tokenizer, tasks, mesh, ks=(1,))["pass@1"]
+  return policy_eval.held_out_eval(config, model, tokenizer, tasks, mesh, ks=(1,))["pass@1"]
 
 
 def main():

@@ -35,9 +35,13 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from rlcode import config_lib, evaluate, grpo, sft, sharding  # noqa: E402
+from rlcode.config import loader
+from rlcode.train import sft
+from rlcode.parallel import sharding
+from rlcode.evaluation import policy_eval
+from rlcode import optim  # noqa: E402
 from rlcode.data import sources  # noqa: E402
-from rlcode.metrics import read_metrics  # noqa: E402
+from rlcode.runs.metrics import read_metrics  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "grpo_tiny.py")
 
@@ -52,13 +56,13 @@ def mean_se(xs):
 
 def load(seed, overrides, split=None):
   extra = [] if split is None else [f"--config.data.eval_split={split}"]
-  return config_lib.load_config(CONFIG, [f"--config.seed={seed}", *overrides, *extra])
+  return loader.load_config(CONFIG, [f"--config.seed={seed}", *overrides, *extra])
 
 
 def pass1(config, policy, tokenizer, mesh):
   """pass@1 of a policy on the config's eval split."""
   tasks = sources.load_eval(config.data)
-  return evaluate.held_out_eval(config, policy, tokenizer, tasks, mesh, ks=(1,))["pass@1"]
+  return policy_eval.held_out_eval(config, policy, tokenizer, tasks, mesh, ks=(1,))["pass@1"]
 
 
 def grpo_arm(seed, workdir, overrides):
@@ -79,10 +83,10 @@ def grpo_arm(seed, workdir, overrides):
 def control_arm(config, workdir, seconds, mesh):
   """Cross-entropy from the run's warm start for `seconds` of training: (policy, stats)."""
   from flax import nnx
-  model, tokenizer, _, _ = evaluate.restore_policy(config, os.path.join(workdir, "warm_start"),
+  model, tokenizer, _, _ = policy_eval.restore_policy(config, os.path.join(workdir, "warm_start"),
                                                    mesh)
   graphdef, params = nnx.split(model, nnx.Param)
-  opt = dataclasses.replace(grpo.OptimizerConfig.from_config(config.optimizer),
+  opt = dataclasses.replace(optim.OptimizerConfig.from_config(config.optimizer),
                             end_lr_fraction=1.0)
   params, stats = sft.run(graphdef, params, sources.load(config.data, config.data.train_split),
                           tokenizer, mesh, optimizer=opt, batch_size=config.warmstart.batch_size,
@@ -92,7 +96,7 @@ def control_arm(config, workdir, seconds, mesh):
 
 def held_out_of_checkpoint(seed, overrides, directory, mesh):
   config = load(seed, overrides, "held_out")
-  model, tokenizer, _, _ = evaluate.restore_policy(config, directory, mesh)
+  model, tokenizer, _, _ = policy_eval.restore_policy(config, directory, mesh)
   return pass1(config, model, tokenizer, mesh)
 
 

@@ -37,14 +37,19 @@ from flax import nnx
 
 sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 
-from rlcode import grpo, rollout, sharding, shared_prefix  # noqa: E402
-from rlcode.doc_store import DocumentStore  # noqa: E402
+from rlcode.parallel import sharding
+from rlcode.rl import shared_prefix
+from rlcode import optim
+from rlcode.rl import grpo
+from rlcode.rl import objective
+from rlcode.rl import sequences  # noqa: E402
+from rlcode.sampling.doc_store import DocumentStore  # noqa: E402
 from rlcode.models import Decoder, ModelConfig  # noqa: E402
 
 CFG = ModelConfig(vocab_size=4096, hidden_size=384, intermediate_size=1024, num_layers=8,
                   num_heads=6, num_kv_heads=2, head_dim=64, qkv_bias=True,
                   tie_embeddings=True, max_seq_len=16384)
-OPT = grpo.OptimizerConfig(learning_rate=1e-4, warmup_steps=1, decay_steps=100)
+OPT = optim.OptimizerConfig(learning_rate=1e-4, warmup_steps=1, decay_steps=100)
 
 
 def best_time(fn, repeats):
@@ -65,19 +70,19 @@ def update_step_row(prompt_len, completion_len, group, repeats, mesh, cfg=CFG):
   old = [np.full(completion_len, -1.0, np.float32)] * group
   adv = rng.normal(size=group).astype(np.float32)
   batches = {
-      "repeated": rollout.sequence_batch(prompts, completions, [0] * group, pad_id=0,
+      "repeated": sequences.sequence_batch(prompts, completions, [0] * group, pad_id=0,
                                          old_logp=old, adv=adv),
       "shared": shared_prefix.grouped_batch(prompts, completions, pad_id=0,
                                             completion_len=completion_len, old_logp=old,
                                             adv=adv)}
   model = Decoder(cfg, rngs=nnx.Rngs(0))
   graphdef, _ = nnx.split(model, nnx.Param)
-  optimizer = grpo.make_optimizer(OPT)
-  loss_cfg = grpo.LossConfig(max_completion_len=completion_len)
+  optimizer = optim.make_optimizer(OPT)
+  loss_cfg = objective.LossConfig(max_completion_len=completion_len)
   row = {"prompt": prompt_len, "completion": completion_len, "group": group}
   for name, batch in batches.items():
     # The step donates its state, so each layout gets its own copy of the params.
-    state = jax.tree.map(lambda x: x.copy(), grpo.init_state(model, optimizer, mesh))
+    state = jax.tree.map(lambda x: x.copy(), optim.init_state(model, optimizer, mesh))
     fn = None if name == "repeated" else shared_prefix.logprob_fn(1.0)
     update = grpo.make_update_step(graphdef, optimizer, loss_cfg, mesh, state, batch,
                                    logprob_fn=fn)

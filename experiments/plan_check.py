@@ -33,7 +33,12 @@ import jax.numpy as jnp  # noqa: E402
 import numpy as np  # noqa: E402
 from flax import nnx  # noqa: E402
 
-from rlcode import config_lib, grpo, plan, sampling, sharding, shared_prefix  # noqa: E402
+from rlcode.config import loader
+from rlcode import plan, sampling
+from rlcode.parallel import sharding
+from rlcode.rl import shared_prefix
+from rlcode import optim
+from rlcode.rl import objective  # noqa: E402
 from rlcode.models.build import build_model  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "grpo_tiny.py")
@@ -81,8 +86,8 @@ def measured_steps(config, repeats):
   mesh = sharding.make_mesh(1, 1, 1)
   model, _ = build_model(config.model, mesh, config.seed)
   graphdef, _ = nnx.split(model, nnx.Param)
-  optimizer = grpo.make_optimizer(grpo.OptimizerConfig.from_config(config.optimizer))
-  state = grpo.init_state(model, optimizer, mesh)
+  optimizer = optim.make_optimizer(optim.OptimizerConfig.from_config(config.optimizer))
+  state = optim.init_state(model, optimizer, mesh)
   p, n, tc = rl.prompts_per_step, rl.prompts_per_step * rl.group_size, rl.max_new_tokens
   rng = np.random.default_rng(0)
   prompts = [list(rng.integers(3, 200, PROMPT_LEN)) for _ in range(p)]
@@ -90,7 +95,7 @@ def measured_steps(config, repeats):
   batch = shared_prefix.grouped_batch(prompts, completions, pad_id=0, completion_len=tc,
                                       adv=rng.normal(size=n).astype(np.float32))
   update = shared_prefix.update_step(graphdef, optimizer,
-                                     grpo.LossConfig.from_config(rl, tc), mesh, state,
+                                     objective.LossConfig.from_config(rl, tc), mesh, state,
                                      shared_prefix.GroupedBatch.abstract(p, n))
   holder = [state]
 
@@ -111,7 +116,7 @@ def main():
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/plan_check"))
   args, overrides = parser.parse_known_args()
-  config = config_lib.load_config(CONFIG, WIDE + overrides)
+  config = loader.load_config(CONFIG, WIDE + overrides)
   flops, bandwidth = measured_peaks(args.repeats)
   hw = plan.Hardware("cpu-measured", flops, bandwidth, 24e9, bandwidth, 1)
   result = plan.analyse(config, 1, "data=1", "", PROMPT_LEN)

@@ -36,7 +36,7 @@ ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
 from rlcode.data.choices import read_choices  # noqa: E402
-from rlcode.metrics import read_metrics  # noqa: E402
+from rlcode.runs.metrics import read_metrics  # noqa: E402
 from rlcode.rm.simulate import choice_probabilities  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "rm_choices.py")

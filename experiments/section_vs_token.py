@@ -45,7 +45,10 @@ sys.path.insert(0, os.path.join(ROOT, "experiments"))
 from flax import nnx  # noqa: E402
 
 from ce_control import continue_cross_entropy, mean_se, warm_started  # noqa: E402
-from rlcode import config_lib, evaluate, rollout, train  # noqa: E402
+from rlcode.config import loader
+from rlcode.evaluation import policy_eval
+from rlcode.train import grpo_loop
+from rlcode.data.stream import TaskStream  # noqa: E402
 from rlcode.data import sources  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "section_prediction.py")
@@ -63,13 +66,13 @@ def summary(result: dict, prefix: str = "") -> dict:
 
 
 def evaluate_both(config, greedy, policy, tokenizer, tasks, mesh) -> dict:
-  return {"sampled": summary(evaluate.held_out_eval(config, policy, tokenizer, tasks, mesh)),
-          "greedy": summary(evaluate.held_out_eval(greedy, policy, tokenizer, tasks, mesh))}
+  return {"sampled": summary(policy_eval.held_out_eval(config, policy, tokenizer, tasks, mesh)),
+          "greedy": summary(policy_eval.held_out_eval(greedy, policy, tokenizer, tasks, mesh))}
 
 
 def prefill_tokens(config, tokenizer, train_tasks, steps: int) -> int:
   """Prompt tokens the GRPO run prefilled: its task stream replayed (one prefill a prompt)."""
-  stream = rollout.TaskStream(train_tasks, config.rl.prompts_per_step, config.seed)
+  stream = TaskStream(train_tasks, config.rl.prompts_per_step, config.seed)
   return sum(len(tokenizer.encode(t.prompt)) for _ in range(steps) for t in stream.next())
 
 
@@ -77,14 +80,14 @@ def run_seed(seed: int, out: str, overrides: list[str]) -> dict:
   base = overrides + [f"--config.seed={seed}", "--config.train.progress_bar=false",
                       f"--config.warmstart.cache_dir={os.path.join(out, 'warm_start')}"]
   workdir = os.path.join(out, f"seed{seed}", "grpo")
-  config = config_lib.load_config(CONFIG, base + [f"--config.workdir={workdir}",
+  config = loader.load_config(CONFIG, base + [f"--config.workdir={workdir}",
                                                   "--config.data.test_split=test"])
-  greedy = config_lib.load_config(CONFIG, base + [f"--config.workdir={workdir}", *GREEDY])
+  greedy = loader.load_config(CONFIG, base + [f"--config.workdir={workdir}", *GREEDY])
   if os.path.exists(os.path.join(workdir, "checkpoints")):
     raise FileExistsError(f"{workdir} holds a previous run; remove it or pass another --out")
 
   start = time.time()
-  rows = train.train(config)
+  rows = grpo_loop.train(config)
   grpo_wall = time.time() - start
   steps = [r for r in rows if "loss" in r]
   evals = [r for r in rows if "eval/reward_mean" in r]
@@ -99,7 +102,7 @@ def run_seed(seed: int, out: str, overrides: list[str]) -> dict:
   equal_positions = update_positions + (sampled + prefilled) // 3
   test_tasks = sources.load(config.data, "test")
   policy = lambda p: nnx.merge(graphdef, p)
-  model, _, _, _ = evaluate.restore_policy(config, workdir, mesh)
+  model, _, _, _ = policy_eval.restore_policy(config, workdir, mesh)
   ce = continue_cross_entropy(config, graphdef, params, train_tasks, tokenizer, mesh,
                               seconds=seconds, positions=equal_positions)
   at = ce["at_positions"]
@@ -113,10 +116,10 @@ def run_seed(seed: int, out: str, overrides: list[str]) -> dict:
           "cross-entropy, equal wall-clock": {k: ce[k] for k in ("seconds", "steps", "positions")},
       },
       "warm start": {"sampled": summary(tests[0], "test/"),
-                     "greedy": summary(evaluate.held_out_eval(greedy, policy(params), tokenizer,
+                     "greedy": summary(policy_eval.held_out_eval(greedy, policy(params), tokenizer,
                                                               test_tasks, mesh))},
       "grpo": {"sampled": summary(tests[-1], "test/"),
-               "greedy": summary(evaluate.held_out_eval(greedy, model, tokenizer, test_tasks,
+               "greedy": summary(policy_eval.held_out_eval(greedy, model, tokenizer, test_tasks,
                                                         mesh))},
       "cross-entropy, equal compute": evaluate_both(config, greedy, policy(at["params"]),
                                                     tokenizer, test_tasks, mesh),
@@ -156,7 +159,7 @@ def main():
   parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/section_vs_token"))
   args, overrides = parser.parse_known_args()
   for item in overrides:
-    if not item.startswith(config_lib.PREFIX):
+    if not item.startswith(loader.PREFIX):
       parser.error(f"unknown argument {item!r}")
   os.makedirs(args.out, exist_ok=True)
   runs = []

@@ -29,10 +29,13 @@ import time
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 sys.path.insert(0, ROOT)
 
-from rlcode import evaluate, selection, sharding  # noqa: E402
+from rlcode.evaluation import selection
+from rlcode.parallel import sharding
+from rlcode.evaluation import policy_eval
+from rlcode.evaluation import selection_eval  # noqa: E402
 from rlcode.data import sources  # noqa: E402
 from rlcode.data.humaneval import humaneval_tasks  # noqa: E402
-from rlcode.rm.train import recorded_config  # noqa: E402
+from rlcode.config.record import recorded_config  # noqa: E402
 
 SELECTORS = ["majority", "rm"]
 
@@ -57,7 +60,7 @@ def main():
   os.makedirs(args.out, exist_ok=True)
   config = recorded_config(args.policy, "--policy")
   mesh = sharding.mesh_from_config(config.mesh)
-  model, tokenizer, step, _ = evaluate.restore_policy(config, args.policy, mesh)
+  model, tokenizer, step, _ = policy_eval.restore_policy(config, args.policy, mesh)
   ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= args.n]
   ev = config.eval
   results = {"policy": args.policy, "policy_step": step, "rm": args.rm, "n": args.n,
@@ -69,7 +72,7 @@ def main():
     tasks = [t for t in every
              if len(tokenizer.encode(t.prompt)) + ev.max_new_tokens <= model.cfg.max_seq_len]
     fit = {"tasks": len(every), "kept": len(tasks)}
-    row_tasks, texts = evaluate.sample_completions(
+    row_tasks, texts = policy_eval.sample_completions(
         model, tokenizer, tasks, num_samples=args.n, temperature=ev.temperature,
         max_new_tokens=ev.max_new_tokens, seed=config.seed + 7919,
         batch_prompts=max(1, 2048 // args.n), mesh=mesh, progress=True)
@@ -77,7 +80,7 @@ def main():
     with open(os.path.join(args.out, f"{name}_samples.jsonl"), "w") as f:
       for tid, c in pairs:
         f.write(json.dumps({"task_id": tid, "completion": c}) + "\n")
-    table = evaluate.evaluate_selection(tasks, pairs, selectors=SELECTORS, ks=ks,
+    table = selection_eval.evaluate_selection(tasks, pairs, selectors=SELECTORS, ks=ks,
                                         rm_checkpoint=args.rm, workers=args.workers)
     table.update(fit=fit, minutes=(time.time() - start) / 60, load_before=load_before,
                  load_after=os.getloadavg())

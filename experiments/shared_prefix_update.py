@@ -30,7 +30,7 @@ sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 from experiments.gpu_common import (H200_BF16_FLOPS, QWEN2_05B, TINY,  # noqa: E402
                                     environment, write_json)
 from experiments.kv_reuse import update_step_row  # noqa: E402
-from rlcode import sharding  # noqa: E402
+from rlcode.parallel import sharding  # noqa: E402
 
 TARGET = 1.2
 

@@ -24,7 +24,7 @@ import os
 import sys
 from collections.abc import Sequence
 
-from rlcode import config_lib
+from rlcode.config import loader
 from rlcode.errors import BadInput, MissingInput, UnknownKey, UserError
 
 
@@ -83,7 +83,7 @@ def _parse(argv: Sequence[str]):
   # `main` hands `mine` to rlcode.data.git.command, which parses its options.
   commands.add_parser("mine", help="mine a git history into diff datasets (rlcode mine -h)")
   args, rest = parser.parse_known_args(argv)
-  unknown = [a for a in rest if not a.startswith(config_lib.PREFIX)]
+  unknown = [a for a in rest if not a.startswith(loader.PREFIX)]
   if unknown or (rest and not getattr(args, "config", None)):
     parser.error(f"unrecognised arguments: {' '.join(unknown or rest)}")
   return parser, args, rest
@@ -119,7 +119,10 @@ def _ks(text: str) -> list[int]:
 
 
 def _eval(parser, args, overrides) -> None:
-  from rlcode import evaluate, selection
+  from rlcode.evaluation import selection
+  from rlcode.evaluation import policy_eval
+  from rlcode.evaluation import scoring
+  from rlcode.evaluation import selection_eval
   ks = _ks(args.k)
   selectors = [x.strip() for x in args.select.split(",") if x.strip()]
   select = dict(selectors=selectors, ks=ks, rm_checkpoint=args.rm,
@@ -129,24 +132,24 @@ def _eval(parser, args, overrides) -> None:
       parser.error("eval --completions needs --tasks (and no --checkpoint)")
     if selectors:
       tasks = _tasks(args.tasks)
-      pairs = evaluate.read_completions(args.completions, tasks)
-      table = evaluate.evaluate_selection(tasks, pairs, workers=args.workers, **select)
+      pairs = scoring.read_completions(args.completions, tasks)
+      table = selection_eval.evaluate_selection(tasks, pairs, workers=args.workers, **select)
       print(selection.format_table(table, selectors))
       return
     out = args.out or os.path.dirname(os.path.abspath(args.completions))
-    report = evaluate.evaluate_completions_file(_tasks(args.tasks), args.completions,
+    report = scoring.evaluate_completions_file(_tasks(args.tasks), args.completions,
                                                 out_dir=out, k=ks, workers=args.workers,
                                                 progress=True)
-    print(evaluate.format_report(report))
+    print(scoring.format_report(report))
     return
   if not (args.config and args.checkpoint):
     parser.error("eval needs --tasks with --completions, or --config with --checkpoint")
-  config = config_lib.load_config(args.config, overrides)
+  config = loader.load_config(args.config, overrides)
   if selectors:
-    table = evaluate.sample_and_select(config, args.checkpoint, **select)
+    table = selection_eval.sample_and_select(config, args.checkpoint, **select)
     print(selection.format_table(table, selectors))
     return
-  result = evaluate.evaluate_checkpoint(config, args.checkpoint, ks=ks)
+  result = policy_eval.evaluate_checkpoint(config, args.checkpoint, ks=ks)
   print(json.dumps(result, indent=2))
 
 
@@ -171,7 +174,7 @@ def _run(parser, args, overrides) -> None:
   if args.command == "eval":
     _eval(parser, args, overrides)
   elif args.command == "plot":
-    from rlcode import metrics
+    from rlcode.runs import metrics
     print(metrics.plot(args.workdir))
   elif args.command == "plan":
     from rlcode import plan
@@ -182,23 +185,24 @@ def _run(parser, args, overrides) -> None:
       with open(args.json, "w") as f:
         json.dump({"hardware": hw.name, "result": result, "estimate": est}, f, indent=1)
   else:
-    config = config_lib.load_config(args.config, overrides)
+    config = loader.load_config(args.config, overrides)
     if args.command == "train" and "agent" in config:
       if args.coordinator or args.num_processes:
         raise BadInput("--coordinator/--num-processes: multi-turn agent configs train in one "
                        "process (multi-process runs are GRPO's, rlcode.train)")
-      from rlcode.agent import train as agent_train  # multi-turn episodes with tools
-      agent_train.train(config)
+      from rlcode.train import agent_loop  # multi-turn episodes with tools
+      agent_loop.train(config)
     elif args.command == "train":
-      from rlcode import distributed, train
+      from rlcode.parallel import distributed
+      from rlcode.train import grpo_loop
       distributed.initialize(args.coordinator, args.num_processes, args.process_id)
-      train.train(config)
+      grpo_loop.train(config)
     elif args.command == "train-rm":
-      from rlcode.rm import train as rm_train
-      rm_train.train_rm(config)
+      from rlcode.train import rm_loop
+      rm_loop.train_rm(config)
     else:
-      from rlcode import jobs
-      jobs.sample(config)
+      from rlcode.sampling import job
+      job.sample(config)
 
 
 if __name__ == "__main__":

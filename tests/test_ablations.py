@@ -27,7 +27,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlcode import grpo, rollout, sharding, shared_prefix
+from rlcode.parallel import sharding
+from rlcode.rl import shared_prefix
+from rlcode import optim
+from rlcode.rl import advantages
+from rlcode.rl import grpo
+from rlcode.rl import objective
+from rlcode.rl import sequences
 from rlcode.models import Decoder, ModelConfig
 
 CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=1,
@@ -61,12 +67,12 @@ def _batch(prompts, completions, adv, shared):
   if shared:
     return shared_prefix.grouped_batch(prompts, completions, pad_id=0, completion_len=WINDOW,
                                        adv=adv)
-  return rollout.sequence_batch(prompts, completions, np.repeat(np.arange(PROMPTS), GROUP),
+  return sequences.sequence_batch(prompts, completions, np.repeat(np.arange(PROMPTS), GROUP),
                                 pad_id=0, adv=adv, window=WINDOW)
 
 
 FAST = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
-OPTIMIZER = grpo.OptimizerConfig(learning_rate=0.01, warmup_steps=1, decay_steps=10)
+OPTIMIZER = optim.OptimizerConfig(learning_rate=0.01, warmup_steps=1, decay_steps=10)
 
 
 @functools.lru_cache(maxsize=None)
@@ -75,13 +81,13 @@ def _start(mesh_shape):
   mesh = sharding.make_mesh(*mesh_shape)
   model = sharding.init_sharded(lambda: Decoder(CFG, rngs=nnx.Rngs(0)), mesh)
   graphdef, _ = nnx.split(model, nnx.Param)
-  return mesh, graphdef, grpo.init_state(model, grpo.make_optimizer(OPTIMIZER), mesh)
+  return mesh, graphdef, optim.init_state(model, optim.make_optimizer(OPTIMIZER), mesh)
 
 
 def _example(shared):
   rows = PROMPTS * GROUP
   return (shared_prefix.GroupedBatch.abstract(PROMPTS, rows) if shared
-          else grpo.SequenceBatch.abstract(rows))
+          else sequences.SequenceBatch.abstract(rows))
 
 
 @functools.lru_cache(maxsize=None)
@@ -91,7 +97,7 @@ def _log_probs(shared, mesh_shape):
   fn = shared_prefix.logprob_fn(1.0) if shared else None
   rows = PROMPTS * GROUP
   batch = _placed(_rollouts(7)[0], "grpo", shared, mesh)
-  stale = jax.device_put(np.ones(rows, bool), grpo.batch_shardings(mesh, _example(shared)).adv)
+  stale = jax.device_put(np.ones(rows, bool), optim.batch_shardings(mesh, _example(shared)).adv)
   behaviour = grpo.make_logprob_fn(graphdef, mesh, 1.0, fn, rows)
   proximal = grpo.make_proximal_fn(graphdef, mesh, 1.0, 2.0, rows, fn)
   return (behaviour.lower(state.params, batch).compile(FAST),
@@ -100,8 +106,8 @@ def _log_probs(shared, mesh_shape):
 
 def _placed(rollout_, advantage, shared, mesh):
   prompts, completions, rewards = rollout_
-  batch = _batch(prompts, completions, grpo.group_advantages(rewards, GROUP, advantage), shared)
-  return jax.device_put(batch, grpo.batch_shardings(mesh, _example(shared)))
+  batch = _batch(prompts, completions, advantages.group_advantages(rewards, GROUP, advantage), shared)
+  return jax.device_put(batch, optim.batch_shardings(mesh, _example(shared)))
 
 
 def _run(aggregation, advantage, shared, eta, mesh_shape):
@@ -109,11 +115,11 @@ def _run(aggregation, advantage, shared, eta, mesh_shape):
   mesh, graphdef, start = _start(mesh_shape)
   state = jax.tree.map(lambda x: x.copy(), start)  # the update donates it
   behaviour, proximal, stale = _log_probs(shared, mesh_shape)
-  cfg = grpo.LossConfig(aggregation=aggregation, max_completion_len=WINDOW,
+  cfg = objective.LossConfig(aggregation=aggregation, max_completion_len=WINDOW,
                         clip_eps_low=0.2, clip_eps_high=0.28)
   batches = [_placed(r, advantage, shared, mesh) for r in _rollouts(7)]
   update = grpo.make_update_step(
-      graphdef, grpo.make_optimizer(OPTIMIZER), cfg, mesh, state, _example(shared),
+      graphdef, optim.make_optimizer(OPTIMIZER), cfg, mesh, state, _example(shared),
       logprob_fn=shared_prefix.logprob_fn(1.0) if shared else None,
   ).lower(state, batches[0]).compile(FAST)
   versions = [jax.tree.map(lambda x: x.copy(), state.params)]

@@ -15,8 +15,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlcode import grpo, sharding, shared_prefix
-from rlcode.agent import env as env_lib, rollout, sampler, tools
+from rlcode.parallel import sharding
+from rlcode.rl import shared_prefix
+from rlcode import optim
+from rlcode.rl import objective
+from rlcode.rl import sequences
+from rlcode.agent import env as env_lib, episodes as rollout, sampler, tools
 from rlcode.agent.chat import ChatFormat
 from rlcode.data.tasks import Task
 from rlcode.models import Decoder, ModelConfig
@@ -205,12 +209,12 @@ def test_grpo_loss_over_trajectories_equals_per_token_numpy(model, episodes, for
                   for lp, m in zip(t.logprobs, t.mask)]
   adv = np.array([1.0, -1.0, 0.5, -0.5, 2.0, -2.0], np.float32)
   batch = rollout.grpo_batch(trajs, 2, adv, pad_id=TOK.pad_id, max_len=300, mask_cut=False)
-  cfg = grpo.LossConfig(clip_eps_low=0.2, clip_eps_high=0.28, max_completion_len=300)
+  cfg = objective.LossConfig(clip_eps_low=0.2, clip_eps_high=0.28, max_completion_len=300)
 
   @jax.jit
   def loss_of(batch):
     logp, _ = shared_prefix.grouped_logprobs(model, batch, 1.0)
-    return grpo.policy_loss(logp, batch.old_logp, batch.adv, batch.mask, cfg)[0]
+    return objective.policy_loss(logp, batch.old_logp, batch.adv, batch.mask, cfg)[0]
   loss = loss_of(jax.tree.map(jnp.asarray, batch))
   per_seq = []
   for t, a in zip(trajs, adv):
@@ -259,7 +263,7 @@ def test_sft_batch_rows_fit_the_longest_prompt_plus_trajectory(model, forward):
   batch = rollout.sft_batch(trajs, TOK.pad_id)
   assert batch.tokens.shape[1] == rollout.LENGTH_MULTIPLE  # 100 + 128 (was 256)
   assert batch.mask.shape[1] == rollout.LENGTH_MULTIPLE
-  logp, _ = grpo.sequence_logprobs(model, batch, 1.0)
+  logp, _ = sequences.sequence_logprobs(model, batch, 1.0)
   logp = np.asarray(logp)
   for i, t in enumerate(trajs):
     m = np.array(t.mask, bool)
@@ -271,14 +275,14 @@ def test_imitate_reports_every_step_to_on_step(model, episodes):
   """The warm start's on_step hook sees steps 1..N, each step's loss and the params
   after it (copied here: the next step donates them): the last call's params are the
   ones returned."""
-  from rlcode.agent.train import imitate
+  from rlcode.agent.demos import imitate
   trajs, _, _ = episodes
   graphdef, params = nnx.split(model, nnx.Param)
   seen = []
   mesh = sharding.make_mesh()
   params = jax.tree.map(lambda x: x.copy(), params)  # the first step donates them
   out, stats = imitate(graphdef, params, trajs, TOK.pad_id, mesh,
-                       optimizer=grpo.OptimizerConfig(learning_rate=1e-2, decay_steps=3), batch_size=2,
+                       optimizer=optim.OptimizerConfig(learning_rate=1e-2, decay_steps=3), batch_size=2,
                        seed=0, steps=3,
                        on_step=lambda step, p, loss: seen.append(
                            (step, [np.asarray(x) for x in jax.tree.leaves(p)], float(loss))))
@@ -293,7 +297,8 @@ def test_train_on_batches_with_ema_returns_the_moving_average_of_the_steps_param
                                                                                   episodes):
   """ema=0.6 over 3 steps: the first step's params, then avg = 0.6 avg + 0.4 new, from the
   same raw steps as a run without it (numpy on the params each step left)."""
-  from rlcode import sft, sharding
+  from rlcode.train import sft
+  from rlcode.parallel import sharding
   trajs, _, _ = episodes
   graphdef, params = nnx.split(model, nnx.Param)
   mesh = sharding.make_mesh()
@@ -305,7 +310,7 @@ def test_train_on_batches_with_ema_returns_the_moving_average_of_the_steps_param
     return sft.train_on_batches(  # a copy each run: the first step donates its params
         graphdef, jax.tree.map(lambda x: x.copy(), params), batch, mesh, batch_size=2,
         steps=3, ema=ema, on_step=on_step,
-        optimizer=grpo.OptimizerConfig(learning_rate=1e-2, decay_steps=3))
+        optimizer=optim.OptimizerConfig(learning_rate=1e-2, decay_steps=3))
   seen = []
   last, _ = run(0.0, lambda step, p, loss: seen.append(
       [np.asarray(x, np.float64) for x in jax.tree.leaves(p)]))

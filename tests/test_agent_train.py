@@ -7,7 +7,7 @@ import os
 import pytest
 
 from rlcode import cli
-from rlcode.metrics import read_metrics
+from rlcode.runs.metrics import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "agent_tiny.py")
@@ -69,7 +69,7 @@ def test_rlcode_train_runs_the_agent_loop_and_resumes(tmp_path):
 
 
 def test_guide_groups_puts_the_expert_in_the_last_slots():
-  from rlcode.agent.train import guide_groups
+  from rlcode.agent.step_groups import guide_groups
   sampled = [f"s{i}" for i in range(6)]
   out, guided = guide_groups(sampled, ["e0", None], group_size=3, slots=2)
   assert out == ["s0", "e0", "e0", "s3", "s4", "s5"]
@@ -83,7 +83,7 @@ def test_guide_groups_puts_the_expert_in_the_last_slots():
 def test_grpo_tasks_leaves_out_the_matching_ids():
   import ml_collections
 
-  from rlcode.agent.train import grpo_tasks
+  from rlcode.agent.step_groups import grpo_tasks
   from rlcode.data.tasks import Task
   from rlcode.errors import BadInput
   tasks = [Task(id=i, prompt="p") for i in ("agent/file/a", "agent/practice/file/b",
@@ -101,7 +101,7 @@ def test_grpo_tasks_leaves_out_the_matching_ids():
 def test_demonstrations_reject_an_unknown_guess_family():
   import ml_collections
 
-  from rlcode.agent.train import demonstrations
+  from rlcode.agent.demos import demonstrations
   from rlcode.errors import BadInput
   config = ml_collections.ConfigDict({"warmstart": {"guess_fraction": 0.5,
                                                     "guess_families": ("file", "serach")}})
@@ -112,7 +112,7 @@ def test_demonstrations_reject_an_unknown_guess_family():
 def test_demonstrations_reject_a_decoy_fraction_outside_0_1():
   import ml_collections
 
-  from rlcode.agent.train import demonstrations
+  from rlcode.agent.demos import demonstrations
   from rlcode.errors import BadInput
   config = ml_collections.ConfigDict({"warmstart": {"decoy_copy": 1.5}})
   with pytest.raises(BadInput, match=r"decoy_copy must be in \[0, 1\], got 1.5"):
@@ -122,7 +122,7 @@ def test_demonstrations_reject_a_decoy_fraction_outside_0_1():
 def test_demonstrations_reject_a_bad_note_trust():
   import ml_collections
 
-  from rlcode.agent.train import demonstrations
+  from rlcode.agent.demos import demonstrations
   from rlcode.data.tasks import Task
   from rlcode.errors import BadInput
   config = ml_collections.ConfigDict({"warmstart": {"note_trust": -0.1}})
@@ -140,7 +140,7 @@ def test_fill_with_signal_keeps_groups_whose_rewards_differ():
   plain loop."""
   from types import SimpleNamespace
 
-  from rlcode.agent.train import fill_with_signal
+  from rlcode.agent.step_groups import fill_with_signal
   # Three rounds of three groups of 2; the groups with signal: round 0 its second,
   # round 1 its first, round 2 its first two.
   rounds = [[1, 1, 0, 1, 0, 0], [1, 0, 1, 1, 0, 0], [0, 1, 1, 0, 1, 1]]
@@ -171,7 +171,7 @@ def test_fill_with_signal_keeps_groups_whose_rewards_differ():
 def test_sample_rounds_rejects_a_bad_value():
   import ml_collections
 
-  from rlcode.agent.train import sample_rounds
+  from rlcode.agent.step_groups import sample_rounds
   from rlcode.errors import BadInput
   assert sample_rounds(ml_collections.ConfigDict({})) == 1
   assert sample_rounds(ml_collections.ConfigDict({"sample_rounds": 3})) == 3

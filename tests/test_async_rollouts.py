@@ -11,8 +11,17 @@ import pytest
 from flax import nnx
 
 import tiny_runs
-from rlcode import (async_rollouts, distributed, grpo, rewards, rollout, sharding, shared_prefix,
-                    train)
+from rlcode.rl import async_rollouts, shared_prefix
+from rlcode.parallel import distributed, sharding
+from rlcode import rewards
+from rlcode import optim
+from rlcode.rl import advantages
+from rlcode.rl import grpo
+from rlcode.rl import objective
+from rlcode.rl import rollout
+from rlcode.rl import sequences
+from rlcode.train import grpo_loop
+from rlcode.data.stream import TaskStream
 from rlcode.data import sources
 from rlcode.models import Decoder, ModelConfig
 from rlcode.models.build import build_model
@@ -116,8 +125,8 @@ def test_policy_loss_weights_each_token():
   weight = rng.uniform(0.2, 2.0, (3, 5)).astype(np.float32)
   mask = np.array([[1, 1, 1, 0, 0], [1, 1, 1, 1, 1], [1, 0, 0, 0, 0]], np.float32)
   adv = np.array([1.0, -0.5, 2.0], np.float32)
-  cfg = grpo.LossConfig(aggregation="token_mean", max_completion_len=5)
-  loss, _ = grpo.policy_loss(jnp.asarray(logp), jnp.asarray(old), jnp.asarray(adv),
+  cfg = objective.LossConfig(aggregation="token_mean", max_completion_len=5)
+  loss, _ = objective.policy_loss(jnp.asarray(logp), jnp.asarray(old), jnp.asarray(adv),
                              jnp.asarray(mask), cfg, weight_nt=jnp.asarray(weight))
   expect = []
   for i in range(3):
@@ -134,10 +143,10 @@ def test_proximal_fn_recomputes_stale_rows_only():
   model = sharding.init_sharded(lambda: Decoder(CFG, rngs=nnx.Rngs(0)), mesh)
   graphdef, params = nnx.split(model, nnx.Param)
   rng = np.random.default_rng(1)
-  batch = rollout.sequence_batch([list(rng.integers(3, 32, 7)) for _ in range(2)],
+  batch = sequences.sequence_batch([list(rng.integers(3, 32, 7)) for _ in range(2)],
                                  [list(rng.integers(3, 32, n)) for n in (5, 3, 6, 1)],
                                  [0, 0, 1, 1], pad_id=0)
-  prox = np.asarray(jax.jit(lambda p, b: grpo.sequence_logprobs(nnx.merge(graphdef, p), b, 1.0)
+  prox = np.asarray(jax.jit(lambda p, b: sequences.sequence_logprobs(nnx.merge(graphdef, p), b, 1.0)
                             [0])(params, batch))
   # Behaviour log-probs some way off the proximal ones: a few weights pass the cap of 1.5.
   behav = (prox + rng.normal(0, 0.6, prox.shape)).astype(np.float32) * batch.mask
@@ -205,14 +214,14 @@ def _synchronous_loop(config):
                                split="train", max_seq_len=model.cfg.max_seq_len,
                                max_new_tokens=rl.max_new_tokens, drop_too_long=False)
   graphdef, _ = nnx.split(model, nnx.Param)
-  optimizer = grpo.make_optimizer(grpo.OptimizerConfig.from_config(config.optimizer))
-  state = grpo.init_state(model, optimizer, mesh)
+  optimizer = optim.make_optimizer(optim.OptimizerConfig.from_config(config.optimizer))
+  state = optim.init_state(model, optimizer, mesh)
   n = rl.prompts_per_step * rl.group_size
   update = shared_prefix.update_step(graphdef, optimizer,
-                                     grpo.LossConfig.from_config(rl, rl.max_new_tokens), mesh,
+                                     objective.LossConfig.from_config(rl, rl.max_new_tokens), mesh,
                                      state, shared_prefix.GroupedBatch.abstract(
                                          rl.prompts_per_step, n))
-  stream = rollout.TaskStream(tasks, rl.prompts_per_step, config.seed)
+  stream = TaskStream(tasks, rl.prompts_per_step, config.seed)
   rows = []
   for step in range(config.train.steps):
     ro = rollout.sample(nnx.merge(graphdef, state.params), tokenizer, stream.next(),
@@ -220,7 +229,7 @@ def _synchronous_loop(config):
                         temperature=rl.temperature, seed=config.seed * 1_000_003 + step,
                         mesh=mesh)
     reward = rollout.score(ro, dict(config.rewards), rewards.options(config.reward_options))
-    adv = grpo.group_advantages(reward.scores, rl.group_size, rl.advantage)
+    adv = advantages.group_advantages(reward.scores, rl.group_size, rl.advantage)
     batch = shared_prefix.rl_batch(ro, adv, tokenizer.pad_id, rl.max_new_tokens)
     for _ in range(rl.num_passes):
       state, m = update(state, batch)
@@ -233,7 +242,7 @@ def _synchronous_loop(config):
 
 @pytest.fixture(scope="module")
 def eta0(tmp_path_factory):
-  return tiny_runs.steps(train.train(tiny_runs.config(tmp_path_factory.mktemp("eta0"))))
+  return tiny_runs.steps(grpo_loop.train(tiny_runs.config(tmp_path_factory.mktemp("eta0"))))
 
 
 def test_eta0_is_the_synchronous_loop_exactly(eta0, tmp_path):
@@ -246,7 +255,7 @@ def test_eta0_is_the_synchronous_loop_exactly(eta0, tmp_path):
 
 
 def test_split_mesh_logs_the_same_losses_as_one_mesh(eta0, tmp_path):
-  rows = train.train(tiny_runs.config(tmp_path, "--config.mesh.fsdp=4",
+  rows = grpo_loop.train(tiny_runs.config(tmp_path, "--config.mesh.fsdp=4",
                                       "--config.sampler_mesh=data=2,tensor=2"))
   split = tiny_runs.steps(rows)
   for got, one in zip(split, eta0):
@@ -257,7 +266,7 @@ def test_split_mesh_logs_the_same_losses_as_one_mesh(eta0, tmp_path):
 
 
 def test_stale_rollouts_are_corrected(eta0, tmp_path):
-  rows = tiny_runs.steps(train.train(tiny_runs.config(
+  rows = tiny_runs.steps(grpo_loop.train(tiny_runs.config(
       tmp_path, "--config.rl.max_staleness=1", "--config.rl.sample_version=oldest")))
   assert [(r["staleness/0"], r["staleness/1"]) for r in rows] == [(32, 0), (0, 32)]
   assert rows[0] == {**eta0[0], "staleness/1": 0}  # step 1 is on-policy either way

@@ -2,7 +2,8 @@
 
 import pytest
 
-from rlcode import behaviour, sandbox
+from rlcode.evaluation import behaviour
+from rlcode import sandbox
 from rlcode.data.tasks import Task
 
 TASK = Task(

@@ -7,8 +7,7 @@ import sysconfig
 
 import pytest
 
-from rlcode import rollout
-from rlcode.models.tokenizer import HFTokenizer, load_tokenizer
+from rlcode.models.tokenizer import HFTokenizer, bos_length, load_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PATH = os.path.join(ROOT, "data", "code_bpe.json")
@@ -24,7 +23,7 @@ def test_loads_with_its_special_tokens(tok):
   # <|pad|>, <|bos|>, <|eos|> are ids 0, 1, 2; encoding prepends <|bos|>, as
   # the byte tokenizer does its BOS, and rollout counts it the same way.
   assert (tok.pad_id, tok.eos_ids) == (0, (2,))
-  assert tok.encode("") == [1] and rollout._bos_len(tok) == 1
+  assert tok.encode("") == [1] and bos_length(tok) == 1
   assert tok.decode([1, *tok.encode("x = 1")[1:], 2, 0, 0]) == "x = 1"
 
 

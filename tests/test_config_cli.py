@@ -9,7 +9,7 @@ import ml_collections
 import pytest
 
 import xla_flags
-from rlcode import config_lib
+from rlcode.config import loader
 from rlcode.models import ByteTokenizer, HFTokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -17,7 +17,7 @@ SAMPLE = os.path.join(ROOT, "configs", "sample_tiny.py")
 
 
 def test_overrides_parse_as_the_type_they_replace():
-  cfg = config_lib.load_config(SAMPLE, [
+  cfg = loader.load_config(SAMPLE, [
       "--config.sampling.temperature=0", "--config.sampling.max_new_tokens=8",
       "--config.model.arch.qkv_bias=false", "--config.workdir=/tmp/x",
       "--config.prompts=('a', 'b')"])
@@ -30,20 +30,20 @@ def test_overrides_parse_as_the_type_they_replace():
 def test_unknown_key_names_the_valid_keys():
   with pytest.raises(KeyError, match=r"sampling has no key 'temprature'; valid keys: "
                                      r"\['group_size', 'max_new_tokens', 'temperature'"):
-    config_lib.load_config(SAMPLE, ["--config.sampling.temprature=0.5"])
+    loader.load_config(SAMPLE, ["--config.sampling.temprature=0.5"])
   with pytest.raises(KeyError, match="config has no key 'nope'"):
-    config_lib.load_config(SAMPLE, ["--config.nope=1"])
+    loader.load_config(SAMPLE, ["--config.nope=1"])
 
 
 def test_wrong_types_and_shapes_fail():
   with pytest.raises(ValueError, match="cannot parse as int"):
-    config_lib.load_config(SAMPLE, ["--config.sampling.max_new_tokens=abc"])
+    loader.load_config(SAMPLE, ["--config.sampling.max_new_tokens=abc"])
   with pytest.raises(ValueError, match="expected a boolean"):
-    config_lib.load_config(SAMPLE, ["--config.model.arch.qkv_bias=maybe"])
+    loader.load_config(SAMPLE, ["--config.model.arch.qkv_bias=maybe"])
   with pytest.raises(KeyError, match="is a group of keys"):
-    config_lib.load_config(SAMPLE, ["--config.sampling=1"])
+    loader.load_config(SAMPLE, ["--config.sampling=1"])
   with pytest.raises(FileNotFoundError):
-    config_lib.load_config("configs/none.py")
+    loader.load_config("configs/none.py")
 
 
 def test_the_diff_warm_starts_practice_data_is_mined_as_the_tasks_are():
@@ -51,11 +51,11 @@ def test_the_diff_warm_starts_practice_data_is_mined_as_the_tasks_are():
   # following config.data.mining's through overrides, all of it train, no tests; an
   # empty source turns it off.
   path = os.path.join(ROOT, "configs", "grpo_diffs.py")
-  assert config_lib.load_config(path).warmstart.data.source == "git"
-  assert config_lib.load_config(
+  assert loader.load_config(path).warmstart.data.source == "git"
+  assert loader.load_config(
       path, ["--config.warmstart.data.source="]).warmstart.data.source == ""
   for value in (False, True):
-    cfg = config_lib.load_config(path, [f"--config.data.mining.line_counts={value}",
+    cfg = loader.load_config(path, [f"--config.data.mining.line_counts={value}",
                                         f"--config.data.mining.open_file={value}"])
     practice = cfg.warmstart.data.mining
     assert practice.line_counts is value and practice.open_file is value
@@ -63,7 +63,7 @@ def test_the_diff_warm_starts_practice_data_is_mined_as_the_tasks_are():
     assert (practice.test_fraction, practice.validation_fraction) == (0.0, 0.0)
     assert practice.tests_hidden == practice.tests_visible == practice.tests_support == ()
     assert os.path.isfile(os.path.join(ROOT, cfg.warmstart.data.repo))
-  cfg = config_lib.load_config(path, ["--config.data.mining.context_lines=5"])
+  cfg = loader.load_config(path, ["--config.data.mining.context_lines=5"])
   assert cfg.warmstart.data.mining.context_lines == 5
 
 
@@ -76,14 +76,14 @@ def test_a_configs_tokenizer_fits_its_models_vocabulary(name, monkeypatch):
   """Every id the tokenizer can write has an embedding row (padding rows may follow)."""
   from rlcode.models.tokenizer import load_tokenizer
   monkeypatch.chdir(ROOT)  # configs name tokenizers relative to the repository
-  cfg = config_lib.load_config(os.path.join(ROOT, "configs", name), [])
+  cfg = loader.load_config(os.path.join(ROOT, "configs", name), [])
   assert not cfg.model.hf_path
   tok = load_tokenizer(cfg.model.get("tokenizer") or "bytes")
   assert tok.vocab_size <= cfg.model.arch.vocab_size < tok.vocab_size + 64
 
 
 def test_config_is_locked():
-  cfg = config_lib.load_config(SAMPLE)
+  cfg = loader.load_config(SAMPLE)
   with pytest.raises(AttributeError):
     cfg.new_key = 1
   assert isinstance(cfg, ml_collections.ConfigDict)

@@ -6,7 +6,7 @@ import collections
 import numpy as np
 import pytest
 
-from rlcode.curriculum import SignalCurriculum, family_of
+from rlcode.rl.curriculum import SignalCurriculum, family_of
 from rlcode.data.tasks import Task
 
 

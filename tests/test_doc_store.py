@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlcode.doc_store import DocumentStore
+from rlcode.sampling.doc_store import DocumentStore
 from rlcode.models import Decoder, ModelConfig
 
 CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=48, num_layers=2,

@@ -9,7 +9,8 @@ from fractions import Fraction
 import numpy as np
 import pytest
 
-from rlcode import evaluate
+from rlcode.evaluation import passk
+from rlcode.evaluation import scoring
 from rlcode.data.tasks import Task
 
 TASKS = [
@@ -27,35 +28,35 @@ def _exact(n, c, k):
 def test_pass_at_k_matches_exact_binomials(n):
   for c in range(n + 1):
     for k in range(1, n + 1):
-      assert evaluate.pass_at_k(n, c, k) == pytest.approx(_exact(n, c, k), rel=1e-12, abs=1e-15)
+      assert passk.pass_at_k(n, c, k) == pytest.approx(_exact(n, c, k), rel=1e-12, abs=1e-15)
 
 
 def test_pass_at_k_hand_values_and_large_n():
-  assert evaluate.pass_at_k(10, 3, 1) == pytest.approx(0.3)
-  assert evaluate.pass_at_k(10, 3, 5) == pytest.approx(1 - 21 / 252)
-  assert evaluate.pass_at_k(10, 0, 10) == 0.0 and evaluate.pass_at_k(10, 1, 10) == 1.0
+  assert passk.pass_at_k(10, 3, 1) == pytest.approx(0.3)
+  assert passk.pass_at_k(10, 3, 5) == pytest.approx(1 - 21 / 252)
+  assert passk.pass_at_k(10, 0, 10) == 0.0 and passk.pass_at_k(10, 1, 10) == 1.0
   # C(1000, 100) overflows float64; the product form stays exact enough.
-  assert evaluate.pass_at_k(1000, 1, 100) == pytest.approx(0.1, rel=1e-12)
-  assert evaluate.pass_at_k(1000, 5, 100) == pytest.approx(_exact(1000, 5, 100), rel=1e-12)
+  assert passk.pass_at_k(1000, 1, 100) == pytest.approx(0.1, rel=1e-12)
+  assert passk.pass_at_k(1000, 5, 100) == pytest.approx(_exact(1000, 5, 100), rel=1e-12)
   ns, cs = [4, 4, 10], [1, 0, 10]
-  assert evaluate.mean_pass_at_k(ns, cs, 2) == pytest.approx(
+  assert passk.mean_pass_at_k(ns, cs, 2) == pytest.approx(
       np.mean([1 - 3 / 6, 0.0, 1.0]))
 
 
 @pytest.mark.parametrize("n,c,k", [(5, 6, 1), (5, -1, 1), (5, 2, 0), (5, 2, 6)])
 def test_pass_at_k_rejects_bad_counts(n, c, k):
   with pytest.raises(ValueError):
-    evaluate.pass_at_k(n, c, k)
+    passk.pass_at_k(n, c, k)
 
 
 def test_majority_vote_and_best_of_n():
-  assert evaluate.majority_vote(["a", "b", "b", "a", "c"]) == "a"
-  assert evaluate.majority_vote([3, 1, 1]) == 1
-  assert evaluate.best_of_n([0.1, 0.9, 0.9, 0.2]) == 1
+  assert passk.majority_vote(["a", "b", "b", "a", "c"]) == "a"
+  assert passk.majority_vote([3, 1, 1]) == 1
+  assert passk.best_of_n([0.1, 0.9, 0.9, 0.2]) == 1
   with pytest.raises(ValueError):
-    evaluate.majority_vote([])
+    passk.majority_vote([])
   with pytest.raises(ValueError, match="NaN"):
-    evaluate.best_of_n([0.1, float("nan")])
+    passk.best_of_n([0.1, float("nan")])
 
 
 def _write(tmp_path, lines):
@@ -70,22 +71,22 @@ def test_completions_file_report_and_results(tmp_path):
           ("t/neg", "    return x\n"), ("t/neg", "    return 0 - x\n")]
   path = _write(tmp_path, [json.dumps({"task_id": t, "completion": c, "note": 1})
                            for t, c in rows] + [""])
-  report = evaluate.evaluate_completions_file(TASKS, path, out_dir=tmp_path / "out",
+  report = scoring.evaluate_completions_file(TASKS, path, out_dir=tmp_path / "out",
                                               k=(1, 2, 10), workers=2)
   assert report["pass_at_k"] == {"pass@1": pytest.approx(2 / 3),
                                  "pass@2": 1.0}  # C(1, 2) = 0: every pair holds a pass
   assert report["k_skipped"] == [10]
   assert report["tasks"] == [{"task_id": "t/add", "n": 3, "c": 2},
                              {"task_id": "t/neg", "n": 3, "c": 2}]
-  written = json.loads((tmp_path / "out" / evaluate.REPORT_NAME).read_text())
+  written = json.loads((tmp_path / "out" / scoring.REPORT_NAME).read_text())
   assert written["pass_at_k"] == report["pass_at_k"]
-  results_text = (tmp_path / "out" / evaluate.RESULTS_NAME).read_text()
+  results_text = (tmp_path / "out" / scoring.RESULTS_NAME).read_text()
   results = [json.loads(line) for line in results_text.splitlines()]
   assert [(r["task_id"], r["passed"]) for r in results] == [
       ("t/add", True), ("t/add", False), ("t/add", True),
       ("t/neg", True), ("t/neg", False), ("t/neg", True)]
   assert results[1]["tests_passed"] == 1 and results[1]["tests_total"] == 2
-  assert "pass@1" in evaluate.format_report(report)
+  assert "pass@1" in scoring.format_report(report)
 
 
 @pytest.mark.parametrize("lines,message", [
@@ -102,4 +103,4 @@ def test_completions_file_report_and_results(tmp_path):
 def test_malformed_completions_file(tmp_path, lines, message):
   path = _write(tmp_path, lines)
   with pytest.raises(ValueError, match=message):
-    evaluate.evaluate_completions_file(TASKS, path, out_dir=tmp_path / "out")
+    scoring.evaluate_completions_file(TASKS, path, out_dir=tmp_path / "out")

@@ -6,7 +6,12 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlcode import grpo, sharding
+from rlcode.parallel import sharding
+from rlcode import optim
+from rlcode.rl import advantages
+from rlcode.rl import grpo
+from rlcode.rl import objective
+from rlcode.rl import sequences
 from rlcode.models import Decoder, ModelConfig
 
 # Three completions, four target positions; row 2 has a single token.
@@ -38,12 +43,12 @@ def _per_token_numpy(eps_low, eps_high, beta):
   return out
 
 
-@pytest.mark.parametrize("aggregation", sorted(grpo.AGGREGATIONS))
+@pytest.mark.parametrize("aggregation", sorted(objective.AGGREGATIONS))
 @pytest.mark.parametrize("eps_low,eps_high,beta", [(0.2, 0.2, 0.0), (0.1, 0.28, 0.04)])
 def test_policy_loss_matches_numpy(aggregation, eps_low, eps_high, beta):
-  cfg = grpo.LossConfig(clip_eps_low=eps_low, clip_eps_high=eps_high, beta=beta,
+  cfg = objective.LossConfig(clip_eps_low=eps_low, clip_eps_high=eps_high, beta=beta,
                         aggregation=aggregation, max_completion_len=6)
-  loss, metrics = grpo.policy_loss(jnp.asarray(LOGP), jnp.asarray(OLD), jnp.asarray(ADV),
+  loss, metrics = objective.policy_loss(jnp.asarray(LOGP), jnp.asarray(OLD), jnp.asarray(ADV),
                                    jnp.asarray(MASK), cfg, ref_logp_nt=jnp.asarray(REF))
   per_tok = _per_token_numpy(eps_low, eps_high, beta)
   if aggregation == "seq_mean_token_mean":
@@ -59,7 +64,7 @@ def test_policy_loss_matches_numpy(aggregation, eps_low, eps_high, beta):
         for i in range(3) for t in range(4) if MASK[i, t]]
   np.testing.assert_allclose(float(metrics["kl"]), np.mean(kl), rtol=1e-5)  # float32 sums
   if not beta:
-    _, without = grpo.policy_loss(jnp.asarray(LOGP), jnp.asarray(OLD), jnp.asarray(ADV),
+    _, without = objective.policy_loss(jnp.asarray(LOGP), jnp.asarray(OLD), jnp.asarray(ADV),
                                   jnp.asarray(MASK), cfg)
     assert "kl" not in without
   ratios = np.exp(LOGP - OLD)[MASK > 0]
@@ -67,19 +72,19 @@ def test_policy_loss_matches_numpy(aggregation, eps_low, eps_high, beta):
   np.testing.assert_allclose(float(metrics["clip_frac"]), clipped.mean(), rtol=1e-6)
 
 
-@pytest.mark.parametrize("aggregation", sorted(grpo.AGGREGATIONS))
+@pytest.mark.parametrize("aggregation", sorted(objective.AGGREGATIONS))
 def test_masked_positions_never_reach_exp(aggregation):
   # Where the mask is 0 (prompt, padding) the batch may hold anything: -inf log-probs,
   # huge reference or behaviour log-probs. Loss, metrics and gradients must equal those
   # of a batch with benign values there (inf * 0 is NaN if exp runs first).
-  cfg = grpo.LossConfig(clip_eps_low=0.1, clip_eps_high=0.28, beta=0.04,
+  cfg = objective.LossConfig(clip_eps_low=0.1, clip_eps_high=0.28, beta=0.04,
                         aggregation=aggregation, max_completion_len=6)
   masked = MASK == 0
   hostile = (np.where(masked, -np.inf, LOGP), np.where(masked, 1e30, OLD),
              np.where(masked, 1e30, REF))
 
   def run(logp, old, ref):
-    fn = lambda lp: grpo.policy_loss(lp, jnp.asarray(old), jnp.asarray(ADV), jnp.asarray(MASK),
+    fn = lambda lp: objective.policy_loss(lp, jnp.asarray(old), jnp.asarray(ADV), jnp.asarray(MASK),
                                      cfg, ref_logp_nt=jnp.asarray(ref))
     (loss, metrics), grad = jax.value_and_grad(fn, has_aux=True)(jnp.asarray(logp))
     return float(loss), {k: float(v) for k, v in metrics.items()}, np.asarray(grad)
@@ -95,8 +100,8 @@ def test_masked_positions_never_reach_exp(aggregation):
 
 def test_advantages_match_numpy():
   rewards = np.array([1, 0, 0, 1, 0, 0, 0, 0, 0.5, 1.0, 0.0, 0.25], np.float32)
-  got = grpo.group_advantages(rewards, 4, "grpo")
-  got_dr = grpo.group_advantages(rewards, 4, "dr_grpo")
+  got = advantages.group_advantages(rewards, 4, "grpo")
+  got_dr = advantages.group_advantages(rewards, 4, "dr_grpo")
   for g in range(3):
     r = rewards[4 * g:4 * g + 4]
     mean = sum(r) / 4
@@ -106,44 +111,44 @@ def test_advantages_match_numpy():
   assert np.all(got[4:8] == 0)  # a group that all failed carries no signal
   # negative_weight scales the samples below their group's mean, and only those.
   for w in (0.0, 0.25):
-    weighted = grpo.group_advantages(rewards, 4, "grpo", negative_weight=w)
+    weighted = advantages.group_advantages(rewards, 4, "grpo", negative_weight=w)
     np.testing.assert_allclose(weighted, [a * w if a < 0 else a for a in got], rtol=1e-6)
-  np.testing.assert_allclose(grpo.group_advantages(rewards, 4, negative_weight=0.0)[:4],
+  np.testing.assert_allclose(advantages.group_advantages(rewards, 4, negative_weight=0.0)[:4],
                              [1.0, 0.0, 0.0, 1.0], rtol=1e-5)  # (1 - 0.5) / 0.5
   with pytest.raises(ValueError, match="negative_weight"):
-    grpo.group_advantages(rewards, 4, negative_weight=1.5)
+    advantages.group_advantages(rewards, 4, negative_weight=1.5)
   with pytest.raises(ValueError, match="groups of 5"):
-    grpo.group_advantages(rewards, 5)
+    advantages.group_advantages(rewards, 5)
   with pytest.raises(KeyError, match="known"):
-    grpo.group_advantages(rewards, 4, "ppo")
+    advantages.group_advantages(rewards, 4, "ppo")
 
 
 def test_unknown_aggregation_names_the_known_ones():
   with pytest.raises(KeyError, match="seq_mean_token_mean"):
-    grpo.LossConfig(aggregation="mean")
+    objective.LossConfig(aggregation="mean")
 
 
 def test_learning_rate_schedules_match_hand_values():
   # optax counts from 0; make_optimizer's update k (from 1) uses the rate at count k.
   peak, end = 3e-3, 3e-4
-  wsd = grpo.learning_rate_schedule(grpo.OptimizerConfig(
+  wsd = optim.learning_rate_schedule(optim.OptimizerConfig(
       learning_rate=peak, warmup_steps=20, decay_steps=600, schedule="wsd",
       cooldown_steps=150))
   hand = {0: 0.0, 10: peak / 2, 20: peak, 300: peak, 450: peak,
           525: peak + (end - peak) * 75 / 150, 600: end, 900: end}
   for count, rate in hand.items():
     np.testing.assert_allclose(float(wsd(count)), rate, rtol=1e-6, atol=1e-12)
-  cosine = grpo.learning_rate_schedule(grpo.OptimizerConfig(
+  cosine = optim.learning_rate_schedule(optim.OptimizerConfig(
       learning_rate=peak, warmup_steps=20, decay_steps=1000))
   for count in (20, 500, 1000):
     frac = (count - 20) / 980
     np.testing.assert_allclose(float(cosine(count)),
                                end + (peak - end) * 0.5 * (1 + np.cos(np.pi * frac)), rtol=1e-5)
   with pytest.raises(ValueError, match="cooldown_steps"):
-    grpo.OptimizerConfig(learning_rate=1e-3, warmup_steps=20, decay_steps=100,
+    optim.OptimizerConfig(learning_rate=1e-3, warmup_steps=20, decay_steps=100,
                          schedule="wsd", cooldown_steps=0)
   with pytest.raises(ValueError, match="schedule"):
-    grpo.OptimizerConfig(learning_rate=1e-3, schedule="linear")
+    optim.OptimizerConfig(learning_rate=1e-3, schedule="linear")
 
 
 CFG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layers=1,
@@ -153,17 +158,17 @@ CFG = ModelConfig(vocab_size=32, hidden_size=32, intermediate_size=64, num_layer
 def _setup(mesh, lr=1e-2):
   model = sharding.init_sharded(lambda: Decoder(CFG, rngs=nnx.Rngs(0)), mesh)
   graphdef, params = nnx.split(model, nnx.Param)
-  opt_cfg = grpo.OptimizerConfig(learning_rate=lr, warmup_steps=1, decay_steps=10)
-  optimizer = grpo.make_optimizer(opt_cfg)
-  state = grpo.init_state(model, optimizer, mesh)
+  opt_cfg = optim.OptimizerConfig(learning_rate=lr, warmup_steps=1, decay_steps=10)
+  optimizer = optim.make_optimizer(opt_cfg)
+  state = optim.init_state(model, optimizer, mesh)
   rng = np.random.default_rng(0)
   tokens = rng.integers(0, 32, (8, 12)).astype(np.int32)
   # Prompts of 6 tokens, completions of 6: the window is target positions 5..10.
   mask = np.ones((8, 6), np.float32)
-  batch = grpo.SequenceBatch(tokens=tokens, start=np.full((8,), 5, np.int32), mask=mask,
+  batch = sequences.SequenceBatch(tokens=tokens, start=np.full((8,), 5, np.int32), mask=mask,
                              old_logp=np.zeros_like(mask), ref_logp=np.zeros_like(mask),
                              adv=np.array([1, -1] * 4, np.float32), weight=np.ones_like(mask))
-  cfg = grpo.LossConfig(max_completion_len=6)
+  cfg = objective.LossConfig(max_completion_len=6)
   update = grpo.make_update_step(graphdef, optimizer, cfg, mesh, state, batch)
   return graphdef, state, batch, update, cfg
 
@@ -171,7 +176,7 @@ def _setup(mesh, lr=1e-2):
 def test_update_is_one_jit_and_old_logp_makes_ratio_one():
   mesh = sharding.make_mesh(1, 1, 1)
   graphdef, state, batch, update, cfg = _setup(mesh)
-  logp, _ = jax.jit(lambda p, b: grpo.sequence_logprobs(nnx.merge(graphdef, p), b, 1.0))(
+  logp, _ = jax.jit(lambda p, b: sequences.sequence_logprobs(nnx.merge(graphdef, p), b, 1.0))(
       state.params, batch)
   batch.old_logp = np.asarray(logp) * batch.mask
   before = jax.tree.map(np.asarray, state.params)
@@ -216,9 +221,9 @@ def test_window_logprobs_equal_full_logits_at_each_rows_completion():
   start = np.array([2, 5, 9], np.int32)
   w = 4
   mask = np.ones((3, w), np.float32)
-  batch = grpo.SequenceBatch(tokens=tokens, start=start, mask=mask, old_logp=mask,
+  batch = sequences.SequenceBatch(tokens=tokens, start=start, mask=mask, old_logp=mask,
                              ref_logp=mask, adv=np.zeros(3, np.float32), weight=mask)
-  logp, ent = jax.jit(lambda b: grpo.sequence_logprobs(model, b, 0.7))(batch)
+  logp, ent = jax.jit(lambda b: sequences.sequence_logprobs(model, b, 0.7))(batch)
   logits = np.asarray(jax.jit(model)(jnp.asarray(tokens)), np.float64) / 0.7
   logits -= logits.max(-1, keepdims=True)
   log_softmax = logits - np.log(np.exp(logits).sum(-1, keepdims=True))

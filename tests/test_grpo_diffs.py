@@ -16,12 +16,20 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlcode import checkpoint, config_lib, evaluate, rollout, sft, sharding, train
+from rlcode.runs import checkpoint
+from rlcode.config import loader
+from rlcode.train import sft
+from rlcode.parallel import sharding
+from rlcode.evaluation import policy_eval
+from rlcode.rl import rollout
+from rlcode.train import grpo_loop
+from rlcode.train import warm_start
+from rlcode.data.stream import TaskStream
 from rlcode.data import edits, sources
 from rlcode.data.git import EmptyRepositoryError, MiningConfig, NotARepositoryError, mine
 from rlcode.data.tasks import Task
 from rlcode.errors import BadInput
-from rlcode.metrics import read_metrics
+from rlcode.runs.metrics import read_metrics
 from rlcode.models.build import build_model
 from rlcode.models.tokenizer import ByteTokenizer
 from rlcode.rewards import diffs
@@ -101,7 +109,7 @@ def shop(tmp_path_factory):
 
 
 def _config(shop, tmp_path, *extra):
-  config = config_lib.load_config(CONFIG, SMALL + [
+  config = loader.load_config(CONFIG, SMALL + [
       f"--config.workdir={tmp_path / 'work'}", f"--config.data.repo={shop}",
       f"--config.data.data_dir={tmp_path / 'data'}", *extra])
   # The warm start's extra data: the same history mined the same way (the real
@@ -116,24 +124,24 @@ def _config(shop, tmp_path, *extra):
 def test_warm_start_tasks_add_the_extra_sections_train_split_unless_it_is_off(shop, tmp_path):
   config = _config(shop, tmp_path)
   own = sources.load(config.data, "train")
-  tasks, counts = train.warm_start_tasks(config, ByteTokenizer(), 4096, own)
+  tasks, counts = warm_start.warm_start_tasks(config, ByteTokenizer(), 4096, own)
   assert tasks == own + own and counts == {
       "data/warmstart_kept": len(own), "data/warmstart_prompt_too_long": 0,
       "data/warmstart_reference_too_long": 0}
   config = _config(shop, tmp_path)
   config.warmstart.data.source = ""  # as --config.warmstart.data.source= sets it
-  assert train.warm_start_tasks(config, ByteTokenizer(), 4096, own) == (own, {})
+  assert warm_start.warm_start_tasks(config, ByteTokenizer(), 4096, own) == (own, {})
   # train_repeats weighs the training split against the extra section's.
   config = _config(shop, tmp_path, "--config.warmstart.train_repeats=3")
-  tasks, _ = train.warm_start_tasks(config, ByteTokenizer(), 4096, own)
+  tasks, _ = warm_start.warm_start_tasks(config, ByteTokenizer(), 4096, own)
   assert tasks == own * 3 + own
   config.warmstart.train_repeats = 0
   with pytest.raises(BadInput, match="train_repeats=0"):
-    train.warm_start_tasks(config, ByteTokenizer(), 4096, own)
+    warm_start.warm_start_tasks(config, ByteTokenizer(), 4096, own)
 
 
 def test_grpo_steps_on_a_mined_history(shop, tmp_path):
-  train.train(_config(shop, tmp_path, "--config.data.test_split=test"))
+  grpo_loop.train(_config(shop, tmp_path, "--config.data.test_split=test"))
   rows = read_metrics(str(tmp_path / "work"))
   data = [r for r in rows if "data/train_kept" in r]
   assert data == [{
@@ -168,14 +176,14 @@ def test_warm_start_cache_is_reused_for_the_same_key_only(shop, tmp_path, monkey
   only_warm_start = ["--config.train.steps=0", "--config.train.eval_every=0",
                      f"--config.warmstart.cache_dir={tmp_path / 'cache'}"]
   first = _config(shop, tmp_path / "a", *only_warm_start)
-  train.train(first)
+  grpo_loop.train(first)
   [key] = os.listdir(tmp_path / "cache")
-  assert key == train.warm_start_key(first)
+  assert key == warm_start.warm_start_key(first)
   # `rlcode eval --checkpoint` reads a cache entry (the parameters alone) as it reads the
   # workdir's warm_start/ (a whole train state): the same policy.
   mesh = sharding.mesh_from_config(first.mesh)
-  cached, _, _, _ = evaluate.restore_policy(first, str(tmp_path / "cache" / key), mesh)
-  kept, _, _, _ = evaluate.restore_policy(first, str(tmp_path / "a" / "work" / "warm_start"), mesh)
+  cached, _, _, _ = policy_eval.restore_policy(first, str(tmp_path / "cache" / key), mesh)
+  kept, _, _, _ = policy_eval.restore_policy(first, str(tmp_path / "a" / "work" / "warm_start"), mesh)
   for a, b in zip(jax.tree.leaves(nnx.state(cached, nnx.Param)),
                   jax.tree.leaves(nnx.state(kept, nnx.Param)), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -190,21 +198,21 @@ def test_warm_start_cache_is_reused_for_the_same_key_only(shop, tmp_path, monkey
   monkeypatch.setattr(sft, "make_sft_step", refuse)
   # The same warm start (the evaluation splits and the workdir do not change it): loaded.
   again = _config(shop, tmp_path / "b", *only_warm_start, "--config.data.test_split=test")
-  assert train.warm_start_key(again) == key
-  train.train(again)
+  assert warm_start.warm_start_key(again) == key
+  grpo_loop.train(again)
   sft_rows = [[r for r in read_metrics(str(tmp_path / d / "work")) if "sft_loss_last" in r]
               for d in ("a", "b")]
   assert sft_rows[0] == sft_rows[1] and len(sft_rows[0]) == 1
   # Another seed is another warm start: it must train.
   other = _config(shop, tmp_path / "c", *only_warm_start, "--config.seed=1")
-  assert train.warm_start_key(other) != key
+  assert warm_start.warm_start_key(other) != key
   with pytest.raises(AssertionError, match="ran again"):
-    train.train(other)
+    grpo_loop.train(other)
   # Unless the warm start has a seed of its own: then run seeds 0 and 1 share it.
   shared = _config(shop, tmp_path / "d", *only_warm_start, "--config.seed=1",
                    "--config.warmstart.seed=0")
-  assert train.warm_start_seed(shared) == 0 and train.warm_start_key(shared) == key
-  train.train(shared)
+  assert warm_start.warm_start_seed(shared) == 0 and warm_start.warm_start_key(shared) == key
+  grpo_loop.train(shared)
   assert [r for r in read_metrics(str(tmp_path / "d" / "work")) if "sft_loss_last" in r] == \
       sft_rows[0]
 
@@ -379,12 +387,12 @@ def test_length_buckets_visit_every_task_once_an_epoch_in_batches_of_like_length
   for batches in epochs:  # 96 tasks = 24 batches of 4 = 3 pools of 8 batches
     assert all(len(b) == 4 for b in batches)
     assert sorted(t.id for b in batches for t in b) == sorted(t.id for t in tasks)
-  plain = rollout.TaskStream(tasks, 4, seed=3)
+  plain = TaskStream(tasks, 4, seed=3)
   assert spread(epochs[0]) < 0.5 * spread([plain.next() for _ in range(24)])
   # Seeded: the same batches in the same order; a pool of 1 is the plain stream's batches.
   again = sft.LengthBuckets(tasks, tok, batch_size=4, seed=3, pool=8)
   assert [[t.id for t in again.next()] for _ in range(24)] == [[t.id for t in b] for b in epochs[0]]
-  one, plain = sft.LengthBuckets(tasks, tok, 4, seed=5, pool=1), rollout.TaskStream(tasks, 4, 5)
+  one, plain = sft.LengthBuckets(tasks, tok, 4, seed=5, pool=1), TaskStream(tasks, 4, 5)
   for _ in range(30):
     assert {t.id for t in one.next()} == {t.id for t in plain.next()}
   with pytest.raises(ValueError, match="pool must be >= 1"):

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import json
 
-from rlcode import cli, evaluate
+from rlcode import cli
+from rlcode.evaluation import scoring
 from rlcode.data.humaneval import N_PROBLEMS, HumanEval, humaneval_tasks
 from rlcode.data.tasks import load_tasks
 
@@ -40,7 +41,7 @@ def _cli_eval(tmp_path, name, completions, capsys):
   assert cli.main(["eval", "--tasks", "humaneval", "--completions", str(path),
                    "--out", str(out), "--workers", "2"]) == 0
   assert "pass@1" in capsys.readouterr().out
-  return json.loads((out / evaluate.REPORT_NAME).read_text())
+  return json.loads((out / scoring.REPORT_NAME).read_text())
 
 
 def test_references_pass_and_empty_completions_fail(tmp_path, capsys):

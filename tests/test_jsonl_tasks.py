@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from rlcode import evaluate
+from rlcode.evaluation import scoring
 from rlcode.data.jsonl import JsonlTasks, read_jsonl_tasks
 from rlcode.data.tasks import load_tasks
 from rlcode.errors import BadInput, UnknownKey
@@ -109,5 +109,5 @@ def test_references_pass_in_the_sandbox(tmp_path):
   path = tmp_path / "refs.jsonl"
   path.write_text("".join(json.dumps({"task_id": t.id, "completion": t.reference}) + "\n"
                           for t in tasks))
-  report = evaluate.evaluate_completions_file(tasks, path, out_dir=tmp_path, workers=2)
+  report = scoring.evaluate_completions_file(tasks, path, out_dir=tmp_path, workers=2)
   assert report["pass_at_k"] == {"pass@1": 1.0}, report

@@ -14,8 +14,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import kernels
-from kernels.spec import AttentionSpec
+from rlcode import kernels
+from rlcode.kernels.spec import AttentionSpec
 from kernel_impls import PALLAS
 
 TOL = {jnp.float32: 2e-5, jnp.bfloat16: 3e-2}

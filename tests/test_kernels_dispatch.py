@@ -19,10 +19,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import kernels
-from kernels import api, dispatch
-from kernels.flash import library, reference
-from kernels.spec import AttentionSpec
+from rlcode import kernels
+from rlcode.kernels import api, dispatch
+from rlcode.kernels.flash import library, reference
+from rlcode.kernels.spec import AttentionSpec
 from kernel_impls import LIBRARY, ON_GPU
 
 TOL = {jnp.float32: 2e-5, jnp.bfloat16: 3e-2}

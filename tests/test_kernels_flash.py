@@ -23,12 +23,12 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-import kernels
-from kernels import pallas_common, tiling
-from kernels.flash import reference
-from kernels.flash import pallas as flash_pallas
-from kernels.flash import xla as flash_xla
-from kernels.spec import AttentionSpec
+from rlcode import kernels
+from rlcode.kernels import pallas_common, tiling
+from rlcode.kernels.flash import reference
+from rlcode.kernels.flash import pallas as flash_pallas
+from rlcode.kernels.flash import xla as flash_xla
+from rlcode.kernels.spec import AttentionSpec
 from kernel_impls import ON_GPU, PALLAS
 
 TOL = {jnp.float32: 2e-5, jnp.bfloat16: 3e-2}

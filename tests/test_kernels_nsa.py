@@ -14,10 +14,10 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from kernels import nsa
-from kernels.nsa import pallas as nsa_pallas
-from kernels.nsa import reference
-from kernels.spec import NSAConfig
+from rlcode.kernels import nsa
+from rlcode.kernels.nsa import pallas as nsa_pallas
+from rlcode.kernels.nsa import reference
+from rlcode.kernels.spec import NSAConfig
 from kernel_impls import PALLAS
 
 CFG = NSAConfig(block_cmp=8, stride_cmp=4, block_sel=16, num_sel=4, num_local=2, window=12,

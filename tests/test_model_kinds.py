@@ -8,8 +8,8 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from kernels import NSAConfig
-from rlcode import losses
+from rlcode.kernels import NSAConfig
+from rlcode.rl import logprobs
 from rlcode.models import Decoder, ModelConfig, save_hf
 from rlcode.sampling import generate
 
@@ -46,7 +46,7 @@ def _assert_sampled_logprobs_match_full_forward(model, prompts, out, length):
     seq = prompts[out.prompt_index[i]] + completion
     logits = _logits(graphdef, state, jnp.asarray([seq + [0] * (length - len(seq))]))[0]
     n = len(prompts[out.prompt_index[i]])
-    expect = losses.token_logprobs(logits[None, n - 1:len(seq) - 1], jnp.asarray([completion]))
+    expect = logprobs.token_logprobs(logits[None, n - 1:len(seq) - 1], jnp.asarray([completion]))
     np.testing.assert_allclose(out.logprobs[i, :len(completion)], np.asarray(expect)[0],
                                atol=2e-5)
 
@@ -82,7 +82,7 @@ def test_nsa_layers_train():
   model = _model(attention_pattern=("nsa", "dense"), nsa=NSA)
   graphdef, params = nnx.split(model, nnx.Param)
   tokens = jax.random.randint(jax.random.key(1), (2, 40), 0, 48)
-  loss = lambda p: losses.cross_entropy(nnx.merge(graphdef, p)(tokens[:, :-1]), tokens[:, 1:])
+  loss = lambda p: logprobs.cross_entropy(nnx.merge(graphdef, p)(tokens[:, :-1]), tokens[:, 1:])
   value, grads = jax.jit(jax.value_and_grad(loss))(params)
   assert np.isfinite(float(value))
   assert float(jnp.abs(grads["layers"][0]["attn"]["gate"][...]).max()) > 0

@@ -4,13 +4,12 @@ import json
 import os
 import shutil
 
-import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
 from safetensors.numpy import load_file, save_file
 
-from rlcode import sharding
+from rlcode.parallel import sharding
 from rlcode.models import HFTokenizer, hf, load_hf, save_hf
 from rlcode.models.config import ModelConfig, from_hf_config
 from rlcode.sampling import generate

@@ -18,8 +18,8 @@ import numpy as np
 
 import tiny_runs
 import xla_flags
-from rlcode import train
-from rlcode.metrics import read_metrics
+from rlcode.train import grpo_loop
+from rlcode.runs.metrics import read_metrics
 
 # The batch's rows and prompts split over data x fsdp = 4; each process holds one data
 # slice (2 x 2 devices), samples its 2 prompts there and holds their rows of the batch.
@@ -85,7 +85,7 @@ def test_two_processes_killed_and_resumed_match_one_process(tmp_path):
   for i, p in enumerate(procs):
     assert p.wait(timeout=900) == 0, _tail(tmp_path / "resumed", i)
 
-  train.train(tiny_runs.config(tmp_path / "one", *RUN))  # one device
+  grpo_loop.train(tiny_runs.config(tmp_path / "one", *RUN))  # one device
   one = read_metrics(str(tmp_path / "one"))
   two = read_metrics(str(workdir))
   drop = lambda rows: [{k: v for k, v in r.items() if not any(t in k for t in tiny_runs.TIMING)}

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from kernels.spec import NSAConfig
+from rlcode.kernels.spec import NSAConfig
 from rlcode.models import rope as rope_lib
 from rlcode.models.nsa import NSAAttention
 

@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlcode import grpo, sharding
+from rlcode.parallel import sharding
+from rlcode import optim
 from rlcode.models import ModelConfig
 from rlcode.rm import loss as rm_loss
 from rlcode.rm.batch import ChoiceBatch
 from rlcode.rm.model import HeadConfig, RewardModel, pool
-from rlcode.rm.train import make_update_step
+from rlcode.rm.steps import make_update_step
 
 
 def _numpy_nll_and_grad(scores, chosen):
@@ -130,9 +131,9 @@ def test_reward_model_on_eight_devices_matches_one():
   for mesh in (sharding.make_mesh(1, 1, 1), sharding.make_mesh(2, 2, 2)):
     model = sharding.init_sharded(lambda: RewardModel(CFG, head, rngs=nnx.Rngs(0)), mesh)
     graphdef, _ = nnx.split(model, nnx.Param)
-    opt = grpo.make_optimizer(grpo.OptimizerConfig(learning_rate=1e-2, warmup_steps=1,
+    opt = optim.make_optimizer(optim.OptimizerConfig(learning_rate=1e-2, warmup_steps=1,
                                                    decay_steps=10))
-    state = grpo.init_state(model, opt, mesh)
+    state = optim.init_state(model, opt, mesh)
     if mesh.size == 8:  # parameters really are split: embed over fsdp, mlp over tensor
       spec = state.params["w_state"].get_value().sharding.spec
       assert tuple(spec) == ("fsdp", "tensor")

@@ -9,12 +9,14 @@ import shutil
 import numpy as np
 import pytest
 
-from rlcode import cli, config_lib, evaluate, rewards
+from rlcode import cli, rewards
+from rlcode.config import loader
+from rlcode.evaluation import selection_eval
 from rlcode.data.choices import Choice, write_choices
 from rlcode.data.tasks import Task
-from rlcode.metrics import read_metrics
+from rlcode.runs.metrics import read_metrics
 from rlcode.rm import scorer as scorer_lib
-from rlcode.rm.train import train_rm
+from rlcode.train.rm_loop import train_rm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "rm_choices.py")
@@ -47,7 +49,7 @@ def _choices_file(tmp_path, n=120):
 
 
 def _config(tmp_path, workdir, *extra):
-  return config_lib.load_config(CONFIG, [
+  return loader.load_config(CONFIG, [
       *SMALL, f"--config.data.path={_choices_file(tmp_path)}",
       f"--config.data.data_dir={tmp_path / 'tfds'}", f"--config.workdir={workdir}", *extra])
 
@@ -76,7 +78,7 @@ def test_learns_and_scores_through_the_reward(tmp_path):
   # As a selector: the reward model's pick among five samples is the passing one.
   coded = Task(id="t", prompt="def f3(x):\n", entry_point="f3",
                tests="def check(candidate):\n    assert candidate(3) == 4\n")
-  table = evaluate.evaluate_selection([coded], [("t", b) for b in BODIES],
+  table = selection_eval.evaluate_selection([coded], [("t", b) for b in BODIES],
                                       selectors=["rm"], ks=[1, 5], rm_checkpoint=workdir)
   assert table["first"][5] == pytest.approx(0.2) and table["rm"][5] == 1.0
   assert table["gap_closed"]["rm"][5] == 1.0

@@ -2,7 +2,9 @@
 
 import numpy as np
 
-from rlcode import rollout, shared_prefix
+from rlcode.rl import shared_prefix
+from rlcode.rl import rollout
+from rlcode.rl import sequences
 from rlcode.data.tasks import Task
 from rlcode.models.tokenizer import ByteTokenizer
 from rlcode.sampling import Generation
@@ -46,7 +48,7 @@ def test_tokens_after_a_stop_sequence_are_out_of_the_loss():
   np.testing.assert_array_equal(reward.scores, [1.0, 1.0])  # the tail does not change it
   body = len(BODY.encode())
   np.testing.assert_array_equal(ro.loss_lengths, [body, body + 1])  # the second keeps EOS
-  for batch in (rollout.rl_batch(ro, np.array([1.0, -1.0]), TOK.pad_id, 64),
+  for batch in (sequences.rl_batch(ro, np.array([1.0, -1.0]), TOK.pad_id, 64),
                 shared_prefix.rl_batch(ro, np.array([1.0, -1.0]), TOK.pad_id, 64)):
     np.testing.assert_array_equal(batch.mask.sum(1), [body, body + 1])
     np.testing.assert_allclose(batch.old_logp[0, :body], ro.generation.logprobs[0, :body])

@@ -8,7 +8,9 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlcode import losses, sampling
+from rlcode.rl import logprobs
+from rlcode import sampling
+from rlcode.sampling import generation
 from rlcode.models import Decoder, ModelConfig
 from rlcode.sampling import generate, sample_logits
 
@@ -44,7 +46,7 @@ def _teacher_forced_logprobs(model, prompt, completion, temperature):
   seq = prompt + completion
   logits = _full_logits(model, seq)[None, len(prompt) - 1:-1]
   targets = jnp.asarray([completion], jnp.int32)
-  return np.asarray(losses.token_logprobs(logits, targets, temperature))[0]
+  return np.asarray(logprobs.token_logprobs(logits, targets, temperature))[0]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -155,7 +157,7 @@ def test_host_offloaded_prompt_kv_gives_the_same_samples(model):
   np.testing.assert_allclose(host.logprobs, device.logprobs, atol=1e-6)
   # The prefill leaves the prompts' KV in pinned host memory, where decoding reads it.
   graphdef, state = nnx.split(model)
-  prefill = sampling._prefill_fn(None, model.cfg.num_layers, True)
+  prefill = generation._prefill_fn(None, model.cfg.num_layers, True)
   _, prefix, _ = prefill(state, jnp.zeros((4, 16), jnp.int32), jnp.ones((4,), jnp.int32),
                          graphdef=graphdef, group_size=2, max_new_tokens=4, mesh=None,
                          share_prompt=True, offload_kv=True)

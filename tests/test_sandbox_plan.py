@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from rlcode.sandbox import plan_tests
-from rlcode.sandbox.plan import context_names
+from rlcode.sandbox.testplan import context_names
 
 
 def test_plan_splits_humaneval_style_check():

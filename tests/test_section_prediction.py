@@ -7,9 +7,11 @@ import os
 
 import pytest
 
-from rlcode import config_lib, rollout, train
+from rlcode.config import loader
+from rlcode.rl import sequences
+from rlcode.train import grpo_loop
 from rlcode.data import sources
-from rlcode.metrics import read_metrics
+from rlcode.runs.metrics import read_metrics
 from rlcode.models.tokenizer import load_tokenizer
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -39,7 +41,7 @@ def data_dir(tmp_path_factory):
 
 
 def test_every_prompt_and_reference_fits_the_context(data_dir):
-  config = config_lib.load_config(CONFIG, [f"--config.data.data_dir={data_dir}"])
+  config = loader.load_config(CONFIG, [f"--config.data.data_dir={data_dir}"])
   # The budgets count the model's own tokenizer.
   assert config.data.count_tokens == config.model.tokenizer and not config.model.hf_path
   context = config.model.arch.max_seq_len
@@ -53,22 +55,22 @@ def test_every_prompt_and_reference_fits_the_context(data_dir):
       assert prompt + config.rl.max_new_tokens <= context, task.id
       assert prompt + config.eval.max_new_tokens <= context, task.id
     # A warm-start row is prompt + reference + EOS.
-    batch = rollout.sft_batch(tokenizer, tasks)
+    batch = sequences.sft_batch(tokenizer, tasks)
     assert int(batch.mask.sum(1).max()) <= config.rl.max_new_tokens
     assert int((batch.tokens != tokenizer.pad_id).sum(1).max()) <= context
 
 
 def test_unknown_token_unit_is_an_error(data_dir):
-  config = config_lib.load_config(CONFIG, [f"--config.data.data_dir={data_dir}",
+  config = loader.load_config(CONFIG, [f"--config.data.data_dir={data_dir}",
                                            "--config.data.count_tokens=chars"])
   with pytest.raises(ValueError, match="count_tokens='chars'"):
     sources.builder(config.data)
 
 
 def test_grpo_steps_log_semantic_spread_and_correlation(data_dir, tmp_path):
-  config = config_lib.load_config(CONFIG, SMALL + [f"--config.workdir={tmp_path}",
+  config = loader.load_config(CONFIG, SMALL + [f"--config.workdir={tmp_path}",
                                                    f"--config.data.data_dir={data_dir}"])
-  rows = train.train(config)
+  rows = grpo_loop.train(config)
   assert rows == read_metrics(str(tmp_path))[1:]  # the first row is the warm start's
   assert read_metrics(str(tmp_path))[0]["sft_steps"] == 1
   steps = [r for r in rows if "loss" in r]

@@ -7,7 +7,9 @@ import json
 import numpy as np
 import pytest
 
-from rlcode import cli, evaluate, selection
+from rlcode import cli
+from rlcode.evaluation import selection
+from rlcode.evaluation import passk
 
 
 def _brute(pick, n, k):
@@ -32,7 +34,7 @@ def test_rm_first_and_oracle_against_brute_force(k):
   first = np.mean([p[d[0]] for d in itertools.permutations(range(n), k)])
   assert selection.first_at_k(PASSED, k) == pytest.approx(first)
   assert selection.oracle_at_k(PASSED, k) == pytest.approx(_brute(lambda d: p[d].max(), n, k))
-  assert selection.oracle_at_k(PASSED, k) == evaluate.pass_at_k(n, 3, k)
+  assert selection.oracle_at_k(PASSED, k) == passk.pass_at_k(n, 3, k)
 
 
 def test_vote_on_hand_made_groups():

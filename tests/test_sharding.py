@@ -9,7 +9,8 @@ import pytest
 from flax import nnx
 from jax.sharding import PartitionSpec as P
 
-from rlcode import losses, sharding
+from rlcode.rl import logprobs
+from rlcode.parallel import sharding
 from rlcode.models import Decoder, ModelConfig, load_hf
 from rlcode.sampling import generate
 
@@ -25,7 +26,7 @@ def _forward_and_loss(model, tokens, mesh):
   def run(state, tokens):
     with sharding.activate(mesh):
       logits = nnx.merge(graphdef, state)(tokens)
-      return logits, losses.cross_entropy(logits[:, :-1], tokens[:, 1:])
+      return logits, logprobs.cross_entropy(logits[:, :-1], tokens[:, 1:])
   with sharding.activate(mesh):
     tokens = jax.device_put(tokens, sharding.logical_sharding(("batch", "length"), tokens.shape))
   return run(state, tokens)

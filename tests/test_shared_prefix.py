@@ -9,7 +9,11 @@ import optax
 import pytest
 from flax import nnx
 
-from rlcode import grpo, rollout, sharding, shared_prefix
+from rlcode.parallel import sharding
+from rlcode.rl import shared_prefix
+from rlcode import optim
+from rlcode.rl import objective
+from rlcode.rl import sequences
 from rlcode.models import Decoder, ModelConfig
 
 CFG = ModelConfig(vocab_size=40, hidden_size=32, intermediate_size=48, num_layers=2,
@@ -31,9 +35,9 @@ def _data(seed, longest_first):
 
 
 def _naive(prompts, completions, old, ref, adv):
-  batch = rollout.sequence_batch(prompts, completions, np.repeat(np.arange(len(prompts)), G),
+  batch = sequences.sequence_batch(prompts, completions, np.repeat(np.arange(len(prompts)), G),
                                  pad_id=PAD, old_logp=old, adv=adv)
-  ref_b = rollout.sequence_batch(prompts, completions, np.repeat(np.arange(len(prompts)), G),
+  ref_b = sequences.sequence_batch(prompts, completions, np.repeat(np.arange(len(prompts)), G),
                                  pad_id=PAD, old_logp=ref)
   batch.ref_logp = ref_b.old_logp
   return batch
@@ -58,19 +62,19 @@ def _losses_and_grads(graphdef, params, batch, logprob_fn):
   The model's backward pass is compiled once: each aggregation's gradient with respect
   to the log-probs is pulled back through the model's VJP, vmapped over aggregations
   (the chain rule, the same gradients as value_and_grad of each loss)."""
-  configs = [grpo.LossConfig(aggregation=name, beta=0.05, clip_eps_low=0.2,
+  configs = [objective.LossConfig(aggregation=name, beta=0.05, clip_eps_low=0.2,
                              clip_eps_high=0.28, max_completion_len=8)
-             for name in grpo.AGGREGATIONS]
+             for name in objective.AGGREGATIONS]
 
   @jax.jit
   def run(params):
     logp, pull_back = jax.vjp(lambda p: logprob_fn(nnx.merge(graphdef, p), batch)[0], params)
-    losses, cotangents = zip(*[jax.value_and_grad(lambda lp, cfg=cfg: grpo.policy_loss(
+    losses, cotangents = zip(*[jax.value_and_grad(lambda lp, cfg=cfg: objective.policy_loss(
         lp, batch.old_logp, batch.adv, batch.mask, cfg, ref_logp_nt=batch.ref_logp)[0])(logp)
                                for cfg in configs])
     (grads,) = jax.vmap(pull_back)(jnp.stack(cotangents))
     return {name: (losses[i], jax.tree.map(lambda g, i=i: g[i], grads))
-            for i, name in enumerate(grpo.AGGREGATIONS)}
+            for i, name in enumerate(objective.AGGREGATIONS)}
   return run(params)
 
 
@@ -87,12 +91,12 @@ def test_loss_and_grads_equal_repeated_prompt(model, longest_first, padding_side
                                               completion_len):
   graphdef, params = model
   data = _data(0, longest_first)
-  naive_fn = lambda m, b: grpo.sequence_logprobs(m, b, 1.0)
+  naive_fn = lambda m, b: sequences.sequence_logprobs(m, b, 1.0)
   naive = _losses_and_grads(graphdef, params, _naive(*data), naive_fn)
   shared = _losses_and_grads(graphdef, params,
                              _grouped(*data, padding_side, completion_len),
                              shared_prefix.logprob_fn(1.0))
-  for name in grpo.AGGREGATIONS:
+  for name in objective.AGGREGATIONS:
     (loss_a, grads_a), (loss_b, grads_b) = naive[name], shared[name]
     np.testing.assert_allclose(float(loss_b), float(loss_a), rtol=1e-5, atol=1e-6,
                                err_msg=name)
@@ -109,7 +113,7 @@ def test_logprobs_equal_per_token(model):
   m = nnx.merge(graphdef, params)
   naive = _naive(*data)
   grouped = _grouped(*data, "right")
-  logp_a, ent_a = jax.jit(lambda b: grpo.sequence_logprobs(m, b, 0.7))(naive)
+  logp_a, ent_a = jax.jit(lambda b: sequences.sequence_logprobs(m, b, 0.7))(naive)
   logp_b, ent_b = jax.jit(lambda b: shared_prefix.grouped_logprobs(m, b, 0.7))(grouped)
   # The full forward's log-softmax at each completion token, computed independently.
   full = jax.jit(lambda t: jax.nn.log_softmax(m(t) / 0.7, axis=-1))(naive.tokens)
@@ -129,16 +133,16 @@ def test_update_step_runs_sharded(model):
   graphdef, params = model
   # A copy: the update donates its state, and the module fixture's params are shared.
   m = sharding.shard_module(nnx.merge(graphdef, jax.tree.map(lambda x: x.copy(), params)), mesh)
-  opt_cfg = grpo.OptimizerConfig(learning_rate=1e-3, warmup_steps=1, decay_steps=10)
-  optimizer = grpo.make_optimizer(opt_cfg)
+  opt_cfg = optim.OptimizerConfig(learning_rate=1e-3, warmup_steps=1, decay_steps=10)
+  optimizer = optim.make_optimizer(opt_cfg)
   data = _data(5, True)
   prompts = data[0] + data[0][:1]  # 4 prompts: divisible by the data axis
   completions = data[1] + data[1][:G]
   batch = shared_prefix.grouped_batch(prompts, completions, pad_id=PAD, completion_len=8,
                                       old_logp=data[2] + data[2][:G],
                                       adv=np.concatenate([data[4], data[4][:G]]))
-  state = grpo.init_state(m, optimizer, mesh)
-  cfg = grpo.LossConfig(max_completion_len=8)
+  state = optim.init_state(m, optimizer, mesh)
+  cfg = objective.LossConfig(max_completion_len=8)
   update = shared_prefix.update_step(nnx.split(m, nnx.Param)[0], optimizer, cfg, mesh, state,
                                      batch)
   state, metrics = update(state, batch)
@@ -160,11 +164,11 @@ def test_sliding_window_layers_equal_repeated_prompt():
                        "sliding_window": 6})
   graphdef, params = nnx.split(Decoder(cfg, rngs=nnx.Rngs(2)), nnx.Param)
   data = _data(1, True)
-  naive_fn = lambda m, b: grpo.sequence_logprobs(m, b, 1.0)
+  naive_fn = lambda m, b: sequences.sequence_logprobs(m, b, 1.0)
   naive = _losses_and_grads(graphdef, params, _naive(*data), naive_fn)
   shared = _losses_and_grads(graphdef, params, _grouped(*data, "right"),
                              shared_prefix.logprob_fn(1.0))
-  for name in grpo.AGGREGATIONS:
+  for name in objective.AGGREGATIONS:
     np.testing.assert_allclose(float(shared[name][0]), float(naive[name][0]), rtol=1e-5,
                                atol=1e-6, err_msg=name)
     flat = dict(nnx.to_flat_state(naive[name][1]))
@@ -201,15 +205,15 @@ def _idle_batch(model, seed=7):
 def _loss_and_grads(graphdef, params, batch, cfg):
   def loss(p):
     logp, _ = shared_prefix.grouped_logprobs(nnx.merge(graphdef, p), batch, 1.0)
-    return grpo.policy_loss(logp, batch.old_logp, batch.adv, batch.mask, cfg,
+    return objective.policy_loss(logp, batch.old_logp, batch.adv, batch.mask, cfg,
                             weight_nt=batch.weight)[0]
   return jax.jit(jax.value_and_grad(loss))(params)
 
 
-@pytest.mark.parametrize("aggregation", sorted(grpo.AGGREGATIONS))
+@pytest.mark.parametrize("aggregation", sorted(objective.AGGREGATIONS))
 def test_drop_idle_groups_keeps_loss_and_grads(model, aggregation):
   graphdef, params = model
-  cfg = grpo.LossConfig(aggregation=aggregation, clip_eps_low=0.2, clip_eps_high=0.28,
+  cfg = objective.LossConfig(aggregation=aggregation, clip_eps_low=0.2, clip_eps_high=0.28,
                         max_completion_len=16)
   full = _idle_batch(model)
   small = shared_prefix.drop_idle_groups(full, G, cfg, multiple=8)
@@ -227,7 +231,7 @@ def test_drop_idle_groups_keeps_loss_and_grads(model, aggregation):
 
 
 def test_drop_idle_groups_pads_and_keeps_one(model):
-  cfg = grpo.LossConfig(max_completion_len=16)
+  cfg = objective.LossConfig(max_completion_len=16)
   full = _idle_batch(model)
   # One group with signal, padded to the mesh's 2 batch shards with a masked-out group.
   one = dataclasses.replace(full, adv=np.where(np.arange(4 * G) < G, full.adv, 0.0))
@@ -242,7 +246,7 @@ def test_drop_idle_groups_pads_and_keeps_one(model):
   none = shared_prefix.drop_idle_groups(flat, G, cfg, multiple=8)
   assert none.prompt_tokens.shape[0] == 1 and none.mask.sum() == 0
   # With a KL term every trained token counts: the batch comes back as it was.
-  assert shared_prefix.drop_idle_groups(full, G, grpo.LossConfig(beta=0.1), multiple=8) is full
+  assert shared_prefix.drop_idle_groups(full, G, objective.LossConfig(beta=0.1), multiple=8) is full
   with pytest.raises(ValueError, match="12 rows do not split into 4 groups of 2"):
     shared_prefix.drop_idle_groups(full, 2, cfg)
 
@@ -255,13 +259,13 @@ def test_drop_idle_groups_same_optimiser_steps(model):
   graphdef, params = model
   mesh = sharding.make_mesh(1, 1, 1)
   optimizer = optax.sgd(learning_rate=0.5, momentum=0.9)
-  cfg = grpo.LossConfig(max_completion_len=16)
+  cfg = objective.LossConfig(max_completion_len=16)
   full = _idle_batch(model)
   flat = dataclasses.replace(full, adv=np.zeros_like(full.adv))
   finals = []
   for compact in (False, True):
     m = nnx.merge(graphdef, jax.tree.map(lambda x: x.copy(), params))
-    state = grpo.init_state(m, optimizer, mesh)
+    state = optim.init_state(m, optimizer, mesh)
     update = shared_prefix.update_step(graphdef, optimizer, cfg, mesh, state,
                                        shared_prefix.GroupedBatch.abstract(4, 4 * G))
     for batch in (full, flat):

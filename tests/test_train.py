@@ -13,8 +13,8 @@ import numpy as np
 import pytest
 
 import xla_flags
-from rlcode import config_lib
-from rlcode.metrics import read_metrics
+from rlcode.config import loader
+from rlcode.runs.metrics import read_metrics
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "grpo_tiny.py")
@@ -40,7 +40,7 @@ TIMING = ("tokens_per_s", "seconds")
 
 
 def _config(workdir, *extra):
-  return config_lib.load_config(CONFIG, SMALL + [f"--config.workdir={workdir}", *extra])
+  return loader.load_config(CONFIG, SMALL + [f"--config.workdir={workdir}", *extra])
 
 
 def _comparable(rows):
@@ -128,7 +128,7 @@ def test_resume_with_another_config_is_one_line_and_exit_2(uninterrupted, capsys
   assert "rl.group_size: 4 -> 2" in err and "seed: 0 -> 1" in err
   assert (uninterrupted / "metrics.jsonl").read_text() == before  # nothing truncated
   # Only the resumable keys may change: a longer run and another eval cadence resume.
-  from rlcode import config_lib as lib
+  from rlcode.config import loader as lib
   lib.check_resume(_config(uninterrupted, "--config.train.steps=8",
                            "--config.train.eval_every=4"), str(uninterrupted))
 

@@ -10,7 +10,7 @@ reference: each program compiles once, which is most of what these runs cost on 
 
 import os
 
-from rlcode import config_lib
+from rlcode.config import loader
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "grpo_tiny.py")
@@ -33,7 +33,7 @@ TIMING = ("tokens_per_s", "seconds")
 
 
 def config(workdir, *overrides):
-  return config_lib.load_config(CONFIG, TINY + [f"--config.workdir={workdir}", *overrides])
+  return loader.load_config(CONFIG, TINY + [f"--config.workdir={workdir}", *overrides])
 
 
 def steps(rows):

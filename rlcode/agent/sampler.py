@@ -37,8 +37,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from kernels.tiling import round_up
-from rlcode import sampling, sharding
+from rlcode.kernels.tiling import round_up
+from rlcode import sampling
+from rlcode.parallel import sharding
 from rlcode.agent.chat import ChatFormat
 from rlcode.agent.env import CUT, ToolEnv
 from rlcode.data.tasks import Task

@@ -16,7 +16,7 @@ import os
 from flax import nnx
 from jax.sharding import Mesh
 
-from rlcode import sharding
+from rlcode.parallel import sharding
 from rlcode.errors import BadInput, MissingInput
 from rlcode.models.config import ModelConfig
 from rlcode.models.decoder import Decoder

@@ -13,7 +13,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
-from kernels.spec import NSAConfig
+from rlcode.kernels.spec import NSAConfig
 
 # Hugging Face `architectures` entries the decoder implements exactly.
 SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM")

@@ -22,8 +22,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-import kernels
-from rlcode import sharding
+from rlcode import kernels
+from rlcode.parallel import sharding
 from rlcode.models import rope as rope_lib
 from rlcode.models.config import ModelConfig
 from rlcode.models.nsa import NSAAttention, NSACache

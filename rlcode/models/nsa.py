@@ -23,8 +23,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from kernels import nsa as nsa_kernels
-from kernels.spec import NSAConfig
+from rlcode.kernels import nsa as nsa_kernels
+from rlcode.kernels.spec import NSAConfig
 from rlcode.models import rope as rope_lib
 
 _INIT_STD = 0.02

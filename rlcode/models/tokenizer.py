@@ -25,6 +25,11 @@ class Tokenizer(Protocol):
   def decode(self, ids: Sequence[int]) -> str: ...
 
 
+def bos_length(tokenizer: Tokenizer) -> int:
+  """How many tokens encode() prepends on its own (a BOS), which a continuation drops."""
+  return len(tokenizer.encode(""))
+
+
 # The special strings of the tool-calling chat format (rlcode.agent.chat), one token each
 # in the "bytes+tools" tokenizer, as they are in Qwen2.5's vocabulary.
 TOOL_SPECIALS = ("<tool_call>", "</tool_call>", "<tool_response>", "</tool_response>")

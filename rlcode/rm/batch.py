@@ -15,7 +15,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from kernels.tiling import round_up
+from rlcode.kernels.tiling import round_up
 from rlcode.data.choices import Choice
 from rlcode.models.tokenizer import Tokenizer
 

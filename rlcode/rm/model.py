@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rlcode import sharding
+from rlcode.parallel import sharding
 from rlcode.models.config import ModelConfig
 from rlcode.models.decoder import Decoder, dense
 

@@ -15,11 +15,14 @@ import jax
 import numpy as np
 from flax import nnx
 
-from rlcode import checkpoint, grpo, sharding
+from rlcode.runs import checkpoint
+from rlcode.parallel import sharding
+from rlcode import optim
 from rlcode.errors import MissingInput
 from rlcode.models.tokenizer import load_tokenizer
 from rlcode.rm.batch import pair_rows
-from rlcode.rm.train import build_reward_model, recorded_config
+from rlcode.rm.build import build_reward_model
+from rlcode.config.record import recorded_config
 
 
 class RewardModelScorer:
@@ -39,9 +42,9 @@ class RewardModelScorer:
     with checkpoint.Checkpointer(nested if os.path.isdir(nested) else path) as ckpt:
       if ckpt.latest_step() is None:
         raise MissingInput(f"reward model checkpoint {path!r}: no checkpoint there")
-      optimizer = grpo.make_optimizer(grpo.OptimizerConfig.from_config(self.config.optimizer))
+      optimizer = optim.make_optimizer(optim.OptimizerConfig.from_config(self.config.optimizer))
       restored, _, self.step = ckpt.restore(
-          {"state": checkpoint.abstract_like(grpo.init_state(model, optimizer, mesh))})
+          {"state": checkpoint.abstract_like(optim.init_state(model, optimizer, mesh))})
     graphdef, _ = nnx.split(model, nnx.Param)
     self.params = restored["state"].params
     self.features = tuple(self.config.rm.features)

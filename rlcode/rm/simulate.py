@@ -113,12 +113,14 @@ def simulate(policy_path: str, out: str, *, k: int, per_task: Mapping[str, int],
              workers: int | None = None) -> dict:
   """Samples candidates from the policy at `policy_path` for every split of its tasks,
   draws the choices, writes them to `out`; returns counts and timings."""
-  from rlcode import evaluate, rollout, sharding
+  from rlcode.parallel import sharding
+  from rlcode.evaluation import policy_eval
+  from rlcode.rl import rollout
   from rlcode.data import sources
-  from rlcode.rm.train import recorded_config
+  from rlcode.config.record import recorded_config
   config = recorded_config(policy_path, "--policy")
   mesh = sharding.mesh_from_config(config.mesh)
-  model, tokenizer, step, _ = evaluate.restore_policy(config, policy_path, mesh)
+  model, tokenizer, step, _ = policy_eval.restore_policy(config, policy_path, mesh)
   rng = np.random.default_rng(seed)
   rows, stats = [], {"policy": policy_path, "policy_step": step, "k": k}
   for split, n in per_task.items():
@@ -126,7 +128,7 @@ def simulate(policy_path: str, out: str, *, k: int, per_task: Mapping[str, int],
     tasks, _ = rollout.fit_tasks(sources.load(config.data, split), tokenizer, split=split,
                                  max_seq_len=model.cfg.max_seq_len,
                                  max_new_tokens=config.rl.max_new_tokens, drop_too_long=True)
-    row_tasks, texts = evaluate.sample_completions(
+    row_tasks, texts = policy_eval.sample_completions(
         model, tokenizer, tasks, num_samples=n * k, temperature=sample_temperature,
         max_new_tokens=config.rl.max_new_tokens, seed=seed * 7919 + len(rows), mesh=mesh,
         progress=True)

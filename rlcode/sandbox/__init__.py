@@ -147,7 +147,7 @@ from tqdm import tqdm
 
 from rlcode.sandbox import launch
 from rlcode.sandbox.jobs import STATUSES, Job, Limits, Result, SandboxUnavailableError
-from rlcode.sandbox.plan import TEST_FORMATS, TestPlan, context_names, plan_tests
+from rlcode.sandbox.testplan import TEST_FORMATS, TestPlan, context_names, plan_tests
 from rlcode.sandbox.seccomp import seccomp_filter
 from rlcode.sandbox.supervise import execute
 

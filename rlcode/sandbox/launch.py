@@ -25,7 +25,7 @@ import warnings
 from pathlib import Path
 
 from rlcode.sandbox.jobs import Job, Limits, SandboxUnavailableError
-from rlcode.sandbox.plan import plan_tests
+from rlcode.sandbox.testplan import plan_tests
 from rlcode.sandbox.seccomp import AUDIT_ARCH, seccomp_filter
 from rlcode.sandbox.supervise import execute
 

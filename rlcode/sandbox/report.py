@@ -15,7 +15,7 @@ import signal
 
 from rlcode.sandbox import codec
 from rlcode.sandbox.jobs import Limits, Result
-from rlcode.sandbox.plan import TestPlan
+from rlcode.sandbox.testplan import TestPlan
 
 
 @dataclasses.dataclass

@@ -21,7 +21,7 @@ import subprocess
 import time
 
 from rlcode.sandbox.jobs import Job, Limits, Result
-from rlcode.sandbox.plan import GEN_NAME, TestPlan, context_names
+from rlcode.sandbox.testplan import GEN_NAME, TestPlan, context_names
 from rlcode.sandbox.report import Streams, interpret
 
 log = logging.getLogger(__name__)

@@ -1,0 +1,129 @@
+"""Demonstrations: scripted episodes played through real environments, and imitation of them.
+
+The warm start of the agent loop and its cross-entropy controls train on these episodes'
+sampled (call) tokens; the demonstrator is rlcode.agent.expert's, with the flaws the
+config asks for (guessing, copying a decoy line, trusting a stale note).
+"""
+
+from __future__ import annotations
+
+import concurrent.futures
+import time
+import numpy as np
+from rlcode.train import sft
+from rlcode import optim
+from rlcode.agent import expert, episodes, sampler
+from rlcode.errors import BadInput
+
+
+def expert_episodes(config, tasks, envs, chat, budgets, guess_fraction: float = 0.0,
+                    guess_families: tuple[str, ...] | None = None, decoy_copy: float = 0.0,
+                    note_trust: float = 0.0) -> list[sampler.Trajectory | None]:
+  """One scripted expert episode per task, None where the tool set cannot solve it;
+  played on the environments side by side, each taking every len(envs)-th episode.
+  guess_fraction > 0: that fraction of the tasks (expert.is_guess, by the run's seed;
+  of the `guess_families` only, when given) get the episode of a demonstrator that
+  does not look (expert.guess_calls) instead. decoy_copy > 0: on that fraction of the
+  tasks with a decoy line (expert.copies_decoy, by the run's seed) the episode copies
+  the decoy's value. note_trust > 0: on that fraction of the tasks with a stale note
+  (expert.trusts_note, by the run's seed) the episode writes the note's value at once
+  (expert.note_calls)."""
+  agent = config.agent
+  jobs = []
+  for i, task in enumerate(tasks):
+    try:
+      calls = expert.expert_calls(
+          task, agent.toolset, agent.think,
+          copy_decoy=expert.copies_decoy(task, decoy_copy, config.seed))
+    except ValueError:
+      continue
+    if guess_fraction > 0 and expert.is_guess(task, guess_fraction, config.seed,
+                                              guess_families):
+      calls = expert.guess_calls(task, agent.toolset, config.seed)
+    if expert.trusts_note(task, note_trust, config.seed):
+      calls = expert.note_calls(task, agent.toolset)
+    jobs.append((i, task, calls))
+  out: list[sampler.Trajectory | None] = [None] * len(tasks)
+  lanes = min(len(envs), len(jobs))
+
+  def lane(k):
+    for i, task, calls in jobs[k::lanes]:
+      out[i] = expert.expert_trajectory(envs[k], chat, task, calls, budgets)
+
+  with concurrent.futures.ThreadPoolExecutor(max(1, min(agent.workers, lanes))) as pool:
+    list(pool.map(lane, range(lanes)))
+  return out
+
+
+def expert_trajectories(config, tasks, envs, chat, budgets, guess_fraction: float = 0.0,
+                        guess_families: tuple[str, ...] | None = None,
+                        decoy_copy: float = 0.0, note_trust: float = 0.0
+                        ) -> list[sampler.Trajectory]:
+  """The expert episodes of the tasks its tool set can solve, in task order
+  (guess_fraction, guess_families, decoy_copy, note_trust: as in expert_episodes)."""
+  return [t for t in expert_episodes(config, tasks, envs, chat, budgets, guess_fraction,
+                                     guess_families, decoy_copy, note_trust)
+          if t is not None]
+
+
+def demonstrations(config, tasks, envs, chat, budgets) -> list[sampler.Trajectory]:
+  """The warm start's episodes (and a cross-entropy control's): the expert's, with
+  `warmstart.guess_fraction` of them (of the `warmstart.guess_families` only, when
+  set) a demonstrator's that does not look, and on `warmstart.decoy_copy` of the tasks
+  with a decoy line the decoy's value copied, and on `warmstart.note_trust` of the tasks
+  with a stale note the note believed without a look."""
+  ws = config.warmstart
+  families = tuple(ws.get("guess_families", ())) or None
+  unknown = set(families or ()) - set(expert.VARIANTS)
+  if unknown:
+    raise BadInput(f"warmstart.guess_families: unknown {sorted(unknown)}; "
+                   f"known: {list(expert.VARIANTS)}")
+  decoy_copy = ws.get("decoy_copy", 0.0)
+  if not 0.0 <= decoy_copy <= 1.0:
+    raise BadInput(f"warmstart.decoy_copy must be in [0, 1], got {decoy_copy}")
+  note_trust = ws.get("note_trust", 0.0)
+  if not 0.0 <= note_trust <= 1.0:
+    raise BadInput(f"warmstart.note_trust must be in [0, 1], got {note_trust}")
+  if note_trust > 0 and not any("note" in t.extra["hint"] for t in tasks):
+    raise BadInput("warmstart.note_trust > 0 but no training task has a stale note: "
+                   "use data/agent_tasks_notes.jsonl (python data/make_agent_tasks.py --notes)")
+  return expert_trajectories(config, tasks, envs, chat, budgets,
+                             ws.get("guess_fraction", 0.0), families, decoy_copy, note_trust)
+
+
+def warm_start(config, graphdef, params, tasks, envs, chat, budgets, mesh, metrics):
+  """Supervised steps on scripted expert episodes of the training tasks (their calls are
+  the targets, observations are not); returns the params and logs one step-0 row."""
+  ws = config.warmstart
+  start = time.perf_counter()
+  # warmstart.max_episodes > 0: only the first that many training tasks (quick runs).
+  tasks = tasks[:ws.get("max_episodes", 0) or None]
+  trajs = demonstrations(config, tasks, envs, chat, budgets)
+  expert_s = time.perf_counter() - start
+  solved = float(np.mean([t.reward >= config.agent.success_reward for t in trajs]))
+  params, stats = imitate(graphdef, params, trajs, chat.tokenizer.pad_id, mesh,
+                          optimizer=optim.OptimizerConfig.from_config(ws.optimizer),
+                          batch_size=ws.batch_size, seed=config.seed + 1, steps=ws.steps,
+                          progress=config.train.progress_bar)
+  metrics.write(0, {"sft_loss_first": stats["loss_first"], "sft_loss_last": stats["loss_last"],
+                    "sft_steps": ws.steps, "expert_episodes": len(trajs),
+                    "expert_success": solved, "expert_seconds": expert_s})
+  return params
+
+
+def imitate(graphdef, params, trajs, pad_id, mesh, *, optimizer: optim.OptimizerConfig,
+            batch_size: int, seed: int, steps: int | None = None,
+            seconds: float | None = None, progress: bool = False, on_step=None):
+  """Cross-entropy on the sampled (expert) tokens of `trajs`, batches drawn with
+  replacement: `steps` steps, or steps until `seconds` of training time were spent (a
+  control at another run's training time). on_step: as in sft.train_on_batches.
+  Returns the params and {"steps", "seconds", "loss_first", "loss_last",
+  "target_tokens"}."""
+  rng = np.random.default_rng(seed)
+
+  def next_batch():
+    pick = rng.choice(len(trajs), batch_size, replace=len(trajs) < batch_size)
+    return episodes.sft_batch([trajs[i] for i in pick], pad_id)
+  return sft.train_on_batches(graphdef, params, next_batch, mesh, optimizer=optimizer,
+                              batch_size=batch_size, steps=steps, seconds=seconds,
+                              progress=progress, desc="imitate", on_step=on_step)

@@ -1,0 +1,163 @@
+"""Groups of episodes in, training batches and metrics out.
+
+Everything here runs on the host between jitted calls: building the run's
+environments from a config, laying trajectories out for the shared-prompt GRPO
+update (each task's prompt once, its G trajectories after it, the loss mask 0 on
+observations and, when `mask_cut`, on every token of a trajectory cut by a budget
+or a timeout), supervised batches of expert trajectories, and episode metrics.
+"""
+
+from __future__ import annotations
+
+import collections
+import re
+from collections.abc import Sequence
+
+import numpy as np
+
+from rlcode.kernels.tiling import round_up
+from rlcode import rewards
+from rlcode.rl import shared_prefix
+from rlcode.rl import sequences
+from rlcode.agent import sampler
+from rlcode.agent.chat import ChatFormat
+from rlcode.agent.env import STATUSES, Scorer, ToolEnv
+from rlcode.agent.memory import Memory
+from rlcode.agent.tools import make_tools
+from rlcode.sandbox.session import SessionLimits
+
+# Batches are padded to multiples of 128 tokens: an episode's length varies widely, and
+# each distinct padded length compiles the update (or the warm-start step) again.
+LENGTH_MULTIPLE = 128
+
+
+def budgets(agent) -> sampler.Budgets:
+  return sampler.Budgets(max_total_tokens=agent.max_total_tokens,
+                         max_turn_tokens=agent.max_turn_tokens,
+                         max_observation_tokens=agent.max_observation_tokens)
+
+
+def make_envs(config, n: int, *, memory: Memory | None = None, embed=None,
+              scorer: Scorer | None = None) -> list[ToolEnv]:
+  """n environments over config.agent's tools, sharing one scorer (and its caches)."""
+  agent = config.agent
+  scorer = scorer or Scorer(dict(config.rewards), rewards.options(config.reward_options))
+  limits = SessionLimits(command_seconds=agent.bash_seconds)
+  return [ToolEnv(make_tools(tuple(agent.tools)), scorer, max_turns=agent.max_turns,
+                  memory=memory, embed=embed, session_limits=limits,
+                  bash_seconds=agent.bash_seconds, episode_seconds=agent.episode_seconds)
+          for _ in range(n)]
+
+
+def chat_format(config, tokenizer) -> ChatFormat:
+  return ChatFormat(config.agent.chat_format, tokenizer)
+
+
+def trained_masks(trajs: Sequence[sampler.Trajectory], mask_cut: bool) -> list[list[int]]:
+  """Each trajectory's loss mask: its sampled tokens, none of a cut one when mask_cut."""
+  return [[0] * len(t.mask) if (mask_cut and t.cut) else list(t.mask) for t in trajs]
+
+
+def grpo_batch(trajs: Sequence[sampler.Trajectory], group_size: int, adv: np.ndarray, *,
+               pad_id: int, max_len: int, mask_cut: bool) -> shared_prefix.GroupedBatch:
+  """The shared-prompt batch: prompts once per group, trajectories after them."""
+  prompts = [trajs[i].prompt for i in range(0, len(trajs), group_size)]
+  longest = max(max(len(t.tokens) for t in trajs), 1)
+  length = min(round_up(longest, LENGTH_MULTIPLE), max_len)
+  return shared_prefix.grouped_batch(
+      prompts, [t.tokens for t in trajs], pad_id=pad_id, completion_len=length,
+      old_logp=[t.logprobs for t in trajs], adv=adv, masks=trained_masks(trajs, mask_cut))
+
+
+def sft_batch(trajs: Sequence[sampler.Trajectory], pad_id: int) -> sequences.SequenceBatch:
+  """Prompt + trajectory rows; the targets are the trajectory's sampled (expert) tokens.
+
+  A row is as long as its batch's longest prompt + trajectory, rounded up: the target
+  window (`width`) may run past a row's end, where it is clipped and masked
+  (rlcode.grpo.sequence_logprobs), so the longest prompt and the longest trajectory
+  need not both fit (about a fifth fewer positions for the agent's warm start)."""
+  n = len(trajs)
+  width = round_up(max(max(len(t.tokens) for t in trajs), 1), LENGTH_MULTIPLE)
+  seq_len = round_up(max(len(t.prompt) + len(t.tokens) for t in trajs), LENGTH_MULTIPLE)
+  tokens = np.full((n, seq_len), pad_id, np.int32)
+  mask = np.zeros((n, width), np.float32)
+  for i, t in enumerate(trajs):
+    tokens[i, :len(t.prompt)] = t.prompt
+    tokens[i, len(t.prompt):len(t.prompt) + len(t.tokens)] = t.tokens
+    mask[i, :len(t.mask)] = t.mask
+  starts = np.array([len(t.prompt) - 1 for t in trajs], np.int32)
+  return sequences.SequenceBatch(tokens=tokens, start=starts, mask=mask,
+                            old_logp=np.zeros_like(mask), ref_logp=np.zeros_like(mask),
+                            adv=np.zeros((n,), np.float32), weight=np.ones_like(mask))
+
+
+def episode_metrics(trajs: Sequence[sampler.Trajectory], success_reward: float) -> dict:
+  """Means over episodes: success, reward, tool calls, turns, context tokens, statuses,
+  tool use, call errors and per-turn test signals; success per task family
+  ("success/<family>", the second component of ids like "agent/search/sub/k6/LIMIT");
+  and, over the episodes of tasks with a decoy line (data/agent_tasks_decoy.jsonl), the
+  share whose scored solution ends in the live constant ("decoy/live") and in the
+  decoy's ("decoy/decoy"; `written_constant`); over the episodes of tasks with a stale
+  note (data/agent_tasks_notes.jsonl), the share whose scored solution uses the note's
+  constant or name ("note/believed"; `uses_note`)."""
+  n = max(len(trajs), 1)
+  turns = [x for t in trajs for x in t.turns]
+  tools = collections.Counter(x["tool"] for x in turns if "tool" in x)
+  tests = [x["tests_passed"] for x in turns if x.get("tool") == "run_tests"
+           and "tests_passed" in x]
+  out = {
+      "success": float(np.mean([t.reward >= success_reward for t in trajs])),
+      "reward_mean": float(np.mean([t.reward for t in trajs])),
+      "tool_calls_per_episode": sum(t.tool_calls for t in trajs) / n,
+      "turns_per_episode": len(turns) / n,
+      "context_tokens": float(np.mean([t.context_tokens for t in trajs])),
+      "sampled_tokens": float(np.mean([sum(t.mask) for t in trajs])),
+      "cut_rate": float(np.mean([t.cut for t in trajs])),
+      "call_error_rate": sum("call_error" in x for x in turns) / max(len(turns), 1),
+      "observation_cut_rate": sum(bool(x.get("observation_cut")) for x in turns)
+                              / max(len(turns), 1),
+      "run_tests_pass_rate": float(np.mean(tests)) if tests else 0.0,
+  }
+  out.update({f"status/{s}": sum(t.status == s for t in trajs) / n for s in STATUSES})
+  out.update({f"tool/{name}": c / n for name, c in sorted(tools.items())})
+  families = collections.defaultdict(list)
+  for t in trajs:
+    parts = t.task.id.split("/")
+    if len(parts) > 2:
+      families[parts[1]].append(t.reward >= success_reward)
+  out.update({f"success/{f}": float(np.mean(v)) for f, v in sorted(families.items())})
+  decoys = [t for t in trajs if "decoy" in t.task.extra.get("hint", {})]
+  if decoys:
+    written = [written_constant(t.program) for t in decoys]
+    out["decoy/live"] = float(np.mean([w == t.task.reference.split()[-1]
+                                       for w, t in zip(written, decoys)]))
+    out["decoy/decoy"] = float(np.mean([w == str(t.task.extra["hint"]["decoy"])
+                                        for w, t in zip(written, decoys)]))
+  noted = [t for t in trajs if "note" in t.task.extra.get("hint", {})]
+  if noted:
+    out["note/believed"] = float(np.mean([uses_note(t.program, t.task.extra["hint"])
+                                          for t in noted]))
+  return out
+
+
+def uses_note(program: str, hint: dict) -> bool:
+  """Whether a solution's text uses a task's stale note: defines the note's name (tests
+  tasks) or ends in the note's constant (file and search tasks)."""
+  if hint["variant"] == "tests":
+    return re.search(rf"\bdef\s+{re.escape(str(hint['note']))}\s*\(", program) is not None
+  return written_constant(program) == str(hint["note"])
+
+
+def written_constant(program: str) -> str | None:
+  """The last integer literal of a solution's text ("7" of "return x + 7"), None if it
+  has none."""
+  found = re.findall(r"\b\d+\b", program)
+  return found[-1] if found else None
+
+
+def embedder(agent):
+  """MiniLM embeddings for semantic search when agent.semantic_search, else None."""
+  if not agent.semantic_search:
+    return None
+  from rlcode.rewards import semantic
+  return lambda texts: semantic.embed(list(texts))

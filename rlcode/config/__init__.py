@@ -1,0 +1,2 @@
+"""Configs: `configs/*.py` files (ml_collections) validated against one typed schema.
+"""

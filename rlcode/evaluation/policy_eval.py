@@ -1,0 +1,156 @@
+"""Evaluating a policy: sample completions of held-out tasks, then score them.
+
+`held_out_eval` is a config's evaluation (the training loops' eval rows): pass@k for
+code tasks with tests, the configured rewards' means otherwise. `restore_policy` and
+`evaluate_checkpoint` do the same for a saved policy (`rlcode eval --checkpoint`).
+"""
+
+from __future__ import annotations
+
+import os
+from collections.abc import Mapping, Sequence
+import numpy as np
+from tqdm import tqdm
+from rlcode import sandbox
+from rlcode.data.tasks import Task
+from rlcode.errors import MissingInput
+from rlcode.rewards.tests import HUMANEVAL_STOP
+from rlcode.evaluation import scoring
+
+
+def sample_completions(model, tokenizer, tasks: Sequence[Task], *, num_samples: int,
+                       temperature: float, max_new_tokens: int, seed: int = 0,
+                       batch_prompts: int = 32, mesh=None,
+                       progress: bool = False) -> tuple[list[Task], list[str]]:
+  """`num_samples` completions per task, sampled `batch_prompts` tasks at a time.
+
+  Returns (the task of each completion, the completion texts), task-major.
+  """
+  from rlcode.rl import rollout  # the sampler pulls in JAX; keep this module light
+  row_tasks, texts = [], []
+  starts = range(0, len(tasks), batch_prompts)
+  for start in tqdm(starts, desc="eval: sampling", unit="batch", leave=False,
+                    disable=not progress or len(starts) < 2):
+    ro = rollout.sample(model, tokenizer, list(tasks[start:start + batch_prompts]),
+                        group_size=num_samples, max_new_tokens=max_new_tokens,
+                        temperature=temperature, seed=seed + start, mesh=mesh)
+    row_tasks += ro.row_tasks()
+    texts += ro.texts
+  return row_tasks, texts
+
+
+def evaluate_policy(model, tokenizer, tasks: Sequence[Task], *, num_samples: int,
+                    temperature: float, max_new_tokens: int, ks: Sequence[int] = (1,),
+                    seed: int = 0, batch_prompts: int = 32, mesh=None,
+                    reward_options: Mapping | None = None, progress: bool = False) -> dict:
+  """Samples `num_samples` completions per task and scores them in the sandbox.
+
+  Returns {"pass@k": ... for each k <= num_samples, "n_tasks", "n_samples"};
+  at temperature 0 use num_samples=1 (greedy pass@1).
+  """
+  options = dict(reward_options or {})
+  options.pop("mode", None)
+  row_tasks, texts = sample_completions(
+      model, tokenizer, tasks, num_samples=num_samples, temperature=temperature,
+      max_new_tokens=max_new_tokens, seed=seed, batch_prompts=batch_prompts, mesh=mesh,
+      progress=progress)
+  pairs = [(t.id, text) for t, text in zip(row_tasks, texts)]
+  report, _ = scoring.evaluate_completions(
+      tasks, pairs, k=[k for k in ks if k <= num_samples], workers=options.pop("workers", None),
+      limits=sandbox.Limits(**{k: v for k, v in options.items() if k != "stop_sequences"}),
+      stop_sequences=options.get("stop_sequences", HUMANEVAL_STOP), progress=progress)
+  return {**report["pass_at_k"], "n_tasks": report["n_tasks"], "n_samples": report["n_samples"]}
+
+
+def evaluate_rewards(model, tokenizer, tasks: Sequence[Task], *, weights: Mapping[str, float],
+                     options: Mapping[str, Mapping] | None = None, num_samples: int,
+                     temperature: float, max_new_tokens: int, seed: int = 0,
+                     batch_prompts: int = 32, mesh=None, progress: bool = False) -> dict:
+  """Samples `num_samples` completions per task and averages the configured rewards.
+
+  For tasks without unit tests (diffs, sections). Returns {"reward_mean",
+  "reward_std", and each reward's metrics as "<name>/<metric>"}.
+  """
+  from rlcode import rewards
+  row_tasks, texts = sample_completions(
+      model, tokenizer, tasks, num_samples=num_samples, temperature=temperature,
+      max_new_tokens=max_new_tokens, seed=seed, batch_prompts=batch_prompts, mesh=mesh,
+      progress=progress)
+  out = rewards.compute(weights, row_tasks, texts, options)
+  scores = np.asarray(out.scores)
+  return {"reward_mean": float(scores.mean()), "reward_std": float(scores.std()),
+          "n_tasks": len(tasks), "n_samples": len(texts), **out.metrics}
+
+
+def held_out_eval(config, model, tokenizer, tasks: Sequence[Task], mesh, ks=None) -> dict:
+  """A config's evaluation (config.eval) of a policy on `tasks`: pass@k for code tasks
+  with tests, the configured rewards' means otherwise."""
+  from rlcode import rewards
+  ev = config.eval
+  common = dict(num_samples=ev.num_samples, temperature=ev.temperature,
+                max_new_tokens=ev.max_new_tokens, seed=config.seed + 7919,
+                batch_prompts=ev.batch_prompts, mesh=mesh,
+                progress=bool(config.train.get("progress_bar", False)))
+  options = rewards.options(config.reward_options)
+  if all(t.kind == "code" and t.tests for t in tasks):
+    return evaluate_policy(model, tokenizer, tasks, ks=tuple(ks or ev.ks),
+                           reward_options=options.get("tests", {}), **common)
+  return evaluate_rewards(model, tokenizer, tasks, weights=dict(config.rewards),
+                          options=options, **common)
+
+
+def restore_policy(config, path: str, mesh):
+  """(model, tokenizer, step, checkpoint directory) of the latest checkpoint under `path`.
+
+  `path` is a workdir, its checkpoints/ directory, or another checkpoint directory
+  (a workdir's warm_start/ holds the policy right after its warm start, as does an
+  entry of a `warmstart.cache_dir`, which keeps the parameters alone).
+  """
+  from flax import nnx
+
+  from rlcode.runs import checkpoint
+  from rlcode import optim
+  from rlcode.rl import objective
+  from rlcode.models.build import build_model
+  nested = os.path.join(path, "checkpoints")
+  directory = nested if os.path.isdir(nested) else path
+  with checkpoint.Checkpointer(directory) as ckpt:
+    step = ckpt.latest_step()
+    if step is None:
+      raise MissingInput(f"no checkpoint under {directory}")
+    model, tokenizer = build_model(config.model, mesh, config.seed)
+    graphdef, params = nnx.split(model, nnx.Param)
+    if ckpt.saved_shapes(step) == checkpoint.saved_shapes_of(params):
+      params, _, step = ckpt.restore(checkpoint.abstract_like(params), step)
+    else:  # a training checkpoint: the train state (and the reference params, if kept)
+      optimizer = optim.make_optimizer(optim.OptimizerConfig.from_config(config.optimizer))
+      with_ref = objective.LossConfig.from_config(config.rl, config.rl.max_new_tokens).uses_reference
+      restored, _, step = ckpt.restore(
+          checkpoint.bundle_like(optim.init_state(model, optimizer, mesh), with_ref), step)
+      params = restored["state"].params
+  return nnx.merge(graphdef, params), tokenizer, step, directory
+
+
+def _restored_with_eval_tasks(config, path: str):
+  """(mesh, model, tokenizer, step, directory, tasks): a saved policy on its config's mesh,
+  and the eval split's tasks that fit its context."""
+  from rlcode.parallel import sharding
+  from rlcode.rl import rollout
+  from rlcode.data import sources
+  mesh = sharding.mesh_from_config(config.mesh)
+  model, tokenizer, step, directory = restore_policy(config, path, mesh)
+  tasks, _ = rollout.fit_tasks(sources.load_eval(config.data), tokenizer, split="eval",
+                               max_seq_len=model.cfg.max_seq_len,
+                               max_new_tokens=config.eval.max_new_tokens,
+                               drop_too_long=bool(config.data.get("drop_too_long")))
+  return mesh, model, tokenizer, step, directory, tasks
+
+
+def evaluate_checkpoint(config, path: str, ks=(1,)) -> dict:
+  """Held-out evaluation (config.eval, config.data.eval_split) of a saved policy.
+
+  `path` is a workdir or its checkpoints/ directory; the latest step is used.
+  """
+  mesh, model, tokenizer, step, directory, tasks = _restored_with_eval_tasks(config, path)
+  result = held_out_eval(config, model, tokenizer, tasks, mesh, ks=ks)
+  return {"step": step, "checkpoint": directory, **result}

@@ -1,0 +1,274 @@
+"""Compiling a config's update step and decode loop on fake devices, and the estimate.
+
+`analyse` runs in the worker process that has the devices (rlcode.plan.plan starts it);
+nothing of model size is allocated: the programs are lowered from abstract parameters.
+
+The estimate, per device and per program: compute time = FLOPs / peak dense bf16
+FLOP/s (for the update, the larger of the analytic share and XLA's count, which sees
+work the mesh repeats on several devices); memory time = bytes / HBM bandwidth (XLA's
+bytes accessed for the update; for decoding, each step reads the weights as the loop
+holds them and the device's part of the KV cache: XLA gathers fsdp- and data-sharded
+weights once, before the loop, and keeps tensor-parallel splits; the embedding table is
+counted whole, though a lookup reads only its rows. XLA:CPU's bytes accessed for the
+loop body, every operand of every op, are ~8x that for the 7B plan: printed, not used);
+collective time = bytes on the wire / link bandwidth (ring algorithms: an all-gather or
+reduce-scatter of S bytes over g devices moves S (g - 1) / g per device, an all-reduce
+twice that; NVLink within a domain, the network beyond). time = max(compute, memory)
++ collectives: no overlap of communication with computation, so an upper bound for a
+well-overlapped program. One GRPO step = rl.num_passes updates + a proximal or
+reference forward when the config needs one (1/3 of an update's FLOPs) + prefill
+(analytic, compute-bound) + decoding + one weight sync when the sampler has its own
+devices.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Mapping
+from rlcode.parallel import sharding
+from rlcode.errors import BadInput
+from rlcode.plan import flops
+from rlcode.plan import hardware
+from rlcode.plan import hlo
+
+
+def model_config(config):
+  """The ModelConfig of config.model (from-scratch arch, or a checkpoint's config.json)."""
+  from rlcode.models import build, config as model_cfg_lib
+  if config.model.get("hf_path"):
+    overrides = {k: config.model[k] for k in ("param_dtype", "dtype", "attn_impl")
+                 if k in config.model}
+    path = os.path.join(config.model.hf_path, "config.json")
+    return model_cfg_lib.from_hf_config(model_cfg_lib.read_hf_config(path), source=path,
+                                        **overrides)
+  return build.model_config(config.model)
+
+
+def refuse_undivided(abstract_state, mesh, what: str, rows: int) -> None:
+  """BadInput (one line) naming every model dimension the mesh axes its rules map it to
+  do not divide (the training code would replicate it with a warning instead), and the
+  batch's rows if the data-parallel axes do not divide them."""
+  from flax import nnx
+  bad = {}
+  dp = sharding.batch_shards(mesh)
+  if rows % dp:
+    bad[" rows"] = f"batch rows={rows} over data x fsdp={dp}"
+  for path, var in nnx.to_flat_state(abstract_state):
+    axes = var.get_metadata().get("axes") or ()
+    for name, size in zip(axes, var.get_value().shape):
+      rule = sharding.DEFAULT_RULES.get(name) if name else None
+      mesh_axes = (rule,) if isinstance(rule, str) else tuple(rule or ())
+      split = math.prod(mesh.shape[a] for a in mesh_axes)
+      if split > 1 and size % split:
+        bad[name] = f"{name}={size} over {'x'.join(mesh_axes)}={split}"
+  if bad:
+    raise BadInput(f"{what} {sharding.format_mesh(dict(mesh.shape))} does not divide the model "
+                   "and batch: " + "; ".join(bad[k] for k in sorted(bad)))
+
+
+def _shard_bytes(abstract_tree) -> int:
+  import jax
+  total = 0
+  for x in jax.tree.leaves(abstract_tree):
+    shape = x.sharding.shard_shape(x.shape) if x.sharding is not None else x.shape
+    total += math.prod(shape) * x.dtype.itemsize
+  return total
+
+
+def _decode_weight_bytes(abstract_tree, mesh) -> int:
+  """Bytes of weights one decode step reads on a device: each weight split only by the
+  mesh axes that stay split inside the loop (tensor)."""
+  import jax
+  total = 0
+  for x in jax.tree.leaves(abstract_tree):
+    split = 1
+    for entry in x.sharding.spec:
+      for axis in (entry if isinstance(entry, tuple) else (entry,)):
+        if axis == "tensor":
+          split *= mesh.shape[axis]
+    total += math.prod(x.shape) * x.dtype.itemsize // split
+  return total
+
+
+def _memory(compiled) -> dict:
+  m = compiled.memory_analysis()
+  return {"arguments": m.argument_size_in_bytes, "outputs": m.output_size_in_bytes,
+          "temporaries": m.temp_size_in_bytes, "aliased": m.alias_size_in_bytes,
+          "peak": (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
+                   - m.alias_size_in_bytes)}
+
+
+def _cost(compiled) -> dict:
+  cost = compiled.cost_analysis()
+  cost = cost[0] if isinstance(cost, (list, tuple)) else cost
+  return {"flops": float(cost.get("flops", 0.0)),
+          "bytes_accessed": float(cost.get("bytes accessed", 0.0))}
+
+
+# The programs are compiled, never run: LLVM's optimisations only cost time here (buffer
+# assignment, memory analysis and HLO cost analysis come before them).
+COMPILE_OPTIONS = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
+
+
+def analyse(config, devices: int, mesh_spec: str, sampler_spec: str, prompt_len: int) -> dict:
+  """Compiles the update step and the decode loop for this process's devices (which must
+  be at least `devices`); returns the measurements (no estimate: see `estimate`)."""
+  import jax
+  import jax.numpy as jnp
+  from flax import nnx
+  from jax.sharding import NamedSharding, PartitionSpec as P
+
+  from rlcode import sampling
+  from rlcode.rl import shared_prefix
+  from rlcode import optim
+  from rlcode.rl import grpo
+  from rlcode.rl import objective
+  from rlcode.rl import sequences
+  from rlcode.models.decoder import Decoder, KVCache, Prefix
+
+  rl = config.rl
+  cfg = model_config(config)
+  sizes = sharding.parse_mesh(mesh_spec, "--mesh")
+  n_train = math.prod(sizes.values())
+  sampler_sizes = sharding.parse_mesh(sampler_spec, "--sampler-mesh") if sampler_spec else None
+  n_sample = math.prod(sampler_sizes.values()) if sampler_sizes else 0
+  if n_train + n_sample > devices:
+    raise BadInput(f"--mesh {mesh_spec!r}" + (f" and --sampler-mesh {sampler_spec!r}"
+                                               if sampler_spec else "")
+                   + f" need {n_train + n_sample} devices; --devices gives {devices}")
+  all_devices = jax.devices()[:devices]
+  mesh = sharding.make_mesh(*(sizes[a] for a in sharding.MESH_AXES),
+                            devices=all_devices[:n_train])
+  sampler_mesh = (sharding.make_mesh(*(sampler_sizes[a] for a in sharding.MESH_AXES),
+                                     devices=all_devices[n_train:n_train + n_sample])
+                  if sampler_sizes else mesh)
+  prompts, group = rl.prompts_per_step, rl.group_size
+  rows = prompts * group
+  if prompt_len + rl.max_new_tokens > cfg.max_seq_len:
+    raise BadInput(f"--prompt-len {prompt_len} + rl.max_new_tokens {rl.max_new_tokens} exceed "
+                   f"the model's context of {cfg.max_seq_len}")
+
+  abstract_model = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
+  graphdef, abstract_params = nnx.split(abstract_model, nnx.Param)
+  refuse_undivided(abstract_params, mesh, "--mesh", rows)
+  refuse_undivided(abstract_params, sampler_mesh, "--sampler-mesh", rows)
+
+  def placed(state, m):
+    shardings = sharding.state_shardings(state, m)
+    return jax.tree.map(lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s),
+                        state, shardings)
+
+  params = placed(abstract_params, mesh)
+  optimizer = optim.make_optimizer(optim.OptimizerConfig.from_config(config.optimizer))
+  replicated = NamedSharding(mesh, P())
+  opt_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                           jax.eval_shape(optimizer.init, params),
+                           optim.opt_state_shardings(optimizer, params, mesh))
+  state = optim.TrainState(params=params, opt_state=opt_state,
+                          step=jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated))
+  loss_cfg = objective.LossConfig.from_config(rl, rl.max_new_tokens)
+  tc = rl.max_new_tokens
+  f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
+  i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)
+  if rl.shared_prefix:
+    example = shared_prefix.GroupedBatch(
+        prompt_tokens=i32(prompts, prompt_len), prompt_lengths=i32(prompts),
+        completion_tokens=i32(rows, tc), mask=f32(rows, tc), old_logp=f32(rows, tc),
+        ref_logp=f32(rows, tc), adv=f32(rows), weight=f32(rows, tc))
+    logprob_fn = shared_prefix.logprob_fn(rl.temperature)
+  else:
+    example = sequences.SequenceBatch(tokens=i32(rows, prompt_len + tc), start=i32(rows),
+                                 mask=f32(rows, tc), old_logp=f32(rows, tc),
+                                 ref_logp=f32(rows, tc), adv=f32(rows), weight=f32(rows, tc))
+    logprob_fn = None
+  batch = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                       example, optim.batch_shardings(mesh, example))
+  update = grpo.make_update_step(graphdef, optimizer, loss_cfg, mesh, state, example,
+                                 logprob_fn=logprob_fn).lower(state, batch).compile(
+                                     COMPILE_OPTIONS)
+
+  # The decode loop, as rlcode.sampling.generate calls it with the shared-prompt layout.
+  full_graphdef, full_state = nnx.split(abstract_model)
+  sampler_state = placed(full_state, sampler_mesh)
+  with sharding.activate(sampler_mesh):
+    on = lambda axes, shape, dtype: jax.ShapeDtypeStruct(
+        shape, dtype, sharding=sharding.logical_sharding(axes, shape))
+    kv = lambda: on(("batch", "kv_heads", "length", "head_dim"),
+                    (prompts, cfg.num_kv_heads, prompt_len, cfg.head_dim), cfg.jnp_dtype)
+    prefix = Prefix(k=tuple(kv() for _ in range(cfg.num_layers)),
+                    v=tuple(kv() for _ in range(cfg.num_layers)),
+                    lengths=on(("batch",), (prompts,), jnp.int32), head_major=True)
+    cache_shape = jax.eval_shape(lambda: KVCache.zeros(cfg, rows, tc))
+    cache = KVCache(
+        k=tuple(on(("batch", "kv_heads", "length", "head_dim"), x.shape, x.dtype)
+                for x in cache_shape.k),
+        v=tuple(on(("batch", "kv_heads", "length", "head_dim"), x.shape, x.dtype)
+                for x in cache_shape.v),
+        lengths=on(("batch",), (rows,), jnp.int32))
+    first_logits = on(("batch", "vocab"), (rows, cfg.vocab_size), jnp.float32)
+    done = on(("batch",), (rows,), jnp.bool_)
+  key = jax.eval_shape(lambda: jax.random.key(0))
+  decode = sampling.decode.lower(
+      sampler_state, first_logits, prefix, cache, key, done,
+      jax.ShapeDtypeStruct((), jnp.int32),
+      graphdef=full_graphdef, max_new_tokens=tc, temperature=float(rl.temperature), top_k=0,
+      top_p=1.0, stop_tokens=(2,), pad_id=0, mesh=sampler_mesh).compile(COMPILE_OPTIONS)
+
+  forward, train_flops = flops.update_flops(cfg, prompts, rows, prompt_len, tc, rl.shared_prefix)
+  return {
+      "model": {"parameters": cfg.num_params(), "layers": cfg.num_layers,
+                "hidden": cfg.hidden_size, "heads": cfg.num_heads,
+                "kv_heads": cfg.num_kv_heads, "vocab": cfg.vocab_size,
+                "param_dtype": cfg.param_dtype, "dtype": cfg.dtype},
+      "batch": {"prompts": prompts, "rows": rows, "prompt_len": prompt_len,
+                "completion_len": tc, "shared_prefix": bool(rl.shared_prefix),
+                "num_passes": rl.num_passes, "max_staleness": rl.max_staleness,
+                "extra_forward": bool(loss_cfg.uses_reference or rl.max_staleness > 0)},
+      "mesh": sharding.format_mesh(dict(mesh.shape)), "mesh_devices": n_train,
+      "sampler_mesh": sharding.format_mesh(dict(sampler_mesh.shape)),
+      "sampler_devices": n_sample or n_train, "split": bool(sampler_sizes),
+      "update": {
+          "parameters": _shard_bytes(params), "optimizer": _shard_bytes(opt_state),
+          "memory": _memory(update), "xla": _cost(update),
+          "flops": train_flops / n_train, "forward_flops": forward / n_train,
+          "collectives": hlo.collectives(update.as_text(), devices)},
+      "decode": {
+          "parameters": _shard_bytes(sampler_state),
+          "weights_read": _decode_weight_bytes(sampler_state, sampler_mesh),
+          "kv_cache": _shard_bytes(prefix) + _shard_bytes(cache),
+          "memory": _memory(decode), "xla": _cost(decode),
+          "flops": flops.decode_flops(cfg, rows, prompt_len, tc) / (n_sample or n_train),
+          "prefill_flops": flops.prefill_flops(cfg, prompts, prompt_len) / (n_sample or n_train),
+          "collectives": hlo.collectives(decode.as_text(), devices, unknown_trips=tc)},
+      "full_params_bytes": cfg.num_params() * jnp.dtype(cfg.jnp_param_dtype).itemsize,
+  }
+
+
+def estimate(result: Mapping, hw: hardware.Hardware) -> dict:
+  """Seconds per program and per GRPO step from `analyse`'s measurements."""
+  up, dec, b = result["update"], result["decode"], result["batch"]
+  # The update has no loop, so XLA's count is whole; it exceeds the analytic share of a
+  # device where the mesh does not divide the work (a prompt computed on several devices).
+  update = {"compute": max(up["flops"], up["xla"]["flops"]) / hw.flops,
+            "memory": up["xla"]["bytes_accessed"] / hw.hbm_bytes_per_s,
+            "collectives": hlo.collective_seconds(up["collectives"], hw)}
+  update["total"] = max(update["compute"], update["memory"]) + update["collectives"]
+  # Every generated token reads the weights and the KV cache once.
+  steps = b["completion_len"]
+  decode = {"compute": dec["flops"] / hw.flops,
+            "memory": steps * (dec["weights_read"] + dec["kv_cache"]) / hw.hbm_bytes_per_s,
+            "collectives": hlo.collective_seconds(dec["collectives"], hw)}
+  decode["total"] = max(decode["compute"], decode["memory"]) + decode["collectives"]
+  prefill = dec["prefill_flops"] / hw.flops
+  # The trainer's params reach the sampler's devices once a step (over NVLink).
+  sync = result["full_params_bytes"] / hw.link_bytes_per_s if result["split"] else 0.0
+  extra = update["total"] / 3 if b["extra_forward"] else 0.0
+  train = b["num_passes"] * update["total"] + extra
+  sample = prefill + decode["total"]
+  # Training and sampling overlap only on their own devices, with rollouts allowed to
+  # be a version stale.
+  overlapped = result["split"] and b["max_staleness"] >= 1
+  step = (max(train, sample) if overlapped else train + sample) + sync
+  return {"update": update, "decode": decode, "prefill": prefill, "sync": sync,
+          "train": train, "sample": sample, "step": step, "overlapped": overlapped}

@@ -1,0 +1,70 @@
+"""The table `rlcode plan` prints: memory, FLOPs, collectives and time per device.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from rlcode.plan import hardware
+from rlcode.plan import hlo
+
+
+def _gb(x: float) -> str:
+  return f"{x / 1e9:8.2f} GB"
+
+
+def format_table(result: Mapping, hw: hardware.Hardware, est: Mapping) -> str:
+  up, dec, m, b = result["update"], result["decode"], result["model"], result["batch"]
+  lines = [
+      f"model: {m['parameters'] / 1e9:.2f}B parameters ({m['layers']} layers, hidden "
+      f"{m['hidden']}, {m['heads']} heads, {m['kv_heads']} KV heads, vocab {m['vocab']}; "
+      f"{m['param_dtype']} params, {m['dtype']} compute)",
+      f"batch: {b['prompts']} prompts x {b['rows'] // b['prompts']} = {b['rows']} rows, prompt "
+      f"{b['prompt_len']} + completion {b['completion_len']} tokens"
+      f"{', shared prefix' if b['shared_prefix'] else ''}, {b['num_passes']} update pass(es)",
+      f"hardware: {hw.name} ({hw.flops / 1e12:.0f} TFLOP/s bf16 dense, "
+      f"{hw.hbm_bytes_per_s / 1e12:.1f} TB/s HBM, {hw.hbm_bytes / 1e9:.0f} GB, "
+      f"{hw.link_bytes_per_s / 1e9:.0f} GB/s link per direction, NVLink domain {hw.domain})",
+      f"trainer mesh {result['mesh']} ({result['mesh_devices']} devices); sampler mesh "
+      f"{result['sampler_mesh']} ({result['sampler_devices']} devices"
+      f"{', its own' if result['split'] else ', shared with the trainer'})",
+      "",
+      "per device                        update step      decode loop",
+      f"  parameters                    {_gb(up['parameters'])}      {_gb(dec['parameters'])}",
+      f"  optimiser state               {_gb(up['optimizer'])}",
+      f"  KV cache                                         {_gb(dec['kv_cache'])}",
+      f"  activations, temporaries (XLA){_gb(up['memory']['temporaries'])}      "
+      f"{_gb(dec['memory']['temporaries'])}",
+      f"  peak (XLA)                    {_gb(up['memory']['peak'])}      "
+      f"{_gb(dec['memory']['peak'])}"
+      + ("   exceeds HBM" if max(up['memory']['peak'], dec['memory']['peak']) > hw.hbm_bytes
+         else ""),
+      f"  read per decode step (weights, KV)               "
+      f"{_gb(dec['weights_read'] + dec['kv_cache'])}"
+      f"  (XLA:CPU's bytes: {dec['xla']['bytes_accessed'] / 1e9:.2f} GB)",
+      f"  FLOPs, analytic               {up['flops']:11.3e}      {dec['flops']:11.3e}",
+      f"  FLOPs, XLA cost_analysis      {up['xla']['flops']:11.3e}      "
+      f"{dec['xla']['flops']:11.3e}  (the loop body counted once;"
+      f" x{b['completion_len']}: {dec['xla']['flops'] * b['completion_len']:.3e})",
+  ]
+  for name, part in (("update step", up), ("decode loop", dec)):
+    summary = hlo.summarise_collectives(part["collectives"])
+    for kind, s in sorted(summary.items()):
+      lines.append(f"  {name} {kind:<19s} x{s['count']:<7d} {s['bytes'] / 1e9:9.3f} GB, "
+                   f"{s['wire_bytes'] / 1e9:9.3f} GB on the wire")
+  u, d = est["update"], est["decode"]
+  t = lambda x: f"{x:10.3g}"
+  lines += [
+      "",
+      "estimated seconds            compute     memory  collectives      total",
+      f"  update step            {t(u['compute'])} {t(u['memory'])}   {t(u['collectives'])} "
+      f"{t(u['total'])}",
+      f"  decode loop            {t(d['compute'])} {t(d['memory'])}   {t(d['collectives'])} "
+      f"{t(d['total'])}",
+      f"  prefill (analytic)     {t(est['prefill'])}",
+      f"  weight sync to sampler {t(est['sync'])}",
+      f"  GRPO step: train {est['train']:.3g} s, sample {est['sample']:.3g} s, "
+      f"step {est['step']:.3g} s"
+      + (" (train and sample overlap: own devices, rl.max_staleness >= 1)"
+         if est["overlapped"] else " (train, then sample)"),
+  ]
+  return "\n".join(lines)

@@ -1,0 +1,13 @@
+"""The RL algorithms: advantages, the clipped objective, batch layouts, the jitted update,
+rollouts, asynchronous rollouts and curricula.
+
+  advantages.py      group-relative advantages (grpo, dr_grpo)
+  objective.py       the clipped surrogate, the k3 KL, loss aggregations
+  logprobs.py        token log-probabilities, entropies and cross-entropy (the one definition)
+  sequences.py       the repeated layout: prompt + completion rows, a target window
+  shared_prefix.py   the shared layout: each group's prompt once, completions merged by LSE
+  grpo.py            the one-jit update step, reference log-probs, the decoupled-PPO correction
+  rollout.py         tasks -> samples -> rewards (host side)
+  async_rollouts.py  the sampler thread: versioned weights, bounded staleness, weight sync
+  curriculum.py      task streams weighted by the share of groups with a signal
+"""

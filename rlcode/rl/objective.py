@@ -1,0 +1,118 @@
+"""The clipped policy objective: PPO's surrogate per token, the k3 KL, and their aggregation.
+
+Loss aggregations are registered by name (`AGGREGATIONS`, chosen by
+`rl.loss_aggregation`): the original GRPO's per-sequence mean, DAPO's token mean and
+Dr.GRPO's sum over a constant. `LossConfig` holds the hyperparameters, hashable so it
+can be a jit static argument. This module computes on arrays only: no model, no batch
+layout.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import functools
+from collections.abc import Callable
+import jax.numpy as jnp
+
+
+def _seq_mean_token_mean(loss_nt, mask_nt, max_len):
+  del max_len  # the original GRPO: each sequence's mean, then the mean over sequences
+  per_seq = jnp.sum(loss_nt * mask_nt, 1) / jnp.maximum(jnp.sum(mask_nt, 1), 1.0)
+  has = (jnp.sum(mask_nt, 1) > 0).astype(loss_nt.dtype)
+  return jnp.sum(per_seq * has) / jnp.maximum(jnp.sum(has), 1.0)
+
+
+def _token_mean(loss_nt, mask_nt, max_len):
+  del max_len  # DAPO: every token of the batch weighs the same
+  return jnp.sum(loss_nt * mask_nt) / jnp.maximum(jnp.sum(mask_nt), 1.0)
+
+
+def _seq_mean_token_sum_norm(loss_nt, mask_nt, max_len):
+  # Dr.GRPO: token sums divided by one constant (the generation budget), no
+  # per-sequence length normalisation, so long wrong answers are not favoured.
+  return jnp.sum(loss_nt * mask_nt) / (loss_nt.shape[0] * max_len)
+
+
+AGGREGATIONS: dict[str, Callable] = {
+    "seq_mean_token_mean": _seq_mean_token_mean,
+    "token_mean": _token_mean,
+    "seq_mean_token_sum_norm": _seq_mean_token_sum_norm,
+}
+
+
+@dataclasses.dataclass(frozen=True)
+class LossConfig:
+  """The policy-loss hyperparameters (hashable: a jit static argument)."""
+
+  clip_eps_low: float = 0.2
+  clip_eps_high: float = 0.2
+  beta: float = 0.0
+  # Log KL(policy || reference) as "kl" even when beta = 0 (the reference
+  # log-probs are then computed for the metric only; the loss is unchanged).
+  log_kl: bool = False
+  aggregation: str = "seq_mean_token_mean"
+  max_completion_len: int = 1
+  temperature: float = 1.0
+
+  def __post_init__(self):
+    if self.aggregation not in AGGREGATIONS:
+      raise KeyError(f"rl.loss_aggregation={self.aggregation!r}; known: {sorted(AGGREGATIONS)}")
+
+  @property
+  def uses_reference(self) -> bool:
+    """Whether the update reads reference log-probs (the KL term or its metric)."""
+    return self.beta > 0 or self.log_kl
+
+  @classmethod
+  def from_config(cls, rl, max_completion_len: int) -> LossConfig:
+    return cls(clip_eps_low=rl.clip_eps_low, clip_eps_high=rl.clip_eps_high, beta=rl.beta,
+               log_kl=bool(rl.get("log_kl", False)), aggregation=rl.loss_aggregation,
+               max_completion_len=max_completion_len, temperature=rl.temperature)
+
+
+def masked_mean(x_nt, mask_nt):
+  """Mean of x over the positions where mask is 1; what is elsewhere never reaches the sum."""
+  valid = mask_nt > 0
+  return (jnp.sum(jnp.where(valid, x_nt, 0.0))
+          / jnp.maximum(jnp.sum(valid.astype(jnp.float32)), 1.0))
+
+
+def policy_loss(logp_nt, old_logp_nt, adv_n, mask_nt, cfg: LossConfig, ref_logp_nt=None,
+                weight_nt=None):
+  """The clipped surrogate plus beta * KL(policy || reference), aggregated by name.
+
+  Per token: -w * min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A) with
+  r = exp(logp - old_logp) and w = weight_nt (the decoupled objective's truncated
+  proximal/behaviour weight; 1 when not given), plus beta * k3 where
+  k3 = exp(ref - logp) - (ref - logp) - 1 (Schulman's unbiased, positive estimator).
+  Given reference log-probs, metrics["kl"] is the mean k3, also when beta = 0.
+  Log-ratios are selected by the mask before they are exponentiated: whatever sits at
+  masked positions (padding, prompt, -inf log-probs) never reaches exp, and inf * 0 never
+  makes a NaN. Returns (loss, metrics).
+  """
+  valid = mask_nt > 0
+  mask = valid.astype(jnp.float32)
+  ratio = jnp.exp(jnp.where(valid, logp_nt - old_logp_nt, 0.0))
+  adv = adv_n[:, None]
+  clipped = jnp.clip(ratio, 1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high)
+  surrogate = jnp.minimum(ratio * adv, clipped * adv)
+  if weight_nt is not None:
+    surrogate = surrogate * weight_nt
+  pg_nt = jnp.where(valid, -surrogate, 0.0)
+  aggregate = functools.partial(AGGREGATIONS[cfg.aggregation], mask_nt=mask,
+                                max_len=cfg.max_completion_len)
+  metrics = {"pg_loss": aggregate(pg_nt),
+             "clip_frac": masked_mean((jnp.abs(ratio - clipped) > 0).astype(jnp.float32), mask),
+             "ratio": masked_mean(ratio, mask)}
+  loss_nt = pg_nt
+  if cfg.beta > 0 and ref_logp_nt is None:
+    raise ValueError("rl.beta > 0 needs reference log-probabilities")
+  if ref_logp_nt is not None:
+    d = jnp.where(valid, ref_logp_nt - logp_nt, 0.0)
+    kl_nt = jnp.exp(d) - d - 1.0
+    if cfg.beta > 0:
+      loss_nt = pg_nt + cfg.beta * kl_nt
+    metrics["kl"] = masked_mean(kl_nt, mask)
+  loss = aggregate(loss_nt)
+  metrics["loss"] = loss
+  return loss, metrics

@@ -1,0 +1,150 @@
+"""The repeated layout of a training batch: each row a prompt followed by its completion.
+
+`SequenceBatch` rows are right-padded to one length with a window of W target positions
+per row where that row's completion is predicted; the output layer runs on the window
+only (what TRL calls logits_to_keep). The shared-prompt layout is rlcode.rl.shared_prefix.
+`sequence_batch` builds the host arrays; `rl_batch` a rollout's batch of trained tokens;
+`sft_batch` prompt + reference rows for supervised steps.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from rlcode.data.tasks import Task
+from rlcode.kernels.tiling import round_up
+from rlcode.models.tokenizer import Tokenizer, bos_length
+from rlcode.rl import logprobs, rollout
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class SequenceBatch:
+  """Rows of prompt + completion, right-padded to one length L, and a window of W target
+  positions per row where that row's completion is predicted.
+
+  tokens: [N, L] int32. start: [N] int32, the position whose output predicts the row's
+  first completion token (its prompt's length - 1). mask, old_logp, ref_logp, weight:
+  [N, W], aligned with the targets tokens[i, start[i] + 1 + j] (mask 1 on completion
+  tokens, proximal and reference log-probabilities there, 0 elsewhere; weight the
+  truncated pi_prox / pi_behav, 1 for on-policy rows). adv: [N].
+  The output layer runs on the W window positions only: a prompt's positions never
+  become logits (what TRL calls logits_to_keep).
+  """
+
+  tokens: jax.Array
+  start: jax.Array
+  mask: jax.Array
+  old_logp: jax.Array
+  ref_logp: jax.Array
+  adv: jax.Array
+  weight: jax.Array
+
+  @classmethod
+  def abstract(cls, rows: int) -> SequenceBatch:
+    """Leaves with the true row count and rank (lengths vary per step and do not matter):
+    enough to choose the batch's shardings before the first batch exists."""
+    f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
+    return cls(tokens=jax.ShapeDtypeStruct((rows, 2), jnp.int32),
+               start=jax.ShapeDtypeStruct((rows,), jnp.int32), mask=f32(rows, 1),
+               old_logp=f32(rows, 1), ref_logp=f32(rows, 1), adv=f32(rows),
+               weight=f32(rows, 1))
+
+
+def window_logits(model, batch: SequenceBatch) -> tuple[jax.Array, jax.Array]:
+  """Logits [N, W, V] at each row's window positions and the targets [N, W] they predict.
+
+  The decoder runs over every position (attention needs the prompt); the output layer
+  runs on the W window positions only.
+  """
+  h, _ = model.hidden(batch.tokens[:, :-1])
+  w = batch.mask.shape[1]
+  pos = jnp.minimum(batch.start[:, None] + jnp.arange(w, dtype=jnp.int32)[None, :],
+                    batch.tokens.shape[1] - 2)
+  h_window = jnp.take_along_axis(h, pos[..., None], axis=1)
+  return model.logits(h_window), jnp.take_along_axis(batch.tokens, pos + 1, axis=1)
+
+
+def sequence_logprobs(model, batch: SequenceBatch, temperature: float):
+  """Log-probabilities and entropies [N, W] of the targets in each row's window (the
+  softmax and the entropy on the window positions only, as `window_logits`)."""
+  return logprobs.token_logprobs_and_entropy(*window_logits(model, batch), temperature)
+
+
+
+LENGTH_MULTIPLE = 32
+
+
+def sequence_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]],
+                   prompt_index: Sequence[int], *, pad_id: int, old_logp=None,
+                   adv=None, window: int | None = None,
+                   multiple: int = LENGTH_MULTIPLE,
+                   min_prompt_len: int = 0) -> SequenceBatch:
+  """Host arrays of prompt + completion rows and each row's completion window.
+
+  The window is `window` positions wide (default: the longest completion rounded up to
+  a multiple of `multiple`); rows are right-padded to a multiple of `multiple` long
+  enough for every row's window after its prompt, and after a prompt of
+  `min_prompt_len` tokens (so processes that each build part of one batch agree on its
+  length). Multiples rather than powers of two: the update's cost is linear in the
+  padded lengths, and the few lengths a run meets compile once each (a larger
+  multiple: fewer shapes to compile, more padding).
+
+  old_logp[i] holds the behaviour log-probabilities of completion i's tokens
+  (its first len(completions[i]) entries are used).
+  """
+  n = len(completions)
+  longest = max(len(c) for c in completions)
+  width = round_up(max(longest, 1), multiple) if window is None else window
+  if longest > width:
+    raise ValueError(f"a completion has {longest} tokens, more than the window of {width}")
+  plens = [len(prompts[p]) for p in prompt_index]
+  if min(plens) < 1:
+    raise ValueError("sequence_batch: a prompt is empty")
+  seq_len = round_up(max(max(plens), min_prompt_len) + width, multiple)
+  tokens = np.full((n, seq_len), pad_id, np.int32)
+  mask = np.zeros((n, width), np.float32)
+  old = np.zeros((n, width), np.float32)
+  for i, (p, c) in enumerate(zip(prompt_index, completions)):
+    prompt = prompts[p]
+    tokens[i, :len(prompt)] = prompt
+    tokens[i, len(prompt):len(prompt) + len(c)] = c
+    mask[i, :len(c)] = 1.0
+    if old_logp is not None:
+      old[i, :len(c)] = old_logp[i][:len(c)]
+  adv = np.zeros((n,), np.float32) if adv is None else np.asarray(adv, np.float32)
+  return SequenceBatch(tokens=tokens, start=np.asarray(plens, np.int32) - 1, mask=mask,
+                            old_logp=old, ref_logp=np.zeros_like(old), adv=adv,
+                            weight=np.ones_like(old))
+
+
+def rl_batch(ro: rollout.Rollout, adv: np.ndarray, pad_id: int, max_completion_len: int,
+             multiple: int = LENGTH_MULTIPLE,
+             widths: tuple[int, int] | None = None) -> SequenceBatch:
+  """The rollout's batch of trained tokens (`trained_completions`); the window is the
+  longest rounded up to a multiple of `multiple`, at most max_completion_len (as
+  rlcode.rl.shared_prefix.rl_batch). `widths` (default: `batch_widths(ro)`) pads for
+  longer completions and prompts: processes building parts of one batch pass the
+  maximum of theirs."""
+  completions, behaviour = rollout.trained_completions(ro)
+  longest, longest_prompt = widths or rollout.batch_widths(ro)
+  window = min(round_up(longest, multiple), max_completion_len)
+  return sequence_batch(ro.prompts, completions, ro.generation.prompt_index,
+                        pad_id=pad_id, old_logp=behaviour, adv=adv, window=window,
+                        multiple=multiple, min_prompt_len=longest_prompt)
+
+
+def sft_batch(tokenizer: Tokenizer, tasks: Sequence[Task],
+              multiple: int = LENGTH_MULTIPLE) -> SequenceBatch:
+  """Prompt + reference solution + end-of-sequence, for supervised warm starts; lengths
+  padded to multiples of `multiple` (`sequence_batch`)."""
+  prompts = rollout.encode_prompts(tokenizer, tasks)
+  eos = list(tokenizer.eos_ids[:1])
+  targets = [tokenizer.encode(t.reference)[bos_length(tokenizer):] + eos for t in tasks]
+  return sequence_batch(prompts, targets, range(len(tasks)), pad_id=tokenizer.pad_id,
+                        multiple=multiple)
