@@ -5,29 +5,18 @@ import ml_collections
 
 def tiny_model() -> ml_collections.ConfigDict:
   """A ~1M-parameter Qwen2-style decoder over bytes, initialised from scratch."""
-  model = ml_collections.ConfigDict()
-  model.hf_path = ""
-  # "": the checkpoint's own tokenizer when hf_path is set, else the byte-level one.
-  model.tokenizer = ""
-  model.param_dtype = "float32"
-  model.dtype = "float32"
-  model.attn_impl = "auto"
-  model.arch = ml_collections.ConfigDict(dict(
+  return ml_collections.ConfigDict(dict(arch=dict(
       vocab_size=264, hidden_size=128, intermediate_size=352, num_layers=4,
       num_heads=4, num_kv_heads=2, head_dim=32, rope_theta=10000.0, rms_norm_eps=1e-6,
-      qkv_bias=True, tie_embeddings=True, max_seq_len=512))
-  return model
+      qkv_bias=True, tie_embeddings=True, max_seq_len=512)))
 
 
-def optimizer(lr: float, warmup: int, decay: int, grad_clip: float = 1.0,
-              weight_decay: float = 0.0, schedule: str = "cosine",
-              cooldown: int = 0) -> ml_collections.ConfigDict:
-  """AdamW with linear warmup then a decay to 10% at step `decay`: cosine, or "wsd" (the
-  peak held, then a linear cooldown over the last `cooldown` steps; rlcode.grpo)."""
-  return ml_collections.ConfigDict(dict(
-      learning_rate=lr, warmup_steps=warmup, decay_steps=decay, end_lr_fraction=0.1,
-      grad_clip=grad_clip, b1=0.9, b2=0.99, weight_decay=weight_decay, schedule=schedule,
-      cooldown_steps=cooldown))
+def optimizer(lr: float, warmup: int, decay: int | None = None,
+              **others) -> ml_collections.ConfigDict:
+  """AdamW with linear warmup, then a decay to 10% at step `decay` (None: at the last
+  step of what it trains; rlcode.optim.OptimizerConfig for the other keys)."""
+  return ml_collections.ConfigDict(dict(learning_rate=lr, warmup_steps=warmup,
+                                        decay_steps=decay, **others))
 
 
 # The real PR histories (data/repos) and how the diff configs mine them.
@@ -39,10 +28,8 @@ def pr_mining() -> ml_collections.ConfigDict:
   8 files and 400 lines, excerpts of 3 lines, references of the changed lines only, the
   format named in one line; the latest 10% of PRs test, the 10% before validation."""
   return ml_collections.ConfigDict(dict(
-      branch="HEAD", granularity="hunk", edit_format="search_replace", max_commits=0,
-      max_files=8, max_changed_lines=400, languages=("python",), context_lines=3,
-      oracle_context_lines=0, instructions=False, test_fraction=0.1,
-      validation_fraction=0.1))
+      granularity="hunk", languages=("python",), context_lines=3, oracle_context_lines=0,
+      instructions=False, test_fraction=0.1, validation_fraction=0.1))
 
 
 # The generated edit history (data/make_edit_history.py) and how the diff configs mine it.
@@ -51,15 +38,13 @@ EDIT_HISTORY = "data/repos/edit-history.bundle"
 
 def edit_history_mining() -> ml_collections.ConfigDict:
   """MiningConfig of the edit history: hunks of the package's sources (its test files
-  are the tasks' hidden and visible tests, not part of the edit; a commit that adds a
+  are the tasks' hidden and visible tests, not part of the edit: a commit that adds a
   module, or only tests, gives no task), excerpts and references as `pr_mining`; the
   latest 15% of the commits test, the 15% before validation."""
   return ml_collections.ConfigDict(dict(
-      branch="HEAD", granularity="hunk", edit_format="search_replace", max_commits=0,
-      max_files=8, max_changed_lines=400, languages=("python",),
-      exclude=("tests/", "checks/"), allow_added_files=False, context_lines=3,
-      oracle_context_lines=0, instructions=False, test_fraction=0.15,
-      validation_fraction=0.15, tests_hidden=("tests/test_*.py",),
+      granularity="hunk", languages=("python",), exclude=("tests/", "checks/"),
+      allow_added_files=False, context_lines=3, oracle_context_lines=0, instructions=False,
+      test_fraction=0.15, validation_fraction=0.15, tests_hidden=("tests/test_*.py",),
       tests_visible=("checks/test_*.py",), tests_support=("toolkit/*.py",)))
 
 
@@ -72,8 +57,7 @@ def practice_data(mining: ml_collections.ConfigDict) -> ml_collections.ConfigDic
   """A `warmstart.data` section: every hunk of the practice history, mined as `mining`
   (its answer format and excerpts follow `mining`'s, overrides included), all of it
   train and without tests (every task would hold every module as a support file)."""
-  data = ml_collections.ConfigDict(dict(
-      source="git", repo=EDIT_HISTORY_PRACTICE, data_dir="", train_split="train"))
+  data = ml_collections.ConfigDict(dict(source="git", repo=EDIT_HISTORY_PRACTICE))
   data.mining = edit_history_mining()
   for key in ("edit_format", "context_lines", "oracle_context_lines", "instructions",
               "open_file", "line_counts", "line_numbers", "reference_thought"):

@@ -1,13 +1,11 @@
-"""GRPO on the tiny tasks with a learned reward: a reward model of user choices instead of
-the tests.
+"""GRPO on the tiny tasks with a learned reward: the reward model of configs/rm_choices.py
+instead of the tests (evaluation still by the tests, which the run never trains on).
 
-    rlcode train-rm --config configs/rm_choices.py        # the reward model first
+    rlcode train --config configs/rm_choices.py        # the reward model first
     rlcode train --config configs/grpo_rm.py
 
-configs/grpo_tiny.py in every other respect (the same warm start, schedule and
-evaluation: held-out pass@1 by the tests, which this run never trains on); the reward is
-the "rm" reward (rlcode.rm.reward) of the model in reward_options.rm.checkpoint.
-experiments/grpo_rm.py compares it with the tests reward over seeds.
+Result (seed 0, docs/results.md): held-out pass@1 0.076 -> 0.036 after 40 steps, against
+0.076 -> 0.099 with the tests reward: the learned reward is exploited.
 """
 
 import ml_collections
@@ -19,6 +17,5 @@ def get_config():
   config = grpo_tiny.get_config()
   config.workdir = "workdirs/grpo_rm"
   config.rewards = ml_collections.ConfigDict({"rm": 1.0})
-  config.reward_options = ml_collections.ConfigDict({
-      "rm": {"checkpoint": "workdirs/rm_choices"}})
+  config.reward_options = ml_collections.ConfigDict({"rm": {"checkpoint": "workdirs/rm_choices"}})
   return config

@@ -4,12 +4,13 @@
     rlcode plan --config configs/qwen2_7b_plan.py --devices gb200-nvl72 \
         --mesh data=8,fsdp=8 --sampler-mesh data=2,tensor=4
 
-Qwen2-7B's shape (hidden 3584, 28 layers, 28 query heads, 4 KV heads, SwiGLU width
-18944, vocabulary 152064, untied embeddings, q/k/v biases) in bfloat16, with a GRPO
-batch of 8 prompts x 8 samples, 1024-token prompts and 1024-token completions, the
-prompt computed once per group. Tensor parallelism can split at most the 4 KV heads,
-so tensor <= 4; fsdp shards the hidden size (3584 = 2^9 x 7). Expected tables:
-experiments/README.md (the plan section).
+Qwen2-7B's shape (hidden 3584, 28 layers, 28 query heads, 4 KV heads, SwiGLU width 18944,
+vocabulary 152064, untied embeddings, q/k/v biases) in bfloat16, with a GRPO batch of 8
+prompts x 8 samples, 1024-token prompts and 1024-token completions, the prompt computed
+once per group. Tensor parallelism can split at most the 4 KV heads (tensor <= 4).
+
+Result (docs/results.md): on h200x8 at fsdp=8 the update needs 180 GB a device (does not
+fit); on a GB200 NVL72 rack 93 GB and an estimated 0.64 s a step.
 """
 
 import ml_collections
@@ -19,22 +20,18 @@ from common import optimizer
 
 def get_config():
   config = ml_collections.ConfigDict()
+  config.trainer = "grpo"
   config.workdir = "workdirs/qwen2_7b_plan"
-  config.seed = 0
-  config.mesh = ml_collections.ConfigDict(dict(data=1, fsdp=8, tensor=1))
-  config.sampler_mesh = ""
-  config.model = ml_collections.ConfigDict(dict(
-      hf_path="", tokenizer="", param_dtype="bfloat16", dtype="bfloat16", attn_impl="auto"))
+  config.mesh = ml_collections.ConfigDict(dict(fsdp=8))
+  config.model = ml_collections.ConfigDict(dict(param_dtype="bfloat16", dtype="bfloat16"))
   config.model.arch = ml_collections.ConfigDict(dict(
       vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28,
       num_heads=28, num_kv_heads=4, head_dim=128, rope_theta=1000000.0, rms_norm_eps=1e-6,
       qkv_bias=True, tie_embeddings=False, max_seq_len=32768))
+  config.data = ml_collections.ConfigDict(dict(source="humaneval"))
+  config.rewards = ml_collections.ConfigDict({"tests": 1.0})
   config.rl = ml_collections.ConfigDict(dict(
-      group_size=8, prompts_per_step=8, temperature=1.0, top_p=1.0, top_k=0,
-      max_new_tokens=1024, num_passes=1, advantage="grpo", shared_prefix=True,
-      loss_aggregation="seq_mean_token_mean", clip_eps_low=0.2, clip_eps_high=0.28,
-      beta=0.0, log_kl=False, max_staleness=1, max_importance_weight=2.0,
-      sample_version="latest"))
+      group_size=8, prompts_per_step=8, max_new_tokens=1024, max_staleness=1))
   config.optimizer = optimizer(lr=1e-6, warmup=10, decay=1000)
   config.plan = ml_collections.ConfigDict(dict(prompt_len=1024))
   return config

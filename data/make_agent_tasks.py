@@ -103,7 +103,7 @@ def _task(tid, unit, prompt, name, op, k, files, hint, split=None):
   return {"id": tid, "prompt": prompt, "tests": "\n".join(asserts) + "\n",
           "entry_point": "", "reference": solution, "split": split or _split(unit),
           "extra": {"files": files, "solution": "solution.py", "assemble": "completion",
-                    "tests_format": "script",
+                    "tests_format": "script", "family": hint["variant"],
                     "tests_visible": "\n".join(asserts[:VISIBLE]) + "\n",
                     "hint": hint}}
 

@@ -116,7 +116,7 @@ def measure(config, model, tokenizer, mesh, repo: str, granularity: str, split: 
                                      max_new_tokens=ev.max_new_tokens)
   chosen = kept[:max_tasks] if max_tasks else kept
   row = {"repo": os.path.basename(repo), "granularity": granularity, "units": len(tasks),
-         **counts, "prs": len({t.extra["pr"] for t in tasks}), "sampled": len(chosen),
+         **counts, "prs": len({t.extra.pr for t in tasks}), "sampled": len(chosen),
          # Fitting tasks whose reference answer is longer than the sampling budget.
          "oracle_over_budget": sum(
              len(tokenizer.encode(t.reference)) >= ev.max_new_tokens for t in chosen)}

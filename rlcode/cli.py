@@ -1,8 +1,9 @@
-"""`rlcode <command> ...`: train, train-rm, eval, sample, plot, mine, plan.
+"""`rlcode <command> ...`: train, eval, sample, plot, mine, plan, config.
 
     rlcode train  --config configs/grpo_tiny.py [--config.a.b=value ...]
                   [--coordinator HOST:PORT --num-processes N --process-id I]
-    rlcode train-rm --config configs/rm_choices.py
+    rlcode config show configs/grpo_tiny.py [--config.a.b=value ...]
+    rlcode config keys [--trainer grpo]
     rlcode eval   --tasks humaneval --completions samples.jsonl [--k 1,10,100]
     rlcode eval   --config configs/grpo_tiny.py --checkpoint workdirs/grpo_tiny
     rlcode eval   ... --select first,majority,rm,oracle --k 1,4,16,64 [--rm workdirs/rm_choices]
@@ -39,7 +40,8 @@ def _parse(argv: Sequence[str]):
   parser = _Parser(prog="rlcode", description=__doc__.splitlines()[0])
   commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
   config_help = "configs/NAME.py[:arg]; override keys with --config.a.b=value"
-  train = commands.add_parser("train", help="train a policy with GRPO")
+  train = commands.add_parser("train", help="train what the config's trainer says: a policy "
+                              "with GRPO (grpo, agent) or a reward model (rm)")
   train.add_argument("--config", required=True, help=config_help)
   # One run over N processes (rlcode.distributed); the JAX_* variables stand in for
   # flags left out, and with neither the run is one process.
@@ -47,8 +49,6 @@ def _parse(argv: Sequence[str]):
   train.add_argument("--num-processes", type=int,
                      help="processes in the run (or $JAX_NUM_PROCESSES)")
   train.add_argument("--process-id", type=int, help="this process, 0..N-1 (or $JAX_PROCESS_ID)")
-  train_rm = commands.add_parser("train-rm", help="train a reward model on choices")
-  train_rm.add_argument("--config", required=True, help=config_help)
   sample = commands.add_parser("sample", help="sample completions from a policy")
   sample.add_argument("--config", required=True, help=config_help)
   ev = commands.add_parser("eval", help="pass@k of a completions file or of a checkpoint")
@@ -80,11 +80,19 @@ def _parse(argv: Sequence[str]):
   plan.add_argument("--prompt-len", type=int, default=0,
                     help="prompt tokens (default: config.plan.prompt_len, else 256)")
   plan.add_argument("--json", default="", help="also write the measurements and estimate here")
+  config = commands.add_parser("config", help="the config schema: show a resolved config, "
+                               "list every key")
+  what = config.add_subparsers(dest="what", required=True, parser_class=_Parser)
+  show = what.add_parser("show", help="a config resolved: every key, defaults filled")
+  show.add_argument("config", help="configs/NAME.py[:arg]; overrides --config.a.b=value after it")
+  keys = what.add_parser("keys", help="every key of the schema: type, default, allowed, doc")
+  keys.add_argument("--trainer", default=None, help="only the keys this trainer reads")
   # `main` hands `mine` to rlcode.data.git.command, which parses its options.
   commands.add_parser("mine", help="mine a git history into diff datasets (rlcode mine -h)")
   args, rest = parser.parse_known_args(argv)
   unknown = [a for a in rest if not a.startswith(loader.PREFIX)]
-  if unknown or (rest and not getattr(args, "config", None)):
+  if unknown or (rest and not getattr(args, "config", None)) or (
+      rest and getattr(args, "what", None) == "keys"):
     parser.error(f"unrecognised arguments: {' '.join(unknown or rest)}")
   return parser, args, rest
 
@@ -174,8 +182,8 @@ def _run(parser, args, overrides) -> None:
   if args.command == "eval":
     _eval(parser, args, overrides)
   elif args.command == "plot":
-    from rlcode.runs import metrics
-    print(metrics.plot(args.workdir))
+    from rlcode.runs import plot
+    print(plot.plot(args.workdir))
   elif args.command == "plan":
     from rlcode import plan
     result, hw, est = plan.plan(args.config, overrides, args.devices, args.mesh,
@@ -184,25 +192,46 @@ def _run(parser, args, overrides) -> None:
     if args.json:
       with open(args.json, "w") as f:
         json.dump({"hardware": hw.name, "result": result, "estimate": est}, f, indent=1)
+  elif args.command == "config":
+    from rlcode.config import describe, schema
+    if args.what == "show":
+      print(describe.show(loader.load_config(args.config, overrides)))
+    else:
+      if args.trainer is not None and args.trainer not in schema.TRAINERS:
+        raise BadInput(f"--trainer {args.trainer!r}: one of {', '.join(schema.TRAINERS)}")
+      print(describe.format_keys(describe.keys(args.trainer)))
+  elif args.command == "train":
+    config = loader.load_config(args.config, overrides)
+    _train(config, args)
   else:
     config = loader.load_config(args.config, overrides)
-    if args.command == "train" and "agent" in config:
-      if args.coordinator or args.num_processes:
-        raise BadInput("--coordinator/--num-processes: multi-turn agent configs train in one "
-                       "process (multi-process runs are GRPO's, rlcode.train)")
-      from rlcode.train import agent_loop  # multi-turn episodes with tools
-      agent_loop.train(config)
-    elif args.command == "train":
-      from rlcode.parallel import distributed
-      from rlcode.train import grpo_loop
-      distributed.initialize(args.coordinator, args.num_processes, args.process_id)
-      grpo_loop.train(config)
-    elif args.command == "train-rm":
-      from rlcode.train import rm_loop
-      rm_loop.train_rm(config)
-    else:
-      from rlcode.sampling import job
-      job.sample(config)
+    if config.trainer != "sample":
+      raise BadInput(f"rlcode sample runs configs whose trainer is 'sample'; {args.config} "
+                     f"has trainer {config.trainer!r} (rlcode train runs it)")
+    from rlcode.sampling import job
+    job.sample(config)
+
+
+# What `rlcode train` runs for each config.trainer: (module, function).
+TRAINERS = {"grpo": ("rlcode.train.grpo_loop", "train"),
+            "agent": ("rlcode.train.agent_loop", "train"),
+            "rm": ("rlcode.train.rm_loop", "train")}
+
+
+def _train(config, args) -> None:
+  if config.trainer not in TRAINERS:
+    raise BadInput(f"{args.config}: trainer {config.trainer!r} is not trained (rlcode "
+                   f"{config.trainer} runs it); rlcode train runs {', '.join(TRAINERS)}")
+  multi = args.coordinator or args.num_processes
+  if multi and config.trainer != "grpo":
+    raise BadInput(f"--coordinator/--num-processes: the {config.trainer!r} trainer runs in one "
+                   "process (multi-process runs are the grpo trainer's)")
+  import importlib
+  module, function = TRAINERS[config.trainer]
+  if config.trainer == "grpo":
+    from rlcode.parallel import distributed
+    distributed.initialize(args.coordinator, args.num_processes, args.process_id)
+  getattr(importlib.import_module(module), function)(config)
 
 
 if __name__ == "__main__":

@@ -15,7 +15,7 @@ TASKS = SPLITS["train"]
 
 
 def by_variant(variant):
-  return next(t for t in TASKS if t.extra["hint"]["variant"] == variant)
+  return next(t for t in TASKS if t.extra.hint["variant"] == variant)
 
 
 @pytest.fixture(scope="module")
@@ -36,13 +36,13 @@ def test_the_workspace_lives_across_turns_and_the_reward_comes_from_its_tests(sc
   env = make_env(scorer)
   task = by_variant("file")
   assert env.reset(task) == task.prompt
-  path = task.extra["hint"]["path"]
+  path = task.extra.hint["path"]
   s = env.step(*call("bash", command=f"cp {path} copy.txt"))
   assert s.reward == 0 and not s.done and s.info["tool"] == "bash"
   s = env.step(*call("think", thought="nothing"))
   assert s.observation == "" and not s.done
   s = env.step(*call("editor", command="view", path="copy.txt"))
-  assert task.extra["hint"]["symbol"] in s.observation  # written two turns earlier
+  assert task.extra.hint["symbol"] in s.observation  # written two turns earlier
   env.step(*call("editor", command="create", path="solution.py", file_text=task.reference))
   s = env.step(*call("finish"))
   assert s.done and s.reward == 1.0 and s.info["status"] == "finished"
@@ -81,15 +81,15 @@ def test_what_a_task_needs_is_only_in_its_workspace_or_its_test_output():
   units, pairs = {}, {}
   for split, tasks in SPLITS.items():
     for t in tasks:
-      hint, parts = t.extra["hint"], t.id.split("/")
+      hint, parts = t.extra.hint, t.id.split("/")
       if hint["variant"] == "tests":
-        assert hint["name"] not in t.prompt + "".join(t.extra["files"].values()), t.id
+        assert hint["name"] not in t.prompt + "".join(t.extra.files.values()), t.id
         units.setdefault(split, set()).add((parts[-2], hint["name"]))
       else:
         op, value = parts[-3], t.reference.split()[-1]
         assert not re.search(rf"\b{value}\b", t.prompt), t.id
         assert any(f"{hint['symbol']} = {value}" in text
-                   for text in t.extra["files"].values()), t.id
+                   for text in t.extra.files.values()), t.id
         units.setdefault(split, set()).add((op, value, hint["symbol"]))
         pairs.setdefault(split, set()).add((op, value))
   assert min(len(SPLITS[s]) for s in ("train", "validation", "held_out")) >= 48
@@ -118,7 +118,7 @@ def test_the_guessing_demonstrator_writes_at_once_and_fails_without_luck(scorer)
   env = make_env(scorer)
   budgets = sampler.Budgets()
   for variant in ("file", "search", "tests"):
-    tasks = [t for t in TASKS if t.extra["hint"]["variant"] == variant][:40]
+    tasks = [t for t in TASKS if t.extra.hint["variant"] == variant][:40]
     rewards = []
     for task in tasks[:6]:
       calls = expert.guess_calls(task, "rich", seed=3)
@@ -131,7 +131,7 @@ def test_the_guessing_demonstrator_writes_at_once_and_fails_without_luck(scorer)
       # The operation is the prompt's; only what needs the tools is guessed.
       assert written.split()[-2] == task.reference.split()[-2]
       if variant == "tests":
-        assert task.extra["hint"]["name"] not in written and traj.reward == 0.0
+        assert task.extra.hint["name"] not in written and traj.reward == 0.0
       else:
         assert written.split("(")[0] == task.reference.split("(")[0]
         assert traj.reward == float(written == task.reference)
@@ -164,19 +164,19 @@ def test_decoy_tasks_are_the_tasks_with_the_old_value_commented_out():
     assert [t.id for t in decoyed] == [t.id for t in tasks]
     for plain, t in zip(tasks, decoyed):
       assert (t.prompt, t.reference, t.tests) == (plain.prompt, plain.reference, plain.tests)
-      hint = t.extra["hint"]
+      hint = t.extra.hint
       if hint["variant"] == "tests" or "/practice/" in t.id:
         assert t.extra == plain.extra
         continue
       live, old = t.reference.split()[-1], hint["decoy"]
       assert str(old) != live and 2 <= old <= 9
       line = f"# {hint['symbol']} = {old}"
-      holders = [p for p, text in t.extra["files"].items() if line in text.splitlines()]
+      holders = [p for p, text in t.extra.files.items() if line in text.splitlines()]
       assert len(holders) == 1, t.id
       assert (holders[0] == hint["path"]) == (hint["variant"] == "file"), t.id
       removed = {p: "".join(f"{x}\n" for x in text.splitlines() if x != line)
-                 for p, text in t.extra["files"].items()}
-      assert removed == plain.extra["files"], t.id
+                 for p, text in t.extra.files.items()}
+      assert removed == plain.extra.files, t.id
   row = {"id": "agent/tests/x", "extra": {"hint": {"variant": "tests"}}}
   assert make_agent_tasks.add_decoy(row) is row
 
@@ -187,7 +187,7 @@ def test_the_demonstrator_that_copies_a_decoy_looks_as_the_expert_and_fails(scor
   tasks = DECOY_SPLITS["train"]
   for variant in ("file", "search"):
     task = next(t for t in tasks
-                if t.extra["hint"]["variant"] == variant and "decoy" in t.extra["hint"])
+                if t.extra.hint["variant"] == variant and "decoy" in t.extra.hint)
     right = expert.expert_calls(task, "rich", "each")
     wrong = expert.expert_calls(task, "rich", "each", copy_decoy=True)
     assert [c[0] for c in wrong] == [c[0] for c in right] and wrong[0] == right[0]
@@ -197,20 +197,20 @@ def test_the_demonstrator_that_copies_a_decoy_looks_as_the_expert_and_fails(scor
       traj = expert.expert_trajectory(env, CHAT, task, calls, budgets)
       assert traj.status == "finished" and traj.reward == reward
       assert traj.program == calls[2][1]["file_text"]  # the file the reward scored
-    old = str(task.extra["hint"]["decoy"])
+    old = str(task.extra.hint["decoy"])
     assert wrong[2][1]["file_text"].split()[-1] == old and old in wrong[1][1]["thought"]
     # Both values were in what the look returned.
-    assert f"# {task.extra['hint']['symbol']} = {old}" in look
-    assert f"{task.extra['hint']['symbol']} = {task.reference.split()[-1]}" in look
+    assert f"# {task.extra.hint['symbol']} = {old}" in look
+    assert f"{task.extra.hint['symbol']} = {task.reference.split()[-1]}" in look
   # The tasks that copy the decoy: about the asked fraction of those with a decoy line,
   # chosen by the seed; never a task without one.
-  with_decoy = [t for t in tasks if "decoy" in t.extra["hint"]]
+  with_decoy = [t for t in tasks if "decoy" in t.extra.hint]
   assert len(with_decoy) >= 100
   picked = [expert.copies_decoy(t, 0.5, seed=0) for t in with_decoy]
   assert 0.3 * len(picked) <= sum(picked) <= 0.7 * len(picked)
   assert picked != [expert.copies_decoy(t, 0.5, seed=1) for t in with_decoy]
   assert not any(expert.copies_decoy(t, 1.0, 0) for t in tasks
-                 if t.extra["hint"]["variant"] == "tests")
+                 if t.extra.hint["variant"] == "tests")
   assert not any(expert.copies_decoy(t, 1.0, 0) for t in TASKS)
   with pytest.raises(ValueError, match="has no decoy line"):
     expert.expert_calls(by_variant("file"), copy_decoy=True)
@@ -231,13 +231,13 @@ def test_note_tasks_are_the_tasks_with_a_stale_note_ending_the_prompt():
     assert [t.id for t in noted] == [t.id for t in tasks]
     for plain, t in zip(tasks, noted):
       assert (t.reference, t.tests) == (plain.reference, plain.tests)
-      assert t.extra["files"] == plain.extra["files"]
-      hint = t.extra["hint"]
+      assert t.extra.files == plain.extra.files
+      hint = t.extra.hint
       if "/practice/" in t.id:
         assert t.extra == plain.extra and t.prompt == plain.prompt
         continue
       note = hint["note"]
-      assert {k: v for k, v in hint.items() if k != "note"} == plain.extra["hint"]
+      assert {k: v for k, v in hint.items() if k != "note"} == plain.extra.hint
       if hint["variant"] == "tests":
         assert note in make_agent_tasks.TASK_NAMES and note != hint["name"]
         assert t.prompt == f"{plain.prompt} An old note calls it {note}."
@@ -254,11 +254,11 @@ def test_the_demonstrator_that_trusts_the_note_writes_it_at_once_and_fails(score
   tasks = NOTE_SPLITS["train"]
   for variant in expert.VARIANTS:
     task = next(t for t in tasks
-                if t.extra["hint"]["variant"] == variant and "note" in t.extra["hint"])
+                if t.extra.hint["variant"] == variant and "note" in t.extra.hint)
     calls = expert.note_calls(task, "rich")
     assert [c[0] for c in calls] == ["editor", "finish"]
     text = calls[0][1]["file_text"]
-    note = str(task.extra["hint"]["note"])
+    note = str(task.extra.hint["note"])
     if variant == "tests":
       assert text.startswith(f"def {note}(x):") and text.split("\n")[1:] == \
           task.reference.split("\n")[1:]
@@ -270,7 +270,7 @@ def test_the_demonstrator_that_trusts_the_note_writes_it_at_once_and_fails(score
     assert (right.status, right.reward) == ("finished", 1.0) and right.tool_calls == 3
   # About the asked fraction of the tasks with a note, chosen by the seed; never the
   # tasks without one (the practice tasks, the plain file's tasks).
-  with_note = [t for t in tasks if "note" in t.extra["hint"]]
+  with_note = [t for t in tasks if "note" in t.extra.hint]
   assert len(with_note) >= 200
   picked = [expert.trusts_note(t, 0.5, seed=0) for t in with_note]
   assert 0.35 * len(picked) <= sum(picked) <= 0.65 * len(picked)
@@ -286,9 +286,9 @@ def test_the_tests_variant_needs_the_test_run(scorer):
   task = by_variant("tests")
   env.reset(task)
   s = env.step(*call("editor", command="view", path="solution.py"))
-  assert task.extra["hint"]["name"] not in s.observation + task.prompt
+  assert task.extra.hint["name"] not in s.observation + task.prompt
   s = env.step(*call("run_tests"))
-  assert f"name '{task.extra['hint']['name']}' is not defined" in s.observation
+  assert f"name '{task.extra.hint['name']}' is not defined" in s.observation
 
 
 def test_memory_persists_across_episodes_in_other_sessions(scorer):
@@ -298,14 +298,14 @@ def test_memory_persists_across_episodes_in_other_sessions(scorer):
   first, second = (make_env(scorer, names=("editor", "memory", "finish"), memory=notes)
                    for _ in range(2))
   task = by_variant("file")
-  fact = f"{task.extra['hint']['symbol']} is {task.reference.split()[-1]}"
+  fact = f"{task.extra.hint['symbol']} is {task.reference.split()[-1]}"
   first.reset(task)
   assert first.step(*call("memory", action="store", text=fact)).observation == "Noted."
   first.step(*call("editor", command="create", path="solution.py", file_text=task.reference))
   assert first.step(*call("finish")).reward == 1.0
   second.reset(task)
   s = second.step(*call("memory", action="retrieve",
-                        text=f"what is {task.extra['hint']['symbol']}"))
+                        text=f"what is {task.extra.hint['symbol']}"))
   assert s.observation == f"- {fact}"
   second.step(*call("memory", action="store", text="a guess"))
   assert second.step(*call("finish")).reward == 0.0

@@ -20,7 +20,7 @@ from rlcode.rl import shared_prefix
 from rlcode import optim
 from rlcode.rl import objective
 from rlcode.rl import sequences
-from rlcode.agent import env as env_lib, episodes as rollout, sampler, tools
+from rlcode.agent import env as env_lib, episodes as rollout, expert, sampler, tools
 from rlcode.agent.chat import ChatFormat
 from rlcode.data.tasks import Task
 from rlcode.models import Decoder, ModelConfig
@@ -354,11 +354,11 @@ def test_episode_metrics_count_which_line_a_decoy_task_copied():
            episode("def add_limit(x):\n    return x + 4\n"),
            episode("def add_limit(x):\n    return x + 17\n"), episode(""),
            episode("def add_limit(x):\n    return x + 7\n", decoy=None)]
-  m = rollout.episode_metrics(trajs, success_reward=1.0)
+  m = expert.hint_metrics(trajs)
   assert (m["decoy/live"], m["decoy/decoy"]) == (0.25, 0.25)  # of the 4 with a decoy
-  assert rollout.written_constant("def f(x):\n    return x * 12\n") == "12"
-  assert rollout.written_constant("# nothing\n") is None
-  assert "decoy/live" not in rollout.episode_metrics(trajs[-1:], success_reward=1.0)
+  assert expert.written_constant("def f(x):\n    return x * 12\n") == "12"
+  assert expert.written_constant("# nothing\n") is None
+  assert "decoy/live" not in expert.hint_metrics(trajs[-1:])
 
 
 def test_episode_metrics_count_the_episodes_that_believed_a_stale_note():
@@ -376,9 +376,9 @@ def test_episode_metrics_count_the_episodes_that_believed_a_stale_note():
            episode("def frob3(x):\n    return x + 2\n", tests_hint),
            episode("def frob22(x):\n    return x + 7\n", tests_hint),
            episode("def add_limit(x):\n    return x + 4\n", {"variant": "file"})]
-  m = rollout.episode_metrics(trajs, success_reward=1.0)
+  m = expert.hint_metrics(trajs)
   assert m["note/believed"] == pytest.approx(2 / 6)  # of the 6 tasks with a note
-  assert "note/believed" not in rollout.episode_metrics(trajs[-1:], success_reward=1.0)
+  assert "note/believed" not in expert.hint_metrics(trajs[-1:])
 
 
 def test_shrunk_size_cuts_by_quarters_to_shard_multiples():

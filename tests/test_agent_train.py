@@ -91,44 +91,17 @@ def test_grpo_tasks_leaves_out_the_matching_ids():
   config = lambda pattern: ml_collections.ConfigDict({"rl": {"exclude_task_ids": pattern}})
   assert [t.id for t in grpo_tasks(config("^agent/practice/"), tasks)] == [
       "agent/file/a", "agent/tests/d"]
-  assert grpo_tasks(config(""), tasks) == tasks
+  assert grpo_tasks(config(None), tasks) == tasks
   with pytest.raises(BadInput, match="excludes all 4 training tasks"):
     grpo_tasks(config("^agent/"), tasks)
-  with pytest.raises(BadInput, match="not a regular expression"):
-    grpo_tasks(config("(practice"), tasks)
 
 
-def test_demonstrations_reject_an_unknown_guess_family():
-  import ml_collections
-
+def test_demonstrations_need_a_stale_note_to_trust():
   from rlcode.agent.demos import demonstrations
-  from rlcode.errors import BadInput
-  config = ml_collections.ConfigDict({"warmstart": {"guess_fraction": 0.5,
-                                                    "guess_families": ("file", "serach")}})
-  with pytest.raises(BadInput, match=r"guess_families: unknown \['serach'\]"):
-    demonstrations(config, [], [], None, None)
-
-
-def test_demonstrations_reject_a_decoy_fraction_outside_0_1():
-  import ml_collections
-
-  from rlcode.agent.demos import demonstrations
-  from rlcode.errors import BadInput
-  config = ml_collections.ConfigDict({"warmstart": {"decoy_copy": 1.5}})
-  with pytest.raises(BadInput, match=r"decoy_copy must be in \[0, 1\], got 1.5"):
-    demonstrations(config, [], [], None, None)
-
-
-def test_demonstrations_reject_a_bad_note_trust():
-  import ml_collections
-
-  from rlcode.agent.demos import demonstrations
+  from rlcode.config import loader
   from rlcode.data.tasks import Task
   from rlcode.errors import BadInput
-  config = ml_collections.ConfigDict({"warmstart": {"note_trust": -0.1}})
-  with pytest.raises(BadInput, match=r"note_trust must be in \[0, 1\], got -0.1"):
-    demonstrations(config, [], [], None, None)
-  config.warmstart.note_trust = 0.5
+  config = loader.load_config(CONFIG, ["--config.warmstart.note_trust=0.5"])
   plain = [Task(id="agent/file/add/k7/LIMIT", prompt="p", extra={"hint": {"variant": "file"}})]
   with pytest.raises(BadInput, match="no training task has a stale note"):
     demonstrations(config, plain, [], None, None)
@@ -166,18 +139,6 @@ def test_fill_with_signal_keeps_groups_whose_rewards_differ():
   assert ran == 1 and calls == [0] and [b.tag for b in batch] == [(0, i) for i in range(6)]
   with pytest.raises(ValueError, match="expected 2 x 2"):
     fill_with_signal(sample, 2, 2, rounds=1)
-
-
-def test_sample_rounds_rejects_a_bad_value():
-  import ml_collections
-
-  from rlcode.agent.step_groups import sample_rounds
-  from rlcode.errors import BadInput
-  assert sample_rounds(ml_collections.ConfigDict({})) == 1
-  assert sample_rounds(ml_collections.ConfigDict({"sample_rounds": 3})) == 3
-  for bad in (0, 1.5):
-    with pytest.raises(BadInput, match="rl.sample_rounds must be an integer >= 1"):
-      sample_rounds(ml_collections.ConfigDict({"sample_rounds": bad}))
 
 
 def test_agent_loop_with_the_signal_curriculum_resumes(tmp_path):

@@ -48,12 +48,11 @@ def test_wrong_types_and_shapes_fail():
 
 def test_the_diff_warm_starts_practice_data_is_mined_as_the_tasks_are():
   # configs/grpo_diffs.py's warmstart.data: the practice history, its answer format
-  # following config.data.mining's through overrides, all of it train, no tests; an
-  # empty source turns it off.
+  # following config.data.mining's through overrides, all of it train, no tests; None
+  # turns it off.
   path = os.path.join(ROOT, "configs", "grpo_diffs.py")
   assert loader.load_config(path).warmstart.data.source == "git"
-  assert loader.load_config(
-      path, ["--config.warmstart.data.source="]).warmstart.data.source == ""
+  assert loader.load_config(path, ["--config.warmstart.data=None"]).warmstart.data is None
   for value in (False, True):
     cfg = loader.load_config(path, [f"--config.data.mining.line_counts={value}",
                                         f"--config.data.mining.open_file={value}"])

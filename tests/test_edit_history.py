@@ -96,16 +96,16 @@ def test_tasks_carry_hidden_and_visible_tests(mined):
     splits = mined.by_granularity[granularity]
     assert splits["train"] and splits["test"]
     for task in splits["train"] + splits["test"]:
-      assert task.tests.count("assert ") > task.extra["tests_visible"].count("assert ") > 0
-      assert task.extra["tests_format"] == "script" and task.extra["assemble"] == "files"
-      edited = set(task.extra["files"]) | set(task.extra["oracle"])
-      assert "toolkit/__init__.py" in {**task.extra["support_files"], **task.extra["files"]}
-      assert not edited & set(task.extra["support_files"])
+      assert task.tests.count("assert ") > task.extra.tests_visible.count("assert ") > 0
+      assert task.extra.tests_format == "script" and task.extra.assemble == "files"
+      edited = set(task.extra.files) | set(task.extra.oracle)
+      assert "toolkit/__init__.py" in {**task.extra.support_files, **task.extra.files}
+      assert not edited & set(task.extra.support_files)
 
 
 def _pre_state_job(task, tests: str) -> sandbox.Job:
   """The tests run against the task's files as they are: the answer that changes nothing."""
-  return files_job({**task.extra["support_files"], **task.extra["files"]}, tests, "script")
+  return files_job({**task.extra.support_files, **task.extra.files}, tests, "script")
 
 
 def test_the_tests_imports_of_the_package_move_to_the_program():
@@ -131,7 +131,7 @@ def test_oracle_edits_pass_the_tests_and_doing_nothing_fails_a_bug_fix(mined):
   assert fixes
   box = sandbox.Sandbox(workers=2)
   hidden = box.run_many([_pre_state_job(t, t.tests) for t in fixes])
-  weak = box.run_many([_pre_state_job(t, t.extra["tests_visible"]) for t in fixes])
+  weak = box.run_many([_pre_state_job(t, t.extra.tests_visible) for t in fixes])
   # The bug is in the context: the hidden tests catch it, the one check per
   # function does not.
   assert [r.status for r in hidden] == ["failed"] * len(fixes)

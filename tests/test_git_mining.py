@@ -121,13 +121,13 @@ def _config(repo: Repo, **kw) -> MiningConfig:
 
 def _check_oracle_applies(repo: Repo, tasks):
   for task in tasks:
-    sha = task.extra["commit"]
-    files, oracle = task.extra["files"], task.extra["oracle"]
+    sha = task.extra.commit
+    files, oracle = task.extra.files, task.extra.oracle
     after = {**files, **oracle}
     for path, content in after.items():
       assert repo.show(sha, path) == content, (task.id, path)
     assert diffs.score(task.reference, files, oracle,
-                       task.extra["edit_format"]) == 1.0, task.id
+                       task.extra.edit_format) == 1.0, task.id
 
 
 def test_skip_counts_by_reason(bad_repo):
@@ -144,7 +144,7 @@ def test_skip_counts_by_reason(bad_repo):
   assert result.splits["test"] == []
   # The merge is one PR: the feature branch's file, against the first parent.
   merge = {t.id: t for t in result.splits["train"]}[kept["merge"]]
-  assert merge.extra["oracle"] == {"src/f.py": "f = 1\n"}
+  assert merge.extra.oracle == {"src/f.py": "f = 1\n"}
   assert "REQUEST ---\nFeature work\n--- END" in merge.prompt
   # Its commit unit is the feature branch's commit, against its own parent.
   feature = repo.git("rev-parse", f"{kept['merge']}^2")
@@ -198,29 +198,29 @@ def test_decomposition_contexts(bad_repo):
            for t in mine(_config(repo, test_fraction=0.0, granularity=g)
                          ).splits["train"]}
   file_a = by_id[f"{sha}:src/a.py"]
-  assert file_a.extra["files"] == {"src/a.py": pre["src/a.py"],
+  assert file_a.extra.files == {"src/a.py": pre["src/a.py"],
                                    "src/b.py": post["src/b.py"],
                                    "src/c.py": post["src/c.py"]}
-  assert file_a.extra["oracle"] == {"src/a.py": post["src/a.py"]}
+  assert file_a.extra.oracle == {"src/a.py": post["src/a.py"]}
   assert "--- BEGIN APPLIED CHANGES ---" in file_a.prompt
   file_c = by_id[f"{sha}:src/c.py"]
-  assert file_c.extra["files"]["src/c.py"] == ""
-  assert file_c.extra["new_files"] == ["src/c.py"]
+  assert file_c.extra.files["src/c.py"] == ""
+  assert file_c.extra.new_files == ("src/c.py",)
   assert "(this file does not exist yet)" in file_c.prompt
   hunk1, hunk2 = by_id[f"{sha}:src/a.py#1"], by_id[f"{sha}:src/a.py#2"]
   # Hunk 1's context has hunk 2 applied, and the other way round.
-  assert "line three\n" not in hunk1.extra["files"]["src/a.py"]
-  assert "line 25b\n" in hunk1.extra["files"]["src/a.py"]
-  assert "line three\n" in hunk2.extra["files"]["src/a.py"]
-  assert "line 25b\n" not in hunk2.extra["files"]["src/a.py"]
+  assert "line three\n" not in hunk1.extra.files["src/a.py"]
+  assert "line 25b\n" in hunk1.extra.files["src/a.py"]
+  assert "line three\n" in hunk2.extra.files["src/a.py"]
+  assert "line 25b\n" not in hunk2.extra.files["src/a.py"]
   for hunk in (hunk1, hunk2):
-    assert hunk.extra["files"]["src/b.py"] == post["src/b.py"]
-    _, _, hunks = edits.line_hunks(hunk.extra["files"]["src/a.py"],
+    assert hunk.extra.files["src/b.py"] == post["src/b.py"]
+    _, _, hunks = edits.line_hunks(hunk.extra.files["src/a.py"],
                                    post["src/a.py"])
     assert len(hunks) == 1
   commit_task = mine(_config(repo, test_fraction=0.0)).splits["train"]
   commit_task = {t.id: t for t in commit_task}[sha]
-  assert commit_task.extra["files"] == {**pre, "src/c.py": ""}
+  assert commit_task.extra.files == {**pre, "src/c.py": ""}
   assert "BEGIN APPLIED CHANGES" not in commit_task.prompt
 
 
@@ -237,16 +237,16 @@ def test_time_split_fraction_and_cutoff(tmp_path):
   result = mine(MiningConfig(source=str(repo.path), test_fraction=0.25))
   train, test = result.splits["train"], result.splits["test"]
   assert len(test) == math.ceil(0.25 * 8) and len(train) == 6
-  assert max(t.extra["time"] for t in train) < min(t.extra["time"] for t in test)
+  assert max(t.extra.time for t in train) < min(t.extra.time for t in test)
   cutoff = T0 + 600
   result = mine(MiningConfig(source=str(repo.path), test_fraction=None,
                              test_after=str(cutoff)))
-  assert sorted(t.extra["time"] for t in result.splits["test"]) == [
+  assert sorted(t.extra.time for t in result.splits["test"]) == [
       T0 + 600, T0 + 700, T0 + 800]
   assert result.report["split"]["cutoff_time"] == cutoff
   recent = mine(MiningConfig(source=str(repo.path), max_commits=3))
   assert recent.report["commits_total"] == 3
-  assert min(t.extra["time"] for s in recent.splits.values() for t in s) == (
+  assert min(t.extra.time for s in recent.splits.values() for t in s) == (
       T0 + 600)
   iso = mine(MiningConfig(source=str(repo.path), test_fraction=None,
                           test_after="2023-11-14T22:23:20+00:00"))
@@ -257,7 +257,7 @@ def test_validation_split_sits_between_train_and_test(tmp_path):
   repo = _linear_repo(tmp_path / "lin", 10)
   result = mine(MiningConfig(source=str(repo.path), test_fraction=0.2,
                              validation_fraction=0.3))
-  times = {name: sorted(t.extra["time"] for t in tasks)
+  times = {name: sorted(t.extra.time for t in tasks)
            for name, tasks in result.splits.items()}
   # 10 PRs at T0 + 100 ... T0 + 1000: the last 2 test, the 3 before them validation.
   assert times == {"train": [T0 + 100 * k for k in range(1, 6)],
@@ -296,7 +296,7 @@ def test_reference_without_context_and_brief_prompt(tmp_path):
   assert [s for s, _ in edits.parse_search_replace(solution)["m.py"]] == [
       "".join(lines[2:9]).rstrip("\n"), "".join(lines[10:]).rstrip("\n")]
   for task in tasks.values():
-    assert diffs.score(task.reference, task.extra["files"], task.extra["oracle"]) == 1.0
+    assert diffs.score(task.reference, task.extra.files, task.extra.oracle) == 1.0
   # The brief prompt is the full one without the format's explanation and example.
   brief, full = tasks[0].prompt, tasks[3].prompt
   body = brief[:brief.rindex("--- END FILE ---")]
@@ -380,8 +380,8 @@ def test_language_filter_and_related_files(tmp_path):
   task = {t.id: t for t in result.splits["train"]}[sha]
   assert result.report["files_excluded"] == {"language": 2}  # both notes.md
   # Same directory, Python, within the budget: util.py, not big.py (300 B).
-  assert task.extra["files"] == {"pkg/a.py": "a = 1\n", "pkg/util.py": "u = 1\n"}
-  assert task.extra["oracle"] == {"pkg/a.py": "a = 2\n"}
+  assert task.extra.files == {"pkg/a.py": "a = 1\n", "pkg/util.py": "u = 1\n"}
+  assert task.extra.oracle == {"pkg/a.py": "a = 2\n"}
   _check_oracle_applies(repo, [task])
 
 

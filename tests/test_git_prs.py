@@ -78,10 +78,10 @@ def _by_id(repo, granularity, **kw):
 
 def _check_against_git(repo: Repo, task):
   """The context is the named commit's files with the unit undone; the oracle its files."""
-  sha, files, oracle = task.extra["commit"], task.extra["files"], task.extra["oracle"]
+  sha, files, oracle = task.extra.commit, task.extra.files, task.extra.oracle
   for path, content in {**files, **oracle}.items():
     assert repo.show(sha, path) == content, (task.id, path)
-  assert diffs.score(task.reference, files, oracle, task.extra["edit_format"]) == 1.0
+  assert diffs.score(task.reference, files, oracle, task.extra.edit_format) == 1.0
 
 
 def test_a_merge_is_one_pr_against_its_first_parent(prs):
@@ -92,13 +92,13 @@ def test_a_merge_is_one_pr_against_its_first_parent(prs):
   assert report["prs"] == {"merge": 2, "single_commit": 4}
   merge = tasks[shas["merge"]]
   before = {p: repo.show(f"{shas['merge']}^1", p) for p in ("a.py", "b.py")}
-  assert merge.extra["files"] == before
-  assert merge.extra["oracle"] == {p: repo.show(shas["merge"], p) for p in ("a.py", "b.py")}
+  assert merge.extra.files == before
+  assert merge.extra.oracle == {p: repo.show(shas["merge"], p) for p in ("a.py", "b.py")}
   # The title without GitHub's subject line, then the commits' messages, oldest first.
   request = merge.prompt.split("--- BEGIN REQUEST ---\n")[1].split("\n--- END REQUEST")[0]
   assert request == "Use a name for five\n\nRename a5\n\nUse five in b"
   # The main-line change made while the PR was open is in its context, not its oracle.
-  assert "b19 = 19.0" in merge.extra["files"]["b.py"]
+  assert "b19 = 19.0" in merge.extra.files["b.py"]
   for task in tasks.values():
     _check_against_git(repo, task)
 
@@ -112,18 +112,18 @@ def test_commit_units_are_the_merged_commits_against_their_own_parents(prs):
                                                    "main2", "c3"))
   assert report["units_dropped"] == {"merge": 1}
   c2 = tasks[shas["c2"]]
-  assert c2.extra["pr"] == shas["merge"] and c2.extra["commit"] == shas["c2"]
+  assert c2.extra.pr == shas["merge"] and c2.extra.commit == shas["c2"]
   # c2's context is its own parent, c1: the earlier commit of the PR is applied,
   # the main-line change made meanwhile is not.
-  assert "five = 5" in c2.extra["files"]["a.py"]
-  assert "b19 = 19.0" not in c2.extra["files"]["b.py"]
+  assert "five = 5" in c2.extra.files["a.py"]
+  assert "b19 = 19.0" not in c2.extra.files["b.py"]
   assert "BEGIN REQUEST ---\nUse five in b\n--- END" in c2.prompt
   for task in tasks.values():
     _check_against_git(repo, task)
   squash_pr = _by_id(repo, "pr")[0][shas["squash"]]
   squash = tasks[shas["squash"]]
-  assert (squash.prompt, squash.extra["files"], squash.extra["oracle"]) == (
-      squash_pr.prompt, squash_pr.extra["files"], squash_pr.extra["oracle"])
+  assert (squash.prompt, squash.extra.files, squash.extra.oracle) == (
+      squash_pr.prompt, squash_pr.extra.files, squash_pr.extra.oracle)
 
 
 def test_file_and_hunk_units_have_the_rest_of_their_pr_applied(prs):
@@ -131,16 +131,16 @@ def test_file_and_hunk_units_have_the_rest_of_their_pr_applied(prs):
   merge = shas["merge"]
   files, _ = _by_id(repo, "file")
   a_unit = files[f"{merge}:a.py"]
-  assert a_unit.extra["files"]["a.py"] == repo.show(f"{merge}^1", "a.py")
-  assert a_unit.extra["files"]["b.py"] == repo.show(merge, "b.py")
+  assert a_unit.extra.files["a.py"] == repo.show(f"{merge}^1", "a.py")
+  assert a_unit.extra.files["b.py"] == repo.show(merge, "b.py")
   assert "BEGIN APPLIED CHANGES" in a_unit.prompt
   hunks, report = _by_id(repo, "hunk")
   # c1 and c2 change a.py in two places: two hunks, each with the other applied.
   h1, h2 = hunks[f"{merge}:a.py#1"], hunks[f"{merge}:a.py#2"]
-  assert "five = 5" not in h1.extra["files"]["a.py"] and "a15 = five" in h1.extra["files"]["a.py"]
-  assert "five = 5" in h2.extra["files"]["a.py"] and "a15 = five" not in h2.extra["files"]["a.py"]
+  assert "five = 5" not in h1.extra.files["a.py"] and "a15 = five" in h1.extra.files["a.py"]
+  assert "five = 5" in h2.extra.files["a.py"] and "a15 = five" not in h2.extra.files["a.py"]
   for task in [*files.values(), *hunks.values()]:
-    assert task.extra["pr"] == task.extra["commit"]
+    assert task.extra.pr == task.extra.commit
     _check_against_git(repo, task)
   assert report["units"] == {"pr": 6, "commit": 7, "file": 8, "hunk": 9}
 
@@ -233,14 +233,14 @@ def test_large_files_are_cut_to_windows_not_skipped(tmp_path):
   # Adding the 1200-line file is too many lines; the change to it is kept.
   assert report["files_cut"] == 1 and report["commits_skipped"] == {"too_many_lines": 1}
   h1 = tasks[f"{sha}:big.py#1"]
-  cut = h1.extra["files"]["big.py"]
+  cut = h1.extra.files["big.py"]
   assert len(cut) < 500 and cut.count("not shown") == 2
   lines = edits.split_keepends(repo.show(f"{sha}~1", "big.py"))
-  assert _expand(h1.extra["oracle"]["big.py"], lines) == repo.show(sha, "big.py")
+  assert _expand(h1.extra.oracle["big.py"], lines) == repo.show(sha, "big.py")
   assert _expand(cut, lines) == repo.show(sha, "big.py").replace("return 'one'\n",
                                                                  "return 1\n")
   for task in tasks.values():
-    assert diffs.score(task.reference, task.extra["files"], task.extra["oracle"]) == 1.0
+    assert diffs.score(task.reference, task.extra.files, task.extra.oracle) == 1.0
   # Windows still above the budget, or a file above the hard cap: skipped.
   assert mine(MiningConfig(**{**config, "window_lines": 200})).report[
       "commits_skipped"] == {"too_many_lines": 1, "cut_too_large": 1}
@@ -258,7 +258,7 @@ def test_more_itertools_prs_are_mined_with_its_large_module_cut():
   assert "file_too_large" not in report["commits_skipped"]
   assert report["units"]["pr"] == report["commits_kept"] >= 10
   for task in result.splits["train"]:
-    assert diffs.score(task.reference, task.extra["files"], task.extra["oracle"]) == 1.0
+    assert diffs.score(task.reference, task.extra.files, task.extra.oracle) == 1.0
 
 
 def _mine_cli(capsys, *args: str) -> tuple[int, str, str]:
@@ -284,7 +284,7 @@ def test_cli_mines_prints_the_table_and_writes_the_datasets(prs, tmp_path, capsy
       edit_format="line_edit"))
   tasks = load_tasks(builder, "test")
   assert len(tasks) == 5
-  assert {t.extra["edit_format"] for t in tasks} == {"line_edit"}
+  assert {t.extra.edit_format for t in tasks} == {"line_edit"}
   assert all("<<<<<<< LINES " in t.reference for t in tasks)
   assert builder.build_report()["granularity"] == "hunk"
 

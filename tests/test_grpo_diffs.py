@@ -108,17 +108,17 @@ def shop(tmp_path_factory):
   return repo.path
 
 
-def _config(shop, tmp_path, *extra):
+def _config(shop, tmp_path, *extra, extra_data=True):
   config = loader.load_config(CONFIG, SMALL + [
       f"--config.workdir={tmp_path / 'work'}", f"--config.data.repo={shop}",
       f"--config.data.data_dir={tmp_path / 'data'}", *extra])
   # The warm start's extra data: the same history mined the same way (the real
   # bundles take minutes to mine), so its counts are the training split's.
-  with config.unlocked():
+  with config.unlocked(), config.ignore_type():
     config.warmstart.data = ml_collections.ConfigDict(dict(
         source="git", repo=str(shop), data_dir=str(tmp_path / "data"), train_split="train",
-        mining=config.data.mining.to_dict()))
-  return config
+        mining=config.data.mining.to_dict())) if extra_data else None
+  return loader.resolve(config)
 
 
 def test_warm_start_tasks_add_the_extra_sections_train_split_unless_it_is_off(shop, tmp_path):
@@ -128,16 +128,14 @@ def test_warm_start_tasks_add_the_extra_sections_train_split_unless_it_is_off(sh
   assert tasks == own + own and counts == {
       "data/warmstart_kept": len(own), "data/warmstart_prompt_too_long": 0,
       "data/warmstart_reference_too_long": 0}
-  config = _config(shop, tmp_path)
-  config.warmstart.data.source = ""  # as --config.warmstart.data.source= sets it
+  config = _config(shop, tmp_path, extra_data=False)  # as --config.warmstart.data=None
   assert warm_start.warm_start_tasks(config, ByteTokenizer(), 4096, own) == (own, {})
   # train_repeats weighs the training split against the extra section's.
   config = _config(shop, tmp_path, "--config.warmstart.train_repeats=3")
   tasks, _ = warm_start.warm_start_tasks(config, ByteTokenizer(), 4096, own)
   assert tasks == own * 3 + own
-  config.warmstart.train_repeats = 0
   with pytest.raises(BadInput, match="train_repeats=0"):
-    warm_start.warm_start_tasks(config, ByteTokenizer(), 4096, own)
+    _config(shop, tmp_path, "--config.warmstart.train_repeats=0")
 
 
 def test_grpo_steps_on_a_mined_history(shop, tmp_path):
@@ -228,11 +226,9 @@ def test_repo_that_is_not_a_repository_or_empty(tmp_path):
 
 
 def test_repository_named_twice_is_an_error(shop, tmp_path):
-  data = ml_collections.ConfigDict(dict(
-      source="git", repo=str(shop), data_dir=str(tmp_path),
-      mining=dict(source=str(shop), granularity="hunk")))
-  with pytest.raises(ValueError, match="give the repository once"):
-    sources.builder(data)
+  # The repository is config.data.repo; mining has no source of its own.
+  with pytest.raises(KeyError, match="mining has no key 'source'"):
+    _config(shop, tmp_path, f"--config.data.mining.source={shop}")
 
 
 def _file_section(prompt: str, path: str) -> str:
@@ -267,7 +263,7 @@ def test_excerpts_show_the_lines_near_each_change(tmp_path):
   assert _file_section(b.prompt, "b.py") == (
       "[... lines 1-9 not shown ...]\n" + "p\n" + "sep\n" + "".join(block) + "tail")
   # The reward still sees whole files.
-  assert b.extra["files"]["b.py"] == "".join(twice[:15] + ["q\n"] + twice[16:])
+  assert b.extra.files["b.py"] == "".join(twice[:15] + ["q\n"] + twice[16:])
 
 
 def test_line_edit_excerpts_number_the_shown_lines(tmp_path):
@@ -303,8 +299,8 @@ def test_an_open_file_task_leaves_the_path_out_and_is_scored_with_it(tmp_path):
   splits = mine(MiningConfig(
       source=str(repo.path), granularity="hunk", context_lines=3, edit_format="line_edit",
       oracle_context_lines=0, test_fraction=0.0, open_file=True)).splits["train"]
-  task, = [t for t in splits if "Change" in t.prompt and "a.py" in t.extra["oracle"]]
-  assert task.extra["open_file"] == "a.py"
+  task, = [t for t in splits if "Change" in t.prompt and "a.py" in t.extra.oracle]
+  assert task.extra.open_file == "a.py"
   assert task.reference.endswith("<solution>\n<<<<<<< LINES 15-15\nline fifteen\n"
                                  ">>>>>>> REPLACE\n</solution>")
   reward = diffs.diff_reward([task, task], [task.reference,
@@ -320,7 +316,7 @@ def test_an_open_file_task_leaves_the_path_out_and_is_scored_with_it(tmp_path):
   task, = [t for t in mine(MiningConfig(
       source=str(repo.path), granularity="hunk", context_lines=3, edit_format="line_edit",
       oracle_context_lines=0, test_fraction=0.0, open_file=True, line_counts=True)
-  ).splits["train"] if "Change" in t.prompt and "a.py" in t.extra["oracle"]]
+  ).splits["train"] if "Change" in t.prompt and "a.py" in t.extra.oracle]
   assert "<<<<<<< LINES 15+1\nline fifteen\n>>>>>>> REPLACE" in task.reference
   assert diffs.diff_reward([task], [task.reference]).metrics["exact"] == 1.0
 
@@ -343,7 +339,7 @@ def test_a_task_whose_ranges_count_the_shown_lines_is_scored_through_them(tmp_pa
       "[... 11 lines not shown ...]\n"
       + "".join(f"{k}|line {i}\n" for k, i in enumerate(range(12, 19), 1))
       + "[... 12 lines not shown ...]")
-  assert task.extra["shown_lines"] == {"a.py": list(range(12, 19))}
+  assert task.extra.shown_lines == {"a.py": list(range(12, 19))}
   assert "<<<<<<< LINES 4+1\nline fifteen\n>>>>>>> REPLACE" in task.reference
   # The file's own number (15) is past the 7 shown lines: a format error, not an edit.
   reward = diffs.diff_reward([task, task], [task.reference,
@@ -451,7 +447,7 @@ def test_several_repositories_mine_alike_and_merge_by_id(shop, tmp_path):
     merged = sources.load(both, split)
     alone = sources.load(one(shop), split) + sources.load(one(other.path), split)
     assert merged == sorted(alone, key=lambda t: t.id)
-    assert {t.extra["pr"] for t in merged} == {t.extra["pr"] for t in alone}
+    assert {t.extra.pr for t in merged} == {t.extra.pr for t in alone}
   with both.unlocked():
     both.repo = ()
   with pytest.raises(ValueError, match="empty tuple"):

@@ -211,7 +211,9 @@ def _model_cfg(**values):
   import ml_collections
   arch = dict(vocab_size=512, hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
               num_kv_heads=1, head_dim=16, max_seq_len=64)
-  return ml_collections.ConfigDict({"hf_path": "", "tokenizer": "", "arch": arch, **values})
+  return ml_collections.ConfigDict({"hf_path": None, "tokenizer": None, "param_dtype": "float32",
+                                    "dtype": "float32", "attn_impl": "auto", "arch": arch,
+                                    **values})
 
 
 def test_checkpoint_brings_its_own_tokenizer_unless_one_is_named(tmp_path):

@@ -1,4 +1,4 @@
-"""`rlcode train-rm` end to end on a learnable choices file: it learns, resumes to the same
+"""`rlcode train` of a reward model (configs/rm_choices.py) end to end on a learnable choices file: it learns, resumes to the same
 numbers, its checkpoint scores through the scorer and the "rm" reward; its user errors are
 one line on stderr."""
 
@@ -16,7 +16,7 @@ from rlcode.data.choices import Choice, write_choices
 from rlcode.data.tasks import Task
 from rlcode.runs.metrics import read_metrics
 from rlcode.rm import scorer as scorer_lib
-from rlcode.train.rm_loop import train_rm
+from rlcode.train.rm_loop import train as train_rm
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "rm_choices.py")
@@ -26,7 +26,7 @@ SMALL = ["--config.model.arch.hidden_size=32", "--config.model.arch.intermediate
          "--config.model.arch.num_layers=1", "--config.model.arch.num_heads=2",
          "--config.model.arch.num_kv_heads=1", "--config.model.arch.head_dim=16",
          "--config.model.arch.max_seq_len=64", "--config.rm.head_hidden=16",
-         "--config.rm.batch_choices=8", "--config.rm.init_from=",
+         "--config.rm.batch_choices=8", "--config.rm.init_from=None",
          "--config.train.progress_bar=false"]
 
 
@@ -115,7 +115,7 @@ def _one_line_error(capsys, argv, *needles):
 def test_cli_train_rm_and_its_errors(tmp_path, capsys):
   path = _choices_file(tmp_path, n=20)
   workdir = str(tmp_path / "cli")
-  base = ["train-rm", "--config", CONFIG, *SMALL, f"--config.data.path={path}",
+  base = ["train", "--config", CONFIG, *SMALL, f"--config.data.path={path}",
           f"--config.data.data_dir={tmp_path / 'tfds'}", f"--config.workdir={workdir}"]
   assert cli.main([*base, "--config.train.steps=2", "--config.train.eval_every=0"]) == 0
   assert [r["step"] for r in read_metrics(workdir)] == [1, 2]
@@ -126,7 +126,7 @@ def test_cli_train_rm_and_its_errors(tmp_path, capsys):
   _one_line_error(capsys, [*base, f"--config.data.path={bad}"], f"{bad}:1",
                   "chosen=5 is out of range")
   _one_line_error(capsys, [*base, "--config.rm.features=('tests',)",
-                           f"--config.workdir={tmp_path / 'f'}"], "no feature(s) ['tests']")
+                           f"--config.workdir={tmp_path / 'f'}"], "rm.features=('tests',)", "tests_fraction")
   _one_line_error(capsys, [*base, "--config.rm.batch_choices=7", "--config.mesh.data=2"],
                   "batch_choices=7")
   _one_line_error(capsys, [*base, "--config.rm.init_from=" + str(tmp_path / "none"),

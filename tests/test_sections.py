@@ -7,6 +7,8 @@ import sys
 
 import pytest
 
+from rlcode.data.extras import SectionExtra
+
 from rlcode.data import sections as S
 from rlcode.data.tasks import load_tasks
 
@@ -193,8 +195,8 @@ def test_tasks_prompt_reference_and_title_not_repeated():
   assert t2.prompt == DOC[:DOC.index("\nbeta body")]
   assert t2.reference == "beta body text is here too"
   assert t2.kind == "section"
-  assert t2.extra == {"document": "corpus/doc.md", "section": 2, "heading": "Beta",
-                      "format": "markdown", "context_truncated": False}
+  assert t2.extra == SectionExtra(document="corpus/doc.md", section=2, heading="Beta",
+                                  format="markdown", context_truncated=False)
   assert not stats
 
 
@@ -203,7 +205,7 @@ def test_budget_drops_whole_sections_from_the_front():
   tasks, _ = _tasks(10)
   t2 = tasks["corpus/doc.md#2"]
   assert t2.prompt == "Title\n\n## Alpha\n\nalpha body text is here\n\n## Beta\n"
-  assert t2.extra["context_truncated"]
+  assert t2.extra.context_truncated
   assert S.whitespace_tokens(t2.prompt) <= 10
 
 
@@ -359,7 +361,7 @@ def test_embedded_corpus_builds_with_stable_counts(tmp_path):
   # outside hidden directories (`git ls-files` at their heads: attrs 27, more-itertools 7).
   assert counts["documents"] == 79 + len(S.STDLIB_MODULES) + 27 + 7
   assert all(t.kind == "section" and t.reference for t in test_tasks)
-  assert {t.extra["format"] for t in test_tasks} <= {"rst", "python", "markdown"}
+  assert {t.extra.format for t in test_tasks} <= {"rst", "python", "markdown"}
   skipped = {k: v for k, v in counts.items() if k.startswith("skipped")}
   assert skipped == dict.fromkeys(skipped, 0)
   assert counts["python_syntax_fallback"] == 0 and counts["over_budget"] == 0

@@ -128,8 +128,8 @@ def test_resume_with_another_config_is_one_line_and_exit_2(uninterrupted, capsys
   assert "rl.group_size: 4 -> 2" in err and "seed: 0 -> 1" in err
   assert (uninterrupted / "metrics.jsonl").read_text() == before  # nothing truncated
   # Only the resumable keys may change: a longer run and another eval cadence resume.
-  from rlcode.config import loader as lib
-  lib.check_resume(_config(uninterrupted, "--config.train.steps=8",
+  from rlcode.config import record
+  record.check_resume(_config(uninterrupted, "--config.train.steps=8",
                            "--config.train.eval_every=4"), str(uninterrupted))
 
 

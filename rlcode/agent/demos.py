@@ -73,31 +73,20 @@ def demonstrations(config, tasks, envs, chat, budgets) -> list[sampler.Trajector
   with a decoy line the decoy's value copied, and on `warmstart.note_trust` of the tasks
   with a stale note the note believed without a look."""
   ws = config.warmstart
-  families = tuple(ws.get("guess_families", ())) or None
-  unknown = set(families or ()) - set(expert.VARIANTS)
-  if unknown:
-    raise BadInput(f"warmstart.guess_families: unknown {sorted(unknown)}; "
-                   f"known: {list(expert.VARIANTS)}")
-  decoy_copy = ws.get("decoy_copy", 0.0)
-  if not 0.0 <= decoy_copy <= 1.0:
-    raise BadInput(f"warmstart.decoy_copy must be in [0, 1], got {decoy_copy}")
-  note_trust = ws.get("note_trust", 0.0)
-  if not 0.0 <= note_trust <= 1.0:
-    raise BadInput(f"warmstart.note_trust must be in [0, 1], got {note_trust}")
-  if note_trust > 0 and not any("note" in t.extra["hint"] for t in tasks):
+  if ws.note_trust > 0 and not any("note" in t.extra.hint for t in tasks):
     raise BadInput("warmstart.note_trust > 0 but no training task has a stale note: "
                    "use data/agent_tasks_notes.jsonl (python data/make_agent_tasks.py --notes)")
-  return expert_trajectories(config, tasks, envs, chat, budgets,
-                             ws.get("guess_fraction", 0.0), families, decoy_copy, note_trust)
+  return expert_trajectories(config, tasks, envs, chat, budgets, ws.guess_fraction,
+                             ws.guess_families or None, ws.decoy_copy, ws.note_trust)
 
 
-def warm_start(config, graphdef, params, tasks, envs, chat, budgets, mesh, metrics):
+def warm_start(config, graphdef, params, tasks, envs, chat, budgets, mesh, log):
   """Supervised steps on scripted expert episodes of the training tasks (their calls are
-  the targets, observations are not); returns the params and logs one step-0 row."""
+  the targets, observations are not); returns the params and logs one step-0 row through
+  `log(step, row)`. warmstart.max_episodes: only the first that many tasks (quick runs)."""
   ws = config.warmstart
   start = time.perf_counter()
-  # warmstart.max_episodes > 0: only the first that many training tasks (quick runs).
-  tasks = tasks[:ws.get("max_episodes", 0) or None]
+  tasks = tasks[:ws.max_episodes]
   trajs = demonstrations(config, tasks, envs, chat, budgets)
   expert_s = time.perf_counter() - start
   solved = float(np.mean([t.reward >= config.agent.success_reward for t in trajs]))
@@ -105,9 +94,9 @@ def warm_start(config, graphdef, params, tasks, envs, chat, budgets, mesh, metri
                           optimizer=optim.OptimizerConfig.from_config(ws.optimizer),
                           batch_size=ws.batch_size, seed=config.seed + 1, steps=ws.steps,
                           progress=config.train.progress_bar)
-  metrics.write(0, {"sft_loss_first": stats["loss_first"], "sft_loss_last": stats["loss_last"],
-                    "sft_steps": ws.steps, "expert_episodes": len(trajs),
-                    "expert_success": solved, "expert_seconds": expert_s})
+  log(0, {"sft_loss_first": stats["loss_first"], "sft_loss_last": stats["loss_last"],
+          "sft_steps": ws.steps, "expert_episodes": len(trajs),
+          "expert_success": solved, "expert_seconds": expert_s})
   return params
 
 

@@ -1,7 +1,7 @@
 """The tool-use environment: `reset(task) -> observation`, `step(turn) -> observation,
 reward, done`.
 
-An episode's state is a working copy of the task's files (`task.extra["files"]`) in
+An episode's state is a working copy of the task's files (`task.extra.files`) in
 one sandbox session (rlcode.sandbox.session) that lives from `reset` to the end of
 the episode, so files written in turn 3 are there in turn 7. Each step parses the
 policy's turn (rlcode.agent.calls), runs the named tool in that session, and
@@ -72,12 +72,12 @@ class Scorer:
     return value
 
   def run_tests(self, task: Task, program: str) -> sandbox.Result:
-    """The visible tests (`extra["tests_visible"]`, else the task's tests)."""
+    """The visible tests (`extra.tests_visible`, else the task's tests)."""
     key = (task.id, program)
     with self._lock:
       if key in self._tests:
         return self._tests[key]
-    test_set = "visible" if task.extra.get("tests_visible") else "hidden"
+    test_set = "visible" if task.extra.tests_visible else "hidden"
     result = self._box.run(job_for(task, program, test_set=test_set))
     with self._lock:
       self._tests[key] = result
@@ -123,7 +123,7 @@ class ToolEnv:
     self.task, self.turns, self.done, self.status = task, 0, False, ""
     self.tool_seconds = 0.0
     self.session = self.open_session(self.session_limits)
-    for path, text in task.extra.get("files", {}).items():
+    for path, text in task.extra.files.items():
       self.session.write(path, text)
     self.notes = self.memory.episode() if self.memory is not None else None
     self.ctx = Context(session=self.session, task=task, run_tests=self.scorer.run_tests,

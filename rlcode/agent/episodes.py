@@ -10,7 +10,7 @@ or a timeout), supervised batches of expert trajectories, and episode metrics.
 from __future__ import annotations
 
 import collections
-import re
+import contextlib
 from collections.abc import Sequence
 
 import numpy as np
@@ -47,6 +47,16 @@ def make_envs(config, n: int, *, memory: Memory | None = None, embed=None,
                   memory=memory, embed=embed, session_limits=limits,
                   bash_seconds=agent.bash_seconds, episode_seconds=agent.episode_seconds)
           for _ in range(n)]
+
+
+@contextlib.contextmanager
+def closing(envs: Sequence[ToolEnv]):
+  """Closes every environment (and its sandbox session) when the block is left."""
+  try:
+    yield envs
+  finally:
+    for env in envs:
+      env.close()
 
 
 def chat_format(config, tokenizer) -> ChatFormat:
@@ -94,12 +104,8 @@ def sft_batch(trajs: Sequence[sampler.Trajectory], pad_id: int) -> sequences.Seq
 def episode_metrics(trajs: Sequence[sampler.Trajectory], success_reward: float) -> dict:
   """Means over episodes: success, reward, tool calls, turns, context tokens, statuses,
   tool use, call errors and per-turn test signals; success per task family
-  ("success/<family>", the second component of ids like "agent/search/sub/k6/LIMIT");
-  and, over the episodes of tasks with a decoy line (data/agent_tasks_decoy.jsonl), the
-  share whose scored solution ends in the live constant ("decoy/live") and in the
-  decoy's ("decoy/decoy"; `written_constant`); over the episodes of tasks with a stale
-  note (data/agent_tasks_notes.jsonl), the share whose scored solution uses the note's
-  constant or name ("note/believed"; `uses_note`)."""
+  ("success/<family>", the second component of ids like "agent/search/sub/k6/LIMIT").
+  A data set's own metrics are its own module's (rlcode.agent.expert.hint_metrics)."""
   n = max(len(trajs), 1)
   turns = [x for t in trajs for x in t.turns]
   tools = collections.Counter(x["tool"] for x in turns if "tool" in x)
@@ -126,33 +132,7 @@ def episode_metrics(trajs: Sequence[sampler.Trajectory], success_reward: float) 
     if len(parts) > 2:
       families[parts[1]].append(t.reward >= success_reward)
   out.update({f"success/{f}": float(np.mean(v)) for f, v in sorted(families.items())})
-  decoys = [t for t in trajs if "decoy" in t.task.extra.get("hint", {})]
-  if decoys:
-    written = [written_constant(t.program) for t in decoys]
-    out["decoy/live"] = float(np.mean([w == t.task.reference.split()[-1]
-                                       for w, t in zip(written, decoys)]))
-    out["decoy/decoy"] = float(np.mean([w == str(t.task.extra["hint"]["decoy"])
-                                        for w, t in zip(written, decoys)]))
-  noted = [t for t in trajs if "note" in t.task.extra.get("hint", {})]
-  if noted:
-    out["note/believed"] = float(np.mean([uses_note(t.program, t.task.extra["hint"])
-                                          for t in noted]))
   return out
-
-
-def uses_note(program: str, hint: dict) -> bool:
-  """Whether a solution's text uses a task's stale note: defines the note's name (tests
-  tasks) or ends in the note's constant (file and search tasks)."""
-  if hint["variant"] == "tests":
-    return re.search(rf"\bdef\s+{re.escape(str(hint['note']))}\s*\(", program) is not None
-  return written_constant(program) == str(hint["note"])
-
-
-def written_constant(program: str) -> str | None:
-  """The last integer literal of a solution's text ("7" of "return x + 7"), None if it
-  has none."""
-  found = re.findall(r"\b\d+\b", program)
-  return found[-1] if found else None
 
 
 def embedder(agent):

@@ -1,6 +1,6 @@
 """Scripted expert episodes for the warm start: the calls a competent agent makes.
 
-For a task of data/agent_tasks.jsonl (its `extra["hint"]`), `expert_calls` gives
+For a task of data/agent_tasks.jsonl (its `extra.hint`), `expert_calls` gives
 the calls that solve it with a tool set ("rich": editor, search, run_tests;
 "terminal": bash only) and a think habit ("none", "start": one plan first, "each":
 a note after every tool call). `expert_trajectory` plays them through a real
@@ -13,6 +13,9 @@ from __future__ import annotations
 import hashlib
 import json
 import random
+import re
+
+import numpy as np
 
 from rlcode.agent import sampler
 from rlcode.agent.chat import CALL_CLOSE, CALL_OPEN, ChatFormat
@@ -39,7 +42,7 @@ def expert_calls(task: Task, toolset: str = "rich", think: str = "none",
   if toolset not in TOOLSETS or think not in THINK:
     raise ValueError(f"toolset={toolset!r} (one of {TOOLSETS}), think={think!r} "
                      f"(one of {THINK})")
-  hint = task.extra["hint"]
+  hint = task.extra.hint
   variant, solution = hint["variant"], task.reference
   if copy_decoy:
     if "decoy" not in hint:
@@ -92,7 +95,7 @@ def copies_decoy(task: Task, fraction: float, seed: int) -> bool:
   others. With 0.5 it copies either line with equal chance, whatever the lines say:
   its episodes look and copy exactly as the expert's do, and half of those on tasks with
   a decoy fail."""
-  if "decoy" not in task.extra["hint"]:
+  if "decoy" not in task.extra.hint:
     return False
   return _hashed_fraction(f"decoy/{seed}/{task.id}") < fraction
 
@@ -111,7 +114,7 @@ def is_guess(task: Task, fraction: float, seed: int,
   """Whether the imperfect demonstrator (`guess_calls`) answers `task` without looking:
   true for about `fraction` of the tasks, chosen by a hash of the task id and `seed`;
   with `families`, only for tasks of those families (the hint's variant)."""
-  if families is not None and task.extra["hint"]["variant"] not in families:
+  if families is not None and task.extra.hint["variant"] not in families:
     return False
   return _hashed_fraction(f"guess/{seed}/{task.id}") < fraction
 
@@ -126,7 +129,7 @@ def guess_calls(task: Task, toolset: str = "rich", seed: int = 0) -> list[tuple]
   tasks, as a policy distilled from a weaker agent does; the reward is what can tell it
   that looking pays (configs/agent_tiny.py, experiments/README.md agent_tiny)."""
   rng = random.Random(f"guess/{seed}/{task.id}")
-  guess = (rng.choice(GUESSED_NAMES) if task.extra["hint"]["variant"] == "tests"
+  guess = (rng.choice(GUESSED_NAMES) if task.extra.hint["variant"] == "tests"
            else rng.randint(2, 9))
   return _written_at_once(task, toolset, guess)
 
@@ -136,7 +139,7 @@ def trusts_note(task: Task, fraction: float, seed: int) -> bool:
   data/make_agent_tasks.py --notes) answers from it without looking: for about
   `fraction` of the tasks with a note, chosen by a hash of the task id and `seed`;
   never on the others. What it picks does not depend on anything the policy sees."""
-  if "note" not in task.extra["hint"]:
+  if "note" not in task.extra.hint:
     return False
   return _hashed_fraction(f"note/{seed}/{task.id}") < fraction
 
@@ -147,9 +150,9 @@ def note_calls(task: Task, toolset: str = "rich") -> list[tuple]:
   name (tests tasks) copied from the prompt, then finishes. The note is never right, so
   these episodes fail; they copy exactly, so a warm start on them still learns to copy
   (unlike guess_calls' random constants, which kept copying from forming)."""
-  if "note" not in task.extra["hint"]:
+  if "note" not in task.extra.hint:
     raise ValueError(f"task {task.id!r} has no note to trust")
-  return _written_at_once(task, toolset, task.extra["hint"]["note"])
+  return _written_at_once(task, toolset, task.extra.hint["note"])
 
 
 def _written_at_once(task: Task, toolset: str, value) -> list[tuple]:
@@ -158,7 +161,7 @@ def _written_at_once(task: Task, toolset: str, value) -> list[tuple]:
   or the constant (file and search tasks)."""
   if toolset not in TOOLSETS:
     raise ValueError(f"toolset={toolset!r} (one of {TOOLSETS})")
-  variant = task.extra["hint"]["variant"]
+  variant = task.extra.hint["variant"]
   head, body = task.reference.split("\n", 1)
   if variant == "tests":
     head = f"def {value}(x):"
@@ -191,3 +194,39 @@ def expert_trajectory(env: ToolEnv, chat: ChatFormat, task: Task, calls: list[tu
     traj.logprobs += [0.0] * len(obs)
   sampler.record_end(traj, env)
   return traj
+
+
+def hint_metrics(trajs) -> dict:
+  """The tool tasks' own means: over the episodes of tasks with a decoy line
+  (data/agent_tasks_decoy.jsonl), the share whose scored solution ends in the live
+  constant ("decoy/live") and in the decoy's ("decoy/decoy"; `written_constant`); over
+  the episodes of tasks with a stale note (data/agent_tasks_notes.jsonl), the share whose
+  scored solution uses the note's constant or name ("note/believed"; `uses_note`)."""
+  out = {}
+  decoys = [t for t in trajs if "decoy" in t.task.extra.hint]
+  if decoys:
+    written = [written_constant(t.program) for t in decoys]
+    out["decoy/live"] = float(np.mean([w == t.task.reference.split()[-1]
+                                       for w, t in zip(written, decoys)]))
+    out["decoy/decoy"] = float(np.mean([w == str(t.task.extra.hint["decoy"])
+                                        for w, t in zip(written, decoys)]))
+  noted = [t for t in trajs if "note" in t.task.extra.hint]
+  if noted:
+    out["note/believed"] = float(np.mean([uses_note(t.program, t.task.extra.hint)
+                                          for t in noted]))
+  return out
+
+
+def uses_note(program: str, hint: dict) -> bool:
+  """Whether a solution's text uses a task's stale note: defines the note's name (tests
+  tasks) or ends in the note's constant (file and search tasks)."""
+  if hint["variant"] == "tests":
+    return re.search(rf"\bdef\s+{re.escape(str(hint['note']))}\s*\(", program) is not None
+  return written_constant(program) == str(hint["note"])
+
+
+def written_constant(program: str) -> str | None:
+  """The last integer literal of a solution's text ("7" of "return x + 7"), None if it
+  has none."""
+  found = re.findall(r"\b\d+\b", program)
+  return found[-1] if found else None

@@ -1,5 +1,5 @@
 """Which tasks and groups an agent step trains on: task selection, expert-guided groups,
-DAPO's dynamic sampling with a cap, and the checks of those settings.
+DAPO's dynamic sampling with a cap.
 """
 
 from __future__ import annotations
@@ -25,32 +25,8 @@ def guide_groups(trajs, experts, group_size: int, slots: int):
   return out, guided
 
 
-def sample_rounds(rl) -> int:
-  """rl.sample_rounds (1 when absent), checked: at least 1."""
-  rounds = rl.get("sample_rounds", 1)
-  if not isinstance(rounds, int) or rounds < 1:
-    raise BadInput(f"rl.sample_rounds must be an integer >= 1, got {rounds!r}")
-  return rounds
-
-
-CURRICULA = ("", "signal")
-
-
-def curriculum_of(rl) -> str:
-  """rl.curriculum ("" when absent), checked: "" (the plain seeded stream) or "signal"
-  (rlcode.curriculum.SignalCurriculum: families drawn by their recent groups with a
-  signal), with rl.curriculum_decay in [0, 1) and rl.curriculum_floor in (0, 1]."""
-  kind = rl.get("curriculum", "")
-  if kind not in CURRICULA:
-    raise BadInput(f"rl.curriculum={kind!r}; known: {list(CURRICULA)}")
-  decay, floor = rl.get("curriculum_decay", 0.8), rl.get("curriculum_floor", 0.05)
-  if not 0.0 <= decay < 1.0 or not 0.0 < floor <= 1.0:
-    raise BadInput(f"rl.curriculum_decay={decay} must be in [0, 1) and rl.curriculum_floor="
-                   f"{floor} in (0, 1]")
-  return kind
-
-
-def _has_signal(group, reward) -> bool:
+def has_signal(group, reward) -> bool:
+  """Whether a group's rewards (reward(item) of each) are not all equal."""
   return len({reward(item) for item in group}) > 1
 
 
@@ -79,7 +55,7 @@ def fill_with_signal(sample_round, group_size: int, groups: int, rounds: int, *,
     flat = []
     for i in range(0, len(items), group_size):
       chunk = items[i:i + group_size]
-      (kept if _has_signal(chunk, reward) else flat).append(chunk)
+      (kept if has_signal(chunk, reward) else flat).append(chunk)
     if len(kept) >= groups:
       break
   batch = (kept + flat)[:groups]
@@ -90,22 +66,18 @@ def grpo_tasks(config, tasks):
   """The training tasks GRPO samples: all, less those whose id matches the regular
   expression rl.exclude_task_ids (for example "^agent/practice/": practice tasks that
   are there to teach the warm start to copy). The warm start uses every task."""
-  pattern = config.rl.get("exclude_task_ids", "")
-  if not pattern:
+  pattern = config.rl.exclude_task_ids
+  if pattern is None:
     return list(tasks)
-  try:
-    regex = re.compile(pattern)
-  except re.error as e:
-    raise BadInput(f"rl.exclude_task_ids={pattern!r} is not a regular expression: {e}") from None
-  kept = [t for t in tasks if not regex.search(t.id)]
+  kept = [t for t in tasks if not re.search(pattern, t.id)]
   if not kept:
     raise BadInput(f"rl.exclude_task_ids={pattern!r} excludes all {len(tasks)} training tasks")
   return kept
 
 
 def select_variants(config, tasks):
-  """The tasks of the variants config.agent.variants names (all when it is empty)."""
-  keep = tuple(config.agent.get("variants", ()))
+  """The tasks of the families config.agent.variants names (all when it is empty)."""
+  keep = config.agent.variants
   if not keep:
     return list(tasks)
-  return [t for t in tasks if t.extra.get("hint", {}).get("variant") in keep]
+  return [t for t in tasks if t.extra.family in keep]

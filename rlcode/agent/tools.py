@@ -42,7 +42,7 @@ class Context:
 
   Attributes:
     session: the episode's workspace.
-    task: the task (tool code reads `extra["solution"]`, the file run_tests runs).
+    task: the task (tool code reads `extra.solution`, the file run_tests runs).
     run_tests: (task, program) -> rlcode.sandbox.Result of the task's visible tests.
     memory: the run's memory (rlcode.agent.memory.Memory), or None.
     embed: texts -> L2-normalised embeddings [N, D] (semantic search), or None.
@@ -58,7 +58,7 @@ class Context:
 
 
 def solution_path(task: Task) -> str:
-  return task.extra.get("solution", "solution.py")
+  return task.extra.solution
 
 
 class Tool:

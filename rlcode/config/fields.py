@@ -97,8 +97,14 @@ def docs(cls) -> dict[str, str]:
 
 
 def first_sentence(doc: str) -> str:
-  match = re.match(r"(.+?[.;:])(\s|$)", doc)
-  return (match.group(1) if match else doc).rstrip(";:.")
+  """The doc up to its first ".", ";" or ":" outside parentheses (not "e.g.")."""
+  depth = 0
+  for i, ch in enumerate(doc):
+    depth += (ch == "(") - (ch == ")")
+    if (depth == 0 and ch in ".;:" and (i + 1 == len(doc) or doc[i + 1] == " ")
+        and not doc[max(0, i - 3):i + 1].endswith(("e.g.", "i.e."))):
+      return doc[:i]
+  return doc
 
 
 def is_section(tp) -> bool:
@@ -145,12 +151,21 @@ def allowed_text(field: dataclasses.Field) -> str:
   if m["choices"] is not None:
     choices = m["choices"].get() if isinstance(m["choices"], Lazy) else m["choices"]
     parts.append("one of " + ", ".join(repr(c) for c in choices))
-  for name, sign in (("ge", ">="), ("gt", ">"), ("le", "<="), ("lt", "<")):
-    if m[name] is not None:
-      parts.append(f"{sign} {m[name]}")
+  low = ("[", m["ge"]) if m["ge"] is not None else ("(", m["gt"]) if m["gt"] is not None else None
+  high = ("]", m["le"]) if m["le"] is not None else (")", m["lt"]) if m["lt"] is not None else None
+  if low and high:
+    parts.append(f"in {low[0]}{_num(low[1])}, {_num(high[1])}{high[0]}")
+  elif low:
+    parts.append(f"{'>=' if low[0] == '[' else '>'} {_num(low[1])}")
+  elif high:
+    parts.append(f"{'<=' if high[0] == ']' else '<'} {_num(high[1])}")
   if m["allowed"]:
     parts.append(m["allowed"])
   return ", ".join(parts)
+
+
+def _num(x) -> str:
+  return str(int(x)) if float(x).is_integer() else str(x)
 
 
 def _fail(path: str, value, what: str):
@@ -196,7 +211,7 @@ def _typed(path: str, value, tp):
             for k, v in dict(value).items()}
   if tp is bool:
     if not isinstance(value, bool):
-      _fail(path, value, "expected a bool (true or false)")
+      _fail(path, value, "expected a boolean (true/false)")
     return value
   if tp is int:
     if isinstance(value, bool) or not isinstance(value, int):

@@ -9,8 +9,8 @@ Each line is one problem object:
   reference    string, a reference solution (assembled like a completion)
   family       optional string: problems of one family share a split
   split        optional "train", "validation" or "held_out": overrides the hash
-  extra        optional object, merged into Task.extra (for example
-               {"assemble": "completion"} or {"tests_format": "script"})
+  extra        optional object, the task's rlcode.data.extras.CodeExtra fields (for
+               example {"assemble": "completion"} or {"tests_format": "script"})
 Unknown fields are errors, so a misspelt key cannot silently drop data.
 
 Splits: "train" and "held_out", and "validation" when some problem names it. A
@@ -33,6 +33,7 @@ from typing import Any
 
 import tensorflow_datasets as tfds
 
+from rlcode.data.extras import extra_for
 from rlcode.data.tasks import Task, TaskBuilder
 from rlcode.errors import BadInput
 
@@ -115,7 +116,7 @@ def read_jsonl_tasks(path: str | Path, held_out_fraction: float) -> dict[str, li
     splits[split].append(Task(
         id=task_id, prompt=_text(row, "prompt", where), kind="code",
         reference=_text(row, "reference", where), tests=tests,
-        entry_point=_text(row, "entry_point", where), extra=extra))
+        entry_point=_text(row, "entry_point", where), extra=extra_for("code", extra, where)))
   if not seen:
     raise BadInput(f"{path}: no problems")
   if not splits["validation"]:

@@ -64,14 +64,14 @@ def _section_counter(unit: str) -> dict:
 
 
 def data_dir(data_cfg) -> str:
-  return (data_cfg.get("data_dir") or os.environ.get("TFDS_DATA_DIR")
+  return (data_cfg.data_dir or os.environ.get("TFDS_DATA_DIR")
           or os.path.expanduser("~/.cache/rlcode/tfds"))
 
 
 def builders(data_cfg) -> list[TaskBuilder]:
   """The builders a data section reads: one, or one per repository of a "git" source
   whose config.data.repo is a tuple."""
-  repo = data_cfg.get("repo", "")
+  repo = data_cfg.repo
   if data_cfg.source == "git" and isinstance(repo, (tuple, list)):
     if not repo:
       raise BadInput("config.data.repo is an empty tuple: name at least one repository")
@@ -95,23 +95,17 @@ def builder(data_cfg) -> TaskBuilder:
     return HumanEval(data_dir=root)
   if source == "git":
     from rlcode.data.git import GitDiffs, MiningConfig
-    fields = {k: (tuple(v) if isinstance(v, list) else v)
-              for k, v in dict(data_cfg.mining).items()}
-    # The repository is named once: config.data.repo (the usual way, so that
-    # --config.data.repo=PATH works) or config.data.mining.source.
-    repo = data_cfg.get("repo", "")
-    if repo and fields.get("source"):
-      raise BadInput(f"config.data.repo={repo!r} and config.data.mining.source="
-                       f"{fields['source']!r}: give the repository once")
-    if repo:
-      fields["source"] = resolve(repo)
+    mining = data_cfg.mining.to_dict() if data_cfg.mining is not None else {}
+    fields = {k: (tuple(v) if isinstance(v, list) else v) for k, v in mining.items()}
+    fields["source"] = resolve(data_cfg.repo)
     mining = MiningConfig(**fields)
     return GitDiffs(data_dir=root, mining=mining)
   if source == "sections":
     from rlcode.data.sections import SectionOptions, SectionTasks
-    counter = _section_counter(data_cfg.get("count_tokens", "words"))
+    counter = _section_counter(data_cfg.count_tokens)
+    options = SectionOptions(**data_cfg.options.to_dict()) if data_cfg.options else SectionOptions()
     return SectionTasks(data_dir=root, sources=tuple(resolve(s) for s in data_cfg.sources),
-                        options=SectionOptions(**dict(data_cfg.options)), **counter)
+                        options=options, **counter)
   raise BadInput(f"config.data.source={source!r}; expected one of {SOURCES}")
 
 
@@ -127,4 +121,4 @@ def load(data_cfg, split: str) -> list[Task]:
 def load_eval(data_cfg) -> list[Task]:
   """The evaluation split, cut to data_cfg.max_eval_tasks when that is set."""
   tasks = load(data_cfg, data_cfg.eval_split)
-  return tasks[:data_cfg.max_eval_tasks] if data_cfg.get("max_eval_tasks") else tasks
+  return tasks[:data_cfg.max_eval_tasks]

@@ -16,6 +16,7 @@ from typing import Any
 
 import tensorflow_datasets as tfds
 
+from rlcode.data.extras import Extra, extra_dict, extra_for
 from rlcode.errors import BadInput, UnknownKey
 
 
@@ -30,8 +31,8 @@ class Task:
     reference: a reference answer (solution, oracle section); may be empty.
     tests: test code for "code" tasks, run in the sandbox against the completion.
     entry_point: the function the tests call, for "code" tasks.
-    extra: JSON-serialisable payload of the kind (for example the context files
-      and the oracle files of a diff task). Treated as read-only.
+    extra: what the kind carries besides (rlcode.data.extras: CodeExtra, DiffExtra,
+      SectionExtra); given as a mapping, it is checked and made the kind's extra.
   """
 
   id: str
@@ -40,14 +41,17 @@ class Task:
   reference: str = ""
   tests: str = ""
   entry_point: str = ""
-  extra: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  extra: Extra = None
+
+  def __post_init__(self):
+    object.__setattr__(self, "extra", extra_for(self.kind, self.extra, f"task {self.id!r}"))
 
   def to_example(self) -> dict[str, str]:
     return {
         "id": self.id, "prompt": self.prompt, "kind": self.kind,
         "reference": self.reference, "tests": self.tests,
         "entry_point": self.entry_point,
-        "extra": json.dumps(dict(self.extra), sort_keys=True),
+        "extra": json.dumps(extra_dict(self.extra), sort_keys=True),
     }
 
   @classmethod

@@ -9,13 +9,21 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping, Sequence
+
 import numpy as np
+from flax import nnx
 from tqdm import tqdm
-from rlcode import sandbox
+
+from rlcode import optim, rewards, sandbox
+from rlcode.data import sources
 from rlcode.data.tasks import Task
 from rlcode.errors import MissingInput
-from rlcode.rewards.tests import HUMANEVAL_STOP
 from rlcode.evaluation import scoring
+from rlcode.models.build import build_model
+from rlcode.parallel import sharding
+from rlcode.rewards.tests import HUMANEVAL_STOP
+from rlcode.rl import rollout
+from rlcode.runs import checkpoint
 
 
 def sample_completions(model, tokenizer, tasks: Sequence[Task], *, num_samples: int,
@@ -26,7 +34,6 @@ def sample_completions(model, tokenizer, tasks: Sequence[Task], *, num_samples: 
 
   Returns (the task of each completion, the completion texts), task-major.
   """
-  from rlcode.rl import rollout  # the sampler pulls in JAX; keep this module light
   row_tasks, texts = [], []
   starts = range(0, len(tasks), batch_prompts)
   for start in tqdm(starts, desc="eval: sampling", unit="batch", leave=False,
@@ -71,7 +78,6 @@ def evaluate_rewards(model, tokenizer, tasks: Sequence[Task], *, weights: Mappin
   For tasks without unit tests (diffs, sections). Returns {"reward_mean",
   "reward_std", and each reward's metrics as "<name>/<metric>"}.
   """
-  from rlcode import rewards
   row_tasks, texts = sample_completions(
       model, tokenizer, tasks, num_samples=num_samples, temperature=temperature,
       max_new_tokens=max_new_tokens, seed=seed, batch_prompts=batch_prompts, mesh=mesh,
@@ -85,12 +91,11 @@ def evaluate_rewards(model, tokenizer, tasks: Sequence[Task], *, weights: Mappin
 def held_out_eval(config, model, tokenizer, tasks: Sequence[Task], mesh, ks=None) -> dict:
   """A config's evaluation (config.eval) of a policy on `tasks`: pass@k for code tasks
   with tests, the configured rewards' means otherwise."""
-  from rlcode import rewards
   ev = config.eval
   common = dict(num_samples=ev.num_samples, temperature=ev.temperature,
                 max_new_tokens=ev.max_new_tokens, seed=config.seed + 7919,
                 batch_prompts=ev.batch_prompts, mesh=mesh,
-                progress=bool(config.train.get("progress_bar", False)))
+                progress=config.train.progress_bar)
   options = rewards.options(config.reward_options)
   if all(t.kind == "code" and t.tests for t in tasks):
     return evaluate_policy(model, tokenizer, tasks, ks=tuple(ks or ev.ks),
@@ -106,12 +111,6 @@ def restore_policy(config, path: str, mesh):
   (a workdir's warm_start/ holds the policy right after its warm start, as does an
   entry of a `warmstart.cache_dir`, which keeps the parameters alone).
   """
-  from flax import nnx
-
-  from rlcode.runs import checkpoint
-  from rlcode import optim
-  from rlcode.rl import objective
-  from rlcode.models.build import build_model
   nested = os.path.join(path, "checkpoints")
   directory = nested if os.path.isdir(nested) else path
   with checkpoint.Checkpointer(directory) as ckpt:
@@ -124,7 +123,7 @@ def restore_policy(config, path: str, mesh):
       params, _, step = ckpt.restore(checkpoint.abstract_like(params), step)
     else:  # a training checkpoint: the train state (and the reference params, if kept)
       optimizer = optim.make_optimizer(optim.OptimizerConfig.from_config(config.optimizer))
-      with_ref = objective.LossConfig.from_config(config.rl, config.rl.max_new_tokens).uses_reference
+      with_ref = config.rl.beta > 0 or config.rl.log_kl  # LossConfig.uses_reference
       restored, _, step = ckpt.restore(
           checkpoint.bundle_like(optim.init_state(model, optimizer, mesh), with_ref), step)
       params = restored["state"].params
@@ -134,15 +133,12 @@ def restore_policy(config, path: str, mesh):
 def _restored_with_eval_tasks(config, path: str):
   """(mesh, model, tokenizer, step, directory, tasks): a saved policy on its config's mesh,
   and the eval split's tasks that fit its context."""
-  from rlcode.parallel import sharding
-  from rlcode.rl import rollout
-  from rlcode.data import sources
   mesh = sharding.mesh_from_config(config.mesh)
   model, tokenizer, step, directory = restore_policy(config, path, mesh)
   tasks, _ = rollout.fit_tasks(sources.load_eval(config.data), tokenizer, split="eval",
                                max_seq_len=model.cfg.max_seq_len,
                                max_new_tokens=config.eval.max_new_tokens,
-                               drop_too_long=bool(config.data.get("drop_too_long")))
+                               drop_too_long=config.data.drop_too_long)
   return mesh, model, tokenizer, step, directory, tasks
 
 

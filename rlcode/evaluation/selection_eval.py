@@ -87,7 +87,7 @@ def sample_and_select(config, path: str, *, selectors: Sequence[str], ks: Sequen
       model, tokenizer, tasks, num_samples=max(max(ks), ev.num_samples),
       temperature=ev.temperature, max_new_tokens=ev.max_new_tokens, seed=config.seed + 7919,
       batch_prompts=ev.batch_prompts, mesh=mesh,
-      progress=bool(config.train.get("progress_bar", False)))
+      progress=config.train.progress_bar)
   table = evaluate_selection(tasks, [(t.id, c) for t, c in zip(row_tasks, texts)],
                              selectors=selectors, ks=ks, rm_checkpoint=rm_checkpoint,
                              behaviour_inputs=behaviour_inputs, seed=config.seed)

@@ -28,17 +28,20 @@ _DTYPE_KEYS = ("param_dtype", "dtype", "attn_impl")
 
 
 def model_config(model_cfg) -> ModelConfig:
-  """The ModelConfig a from-scratch `config.model` describes."""
-  fields = dict(model_cfg.arch)
-  fields.update({k: model_cfg[k] for k in _DTYPE_KEYS if k in model_cfg})
-  return ModelConfig(**fields)
+  """The ModelConfig a from-scratch `config.model` describes (its arch, with the model
+  section's dtypes and attention implementation)."""
+  if model_cfg.arch is None:
+    raise BadInput("config.model.arch is not set: give the architecture to build, or "
+                   "config.model.hf_path to load")
+  arch = model_cfg.arch.to_dict() if hasattr(model_cfg.arch, "to_dict") else dict(model_cfg.arch)
+  return ModelConfig(**arch, **{k: model_cfg[k] for k in _DTYPE_KEYS})
 
 
 def build_model(model_cfg, mesh: Mesh, seed: int) -> tuple[Decoder, Tokenizer]:
-  overrides = {k: model_cfg[k] for k in _DTYPE_KEYS if k in model_cfg}
-  named = model_cfg.get("tokenizer") or ""
-  if model_cfg.get("hf_path"):
-    model, _ = load_hf(model_cfg.hf_path, mesh=mesh, **overrides)
+  """The policy and its tokenizer of a config's `model` section."""
+  named = model_cfg.tokenizer or ""
+  if model_cfg.hf_path:
+    model, _ = load_hf(model_cfg.hf_path, mesh=mesh, **{k: model_cfg[k] for k in _DTYPE_KEYS})
     # A checkpoint brings its own tokenizer unless the config names one.
     tok_path = named or model_cfg.hf_path
     base = split_tokenizer_name(tok_path)[0]

@@ -11,48 +11,61 @@ import dataclasses
 
 import optax
 
+from rlcode.config.fields import check, hints, key
+
 SCHEDULES = ("cosine", "wsd")
 
 
 @dataclasses.dataclass(frozen=True)
 class OptimizerConfig:
-  """AdamW after global-norm clipping, with a learning-rate schedule:
-    "cosine": linear warmup, then cosine decay to end_lr_fraction at decay_steps;
-    "wsd": warmup-stable-decay: linear warmup, the peak rate held, then a linear
-      cooldown over the last cooldown_steps before decay_steps to end_lr_fraction.
-  Both hold the end rate after decay_steps. Configs hold it as a ConfigDict (so keys can
-  be overridden on the command line); `from_config` turns that into this checked, typed
-  value."""
+  """AdamW after global-norm clipping, with a learning-rate schedule.
 
-  learning_rate: float
-  warmup_steps: int = 0
-  decay_steps: int = 1
-  end_lr_fraction: float = 0.1
-  grad_clip: float = 1.0
-  b1: float = 0.9
-  b2: float = 0.99
-  weight_decay: float = 0.0
-  schedule: str = "cosine"
-  cooldown_steps: int = 0
+  "cosine": linear warmup, then cosine decay to end_lr_fraction at decay_steps; "wsd"
+  (warmup-stable-decay): linear warmup, the peak rate held, then a linear cooldown over
+  the last cooldown_steps before decay_steps to end_lr_fraction. Both hold the end rate
+  after decay_steps. This is the schema of a config's `optimizer` section (and of
+  `warmstart.optimizer`); `from_config` turns that section into this checked value.
+
+  Attributes:
+    learning_rate: the peak learning rate.
+    warmup_steps: steps of linear warmup from 0 to the peak.
+    decay_steps: the step at which the rate reaches end_lr_fraction of the peak.
+    end_lr_fraction: the final rate as a fraction of the peak.
+    grad_clip: the global gradient norm gradients are clipped to.
+    b1: Adam's first-moment decay.
+    b2: Adam's second-moment decay.
+    weight_decay: AdamW's decoupled weight decay.
+    schedule: "cosine" or "wsd" (warmup, stable, linear cooldown).
+    cooldown_steps: "wsd": the linear cooldown's length, ending at decay_steps.
+  """
+
+  learning_rate: float = key(gt=0)
+  warmup_steps: int = key(0, ge=0)
+  decay_steps: int | None = key(None, ge=0, derived="train.steps (warmstart.steps for the "
+                                "warm start's optimizer)")
+  end_lr_fraction: float = key(0.1, ge=0, le=1)
+  grad_clip: float = key(1.0, gt=0)
+  b1: float = key(0.9, ge=0, lt=1)
+  b2: float = key(0.99, ge=0, lt=1)
+  weight_decay: float = key(0.0, ge=0)
+  schedule: str = key("cosine", choices=SCHEDULES)
+  cooldown_steps: int = key(0, ge=0)
 
   def __post_init__(self):
-    if self.schedule not in SCHEDULES:
-      raise ValueError(f"optimizer.schedule={self.schedule!r}; known: {list(SCHEDULES)}")
+    for name in ("learning_rate", "warmup_steps", "end_lr_fraction", "grad_clip", "b1", "b2",
+                 "weight_decay", "schedule", "cooldown_steps"):
+      check(f"optimizer.{name}", getattr(self, name), hints(OptimizerConfig)[name],
+            FIELDS[name])
+    if self.decay_steps is None:
+      raise ValueError("optimizer.decay_steps is not set (a config derives it from the "
+                       "steps it trains for)")
+    if self.decay_steps < 0:
+      raise ValueError(f"optimizer.decay_steps={self.decay_steps} must be >= 0")
     if self.schedule == "wsd" and not (
         0 < self.cooldown_steps <= self.decay_steps - self.warmup_steps):
       raise ValueError(f"optimizer.cooldown_steps={self.cooldown_steps} must be in (0, "
                        f"decay_steps - warmup_steps = {self.decay_steps - self.warmup_steps}] "
                        "for the wsd schedule")
-    if not self.learning_rate > 0:
-      raise ValueError(f"optimizer.learning_rate must be > 0, got {self.learning_rate}")
-    if self.warmup_steps < 0 or self.decay_steps < 0:
-      raise ValueError(f"optimizer.warmup_steps={self.warmup_steps} and decay_steps="
-                       f"{self.decay_steps} must be >= 0")
-    if not 0 <= self.end_lr_fraction <= 1:
-      raise ValueError(f"optimizer.end_lr_fraction must be in [0, 1], got "
-                       f"{self.end_lr_fraction}")
-    if not self.grad_clip > 0:
-      raise ValueError(f"optimizer.grad_clip must be > 0, got {self.grad_clip}")
 
   @classmethod
   def from_config(cls, cfg) -> OptimizerConfig:
@@ -63,6 +76,9 @@ class OptimizerConfig:
     if unknown:
       raise KeyError(f"optimizer config: unknown key(s) {unknown}; valid: {sorted(known)}")
     return cls(**values)
+
+
+FIELDS = {f.name: f for f in dataclasses.fields(OptimizerConfig)}
 
 
 def make_optimizer(opt: OptimizerConfig) -> optax.GradientTransformation:

@@ -62,7 +62,7 @@ __all__ = ["GPUS", "SYSTEMS", "Hardware", "analyse", "collective_seconds", "coll
 
 def run_worker(args: Mapping) -> dict:
   config = loader.load_config(args["config"], args["overrides"])
-  prompt_len = args["prompt_len"] or int(config.get("plan", {}).get("prompt_len", 256))
+  prompt_len = args["prompt_len"] or config.plan.prompt_len
   sampler = args["sampler_mesh"] if args["sampler_mesh"] is not None else config.sampler_mesh
   return analyse(config, args["devices"], args["mesh"], sampler, prompt_len)
 

@@ -36,7 +36,7 @@ from rlcode.plan import hlo
 def model_config(config):
   """The ModelConfig of config.model (from-scratch arch, or a checkpoint's config.json)."""
   from rlcode.models import build, config as model_cfg_lib
-  if config.model.get("hf_path"):
+  if config.model.hf_path:
     overrides = {k: config.model[k] for k in ("param_dtype", "dtype", "attn_impl")
                  if k in config.model}
     path = os.path.join(config.model.hf_path, "config.json")

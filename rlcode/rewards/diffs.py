@@ -123,14 +123,11 @@ def diff_reward(tasks: Sequence[Task], completions: Sequence[str]) -> RewardOutp
     if task.kind != "diff":
       raise ValueError(f"task {task.id!r} has kind {task.kind!r}; the diff "
                        "reward needs kind 'diff'")
-    for key in ("files", "oracle"):
-      if key not in task.extra:
-        raise ValueError(f"task {task.id!r}: extra has no {key!r}")
-    s, detail = score_details(completion, task.extra["files"],
-                              task.extra["oracle"],
-                              task.extra.get("edit_format", "search_replace"),
-                              task.extra.get("open_file", ""),
-                              task.extra.get("shown_lines"))
+    if not task.extra.oracle:
+      raise ValueError(f"task {task.id!r}: extra.oracle is empty (no real change to score by)")
+    s, detail = score_details(completion, task.extra.files, task.extra.oracle,
+                              task.extra.edit_format, task.extra.open_file,
+                              task.extra.shown_lines)
     scores[i] = s
     details.append(detail)
   is_valid = np.array(["error" not in d for d in details], bool)

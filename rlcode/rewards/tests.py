@@ -7,7 +7,7 @@ Registers two rewards:
   "format": a cheap, sandbox-free well-formedness score (see `format_reward`).
 
 How a program is assembled from a Task and a completion (`assemble_program`),
-chosen by `task.extra["assemble"]`:
+chosen by `task.extra.assemble`:
   "prompt+completion" (default, HumanEval style): the completion continues the
     prompt (a signature and docstring) with the function body; it is cut at the
     first stop sequence (HUMANEVAL_STOP by default: HumanEval's, so that helper
@@ -18,15 +18,15 @@ chosen by `task.extra["assemble"]`:
     block (```python, ```py, ```python3, or an untagged ```), the first python
     block (else the first untagged one) is the program, otherwise all of it.
   "files" (diff tasks with tests, rlcode.data.git.units): the completion is an
-    edit answer, applied to `extra["files"]` (rlcode.data.edits); the program
-    makes those files and `extra["support_files"]` importable by their paths
+    edit answer, applied to `extra.files` (rlcode.data.edits); the program
+    makes those files and `extra.support_files` importable by their paths
     (`toolkit/prices.py` as `toolkit.prices`) and runs the tests' imports of
     them, which leave the tests (`files_job`), so the tests only call what
     the program defines. An answer that does not apply runs a program that
     raises, so it scores 0.
 
 Which tests run (`test_set`): "hidden" is `task.tests`; "visible" is
-`extra["tests_visible"]`, the weaker tests a diff task may also carry.
+`extra.tests_visible`, the weaker tests a diff task may also carry.
 
 Untrusted code is only parsed here (`ast.parse`, never executed); running it is
 the sandbox's business.
@@ -148,22 +148,21 @@ def files_job(files: Mapping[str, str], tests: str, tests_format: str = "auto") 
 
 
 def _files_job(task: Task, completion: str, tests: str) -> sandbox.Job:
-  files = {**task.extra.get("support_files", {}), **task.extra["files"]}
+  files = {**task.extra.support_files, **task.extra.files}
   try:
-    edited = edits.apply_completion(completion, task.extra["files"], task.extra["edit_format"],
-                                    task.extra.get("open_file", ""),
-                                    task.extra.get("shown_lines"))
+    edited = edits.apply_completion(completion, task.extra.files, task.extra.edit_format,
+                                    task.extra.open_file, task.extra.shown_lines)
   except edits.FormatError as e:
-    job = files_job(files, tests, task.extra.get("tests_format", "auto"))
+    job = files_job(files, tests, task.extra.tests_format)
     return dataclasses.replace(
         job, program=f"raise RuntimeError({'the answer does not apply: ' + str(e)!r})\n")
-  return files_job({**files, **edited}, tests, task.extra.get("tests_format", "auto"))
+  return files_job({**files, **edited}, tests, task.extra.tests_format)
 
 
 def _style(task: Task) -> str:
-  style = task.extra.get("assemble", "prompt+completion")
+  style = task.extra.assemble
   if style not in ASSEMBLE_STYLES:
-    raise ValueError(f"task {task.id!r}: extra['assemble'] must be one of "
+    raise ValueError(f"task {task.id!r}: extra.assemble must be one of "
                      f"{ASSEMBLE_STYLES}, got {style!r}")
   return style
 
@@ -253,10 +252,10 @@ def job_for(task: Task, completion: str, *,
   """The sandbox job for one completion of a "code" task, or of a "diff" task with tests."""
   if task.kind != "code" and not (task.kind == "diff" and _style(task) == "files"):
     raise ValueError(f"task {task.id!r} has kind {task.kind!r}; test rewards need kind 'code' "
-                     "or a 'diff' task with tests (extra['assemble'] == 'files')")
+                     "or a 'diff' task with tests (extra.assemble == 'files')")
   if test_set not in TEST_SETS:
     raise ValueError(f"test_set must be one of {TEST_SETS}, got {test_set!r}")
-  tests = task.tests if test_set == "hidden" else task.extra.get("tests_visible", "")
+  tests = task.tests if test_set == "hidden" else task.extra.tests_visible
   if not tests.strip():
     what = "tests" if test_set == "hidden" else "visible tests"
     raise ValueError(f"task {task.id!r} has no {what}")
@@ -265,7 +264,7 @@ def job_for(task: Task, completion: str, *,
   return sandbox.Job(
       program=assemble_program(task, completion, stop_sequences=stop_sequences),
       tests=tests, entry_point=task.entry_point,
-      tests_format=task.extra.get("tests_format", "auto"), context=given_code(task, tests))
+      tests_format=task.extra.tests_format, context=given_code(task, tests))
 
 
 @register_answer_end("tests")
@@ -300,7 +299,7 @@ def tests_reward(tasks: Sequence[Task], completions: Sequence[str], *, mode: str
       tests total, counted only from a complete report; else 0).
     stop_sequences: where prompt+completion completions are cut.
     workers: sandbox runs in parallel; default all CPUs.
-    test_set: "hidden" (`task.tests`) or "visible" (`extra["tests_visible"]`).
+    test_set: "hidden" (`task.tests`) or "visible" (`extra.tests_visible`).
     **limits: fields of `rlcode.sandbox.Limits` (wall_seconds, cpu_seconds,
       memory_bytes, ...).
 

@@ -30,13 +30,13 @@ from rlcode.data.tasks import Task
 
 
 def family_of(task: Task) -> str:
-  """A task's family: its hint's variant where it has one (rlcode.agent's tasks: file,
-  search, tests; a practice task joins its variant's family here, while the agent's
+  """A task's family: its extra's `family` where it has one (the tool tasks' file, search,
+  tests; a practice task is in its variant's family here, while the agent's
   success/<family> metrics count it under "practice"), else the second part of its id
   ("agent/tests/mul/zap2" -> "tests"), else its whole id."""
-  variant = ((task.extra or {}).get("hint") or {}).get("variant")
-  if variant:
-    return str(variant)
+  family = getattr(task.extra, "family", "")
+  if family:
+    return family
   parts = task.id.split("/")
   return parts[1] if len(parts) > 2 else task.id
 

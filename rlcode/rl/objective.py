@@ -33,6 +33,9 @@ def _seq_mean_token_sum_norm(loss_nt, mask_nt, max_len):
   return jnp.sum(loss_nt * mask_nt) / (loss_nt.shape[0] * max_len)
 
 
+# The update's metrics that are means over trained tokens (`policy_loss`).
+TOKEN_MEANS = ("ratio", "clip_frac", "entropy", "kl")
+
 AGGREGATIONS: dict[str, Callable] = {
     "seq_mean_token_mean": _seq_mean_token_mean,
     "token_mean": _token_mean,

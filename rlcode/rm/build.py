@@ -27,7 +27,7 @@ def head_config(rm_cfg) -> HeadConfig:
 
 def build_reward_model(config, mesh: Mesh) -> RewardModel:
   """config.model's decoder with config.rm's head, parameters created in their shards."""
-  if config.model.get("hf_path"):
+  if config.model.hf_path:
     raise BadInput("config.model.hf_path: reward models build config.model.arch (start "
                    "them from a policy with config.rm.init_from)")
   cfg, head = model_config(config.model), head_config(config.rm)
@@ -45,7 +45,7 @@ def load_choice_splits(data_cfg) -> dict[str, list[Choice]]:
   builder = ChoicesBuilder(data_dir=sources.data_dir(data_cfg), path=path,
                            held_out_fraction=data_cfg.held_out_fraction)
   train = load_choices(builder, data_cfg.train_split)
-  if data_cfg.max_train_choices:
+  if data_cfg.max_train_choices is not None:
     keep = np.random.default_rng(data_cfg.subset_seed).permutation(len(train))
     train = [train[i] for i in sorted(keep[:data_cfg.max_train_choices])]
   return {"train": train, "eval": load_choices(builder, data_cfg.eval_split)}

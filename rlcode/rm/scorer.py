@@ -48,7 +48,7 @@ class RewardModelScorer:
     graphdef, _ = nnx.split(model, nnx.Param)
     self.params = restored["state"].params
     self.features = tuple(self.config.rm.features)
-    self.tokenizer = load_tokenizer(self.config.model.get("tokenizer") or "bytes")
+    self.tokenizer = load_tokenizer(self.config.model.tokenizer or "bytes")
     self.max_len = model.backbone.cfg.max_seq_len
     self.rows = rows
 

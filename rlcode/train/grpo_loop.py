@@ -1,60 +1,50 @@
 """The GRPO training loop, top to bottom.
 
-    rlcode train --config configs/grpo_tiny.py
+    rlcode train --config configs/grpo_tiny.py          # config.trainer = "grpo"
 
-Sections: mesh -> data -> model, optimiser and checkpoint -> sampler and update ->
-loop (rollouts, update, log) with periodic evaluation -> save. Re-running the same
-command in the same workdir resumes from the latest checkpoint, and the metrics of
-the remaining steps equal those of an uninterrupted run (at rl.max_staleness = 0).
+Sections: mesh -> data -> model and optimiser -> the run (fresh: warm start; resumed:
+the latest checkpoint) -> sampler and update -> loop (rollouts, update, log) with
+periodic evaluation and checkpoints. Re-running the same command in the same workdir
+resumes from the latest checkpoint, and the metrics of the remaining steps equal those
+of an uninterrupted run (at rl.max_staleness = 0).
 
 Rollouts (sample, then score in the sandbox) come from a sampler thread
-(rlcode.async_rollouts) that works ahead of the update by up to rl.max_staleness
+(rlcode.rl.async_rollouts) that works ahead of the update by up to rl.max_staleness
 policy versions; at 0 it waits for every update, which is the synchronous loop.
 config.sampler_mesh puts the sampler on its own devices. The same command runs as N
-processes (rlcode.distributed): each samples its share of the prompts, the update
-is one program over all of them, and process 0 writes the files.
+processes (rlcode.parallel.distributed): each samples its share of the prompts, the
+update is one program over all of them, and process 0 writes the files.
 
-Evaluation: every `train.eval_every` steps on `data.eval_split` (rows "eval/...",
-the split to tune on). With `data.test_split` set, the first and the last
-evaluation also cover that split (rows "test/..."): the held-out result of a
-configuration once it is tuned, before and after RL; leave it empty while tuning.
-
-An experiment that needs a different loop copies this file into experiments/
-rather than growing flags here.
+Evaluation: every `train.eval_every` steps on `data.eval_split` (rows "eval/...", the
+split to tune on). With `data.test_split` set, the first and the last evaluation also
+cover that split (rows "test/..."): the held-out result of a configuration once it is
+tuned, before and after RL; leave it unset while tuning.
 """
 
 from __future__ import annotations
 
-import os
 import time
+
 import jax
 import numpy as np
 from flax import nnx
-from tqdm import tqdm
-from rlcode.rl import async_rollouts, shared_prefix
-from rlcode.runs import checkpoint
+
+from rlcode import optim, rewards
 from rlcode.config import loader
-from rlcode.parallel import distributed, sharding
-from rlcode import rewards
-from rlcode.evaluation import policy_eval
-from rlcode import optim
-from rlcode.rl import advantages
-from rlcode.rl import grpo
-from rlcode.rl import objective
-from rlcode.rl import rollout
-from rlcode.rl import sequences
-from rlcode.data.stream import TaskStream
 from rlcode.data import sources
-from rlcode.runs.metrics import MetricsWriter
+from rlcode.data.stream import TaskStream
+from rlcode.evaluation import policy_eval
 from rlcode.models.build import build_model
+from rlcode.parallel import distributed, sharding
+from rlcode.rl import advantages, async_rollouts, grpo, objective, rollout, sequences, shared_prefix
+from rlcode.runs import checkpoint, scaffold
 from rlcode.train import warm_start
 
 
 def train(config) -> list[dict]:
   """Runs config.train.steps GRPO steps; returns the rows written to metrics.jsonl."""
-  rows: list[dict] = []
+  config = loader.resolve(config)
   rl = config.rl
-  main = distributed.is_main()
 
   # ══════════════════════════════════════════════════════════════ 1. mesh
   # The trainer's mesh spans every process; the sampler's is this process's own.
@@ -64,198 +54,182 @@ def train(config) -> list[dict]:
   if n_rows % dp:
     raise ValueError(f"rl.prompts_per_step * rl.group_size = {n_rows} rows do not split "
                      f"over the {dp} data-parallel devices of the mesh")
-  if rl.top_p != 1.0 or rl.top_k != 0:
-    raise ValueError("rl.top_p and rl.top_k must be off (1.0, 0): the update's log-ratio "
-                     "assumes samples from the full tempered policy")
   share = distributed.Share.of(rl.prompts_per_step, rl.group_size, dp)
 
   # ══════════════════════════════════════════════════════════════ 2. data
   # Every process reads the tasks; the first prepares them on disk when that is needed.
+  data = config.data
   with distributed.main_first("rlcode data"):
-    train_tasks = sources.load(config.data, config.data.train_split)
-    eval_tasks = sources.load_eval(config.data)
-    test_split = config.data.get("test_split") or ""
-    test_tasks = sources.load(config.data, test_split) if test_split else []
+    train_tasks = sources.load(data, data.train_split)
+    eval_tasks = sources.load_eval(data)
+    test_tasks = sources.load(data, data.test_split) if data.test_split else []
 
-  # ══════════════════════════════════════════════════════════════ 3. model, optimiser, checkpoint
+  # ══════════════════════════════════════════════════════════════ 3. model and optimiser
   # With a shared warm start (warmstart.seed) the initial weights are the warm start's.
-  init_seed = warm_start.warm_start_seed(config) if config.warmstart.steps > 0 else config.seed
+  init_seed = warm_start.warm_start_seed(config) if config.warmstart.steps else config.seed
   model, tokenizer = build_model(config.model, mesh, init_seed)
-  drop = bool(config.data.get("drop_too_long"))
-  train_tasks, fit_train = rollout.fit_tasks(train_tasks, tokenizer, split="train",
-                                             max_seq_len=model.cfg.max_seq_len,
-                                             max_new_tokens=rl.max_new_tokens, drop_too_long=drop)
-  eval_tasks, fit_eval = rollout.fit_tasks(eval_tasks, tokenizer, split="eval",
-                                           max_seq_len=model.cfg.max_seq_len,
-                                           max_new_tokens=config.eval.max_new_tokens,
-                                           drop_too_long=drop)
-  fit_test = {}
-  if test_split:
-    test_tasks, fit_test = rollout.fit_tasks(test_tasks, tokenizer, split="test",
-                                             max_seq_len=model.cfg.max_seq_len,
-                                             max_new_tokens=config.eval.max_new_tokens,
-                                             drop_too_long=drop)
-  multiple = int(rl.get("length_multiple", sequences.LENGTH_MULTIPLE))
+  fit = lambda tasks, split, budget: rollout.fit_tasks(
+      tasks, tokenizer, split=split, max_seq_len=model.cfg.max_seq_len,
+      max_new_tokens=budget, drop_too_long=data.drop_too_long)
+  train_tasks, fit_train = fit(train_tasks, "train", rl.max_new_tokens)
+  eval_tasks, fit_eval = fit(eval_tasks, "eval", config.eval.max_new_tokens)
+  test_tasks, fit_test = (fit(test_tasks, "test", config.eval.max_new_tokens)
+                          if test_tasks else ([], {}))
   graphdef, params = nnx.split(model, nnx.Param)
   policy = lambda params: nnx.merge(graphdef, params)
   optimizer = optim.make_optimizer(optim.OptimizerConfig.from_config(config.optimizer))
   loss_cfg = objective.LossConfig.from_config(rl, rl.max_new_tokens)
   advantage_of = advantages.advantages_from_config(rl)
   keeps_reference = loss_cfg.uses_reference
-  ckpt = checkpoint.Checkpointer(os.path.join(config.workdir, "checkpoints"),
-                                 keep=config.train.keep_checkpoints)
-  start_step, position = 0, 0
-  if ckpt.latest_step() is None:
-    metrics = MetricsWriter(config.workdir, enabled=main)
-    if main:
-      loader.write_run_config(config, config.workdir)
-    fit_warm = {}
-    if config.warmstart.steps > 0:
-      with distributed.main_first("rlcode warm-start data"):
-        warm_tasks, fit_warm = warm_start.warm_start_tasks(config, tokenizer, model.cfg.max_seq_len,
-                                                train_tasks)
-      params = warm_start.warm_start(config, graphdef, params, warm_tasks, tokenizer, mesh, metrics)
-    if drop:
-      metrics.write(0, {**fit_train, **fit_eval, **fit_test, **fit_warm})
-    state = optim.init_state(policy(params), optimizer, mesh)
-    ref_params = jax.tree.map(lambda x: x.copy(), params) if keeps_reference else {}
-    if config.warmstart.steps > 0:
-      # The warm-started policy, kept for evaluation and controls (rlcode eval
-      # --checkpoint WORKDIR/warm_start); the run's own checkpoints rotate.
-      checkpoint.save_once(os.path.join(config.workdir, checkpoint.WARM_START), 0,
-                           {"state": state, "ref": ref_params},
-                           {"data_position": 0, "seed": config.seed, "step": 0})
-  else:
-    loader.check_resume(config, config.workdir)
-    restored, meta, start_step = ckpt.restore(
-        checkpoint.bundle_like(optim.init_state(policy(params), optimizer, mesh), keeps_reference))
-    state, ref_params, position = restored["state"], restored["ref"], meta["data_position"]
-    metrics = MetricsWriter(config.workdir, resume_step=start_step, enabled=main)
 
-  # ══════════════════════════════════════════════════════════════ 4. sampler and update
-  stream = TaskStream(train_tasks, rl.prompts_per_step, config.seed, position)
-  # rl.shared_prefix: each group's prompt runs once in the update (rlcode.shared_prefix).
-  if rl.shared_prefix:
-    logprob_fn = shared_prefix.logprob_fn(rl.temperature)
-    example = shared_prefix.GroupedBatch.abstract(rl.prompts_per_step, n_rows)
-    make_batch = shared_prefix.rl_batch
-  else:
-    logprob_fn, example = None, sequences.SequenceBatch.abstract(n_rows)
-    make_batch = sequences.rl_batch
-  batch_sh = optim.batch_shardings(mesh, example)
-  update = grpo.make_update_step(graphdef, optimizer, loss_cfg, mesh, state, example,
-                                 logprob_fn=logprob_fn)
-  ref_logprobs = (grpo.make_logprob_fn(graphdef, mesh, rl.temperature, logprob_fn, n_rows)
-                  if keeps_reference else None)
-  # Rows sampled with an older policy version than the trainer's get the decoupled
-  # PPO correction (clip against the trainer's policy, truncated importance weight).
-  proximal = grpo.make_proximal_fn(graphdef, mesh, rl.temperature, rl.max_importance_weight,
-                                   n_rows, logprob_fn)
-  sync = async_rollouts.WeightSync(mesh, sampler_mesh, state.params)
-  store = async_rollouts.WeightStore(rl.max_staleness, rl.sample_version)
-  store.publish(start_step, sync(state.params)[0])
+  with scaffold.Run(config, desc="grpo", main=distributed.is_main()) as run:
+    # ════════════════════════════════════════════════════════════ 4. fresh or resumed
+    position = 0
+    if run.fresh:
+      fit_warm = {}
+      if config.warmstart.steps:
+        with distributed.main_first("rlcode warm-start data"):
+          warm_tasks, fit_warm = warm_start.warm_start_tasks(config, tokenizer,
+                                                             model.cfg.max_seq_len, train_tasks)
+        params = warm_start.warm_start(config, graphdef, params, warm_tasks, tokenizer, mesh,
+                                       run.log)
+      if data.drop_too_long:
+        run.log(0, {**fit_train, **fit_eval, **fit_test, **fit_warm})
+      state = optim.init_state(policy(params), optimizer, mesh)
+      ref_params = jax.tree.map(lambda x: x.copy(), params) if keeps_reference else {}
+      if config.warmstart.steps:
+        # The warm-started policy, kept for evaluation and controls (rlcode eval
+        # --checkpoint WORKDIR/warm_start); the run's own checkpoints rotate.
+        run.save_once(checkpoint.WARM_START, {"state": state, "ref": ref_params},
+                      {"data_position": 0, "seed": config.seed, "step": 0})
+    else:
+      restored, meta = run.restore(checkpoint.bundle_like(
+          optim.init_state(policy(params), optimizer, mesh), keeps_reference))
+      state, ref_params, position = restored["state"], restored["ref"], meta["data_position"]
 
-  def run_eval(step, test=False):
-    """The validation split (and the test split, with `test`) with the trainer's newest
-    params, on the sampler's devices."""
-    _, weights = store.latest()
-    row = {}
-    for prefix, tasks in (("eval", eval_tasks), ("test", test_tasks if test else [])):
-      if tasks:
-        result = policy_eval.held_out_eval(config, policy(weights), tokenizer, tasks, sampler_mesh)
-        row.update({f"{prefix}/{k}": v for k, v in result.items()})
-    rows.append(metrics.write(step, row))
+    # ════════════════════════════════════════════════════════════ 5. sampler and update
+    stream = TaskStream(train_tasks, rl.prompts_per_step, config.seed, position)
+    # rl.shared_prefix: each group's prompt runs once in the update.
+    if rl.shared_prefix:
+      logprob_fn = shared_prefix.logprob_fn(rl.temperature)
+      example = shared_prefix.GroupedBatch.abstract(rl.prompts_per_step, n_rows)
+      make_batch = shared_prefix.rl_batch
+    else:
+      logprob_fn, example = None, sequences.SequenceBatch.abstract(n_rows)
+      make_batch = sequences.rl_batch
+    batch_sh = optim.batch_shardings(mesh, example)
+    update = grpo.make_update_step(graphdef, optimizer, loss_cfg, mesh, state, example,
+                                   logprob_fn=logprob_fn)
+    ref_logprobs = (grpo.make_logprob_fn(graphdef, mesh, rl.temperature, logprob_fn, n_rows)
+                    if keeps_reference else None)
+    # Rows sampled with an older policy version than the trainer's get the decoupled
+    # PPO correction (clip against the trainer's policy, truncated importance weight).
+    proximal = grpo.make_proximal_fn(graphdef, mesh, rl.temperature,
+                                     rl.max_importance_weight, n_rows, logprob_fn)
+    sync = async_rollouts.WeightSync(mesh, sampler_mesh, state.params)
+    store = async_rollouts.WeightStore(rl.max_staleness, rl.sample_version)
+    store.publish(run.start_step, sync(state.params)[0])
 
-  def produce(step, version, weights):
-    """In the sampler thread: this process's share of step `step`'s rollouts."""
-    tasks = share.take(stream.next())
-    ro = rollout.sample(policy(weights), tokenizer, tasks, group_size=rl.group_size,
-                        max_new_tokens=rl.max_new_tokens, temperature=rl.temperature,
-                        seed=config.seed * 1_000_003 + step, mesh=sampler_mesh,
-                        row_offset=share.row_offset)
-    start = time.perf_counter()
-    reward = rollout.score(ro, dict(config.rewards), rewards.options(config.reward_options))
-    reward_s = time.perf_counter() - start
-    adv = advantage_of(reward.scores)
-    return ro, adv, reward_s, stream.position
+    def run_eval(step, test=False):
+      """The validation split (and the test split, with `test`) with the trainer's newest
+      params, on the sampler's devices."""
+      _, weights = store.latest()
+      row = {}
+      for prefix, tasks in (("eval", eval_tasks), ("test", test_tasks if test else [])):
+        if tasks:
+          result = policy_eval.held_out_eval(config, policy(weights), tokenizer, tasks,
+                                             sampler_mesh)
+          row.update({f"{prefix}/{k}": v for k, v in result.items()})
+      run.log(step, row)
 
-  # ══════════════════════════════════════════════════════════════ 5. loop
-  if start_step == 0 and config.train.eval_every:
-    run_eval(0, test=True)
-  bar = tqdm(range(start_step, config.train.steps), initial=start_step,
-             total=config.train.steps, desc="grpo",
-             disable=not (config.train.progress_bar and main))
-  rollouts = async_rollouts.AsyncRollouts(produce, store, start=start_step,
-                                          stop=config.train.steps)
-  with rollouts:
-    for step in bar:
-      step_start = time.perf_counter()
-      got, trainer_idle_s = rollouts.next()
-      ro, adv, reward_s, position = got.value
-      seen = distributed.gather(_row_stats(got))
-      widths = tuple(int(w) for w in seen["widths"].reshape(-1, 2).max(0))
-      batch = distributed.global_batch(
-          make_batch(ro, adv, tokenizer.pad_id, rl.max_new_tokens, multiple, widths), batch_sh)
-      lag = step - seen["version"]
-
+    def produce(step, version, weights):
+      """In the sampler thread: this process's share of step `step`'s rollouts."""
+      tasks = share.take(stream.next())
+      ro = rollout.sample(policy(weights), tokenizer, tasks, group_size=rl.group_size,
+                          max_new_tokens=rl.max_new_tokens, temperature=rl.temperature,
+                          seed=config.seed * 1_000_003 + step, mesh=sampler_mesh,
+                          row_offset=share.row_offset)
       start = time.perf_counter()
-      iw = {"iw_clip_frac": 0.0, "iw_mean": 1.0}
-      if lag.any():
-        stale = distributed.put_global(lag > 0, batch_sh.adv)
-        batch.old_logp, batch.weight, iw = proximal(state.params, batch, stale)
-      if ref_logprobs is not None:
-        batch.ref_logp = ref_logprobs(ref_params, batch)
-      jax.block_until_ready((batch.old_logp, batch.ref_logp))
-      proximal_s = time.perf_counter() - start
+      reward = rollout.score(ro, dict(config.rewards), rewards.options(config.reward_options))
+      reward_s = time.perf_counter() - start
+      return ro, advantage_of(reward.scores), reward_s, stream.position
 
-      state, m, update_s = optim.run_passes(update, state, batch, rl.num_passes, step=step,
-                                           on_nonfinite=config.train.on_nonfinite)
-      weights, sync_s = sync(state.params)
-      store.publish(step + 1, weights)
+    # ════════════════════════════════════════════════════════════ 6. loop
+    if run.eval_at_start():
+      run_eval(0, test=True)
+    with async_rollouts.AsyncRollouts(produce, store, start=run.start_step,
+                                      stop=config.train.steps) as rollouts:
+      for step in run.steps():
+        step_start = time.perf_counter()
+        got, trainer_idle_s = rollouts.next()
+        ro, adv, _, position = got.value
+        seen = distributed.gather(_row_stats(got))
+        widths = tuple(int(w) for w in seen["widths"].reshape(-1, 2).max(0))
+        batch = distributed.global_batch(
+            make_batch(ro, adv, tokenizer.pad_id, rl.max_new_tokens, rl.length_multiple,
+                       widths), batch_sh)
+        lag = step - seen["version"]
 
-      n_tokens = int(seen["lengths"].sum())
-      rollout_s = float(seen["rollout_seconds"].max())
-      row = {k: float(v) for k, v in m.items()}
-      row.update(
-          reward_mean=float(seen["scores"].mean()), reward_std=float(seen["scores"].std()),
-          pass_rate=float(np.mean(seen["passed"])),
-          groups_with_signal=float(np.mean(
-              np.abs(seen["adv"].reshape(-1, rl.group_size)).max(1) > 0)),
-          completion_len=float(seen["lengths"].mean()),
-          trained_len=float(seen["loss_lengths"].mean()),
-          rollout_tokens_per_s=n_tokens / rollout_s,
-          update_tokens_per_s=_batch_tokens(batch) * rl.num_passes / update_s,
-          tokens_per_s=n_tokens / (rollout_s + update_s),
-          rollout_seconds=rollout_s, reward_seconds=float(seen["reward_seconds"].max()),
-          update_seconds=update_s, proximal_seconds=proximal_s, sync_seconds=sync_s,
-          sampler_idle_seconds=float(seen["sampler_idle_seconds"].max()),
-          trainer_idle_seconds=trainer_idle_s,
-          step_seconds=time.perf_counter() - step_start,
-          **{k: float(v) for k, v in jax.device_get(iw).items()},
-          **{f"staleness/{k}": int((lag == k).sum()) for k in range(rl.max_staleness + 1)},
-          **{f"reward/{k}": v
-             for k, v in distributed.mean_over_processes(ro.reward.metrics).items()})
-      rows.append(metrics.write(step + 1, row))
-      bar.set_postfix(reward=f"{row['reward_mean']:.3f}", loss=f"{row['loss']:.3f}")
+        start = time.perf_counter()
+        iw = {"iw_clip_frac": 0.0, "iw_mean": 1.0}
+        if lag.any():
+          stale = distributed.put_global(lag > 0, batch_sh.adv)
+          batch.old_logp, batch.weight, iw = proximal(state.params, batch, stale)
+        if ref_logprobs is not None:
+          batch.ref_logp = ref_logprobs(ref_params, batch)
+        jax.block_until_ready((batch.old_logp, batch.ref_logp))
+        proximal_s = time.perf_counter() - start
 
-      done = step + 1
-      if config.train.eval_every and (done % config.train.eval_every == 0
-                                      or done == config.train.steps):
-        run_eval(done, test=done == config.train.steps)
-      if done % config.train.checkpoint_every == 0 or done == config.train.steps:
-        ckpt.save(done, {"state": state, "ref": ref_params},
-                  {"data_position": position, "seed": config.seed, "step": done})
+        state, m, update_s = optim.run_passes(update, state, batch, rl.num_passes, step=step,
+                                              on_nonfinite=config.train.on_nonfinite)
+        weights, sync_s = sync(state.params)
+        store.publish(step + 1, weights)
 
-  # ══════════════════════════════════════════════════════════════ 6. save
-  ckpt.wait()
-  ckpt.close()
-  metrics.close()
-  return rows
+        row = _step_row(m, seen, lag, iw, ro, batch, rl, update_s=update_s,
+                        proximal_s=proximal_s, sync_s=sync_s, trainer_idle_s=trainer_idle_s,
+                        step_s=time.perf_counter() - step_start)
+        run.log(step + 1, row)
+        run.postfix(reward=row["reward_mean"], loss=row["loss"])
+
+        done = step + 1
+        if run.eval_due(done):
+          run_eval(done, test=run.is_last(done))
+        if run.save_due(done):
+          run.save(done, {"state": state, "ref": ref_params},
+                   {"data_position": position, "seed": config.seed, "step": done})
+  return run.rows
+
+
+def _step_row(m, seen, lag, iw, ro, batch, rl, *, update_s, proximal_s, sync_s,
+              trainer_idle_s, step_s) -> dict:
+  """One step's metrics row: the update's, the rollouts' (over every process), timings."""
+  n_tokens = int(seen["lengths"].sum())
+  rollout_s = float(seen["rollout_seconds"].max())
+  row = {k: float(v) for k, v in m.items()}
+  row.update(
+      reward_mean=float(seen["scores"].mean()), reward_std=float(seen["scores"].std()),
+      pass_rate=float(np.mean(seen["passed"])),
+      groups_with_signal=float(np.mean(
+          np.abs(seen["adv"].reshape(-1, rl.group_size)).max(1) > 0)),
+      completion_len=float(seen["lengths"].mean()),
+      trained_len=float(seen["loss_lengths"].mean()),
+      rollout_tokens_per_s=n_tokens / rollout_s,
+      update_tokens_per_s=_batch_tokens(batch) * rl.num_passes / update_s,
+      tokens_per_s=n_tokens / (rollout_s + update_s),
+      rollout_seconds=rollout_s, reward_seconds=float(seen["reward_seconds"].max()),
+      update_seconds=update_s, proximal_seconds=proximal_s, sync_seconds=sync_s,
+      sampler_idle_seconds=float(seen["sampler_idle_seconds"].max()),
+      trainer_idle_seconds=trainer_idle_s, step_seconds=step_s,
+      **{k: float(v) for k, v in jax.device_get(iw).items()},
+      **{f"staleness/{k}": int((lag == k).sum()) for k in range(rl.max_staleness + 1)},
+      **{f"reward/{k}": v
+         for k, v in distributed.mean_over_processes(ro.reward.metrics).items()})
+  return row
 
 
 def _row_stats(got: async_rollouts.Produced) -> dict[str, np.ndarray]:
   """What the step's metrics are computed from, for this process's rows (per-row
-  arrays) and its timings (one entry each); rlcode.distributed.gather joins them."""
+  arrays) and its timings (one entry each); rlcode.parallel.distributed.gather joins them."""
   ro, adv, reward_s, _ = got.value
   reward = ro.reward
   passed = [_passed(d) for d in reward.details] if reward.details else [False] * len(adv)

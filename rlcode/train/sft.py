@@ -145,8 +145,8 @@ def renumber(max_offset: int) -> Callable[[list, np.random.Generator], list]:
   def augment(tasks: list, rng: np.random.Generator) -> list:
     out = []
     for task in tasks:
-      if task.kind == "diff" and task.extra.get("edit_format") == "line_edit":
-        if "shown_lines" in task.extra:
+      if task.kind == "diff" and task.extra.edit_format == "line_edit":
+        if task.extra.shown_lines is not None:
           raise ValueError(f"renumber: task {task.id!r} counts the lines its prompt shows "
                            "(MiningConfig.line_numbers='shown'), so there are no file line "
                            "numbers to shift; leave warmstart.renumber at 0")

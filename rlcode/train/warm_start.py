@@ -1,5 +1,9 @@
 """The supervised warm start before GRPO: its tasks, its seed, and a cache keyed by what it
 depends on, so that the arms of an experiment start from the very same parameters.
+
+Models trained from scratch cannot sample a single passing program, so GRPO's
+group-relative advantages would all be zero; a short supervised phase on the training
+split's references (and `warmstart.data`, practice data) gives RL something to sharpen.
 """
 
 from __future__ import annotations
@@ -7,74 +11,60 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+
+from rlcode import optim
+from rlcode.data import sources
+from rlcode.rl import rollout
 from rlcode.runs import checkpoint
 from rlcode.train import sft
-from rlcode import optim
-from rlcode.rl import rollout
-from rlcode.rl import sequences
-from rlcode.data import sources
-from rlcode.errors import BadInput
 
 
 def warm_start_tasks(config, tokenizer, max_seq_len: int, train_tasks):
-  """The warm start's tasks: the training tasks, and the train split of
-  `warmstart.data` (a data section like config.data) when the config has one, fitted
-  to the context as the training tasks are (dropped and counted, "data/warmstart_*").
-  A section whose `source` is "" is off (`--config.warmstart.data.source=` from the
-  command line, where a config's section cannot be deleted).
-
-  `warmstart.train_repeats` (default 1) is how many times each training task is in the
-  list: the training split's weight against the extra section's.
-
-  Returns (tasks, counts).
-  """
-  repeats = int(config.warmstart.get("train_repeats", 1))
-  if repeats < 1:
-    raise BadInput(f"config.warmstart.train_repeats={repeats}: must be >= 1")
-  own = list(train_tasks) * repeats
-  extra_cfg = config.warmstart.get("data")
-  if not extra_cfg or not extra_cfg.get("source"):
+  """The warm start's tasks: the training tasks (each `warmstart.train_repeats` times: the
+  training split's weight against the extra section's), and the train split of
+  `warmstart.data` when it is set, fitted to the context as the training tasks are
+  (dropped and counted, "data/warmstart_*"). Returns (tasks, counts)."""
+  ws = config.warmstart
+  own = list(train_tasks) * ws.train_repeats
+  if ws.data is None:
     return own, {}
   extra, counts = rollout.fit_tasks(
-      sources.load(extra_cfg, extra_cfg.train_split), tokenizer, split="warmstart",
+      sources.load(ws.data, ws.data.train_split), tokenizer, split="warmstart",
       max_seq_len=max_seq_len, max_new_tokens=config.rl.max_new_tokens, drop_too_long=True)
   return own + extra, counts
 
 
-def warm_start(config, graphdef, params, tasks, tokenizer, mesh, metrics):
-  """Supervised steps on reference solutions; returns the params (logs one step-0 row).
+def warm_start(config, graphdef, params, tasks, tokenizer, mesh, log):
+  """Supervised steps on reference solutions; returns the params (logs one step-0 row
+  through `log(step, row)`).
 
-  Batches are padded to multiples of `rl.length_multiple` (default 32), as the GRPO
-  updates are; `warmstart.bucket` > 1 batches rows of similar lengths together
-  (rlcode.sft.LengthBuckets); `warmstart.renumber` > 0 shows each line-edit row's file as
-  if it had up to that many more lines on top (rlcode.sft.renumber); `warmstart.ema` > 0
-  returns a moving average of the params over the steps (rlcode.sft.train_on_batches). With
-  `warmstart.cache_dir` set, the result is kept there under a hash of everything it
-  depends on (`warm_start_key`) and a later run with the same key loads it instead of
-  training again: several runs (arms of an experiment, a
-  cross-entropy control) then start from the very same parameters.
+  Batches are padded to multiples of `rl.length_multiple`, as the GRPO updates are;
+  `warmstart.bucket` > 1 batches rows of similar lengths together
+  (rlcode.train.sft.LengthBuckets); `warmstart.renumber` > 0 shows each line-edit row's
+  file as if it had up to that many more lines on top (rlcode.train.sft.renumber);
+  `warmstart.ema` > 0 returns a moving average of the params. With `warmstart.cache_dir`
+  set, the result is kept there under a hash of everything it depends on
+  (`warm_start_key`) and a later run with the same key loads it instead of training
+  again: several runs (arms of an experiment, a cross-entropy control) then start from
+  the very same parameters.
   """
   ws = config.warmstart
-  cache = (os.path.join(ws.cache_dir, warm_start_key(config))
-           if ws.get("cache_dir") else "")
+  cache = os.path.join(ws.cache_dir, warm_start_key(config)) if ws.cache_dir else ""
   if cache:
     with checkpoint.Checkpointer(cache) as ckpt:
       if ckpt.latest_step() is not None:
         params, row, _ = ckpt.restore(checkpoint.abstract_like(params))
-        metrics.write(0, row)
+        log(0, row)
         return params
   params, stats = sft.run(graphdef, params, tasks, tokenizer, mesh,
                           optimizer=optim.OptimizerConfig.from_config(ws.optimizer),
                           batch_size=ws.batch_size, seed=warm_start_seed(config) + 1,
-                          steps=ws.steps,
-                          multiple=int(config.rl.get("length_multiple", sequences.LENGTH_MULTIPLE)),
-                          bucket=int(ws.get("bucket", 1)),
-                          augment=(sft.renumber(int(ws.renumber)) if ws.get("renumber") else None),
-                          progress=config.train.progress_bar, desc="warm start",
-                          ema=float(ws.get("ema", 0.0)))
+                          steps=ws.steps, multiple=config.rl.length_multiple, bucket=ws.bucket,
+                          augment=sft.renumber(ws.renumber) if ws.renumber else None,
+                          progress=config.train.progress_bar, desc="warm start", ema=ws.ema)
   row = {"sft_loss_first": stats["loss_first"], "sft_loss_last": stats["loss_last"],
          "sft_steps": ws.steps}
-  metrics.write(0, row)
+  log(0, row)
   if cache:
     with checkpoint.Checkpointer(cache) as ckpt:
       ckpt.save(ws.steps, params, row)
@@ -83,12 +73,11 @@ def warm_start(config, graphdef, params, tasks, tokenizer, mesh, metrics):
 
 
 def warm_start_seed(config) -> int:
-  """The seed of the warm start's initial weights and batch order: `warmstart.seed`
-  when set (>= 0), so runs of several seeds can share one warm start, as a
-  pretrained checkpoint is shared, and differ only in what comes after; else the
-  run's seed."""
-  seed = config.warmstart.get("seed", -1)
-  return config.seed if seed is None or seed < 0 else int(seed)
+  """The seed of the warm start's initial weights and batch order: `warmstart.seed` when
+  set, so runs of several seeds can share one warm start, as a pretrained checkpoint is
+  shared, and differ only in what comes after; else the run's seed."""
+  seed = config.warmstart.seed
+  return config.seed if seed is None else seed
 
 
 def warm_start_key(config) -> str:
@@ -97,13 +86,14 @@ def warm_start_key(config) -> str:
   rollout budget (which decides the training tasks that fit)."""
   ws = {k: v for k, v in config.warmstart.to_dict().items() if k not in ("cache_dir", "seed")}
   parts = {"seed": warm_start_seed(config), "model": config.model.to_dict(),
-           "data": config.data.to_dict(), "warmstart": ws, "length_multiple": config.rl.get("length_multiple"),
+           "data": config.data.to_dict(), "warmstart": ws,
+           "length_multiple": config.rl.length_multiple,
            # Tasks whose prompt leaves no room for the rollouts are dropped before it.
            "max_new_tokens": config.rl.max_new_tokens}
   # The data section's splits and evaluation size do not change the training tasks.
   for key in ("eval_split", "test_split", "max_eval_tasks", "data_dir"):
     parts["data"].pop(key, None)
-  if ws.get("data"):
+  if ws["data"]:
     ws["data"].pop("data_dir", None)  # where its datasets are cached, not what they hold
   text = json.dumps(parts, sort_keys=True, default=list)
   return hashlib.sha256(text.encode()).hexdigest()[:16]

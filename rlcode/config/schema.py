@@ -1,0 +1,487 @@
+"""The config schema: one dataclass per section, each key's type, default, allowed values
+and doc in one place.
+
+`configs/*.py` files stay ml_collections ConfigDicts (the file format and the
+command-line override layer); `rlcode.config.loader` validates them against these
+sections and fills every default, so library code reads `config.rl.group_size` and never
+`config.get(key, default)`. `rlcode config keys` prints this file as a table;
+`rlcode config show CONFIG` prints a config resolved.
+
+The trainer is declared (`config.trainer`); `TRAINER_SECTIONS` says which top-level keys
+each trainer reads, and a key marked `only=(...)` is read by those trainers only
+(elsewhere it must keep its default). Derived keys default to None and are filled from
+what they follow (`DERIVED`). Sections defined elsewhere (the architecture, PR mining,
+section tasks, the optimiser) are the dataclasses their code constructs.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+from rlcode.config.fields import Lazy, key
+from rlcode.data.git.config import MiningConfig
+from rlcode.data.sections.tasks import SectionOptions
+from rlcode.models.config import ModelConfig
+from rlcode.optim.adamw import OptimizerConfig
+
+TRAINERS = ("grpo", "agent", "rm", "sample")
+DTYPES = ("float32", "bfloat16", "float16")
+SOURCES = ("jsonl", "humaneval", "git", "sections", "choices")
+
+
+def _mesh_size(n) -> bool:
+  return n == -1 or n >= 1
+
+
+@dataclasses.dataclass(frozen=True)
+class Mesh:
+  """The trainer's device mesh (rlcode.parallel.sharding).
+
+  Attributes:
+    data: data-parallel devices: batch rows split, parameters replicated; -1 takes every
+      device the other axes leave.
+    fsdp: fully sharded data-parallel devices: batch rows and parameters split; -1 as data.
+    tensor: tensor-parallel devices: heads, MLP width and vocabulary split; -1 as data.
+  """
+
+  data: int = key(1, check=_mesh_size, allowed="-1 or >= 1")
+  fsdp: int = key(1, check=_mesh_size, allowed="-1 or >= 1")
+  tensor: int = key(1, check=_mesh_size, allowed="-1 or >= 1")
+
+
+@dataclasses.dataclass(frozen=True)
+class Model:
+  """The policy network (rlcode.models.build).
+
+  Attributes:
+    hf_path: a Hugging Face checkpoint directory to load; None builds `arch` from scratch.
+    tokenizer: "bytes" or a tokenizer.json path, optionally ending in "+tools", "+edits" or
+      "+digits" (rlcode.models.tokenizer); None: the checkpoint's own with hf_path, else bytes.
+    param_dtype: the parameters' storage dtype.
+    dtype: the compute dtype.
+    attn_impl: the attention implementation (rlcode.kernels; "auto" picks per backend).
+    arch: the architecture built from scratch (rlcode.models.ModelConfig's fields but the
+      three above); ignored with hf_path.
+  """
+
+  hf_path: str | None = key(None)
+  tokenizer: str | None = key(None)
+  param_dtype: str = key("float32", choices=DTYPES)
+  dtype: str = key("float32", choices=DTYPES)
+  attn_impl: str = key("auto", choices=Lazy("rlcode.kernels.dispatch", "IMPLS"))
+  arch: ModelConfig | None = key(None)
+
+
+# ModelConfig's fields that the model section holds instead of arch.
+ARCH_EXCLUDED = {"param_dtype": "float32", "dtype": "float32", "attn_impl": "auto"}
+# MiningConfig's source is config.data.repo; this stands in for it while checking.
+MINING_EXCLUDED = {"source": "<config.data.repo>"}
+EXCLUDED = {ModelConfig: ARCH_EXCLUDED, MiningConfig: MINING_EXCLUDED}
+
+
+@dataclasses.dataclass(frozen=True)
+class Data:
+  """Where tasks (or choices) come from (rlcode.data.sources).
+
+  Attributes:
+    source: "jsonl" (a problems file, `path`), "humaneval" (the 164 problems), "git"
+      (mined PRs of `repo`), "sections" (documents of `sources`) or "choices" (user
+      choices among candidates, `path`; the reward model's data).
+    path: the JSON-lines file of "jsonl" and "choices".
+    repo: the repository or bundle "git" mines, or a tuple of them mined alike.
+    data_dir: where prepared datasets are cached; None: $TFDS_DATA_DIR, else
+      ~/.cache/rlcode/tfds.
+    train_split: the split trained on.
+    eval_split: the split evaluated during training (the one to tune on).
+    test_split: a held-out split also evaluated at the first and the last evaluation;
+      None while tuning.
+    max_eval_tasks: evaluate only the first this many tasks (by id); None: all.
+    drop_too_long: drop and count the tasks that do not fit the context (else an error).
+    mining: how "git" mines PRs into tasks (rlcode.data.git.MiningConfig; its source is
+      `repo`); None: its defaults.
+    sources: "sections": documents (files, directories, gs:// paths); () the embedded corpus.
+    count_tokens: "sections": the unit of the budgets, "words", "bytes" or a tokenizer.json.
+    options: "sections": how documents become tasks (rlcode.data.sections.SectionOptions);
+      None: its defaults.
+    held_out_fraction: "choices": the fraction of tasks whose choices are held out.
+    max_train_choices: "choices": train on a seeded subset of this many; None: all.
+    subset_seed: "choices": the seed of that subset.
+  """
+
+  source: str = key("jsonl", choices=SOURCES)
+  path: str | None = key(None)
+  repo: str | tuple[str, ...] | None = key(None)
+  data_dir: str | None = key(None)
+  train_split: str = key("train")
+  eval_split: str = key("validation")
+  test_split: str | None = key(None)
+  max_eval_tasks: int | None = key(None, ge=1)
+  drop_too_long: bool = key(False)
+  mining: MiningConfig | None = key(None)
+  sources: tuple[str, ...] = key(())
+  count_tokens: str = key("words")
+  options: SectionOptions | None = key(None)
+  held_out_fraction: float = key(0.2, ge=0, le=1, only=("rm",))
+  max_train_choices: int | None = key(None, ge=1, only=("rm",))
+  subset_seed: int = key(0, only=("rm",))
+
+  def __post_init__(self):
+    need = {"jsonl": "path", "choices": "path", "git": "repo"}.get(self.source)
+    if need and not getattr(self, need):
+      raise ValueError(f"data.{need} must be set for source {self.source!r}")
+    if self.mining is not None and self.source != "git":
+      raise ValueError(f"data.mining is for source 'git', not {self.source!r}")
+    if self.options is not None and self.source != "sections":
+      raise ValueError(f"data.options is for source 'sections', not {self.source!r}")
+
+
+@dataclasses.dataclass(frozen=True)
+class RL:
+  """GRPO: sampling, advantages, the clipped objective, asynchrony (rlcode.rl).
+
+  Attributes:
+    group_size: completions sampled per prompt (G).
+    prompts_per_step: prompts (groups) per step.
+    temperature: the sampling temperature, also applied in the update's log-probs.
+    max_new_tokens: the completion budget.
+    num_passes: updates per batch.
+    advantage: "grpo" (centred, scaled by the group's std) or "dr_grpo" (centred only).
+    negative_weight: the weight of negative advantages: 1 is GRPO as published, 0 keeps
+      the positive ones only.
+    shared_prefix: run each group's prompt once in the update (rlcode.rl.shared_prefix).
+    loss_aggregation: "seq_mean_token_mean" (GRPO), "token_mean" (DAPO) or
+      "seq_mean_token_sum_norm" (Dr.GRPO).
+    clip_eps_low: PPO's clip below 1.
+    clip_eps_high: PPO's clip above 1 (DAPO's clip-higher when larger than the low one).
+    beta: the coefficient of the k3 KL to the frozen reference.
+    log_kl: log the KL to the warm start as `kl` also when beta is 0.
+    length_multiple: training batches are padded to multiples of this many tokens.
+    max_staleness: asynchronous rollouts: sample up to this many policy versions ahead of
+      the update (eta); 0 is the synchronous loop.
+    max_importance_weight: the cap of a stale row's pi_prox / pi_behav weight.
+    sample_version: "latest" (the newest allowed weights) or "oldest" (exactly k - eta).
+    expert_slots: that many of each group's slots hold the task's expert episode.
+    exclude_task_ids: a regular expression; training tasks whose id matches it are left
+      out of GRPO's stream (the warm start still uses them); None: none.
+    sample_rounds: DAPO's dynamic sampling, capped: up to this many rounds of tasks a
+      step, keeping the groups whose rewards differ.
+    drop_idle_groups: the update runs only the groups whose rewards differ, with the loss
+      and gradient of the whole batch.
+    curriculum: "plain" (the seeded stream) or "signal" (families weighted by their recent
+      groups with a signal, rlcode.rl.curriculum).
+    curriculum_decay: "signal": the decay of each family's counts per update.
+    curriculum_floor: "signal": the least weight a family keeps.
+  """
+
+  group_size: int = key(8, ge=1)
+  prompts_per_step: int = key(16, ge=1)
+  temperature: float = key(1.0, gt=0)
+  max_new_tokens: int = key(256, ge=1, only=("grpo",))
+  num_passes: int = key(1, ge=1)
+  advantage: str = key("grpo", choices=("grpo", "dr_grpo"))
+  negative_weight: float = key(1.0, ge=0, le=1)
+  shared_prefix: bool = key(True, only=("grpo",))
+  loss_aggregation: str = key("seq_mean_token_mean", choices=(
+      "seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"))
+  clip_eps_low: float = key(0.2, ge=0)
+  clip_eps_high: float = key(0.28, ge=0)
+  beta: float = key(0.0, ge=0)
+  log_kl: bool = key(False)
+  length_multiple: int = key(32, ge=1, only=("grpo",))
+  max_staleness: int = key(0, ge=0, only=("grpo",))
+  max_importance_weight: float = key(2.0, ge=1, only=("grpo",))
+  sample_version: str = key("latest", choices=("latest", "oldest"), only=("grpo",))
+  expert_slots: int = key(0, ge=0, only=("agent",))
+  exclude_task_ids: str | None = key(None, only=("agent",))
+  sample_rounds: int = key(1, ge=1, only=("agent",))
+  drop_idle_groups: bool = key(True, only=("agent",))
+  curriculum: str = key("plain", choices=("plain", "signal"), only=("agent",))
+  curriculum_decay: float = key(0.8, ge=0, lt=1, only=("agent",))
+  curriculum_floor: float = key(0.05, gt=0, le=1, only=("agent",))
+
+  def __post_init__(self):
+    if self.expert_slots >= self.group_size:
+      raise ValueError(f"rl.expert_slots={self.expert_slots} must be < rl.group_size="
+                       f"{self.group_size}: a group needs at least one sampled trajectory")
+    if self.exclude_task_ids is not None:
+      import re
+      try:
+        re.compile(self.exclude_task_ids)
+      except re.error as e:
+        raise ValueError(f"rl.exclude_task_ids={self.exclude_task_ids!r} is not a regular "
+                         f"expression: {e}") from None
+
+
+@dataclasses.dataclass(frozen=True)
+class WarmStart:
+  """The supervised warm start before GRPO (rlcode.train.warm_start, rlcode.agent.demos).
+
+  Attributes:
+    steps: supervised steps on the training split's references (agent: demonstrations);
+      0: none.
+    batch_size: rows per step.
+    optimizer: its optimiser (decay_steps derived from warmstart.steps).
+    cache_dir: keep the warm start there under a hash of what it depends on, and load it
+      in any later run with the same hash; None: no cache.
+    seed: the seed of the warm start's initial weights and batch order, so runs of several
+      seeds share one warm start; None: the run's seed.
+    data: another data section whose train split the warm start also reads (practice
+      data); None: none.
+    train_repeats: how many times each training task is in the warm start's list.
+    bucket: batch rows of like lengths in pools of this many batches (rlcode.train.sft).
+    renumber: show each line-edit row's file with up to this many more lines on top.
+    ema: return a moving average of the params with this decay; 0: the last params.
+    max_episodes: the agent's demonstrations of only the first this many training tasks;
+      None: all.
+    guess_fraction: the fraction of tasks whose demonstration does not look (guesses).
+    guess_families: the families such demonstrations may come from; (): every family.
+    decoy_copy: the fraction of tasks with a decoy line whose demonstration copies it.
+    note_trust: the fraction of tasks with a stale note whose demonstration believes it.
+  """
+
+  steps: int = key(0, ge=0)
+  batch_size: int = key(16, ge=1)
+  optimizer: OptimizerConfig = key({"learning_rate": 3e-3, "warmup_steps": 10})
+  cache_dir: str | None = key(None)
+  seed: int | None = key(None)
+  data: Data | None = key(None, only=("grpo",))
+  train_repeats: int = key(1, ge=1, only=("grpo",))
+  bucket: int = key(1, ge=1, only=("grpo",))
+  renumber: int = key(0, ge=0, only=("grpo",))
+  ema: float = key(0.0, ge=0, lt=1, only=("grpo",))
+  max_episodes: int | None = key(None, ge=1, only=("agent",))
+  guess_fraction: float = key(0.0, ge=0, le=1, only=("agent",))
+  guess_families: tuple[str, ...] = key((), choices=("file", "search", "tests"),
+                                        only=("agent",))
+  decoy_copy: float = key(0.0, ge=0, le=1, only=("agent",))
+  note_trust: float = key(0.0, ge=0, le=1, only=("agent",))
+
+
+@dataclasses.dataclass(frozen=True)
+class Train:
+  """The loop's length and cadences (rlcode.runs.scaffold).
+
+  Attributes:
+    steps: training steps (updates).
+    checkpoint_every: save a checkpoint every this many steps (and at the end).
+    eval_every: evaluate every this many steps (and at the start and the end); 0: never.
+    eval_steps: further steps to evaluate at.
+    keep_checkpoints: how many checkpoints are kept.
+    on_nonfinite: a step whose loss or gradient is not finite: "skip" it (counted) or
+      "stop" the run.
+    progress_bar: draw a progress bar.
+  """
+
+  steps: int = key(100, ge=0)
+  checkpoint_every: int = key(100, ge=1)
+  eval_every: int = key(0, ge=0)
+  eval_steps: tuple[int, ...] = key((), ge=1)
+  keep_checkpoints: int = key(2, ge=1)
+  on_nonfinite: str = key("skip", choices=("skip", "stop"))
+  progress_bar: bool = key(True)
+
+
+@dataclasses.dataclass(frozen=True)
+class Eval:
+  """Evaluation during training and of checkpoints (rlcode.evaluation.policy_eval).
+
+  Attributes:
+    num_samples: samples (agent: episodes) per task.
+    temperature: their sampling temperature.
+    max_new_tokens: the completion budget; None: rl.max_new_tokens.
+    ks: the k of pass@k (each at most num_samples).
+    batch_prompts: tasks sampled at a time.
+  """
+
+  num_samples: int = key(8, ge=1)
+  temperature: float = key(1.0, ge=0)
+  max_new_tokens: int | None = key(None, ge=1, only=("grpo",),
+                                   derived="rl.max_new_tokens")
+  ks: tuple[int, ...] = key((1,), ge=1, only=("grpo",))
+  batch_prompts: int = key(32, ge=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Agent:
+  """Multi-turn tool use (rlcode.agent).
+
+  Attributes:
+    tools: the episode's tools (rlcode.agent.tools), "finish" among them.
+    chat_format: "compact" (our tiny tokenizers') or "hermes" (Qwen-style tags).
+    toolset: the expert's tool set: "rich" (editor, search, run_tests) or "terminal" (bash).
+    think: the expert's thinking: "none", "start" (a plan first) or "each" (after each call).
+    variants: the task families kept (by the tasks' family); (): all.
+    max_turns: tool calls per episode.
+    max_total_tokens: an episode's token budget (prompt excluded).
+    max_turn_tokens: a turn's sampling budget.
+    max_observation_tokens: an observation is cut to this many tokens.
+    mask_cut: an episode cut by a budget or timeout is out of the loss whole.
+    success_reward: the final reward that counts as success.
+    memory_rule: what the memory tool keeps across episodes (rlcode.agent.memory).
+    semantic_search: the search tool ranks by MiniLM embeddings.
+    bash_seconds: a bash command's wall clock.
+    episode_seconds: an episode's wall clock.
+    workers: environments stepped in parallel.
+  """
+
+  tools: tuple[str, ...] = key(("editor", "search", "run_tests", "finish"),
+                               choices=Lazy("rlcode.agent.tools", "TOOLS"),
+                               check=lambda t: "finish" in t, allowed="with 'finish'")
+  chat_format: str = key("compact", choices=("compact", "hermes"))
+  toolset: str = key("rich", choices=("rich", "terminal"))
+  think: str = key("none", choices=("none", "start", "each"))
+  variants: tuple[str, ...] = key(())
+  max_turns: int = key(5, ge=1)
+  max_total_tokens: int = key(640, ge=1)
+  max_turn_tokens: int = key(160, ge=1)
+  max_observation_tokens: int = key(96, ge=1)
+  mask_cut: bool = key(True)
+  success_reward: float = key(1.0)
+  memory_rule: str = key("dedupe", choices=Lazy("rlcode.agent.memory", "RULES"))
+  semantic_search: bool = key(False)
+  bash_seconds: float = key(5.0, gt=0)
+  episode_seconds: float = key(120.0, gt=0)
+  workers: int = key(8, ge=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class RM:
+  """The reward model on choices (rlcode.rm).
+
+  Attributes:
+    pooling: the hidden state scored: "last" (the candidate's last token) or "mean".
+    head_hidden: the scalar head's hidden width.
+    features: ground-truth inputs beside the text (rlcode.rm.features).
+    init_from: a policy's workdir or checkpoint to start the backbone from; None: scratch.
+    batch_choices: choices per step.
+    max_candidates: the most candidates a choice may have; None: the data's most.
+  """
+
+  pooling: str = key("last", choices=("last", "mean"))
+  head_hidden: int = key(64, ge=1)
+  features: tuple[str, ...] = key((), choices=("tests_fraction", "passed", "similarity",
+                                               "length"))
+  init_from: str | None = key(None)
+  batch_choices: int = key(16, ge=1)
+  max_candidates: int | None = key(None, ge=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Sampling:
+  """`rlcode sample`'s sampling (rlcode.sampling.job).
+
+  Attributes:
+    max_new_tokens: the completion budget.
+    temperature: 0 is greedy.
+    top_p: nucleus sampling; 1 turns it off.
+    top_k: top-k sampling; 0 turns it off.
+    group_size: completions per prompt.
+  """
+
+  max_new_tokens: int = key(64, ge=1)
+  temperature: float = key(1.0, ge=0)
+  top_p: float = key(1.0, gt=0, le=1)
+  top_k: int = key(0, ge=0)
+  group_size: int = key(1, ge=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+  """`rlcode plan`'s shapes beyond the config's (rlcode.plan).
+
+  Attributes:
+    prompt_len: prompt tokens of the planned batch.
+  """
+
+  prompt_len: int = key(256, ge=1)
+
+
+@dataclasses.dataclass(frozen=True)
+class Logging:
+  """Metrics writers beside metrics.jsonl, which is always written (rlcode.runs.metrics).
+
+  Attributes:
+    tensorboard: TensorBoard events under workdir/tensorboard.
+    wandb: Weights & Biases (the `wandb` extra).
+    wandb_project: the W&B project.
+    wandb_entity: the W&B entity (team or user); None: the default one.
+    wandb_mode: "offline" (files under workdir/wandb, no network; `wandb sync` later) or
+      "online".
+  """
+
+  tensorboard: bool = key(True)
+  wandb: bool = key(False)
+  wandb_project: str = key("rlcode")
+  wandb_entity: str | None = key(None)
+  wandb_mode: str = key("offline", choices=("offline", "online"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+  """A run: what trains, on what, for how long, where it writes.
+
+  Attributes:
+    trainer: what `rlcode train` runs: "grpo" (GRPO on single-turn tasks), "agent" (GRPO
+      over tool-use episodes), "rm" (a reward model on choices) or "sample" (`rlcode
+      sample`).
+    workdir: where the run writes metrics, checkpoints and its config.
+    seed: every random draw derives from it.
+    mesh: the trainer's device mesh.
+    sampler_mesh: the sampler's own mesh on the devices after the trainer's (e.g.
+      "data=2,tensor=2"); None: the trainer's devices.
+    model: the policy.
+    data: the tasks (choices for "rm").
+    rewards: reward name -> weight (rlcode.rewards registry).
+    reward_options: reward name -> its options.
+    rl: GRPO's settings.
+    optimizer: the optimiser (decay_steps derived from train.steps).
+    warmstart: the supervised warm start.
+    train: the loop's length and cadences.
+    eval: evaluation.
+    agent: tool use.
+    rm: the reward model.
+    sampling: `rlcode sample`'s sampling.
+    prompts: `rlcode sample`'s prompts.
+    plan: `rlcode plan`'s shapes.
+    logging: metrics writers.
+  """
+
+  trainer: str = key(choices=TRAINERS)
+  workdir: str = key()
+  seed: int = key(0)
+  mesh: Mesh = key({})
+  sampler_mesh: str | None = key(None)
+  model: Model = key({})
+  data: Data = key({})
+  rewards: dict[str, float] = key({}, check=lambda r: bool(r), allowed="at least one reward")
+  reward_options: dict[str, dict[str, Any]] = key({})
+  rl: RL = key({})
+  optimizer: OptimizerConfig = key({})
+  warmstart: WarmStart = key({})
+  train: Train = key({})
+  eval: Eval = key({})
+  agent: Agent = key({})
+  rm: RM = key({})
+  sampling: Sampling = key({})
+  prompts: tuple[str, ...] = key((), check=lambda p: bool(p), allowed="at least one prompt")
+  plan: Plan = key({})
+  logging: Logging = key({})
+
+
+_COMMON = ("trainer", "workdir", "seed", "mesh", "model", "logging")
+TRAINER_SECTIONS = {
+    "grpo": _COMMON + ("sampler_mesh", "data", "rewards", "reward_options", "rl", "optimizer",
+                       "warmstart", "train", "eval", "plan"),
+    "agent": _COMMON + ("data", "rewards", "reward_options", "rl", "optimizer", "warmstart",
+                        "train", "eval", "agent"),
+    "rm": _COMMON + ("data", "rm", "optimizer", "train"),
+    "sample": _COMMON + ("sampling", "prompts"),
+}
+
+# Derived keys: (key, the key it follows, the trainers it is derived for).
+DERIVED = (
+    ("optimizer.decay_steps", "train.steps", TRAINERS),
+    ("warmstart.optimizer.decay_steps", "warmstart.steps", TRAINERS),
+    ("eval.max_new_tokens", "rl.max_new_tokens", ("grpo",)),
+)
