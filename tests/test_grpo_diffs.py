@@ -311,7 +311,7 @@ def test_an_open_file_task_leaves_the_path_out_and_is_scored_with_it(tmp_path):
       source=str(repo.path), granularity="pr", context_lines=3, edit_format="line_edit",
       oracle_context_lines=0, test_fraction=0.0, open_file=True)).splits["train"]
       if "Change" in t.prompt]
-  assert "open_file" not in pr_task.extra and "### a.py\n<<<<<<<" in pr_task.reference
+  assert pr_task.extra.open_file == "" and "### a.py\n<<<<<<<" in pr_task.reference
   # References by first line and length (line_counts).
   task, = [t for t in mine(MiningConfig(
       source=str(repo.path), granularity="hunk", context_lines=3, edit_format="line_edit",
@@ -323,7 +323,7 @@ def test_an_open_file_task_leaves_the_path_out_and_is_scored_with_it(tmp_path):
 
 def test_a_task_whose_ranges_count_the_shown_lines_is_scored_through_them(tmp_path):
   """MiningConfig.line_numbers='shown': the prompt numbers its shown lines 1..K, the
-  reference's ranges count them, extra["shown_lines"] maps them back for the rewards."""
+  reference's ranges count them, extra.shown_lines maps them back for the rewards."""
   repo = Repo(tmp_path / "repo")
   lines = [f"line {i}\n" for i in range(1, 31)]
   repo.commit("Add", {"a.py": "".join(lines)})
@@ -347,7 +347,7 @@ def test_a_task_whose_ranges_count_the_shown_lines_is_scored_through_them(tmp_pa
   assert list(reward.scores) == [1.0, -1.0] and reward.metrics["exact"] == 0.5
   # The default keeps the files' numbers and records no map.
   task, = [t for t in mine(MiningConfig(**options)).splits["train"] if "Change" in t.prompt]
-  assert "shown_lines" not in task.extra and "LINES 15+1" in task.reference
+  assert task.extra.shown_lines is None and "LINES 15+1" in task.reference
   with pytest.raises(ValueError, match="line_numbers='bogus'"):
     MiningConfig(**options, line_numbers="bogus")
   with pytest.raises(ValueError, match="needs edit_format='line_edit'"):

@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from rlcode.sandbox import harness
+from rlcode.sandbox import harness_codec
 
 PLAIN = [None, True, False, 0, -7, 2 ** 63 - 1, 2 ** 63, -(2 ** 63) - 1, 10 ** 5000, 1.5, -0.0,
          math.inf, "", "é\udc80\n", b"", b"\x00\xff", 1 - 2j, [], (), {}, set(), frozenset(),
@@ -15,7 +15,7 @@ PLAIN = [None, True, False, 0, -7, 2 ** 63 - 1, 2 ** 63, -(2 ** 63) - 1, 10 ** 5
 
 
 def _round_trip(value):
-  return harness._decode(harness._encode(value))
+  return harness_codec._decode(harness_codec._encode(value))
 
 
 def _shape(v):
@@ -64,18 +64,18 @@ class _List(list):
     object(), len, range(3), (i for i in range(2)), type, Exception("e"), Ellipsis])
 def test_anything_else_is_refused(value):
   with pytest.raises(TypeError, match="not plain data"):
-    harness._encode(value)
+    harness_codec._encode(value)
 
 
 def test_cycles_are_refused():
   loop = []
   loop.append(loop)
   with pytest.raises(RecursionError):
-    harness._encode(loop)
+    harness_codec._encode(loop)
 
 
 def test_encoding_is_the_documented_one():
-  assert harness._encode([None, True, -255, 0.5, "é", b"\x00", (1 + 2j,), {3: {4}}]) == (
+  assert harness_codec._encode([None, True, -255, 0.5, "é", b"\x00", (1 + 2j,), {3: {4}}]) == (
       b"l8:NTi-ff;f0x1.0000000000000p-1;s2:\xc3\xa9b1:\x00t1:c0x1.0000000000000p+0,"
       b"0x1.0000000000000p+1;d1:i3;e1:i4;")
 
@@ -86,4 +86,4 @@ def test_encoding_is_the_documented_one():
     b"b1:ab"])
 def test_malformed_data_is_refused(data):
   with pytest.raises((ValueError, TypeError, IndexError)):
-    harness._decode(data)
+    harness_codec._decode(data)

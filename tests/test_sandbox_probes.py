@@ -8,7 +8,7 @@ import math
 import pytest
 
 from rlcode import sandbox as sb
-from rlcode.sandbox import codec, harness
+from rlcode.sandbox import codec, harness_codec
 
 LIMITS = sb.Limits(wall_seconds=20, cpu_seconds=5)
 TESTS = "def check(candidate):\n    assert candidate(1) == 2\n"
@@ -55,7 +55,7 @@ def test_failing_tests_still_answer_and_large_answers_are_digests(box):
   r = _run(box, "def f(x):\n    return 'a' * x\n", [(3,), (20000,)])
   assert r.status == "failed" and r.complete
   assert r.outputs[0] == ("return", "aaa")
-  digest = hashlib.sha256(harness._encode("a" * 20000)).hexdigest()
+  digest = hashlib.sha256(harness_codec._encode("a" * 20000)).hexdigest()
   assert r.outputs[1] == ("large", digest)
 
 
@@ -90,7 +90,7 @@ PLAIN = [None, True, 0, -7, 2 ** 63, -(2 ** 70) - 1, 1.5, -0.0, math.inf, "", "Ã
 
 @pytest.mark.parametrize("value", PLAIN, ids=range(len(PLAIN)))
 def test_host_decoder_reads_the_harness_encoding(value):
-  got = codec.decode(harness._encode(value))
+  got = codec.decode(harness_codec._encode(value))
   assert got == value and type(got) is type(value)
   assert repr(got) == repr(value)
 

@@ -51,7 +51,11 @@ def read_config_file(spec: str) -> ml_collections.ConfigDict:
     sys.path.pop(0)
   if not hasattr(module, "get_config"):
     raise BadInput(f"{path}: a config file must define get_config()")
-  config = module.get_config(arg) if arg else module.get_config()
+  try:
+    config = module.get_config(arg) if arg else module.get_config()
+  except (ValueError, KeyError, TypeError, AttributeError) as e:
+    # The config file's own refusal (a bad argument, a wrong key in it): the user's input.
+    raise BadInput(f"{spec}: get_config({arg!r}) failed: {type(e).__name__}: {e}") from None
   if not isinstance(config, ml_collections.ConfigDict):
     raise BadInput(f"{path}: get_config() returned {type(config).__name__}, not a ConfigDict")
   return config

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import dataclasses
 
-from rlcode.kernels.tiling import cdiv
 
 KINDS = ("dense", "sliding", "document")
 
@@ -131,3 +130,13 @@ class NSAConfig:
   def num_blocks(self, t: int) -> int:
     """Selection blocks covering a length-t sequence (the last may be partial)."""
     return cdiv(t, self.block_sel)
+
+
+def cdiv(n, m):
+  """Ceiling of n / m for non-negative integers (Python ints or integer arrays)."""
+  return -(-n // m)
+
+
+def round_up(n, m):
+  """n rounded up to a multiple of m."""
+  return cdiv(n, m) * m

@@ -4,7 +4,7 @@ A mask is described by integer arrays (positions, segment ids, valid lengths)
 plus a static `Mask`; `block_mask` evaluates it on one tile pair, and
 `make_layout` pads the arrays and computes, for each query tile, the range
 [lo, hi) of key tiles that can hold a visible key. Visiting only that range is
-what makes the cost grow with the attended area. Also here: the one `cdiv` /
+what makes the cost grow with the attended area. Also here (from rlcode.kernels.spec): `cdiv` /
 `round_up`, padding, and the head-major layout the tiled versions compute in.
 Nothing here is T x S, and nothing here computes attention.
 """
@@ -12,14 +12,13 @@ Nothing here is T x S, and nothing here computes attention.
 from __future__ import annotations
 
 import dataclasses
-from typing import TYPE_CHECKING, NamedTuple
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-if TYPE_CHECKING:  # spec imports cdiv from here
-  from rlcode.kernels.spec import AttentionSpec
+from rlcode.kernels.spec import AttentionSpec, cdiv, round_up  # noqa: F401 (re-exported)
 
 _BIG = 2 ** 30
 
@@ -77,16 +76,6 @@ def block_mask(mask: Mask, q_pos, q_seg, k_idx, k_pos, k_seg, kv_len, final):
     is_final = q_seg == jnp.asarray(final)[..., None]
     ok = ok & ((q_seg[..., :, None] == k_seg[..., None, :]) | is_final[..., :, None])
   return ok
-
-
-def cdiv(n, m):
-  """Ceiling of n / m for non-negative integers (Python ints or integer arrays)."""
-  return -(-n // m)
-
-
-def round_up(n, m):
-  """n rounded up to a multiple of m."""
-  return cdiv(n, m) * m
 
 
 def pad_axis(x, axis: int, size: int, mode: str = "constant"):

@@ -76,23 +76,23 @@ class BertConfig:
   @classmethod
   def from_hf(cls, path: pathlib.Path) -> BertConfig:
     """Reads config.json, refusing architectures this module does not implement."""
-    cfg = json.loads(path.read_text())
+    hf = json.loads(path.read_text())
     expected = {"model_type": "bert", "hidden_act": "gelu",
                 "position_embedding_type": "absolute"}
     for key, want in expected.items():
-      if cfg.get(key, want) != want:
-        raise ValueError(f"{path}: {key}={cfg[key]!r}, this encoder implements "
+      if hf.get(key, want) != want:
+        raise ValueError(f"{path}: {key}={hf[key]!r}, this encoder implements "
                          f"only {key}={want!r}")
-    if cfg["hidden_size"] % cfg["num_attention_heads"]:
-      raise ValueError(f"{path}: hidden_size {cfg['hidden_size']} is not a "
-                       f"multiple of num_attention_heads {cfg['num_attention_heads']}")
-    return cls(vocab_size=cfg["vocab_size"], hidden_size=cfg["hidden_size"],
-               num_layers=cfg["num_hidden_layers"],
-               num_heads=cfg["num_attention_heads"],
-               intermediate_size=cfg["intermediate_size"],
-               max_positions=cfg["max_position_embeddings"],
-               type_vocab_size=cfg["type_vocab_size"],
-               layer_norm_eps=cfg["layer_norm_eps"])
+    if hf["hidden_size"] % hf["num_attention_heads"]:
+      raise ValueError(f"{path}: hidden_size {hf['hidden_size']} is not a "
+                       f"multiple of num_attention_heads {hf['num_attention_heads']}")
+    return cls(vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
+               num_layers=hf["num_hidden_layers"],
+               num_heads=hf["num_attention_heads"],
+               intermediate_size=hf["intermediate_size"],
+               max_positions=hf["max_position_embeddings"],
+               type_vocab_size=hf["type_vocab_size"],
+               layer_norm_eps=hf["layer_norm_eps"])
 
 
 def _param(rngs: nnx.Rngs, shape: tuple[int, ...], axes: tuple[str | None, ...],

@@ -150,12 +150,12 @@ class HFTokenizer:
       cfg_path = os.path.join(directory, name)
       if os.path.isfile(cfg_path):
         with open(cfg_path) as f:
-          cfg = json.load(f)
-        value = cfg.get("eos_token_id")
+          hf_json = json.load(f)
+        value = hf_json.get("eos_token_id")
         if value is not None and not eos:
           eos = list(value) if isinstance(value, list) else [value]
-        if pad is None and cfg.get("pad_token_id") is not None:
-          pad = cfg["pad_token_id"]
+        if pad is None and hf_json.get("pad_token_id") is not None:
+          pad = hf_json["pad_token_id"]
     if not eos:
       # No model config beside it (a tokenizer trained here, data/code_bpe.json):
       # the tokenizer's own end-of-sequence and padding tokens.

@@ -55,7 +55,7 @@ def advantages_from_config(rl) -> Callable[[np.ndarray], np.ndarray]:
   so that a trainer that builds this before its warm start fails before it, not at the
   first GRPO step."""
   estimator, group_size = rl.advantage, rl.group_size
-  negative_weight = float(rl.get("negative_weight", 1.0))
+  negative_weight = float(rl.negative_weight)
   group_advantages(np.zeros(group_size), group_size, estimator,
                    negative_weight=negative_weight)  # raises on a bad setting
   return lambda rewards_n: group_advantages(rewards_n, group_size, estimator,

@@ -69,7 +69,7 @@ class LossConfig:
   @classmethod
   def from_config(cls, rl, max_completion_len: int) -> LossConfig:
     return cls(clip_eps_low=rl.clip_eps_low, clip_eps_high=rl.clip_eps_high, beta=rl.beta,
-               log_kl=bool(rl.get("log_kl", False)), aggregation=rl.loss_aggregation,
+               log_kl=bool(rl.log_kl), aggregation=rl.loss_aggregation,
                max_completion_len=max_completion_len, temperature=rl.temperature)
 
 

@@ -34,7 +34,9 @@ log = logging.getLogger(__name__)
 _SANDBOX_UID = 65534
 _WORKDIR = "/sandbox"
 _PYTHON_MOUNT = "/opt/python"
-_HARNESS_SOURCE = Path(__file__).with_name("harness.py").read_text()
+# The codec's functions first: the harness's entry point binds them with its own.
+_HARNESS_SOURCE = (Path(__file__).with_name("harness_codec.py").read_text() + "\n\n"
+                   + Path(__file__).with_name("harness.py").read_text())
 _PROJECT = str(Path(__file__).resolve().parents[2])
 
 
