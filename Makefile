@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: install run test bench
+.PHONY: install run smoke test test-fast bench
 
 $(STAMP): pyproject.toml Makefile
 	$(PYTHON) -m venv $(VENV)
@@ -19,8 +19,17 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/rlcode train --config configs/grpo_tiny.py
 
+# The default job's path in a minute; a fresh run each time.
+smoke: $(STAMP)
+	rm -rf workdirs/smoke
+	$(BIN)/rlcode train --config configs/grpo_tiny.py:smoke
+
 test: $(STAMP)
 	$(BIN)/python -m pytest -n 2 --dist loadscope -q tests
+
+# The unit tier: every module's fast tests (no training runs, no processes started).
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest -n 2 --dist loadscope -q -m "not slow and not multiprocess" tests
 
 bench: $(STAMP)
 	$(BIN)/pip install --quiet -e '.[bench]'

@@ -136,6 +136,7 @@ def _run(aggregation, advantage, shared, eta, mesh_shape):
   return out
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("aggregation,advantage,shared,eta,mesh_shape", CELLS)
 def test_loss_is_finite_and_mesh_independent(aggregation, advantage, shared, eta, mesh_shape):
   one = _run(aggregation, advantage, shared, eta, (1, 1, 1))

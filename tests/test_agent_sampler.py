@@ -121,6 +121,7 @@ def forward(model):
   return logprobs
 
 
+@pytest.mark.slow
 def test_kept_kv_logprobs_equal_a_prefill_of_the_whole_trajectory(episodes, forward):
   trajs, timing, grown = episodes
   assert timing.turns >= 3 and timing.extend > 0  # several turns, KV extended between them
@@ -133,6 +134,7 @@ def test_kept_kv_logprobs_equal_a_prefill_of_the_whole_trajectory(episodes, forw
     np.testing.assert_array_equal(np.array(t.logprobs)[~m], 0.0)
 
 
+@pytest.mark.slow
 def test_resending_the_context_each_turn_gives_the_same_episodes(model, episodes):
   kept = episodes[0]
   resent = sampler.run_episodes(model, CHAT, make_envs(6, max_turns=4), TASKS,
@@ -142,6 +144,7 @@ def test_resending_the_context_each_turn_gives_the_same_episodes(model, episodes
     np.testing.assert_allclose(a.logprobs, b.logprobs, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_sharded_sampler_shrinks_to_a_row_a_shard_and_plays_the_same_episodes(model, episodes):
   """On a data=2 mesh (the policy sharded over it) the batch of 8 rows shrinks to 2, one
   row a shard, never to 1; the episodes are the unsharded run's."""
@@ -198,6 +201,7 @@ def test_grpo_batch_masks_observations_and_cut_trajectories(episodes):
   assert any(t.cut for t in trajs) and not all(t.cut for t in trajs)
 
 
+@pytest.mark.slow
 def test_grpo_loss_over_trajectories_equals_per_token_numpy(model, episodes, forward):
   """The shared-prompt update's loss on a batch of trajectories, against the clipped
   surrogate computed by hand from a full forward of each trajectory."""
@@ -250,6 +254,7 @@ def test_budgets_are_checked():
   assert dataclasses.asdict(sampler.Budgets())["max_total_tokens"] == 1024
 
 
+@pytest.mark.slow
 def test_sft_batch_rows_fit_the_longest_prompt_plus_trajectory(model, forward):
   """A long prompt with a short episode and a short prompt with a long one: the rows are
   as long as the longer of the two sums (not the longest prompt plus the longest
@@ -271,6 +276,7 @@ def test_sft_batch_rows_fit_the_longest_prompt_plus_trajectory(model, forward):
     assert not batch.mask[i, len(t.tokens):].any()
 
 
+@pytest.mark.slow
 def test_imitate_reports_every_step_to_on_step(model, episodes):
   """The warm start's on_step hook sees steps 1..N, each step's loss and the params
   after it (copied here: the next step donates them): the last call's params are the
@@ -293,6 +299,7 @@ def test_imitate_reports_every_step_to_on_step(model, episodes):
   assert not all(np.array_equal(a, np.asarray(b)) for a, b in zip(seen[0][1], jax.tree.leaves(out)))
 
 
+@pytest.mark.slow
 def test_train_on_batches_with_ema_returns_the_moving_average_of_the_steps_params(model,
                                                                                   episodes):
   """ema=0.6 over 3 steps: the first step's params, then avg = 0.6 avg + 0.4 new, from the

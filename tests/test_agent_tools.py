@@ -38,6 +38,7 @@ def ctx(scorer):
                         memory=Memory("all").episode(), embed=bag_of_words, bash_seconds=2.0)
 
 
+@pytest.mark.slow
 def test_bash_runs_in_the_workspace_with_limits(ctx):
   r = T["bash"](ctx, {"command": "echo hi > a.txt; cat a.txt; false"})
   assert r.text == "hi\n[exit code 1]" and not r.done

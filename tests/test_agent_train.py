@@ -28,6 +28,7 @@ SMALL = [
 ]
 
 
+@pytest.mark.slow
 def test_rlcode_train_runs_the_agent_loop_and_resumes(tmp_path):
   """With expert-guided groups (one of the two slots; 3 turns fit the expert's view,
   create, finish): from a 2-step warm start every sampled episode fails and the
@@ -141,6 +142,7 @@ def test_fill_with_signal_keeps_groups_whose_rewards_differ():
     fill_with_signal(sample, 2, 2, rounds=1)
 
 
+@pytest.mark.slow
 def test_agent_loop_with_the_signal_curriculum_resumes(tmp_path):
   """rl.curriculum="signal": weights logged per family (one family here, file), its
   state saved with the checkpoint and read back on resume."""

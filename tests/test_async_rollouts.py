@@ -245,6 +245,7 @@ def eta0(tmp_path_factory):
   return tiny_runs.steps(grpo_loop.train(tiny_runs.config(tmp_path_factory.mktemp("eta0"))))
 
 
+@pytest.mark.slow
 def test_eta0_is_the_synchronous_loop_exactly(eta0, tmp_path):
   want = _synchronous_loop(tiny_runs.config(tmp_path))
   assert len(eta0) == len(want) == 2
@@ -254,6 +255,7 @@ def test_eta0_is_the_synchronous_loop_exactly(eta0, tmp_path):
     assert got["staleness/0"] == 32 and got["iw_clip_frac"] == 0 and got["iw_mean"] == 1
 
 
+@pytest.mark.slow
 def test_split_mesh_logs_the_same_losses_as_one_mesh(eta0, tmp_path):
   rows = grpo_loop.train(tiny_runs.config(tmp_path, "--config.mesh.fsdp=4",
                                       "--config.sampler_mesh=data=2,tensor=2"))
@@ -265,6 +267,7 @@ def test_split_mesh_logs_the_same_losses_as_one_mesh(eta0, tmp_path):
   assert all(r["sync_seconds"] > 0 for r in rows if "loss" in r)
 
 
+@pytest.mark.slow
 def test_stale_rollouts_are_corrected(eta0, tmp_path):
   rows = tiny_runs.steps(grpo_loop.train(tiny_runs.config(
       tmp_path, "--config.rl.max_staleness=1", "--config.rl.sample_version=oldest")))

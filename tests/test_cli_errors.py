@@ -100,6 +100,7 @@ def test_usage_errors_are_one_line_too(capsys):
   assert err.count("\n") == 1 and "--bogus" in err
 
 
+@pytest.mark.slow
 def test_a_real_process_prints_one_line(tmp_path):
   # The same path as a user's shell: no traceback reaches stderr.
   env = dict(os.environ, XLA_FLAGS=xla_flags.for_subprocess(), PYTHONPATH=ROOT)

@@ -88,6 +88,7 @@ def test_config_is_locked():
   assert isinstance(cfg, ml_collections.ConfigDict)
 
 
+@pytest.mark.slow
 def test_cli_sample_runs_and_writes_jsonl(tmp_path):
   env = dict(os.environ, XLA_FLAGS=xla_flags.for_subprocess(), PYTHONPATH=ROOT)
   proc = subprocess.run(

@@ -10,8 +10,8 @@ from rlcode.rl.curriculum import SignalCurriculum, family_of
 from rlcode.data.tasks import Task
 
 
-def _task(tid, variant=None):
-  extra = {"hint": {"variant": variant}} if variant else {}
+def _task(tid, family=None):
+  extra = {"family": family} if family else {}
   return Task(id=tid, prompt="p", kind="code", extra=extra)
 
 

@@ -43,6 +43,7 @@ def _docs(seed, n, low=5, high=40):
   return [rng.integers(1, 64, int(rng.integers(low, high))).tolist() for _ in range(n)]
 
 
+@pytest.mark.slow
 def test_query_equals_packed_prefill_and_swaps_recompute_one_document(model):
   store = DocumentStore(model, budget_bytes=1 << 24)
   docs, query = _docs(0, 5), [3, 4, 5, 6, 7]

@@ -117,6 +117,7 @@ def test_the_tests_imports_of_the_package_move_to_the_program():
   assert rest == "import math\n\nassert cap_price(math.inf) == 20\n"
 
 
+@pytest.mark.slow
 def test_oracle_edits_pass_the_tests_and_doing_nothing_fails_a_bug_fix(mined):
   tasks = mined.by_granularity["pr"]["train"] + mined.by_granularity["pr"]["test"]
   references = [t.reference for t in tasks]

@@ -54,6 +54,7 @@ def test_chunk_spans_rule():
     encoder_lib.chunk_spans(10, 8, 9)
 
 
+@pytest.mark.slow
 def test_long_text_is_the_weighted_mean_of_its_chunks(enc):
   text = " ".join(f"Sentence {i} is about the colour {c} and the animal {a} {d}."
                   for i, (c, a, d) in enumerate(itertools.product(
@@ -73,6 +74,7 @@ def test_long_text_is_the_weighted_mean_of_its_chunks(enc):
   assert float(first @ got) < 0.999
 
 
+@pytest.mark.slow
 def test_batching_and_bucketing_do_not_change_embeddings(enc):
   texts = REF["sentences"] + [
       "A medium sized sentence " * 8, "short", "Another text about JAX sharding."]

@@ -155,6 +155,7 @@ def test_skip_counts_by_reason(bad_repo):
   assert report["units"] == {"pr": 9, "commit": 9, "file": 13, "hunk": 14}
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("granularity", ["pr", "commit", "file", "hunk"])
 @pytest.mark.parametrize("edit_format", ["search_replace", "unified_diff", "line_edit"])
 def test_oracle_applies_to_context_for_every_task(bad_repo, granularity,

@@ -17,6 +17,8 @@ import pytest
 
 import xla_flags
 
+pytestmark = pytest.mark.slow  # runs every part of the GPU check at tiny sizes
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 

@@ -138,6 +138,7 @@ def test_warm_start_tasks_add_the_extra_sections_train_split_unless_it_is_off(sh
     _config(shop, tmp_path, "--config.warmstart.train_repeats=0")
 
 
+@pytest.mark.slow
 def test_grpo_steps_on_a_mined_history(shop, tmp_path):
   grpo_loop.train(_config(shop, tmp_path, "--config.data.test_split=test"))
   rows = read_metrics(str(tmp_path / "work"))
@@ -170,6 +171,7 @@ def test_grpo_steps_on_a_mined_history(shop, tmp_path):
       assert r[f"{split}/diff/reward_mean"] == -1.0
 
 
+@pytest.mark.slow
 def test_warm_start_cache_is_reused_for_the_same_key_only(shop, tmp_path, monkeypatch):
   only_warm_start = ["--config.train.steps=0", "--config.train.eval_every=0",
                      f"--config.warmstart.cache_dir={tmp_path / 'cache'}"]

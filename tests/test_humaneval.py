@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import pytest
 import json
 
+from rlcode.data.extras import CodeExtra
 from rlcode import cli
 from rlcode.evaluation import scoring
 from rlcode.data.humaneval import N_PROBLEMS, HumanEval, humaneval_tasks
@@ -19,7 +21,7 @@ def test_humaneval_tasks_fields():
   assert first.prompt.startswith("from typing import List")
   assert "def check(candidate)" in first.tests
   assert first.reference.strip().startswith("for idx, elem in enumerate(numbers)")
-  assert all(t.extra == {"assemble": "prompt+completion"} for t in tasks)
+  assert all(t.extra == CodeExtra(assemble="prompt+completion") for t in tasks)
 
 
 def test_builder_round_trips_through_array_record(tmp_path):
@@ -44,6 +46,7 @@ def _cli_eval(tmp_path, name, completions, capsys):
   return json.loads((out / scoring.REPORT_NAME).read_text())
 
 
+@pytest.mark.slow
 def test_references_pass_and_empty_completions_fail(tmp_path, capsys):
   """The issue's acceptance check, through the CLI: `rlcode eval --tasks humaneval`
   gives pass@1 = 1.0 on the references and 0.0 on empty completions."""

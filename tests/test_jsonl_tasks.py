@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from rlcode.evaluation import scoring
+from rlcode.data.extras import CodeExtra
 from rlcode.data.jsonl import JsonlTasks, read_jsonl_tasks
 from rlcode.data.tasks import load_tasks
 from rlcode.errors import BadInput, UnknownKey
@@ -45,8 +46,8 @@ def test_fields_become_tasks():
   tasks = {t.id: t for s in read_jsonl_tasks(FIXTURE, 0.2).values() for t in s}
   assert tasks["tiny/is_even"].tests == (
       "assert is_even(2)\nassert not is_even(3)\nassert is_even(0)\nassert not is_even(-7)")
-  assert tasks["tiny/fizz_3"].extra == {"family": "fizz"}
-  assert tasks["tiny/reverse"].extra == {"assemble": "completion"}
+  assert tasks["tiny/fizz_3"].extra == CodeExtra(family="fizz")
+  assert tasks["tiny/reverse"].extra == CodeExtra(assemble="completion")
   assert all(t.kind == "code" for t in tasks.values())
 
 

@@ -125,6 +125,7 @@ def _out_and_grads(fn, q, k, v, w):
   return fn(q, k, v), jax.grad(loss, argnums=(0, 1, 2))(q, k, v)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("implementation, case", [
     (impl, case) for impl in LIBRARY for case in sorted(MAPPING)
     if impl == "xla" or MAPPING[case][5] != F32])  # cuDNN takes half precision only
@@ -173,6 +174,7 @@ def test_auto_on_gpu_calls_the_library_with_cudnn(monkeypatch):
                              atol=TOL[dtype], rtol=TOL[dtype])
 
 
+@pytest.mark.slow
 def test_each_distinct_choice_is_logged_once(monkeypatch, caplog):
   monkeypatch.setattr(dispatch, "_logged", set())
   q = jnp.zeros((1, 8, 2, 8), jnp.float32)

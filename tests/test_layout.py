@@ -125,10 +125,12 @@ def test_the_import_names_are_ours_alone():
   with open(os.path.join(ROOT, "pyproject.toml"), "rb") as f:
     find = tomllib.load(f)["tool"]["setuptools"]["packages"]["find"]
   assert find["include"] == ["rlcode*"]
+  # experiments/ is a package too, but it is run from the checkout, never installed.
   tops = {d for d in os.listdir(ROOT) if os.path.isfile(os.path.join(ROOT, d, "__init__.py"))}
-  assert tops == {"rlcode"}, tops
+  assert tops - {"experiments"} == {"rlcode"}, tops
 
 
+@pytest.mark.slow
 def test_rlcode_and_transformers_import_together_from_the_repository_root():
   pytest.importorskip("transformers")
   pytest.importorskip("kernels")

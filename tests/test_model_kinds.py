@@ -26,6 +26,7 @@ def _model(**kw):
   return Decoder(ModelConfig(**{**BASE, **kw}), rngs=nnx.Rngs(0))
 
 
+@pytest.mark.slow
 def test_sliding_every_layer_but_every_fourth_matches_the_dense_mask_reference():
   kw = dict(attention_pattern=("sliding", "sliding", "sliding", "dense"), sliding_window=5)
   model = _model(**kw)
@@ -51,6 +52,7 @@ def _assert_sampled_logprobs_match_full_forward(model, prompts, out, length):
                                atol=2e-5)
 
 
+@pytest.mark.slow
 def test_sliding_generation_decodes_with_the_window():
   model = _model(attention_pattern=("sliding", "dense"), sliding_window=4)
   prompts = [[1, 2, 3, 4, 5, 6, 7], [9, 8]]
@@ -78,6 +80,7 @@ NSA = NSAConfig(block_cmp=8, stride_cmp=4, block_sel=8, num_sel=3, num_local=1, 
                 compress_hidden=16)
 
 
+@pytest.mark.slow
 def test_nsa_layers_train():
   model = _model(attention_pattern=("nsa", "dense"), nsa=NSA)
   graphdef, params = nnx.split(model, nnx.Param)
@@ -88,6 +91,7 @@ def test_nsa_layers_train():
   assert float(jnp.abs(grads["layers"][0]["attn"]["gate"][...]).max()) > 0
 
 
+@pytest.mark.slow
 def test_nsa_generation_decodes_as_the_full_forward():
   # Prompts of 3 and 13 tokens, 30 new: decoding crosses compressed-token
   # boundaries (every 4 tokens from 8 on), selection blocks (every 8) and the

@@ -43,6 +43,7 @@ def test_greedy_generation_matches_transformers(tiny, ref):
   assert prompt + out.tokens[0].tolist() == ref["greedy_output"][0]
 
 
+@pytest.mark.slow
 def test_bfloat16_compute_stays_close(tiny, ref):
   model, _ = load_hf(TINY, dtype="bfloat16")
   assert model.layers[0].mlp.gate_up[...].dtype == jnp.float32
@@ -51,6 +52,7 @@ def test_bfloat16_compute_stays_close(tiny, ref):
   np.testing.assert_allclose(logits, np.asarray(ref["logits"]), atol=0.1)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("max_shard_bytes", [None, 200_000])
 def test_round_trip_is_exact(tiny, tmp_path, max_shard_bytes):
   model, _ = tiny

@@ -7,6 +7,7 @@ the suite's end-to-end check that the mesh (data x fsdp x tensor, across process
 does not change what is computed; tests/test_grpo.py, test_sharding.py and
 test_ablations.py check the parts on one process of 8 devices."""
 
+import pytest
 import os
 import signal
 import socket
@@ -20,6 +21,8 @@ import tiny_runs
 import xla_flags
 from rlcode.train import grpo_loop
 from rlcode.runs.metrics import read_metrics
+
+pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 
 # The batch's rows and prompts split over data x fsdp = 4; each process holds one data
 # slice (2 x 2 devices), samples its 2 prompts there and holds their rows of the batch.

@@ -38,6 +38,7 @@ def _loss_and_grads(layer, x, rope):
   return y, grads
 
 
+@pytest.mark.slow
 def test_layer_matches_reference_and_every_parameter_gets_a_gradient():
   x, rope = _batch()
   y_ref, g_ref = _loss_and_grads(_layer("reference"), x, rope)

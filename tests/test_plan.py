@@ -1,6 +1,7 @@
 """rlcode plan: refusals, the collectives read from optimised HLO, the analytic FLOP count,
 and a whole plan of the default job on 72 fake devices."""
 
+import pytest
 import json
 import os
 
@@ -18,6 +19,7 @@ QWEN = os.path.join(ROOT, "configs", "qwen2_7b_plan.py")
 TINY = os.path.join(ROOT, "configs", "grpo_tiny.py")
 
 
+@pytest.mark.slow
 def test_a_mesh_that_does_not_divide_the_model_is_one_line(capsys):
   argv = ["plan", "--config", QWEN, "--devices", "gb200-nvl72", "--mesh", "data=1,fsdp=9,tensor=8"]
   assert cli.main(argv) == 2
@@ -70,6 +72,7 @@ def test_collectives_with_their_bytes_groups_and_loop_counts():
   assert plan.collective_seconds([across], hw) == plan.wire_bytes(across) / 1e6
 
 
+@pytest.mark.slow
 def test_analytic_forward_flops_match_xla_on_a_loop_free_forward():
   cfg = ModelConfig(vocab_size=512, hidden_size=256, intermediate_size=768, num_layers=2,
                     num_heads=4, num_kv_heads=2, head_dim=64, max_seq_len=128,
@@ -90,6 +93,7 @@ def test_analytic_forward_flops_match_xla_on_a_loop_free_forward():
   assert 0.97 < xla / analytic < 1.1, (xla, analytic)
 
 
+@pytest.mark.slow
 def test_plan_of_the_default_job_on_72_devices(tmp_path, capsys):
   out = tmp_path / "plan.json"
   # 64 prompts, so that the prompts as well as the rows divide over the 64 devices.

@@ -124,6 +124,7 @@ def _batch(rows=8, k=3, length=12, features=2):
       features=rng.normal(size=(rows, k, features)).astype(np.float32))
 
 
+@pytest.mark.slow
 def test_reward_model_on_eight_devices_matches_one():
   head = HeadConfig(pooling="mean", hidden=16, features=("a", "b"))
   batch = _batch()

@@ -54,6 +54,7 @@ def _config(tmp_path, workdir, *extra):
       f"--config.data.data_dir={tmp_path / 'tfds'}", f"--config.workdir={workdir}", *extra])
 
 
+@pytest.mark.slow
 def test_learns_and_scores_through_the_reward(tmp_path):
   workdir = str(tmp_path / "rm")
   config = _config(tmp_path, workdir, "--config.rm.pooling=mean", "--config.train.steps=40",
@@ -87,6 +88,7 @@ def test_learns_and_scores_through_the_reward(tmp_path):
   assert ends.tolist() == [len(BODIES[0])]
 
 
+@pytest.mark.slow
 def test_resume_gives_the_same_numbers_with_features(tmp_path):
   # A run killed after its step-2 checkpoint (the later checkpoint removed) resumes to the
   # numbers of the uninterrupted run; the model takes the "passed" feature as an input.
@@ -112,6 +114,7 @@ def _one_line_error(capsys, argv, *needles):
     assert needle in err, (needle, err)
 
 
+@pytest.mark.slow
 def test_cli_train_rm_and_its_errors(tmp_path, capsys):
   path = _choices_file(tmp_path, n=20)
   workdir = str(tmp_path / "cli")

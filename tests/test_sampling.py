@@ -49,6 +49,7 @@ def _teacher_forced_logprobs(model, prompt, completion, temperature):
   return np.asarray(logprobs.token_logprobs(logits, targets, temperature))[0]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_sampled_logprobs_equal_full_forward(model, temperature):
   out = generate(model, PROMPTS, max_new_tokens=12, temperature=temperature, group_size=2,
@@ -60,6 +61,7 @@ def test_sampled_logprobs_equal_full_forward(model, temperature):
     np.testing.assert_allclose(out.logprobs[i, :len(completion)], expect, atol=2e-5)
 
 
+@pytest.mark.slow
 def test_greedy_equals_argmax_of_full_forward(model):
   out = generate(model, PROMPTS, max_new_tokens=10, temperature=0.0)
   for i, prompt in enumerate(PROMPTS):
@@ -69,6 +71,7 @@ def test_greedy_equals_argmax_of_full_forward(model):
     assert out.tokens[i].tolist() == seq[len(prompt):]
 
 
+@pytest.mark.slow
 def test_rows_do_not_depend_on_the_rest_of_the_batch(model):
   together = generate(model, PROMPTS, max_new_tokens=8, temperature=1.0, group_size=3, seed=2)
   alone = generate(model, PROMPTS[1:2], max_new_tokens=8, temperature=1.0, group_size=3, seed=2)
@@ -138,6 +141,7 @@ def test_bad_input(model):
     generate(model, [[1]], max_new_tokens=8, group_size=0)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("temperature", [0.0, 1.0])
 def test_shared_prompt_sampler_equals_unshared(model, temperature):
   kwargs = dict(max_new_tokens=10, temperature=temperature, group_size=3, seed=4,
@@ -149,6 +153,7 @@ def test_shared_prompt_sampler_equals_unshared(model, temperature):
   np.testing.assert_allclose(shared.logprobs, private.logprobs, atol=1e-5)
 
 
+@pytest.mark.slow
 def test_host_offloaded_prompt_kv_gives_the_same_samples(model):
   kwargs = dict(max_new_tokens=10, temperature=1.0, group_size=2, seed=6, stop_tokens=[7])
   device = generate(model, PROMPTS, **kwargs)

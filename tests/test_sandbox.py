@@ -249,6 +249,7 @@ def hostile_results(box):
   return dict(zip(HOSTILE, results[0::2])), [r for r, _ in results[1::2]]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_program_is_contained(hostile_results, name):
   _, expected_status, error_part, stdout_check = HOSTILE[name]

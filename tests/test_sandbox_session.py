@@ -66,6 +66,7 @@ def test_a_fork_bomb_is_contained(session):
   assert session.exec("echo alive").output == "alive\n"
 
 
+@pytest.mark.slow
 def test_endless_commands_are_killed_at_their_timeout(session):
   start = time.monotonic()
   r = session.exec("sleep 30", timeout=1.0)

@@ -40,6 +40,7 @@ def data_dir(tmp_path_factory):
   return str(tmp_path_factory.mktemp("tfds"))
 
 
+@pytest.mark.slow
 def test_every_prompt_and_reference_fits_the_context(data_dir):
   config = loader.load_config(CONFIG, [f"--config.data.data_dir={data_dir}"])
   # The budgets count the model's own tokenizer.
@@ -67,6 +68,7 @@ def test_unknown_token_unit_is_an_error(data_dir):
     sources.builder(config.data)
 
 
+@pytest.mark.slow
 def test_grpo_steps_log_semantic_spread_and_correlation(data_dir, tmp_path):
   config = loader.load_config(CONFIG, SMALL + [f"--config.workdir={tmp_path}",
                                                    f"--config.data.data_dir={data_dir}"])

@@ -112,6 +112,7 @@ def test_missing_encoder_package_error(monkeypatch):
     semantic.semantic_reward([_task("a", REF_A)], ["some text"])
 
 
+@pytest.mark.slow
 def test_encoder_not_loaded_at_import():
   code = ("import sys, rlcode.rewards\n"
           "assert 'rlcode.rewards.semantic' not in sys.modules\n"

@@ -32,6 +32,7 @@ def _forward_and_loss(model, tokens, mesh):
   return run(state, tokens)
 
 
+@pytest.mark.slow
 def test_eight_devices_match_one():
   assert jax.device_count() == 8
   one = sharding.make_mesh(1, 1, 1)
@@ -65,6 +66,7 @@ def test_sharded_init_places_every_parameter_and_matches_one_device():
                                   err_msg=str(path))
 
 
+@pytest.mark.slow
 def test_load_hf_lands_in_mesh_shardings():
   mesh = sharding.make_mesh(2, 2, 2)
   model, cfg = load_hf(TINY, mesh=mesh)
@@ -78,6 +80,7 @@ def test_load_hf_lands_in_mesh_shardings():
   np.testing.assert_allclose(np.asarray(logits), np.asarray(ref(tokens)), atol=1e-5, rtol=0)
 
 
+@pytest.mark.slow
 def test_generation_on_mesh_matches_one_device():
   model, _ = load_hf(TINY)
   mesh = sharding.make_mesh(4, 1, 2)

@@ -85,6 +85,7 @@ def model():
 
 # G * completion_len queries per prompt: 24 run the prefix part through the decode
 # kernel, 96 through the blockwise kernel (DECODE_QUERIES = 64 separates them).
+@pytest.mark.slow
 @pytest.mark.parametrize("longest_first,padding_side,completion_len",
                          [(True, "right", 8), (False, "left", 32)])
 def test_loss_and_grads_equal_repeated_prompt(model, longest_first, padding_side,
@@ -128,6 +129,7 @@ def test_logprobs_equal_per_token(model):
                                np.asarray(ent_a[i, :len(c)]), atol=2e-5)
 
 
+@pytest.mark.slow
 def test_update_step_runs_sharded(model):
   mesh = sharding.make_mesh(2, 1, 2)
   graphdef, params = model
@@ -158,6 +160,7 @@ def test_bad_input():
     shared_prefix.grouped_batch([[1]], [[1]], pad_id=0, completion_len=2, padding_side="up")
 
 
+@pytest.mark.slow
 def test_sliding_window_layers_equal_repeated_prompt():
   """Sliding layers read only the prefix's last window-1 keys; still exact."""
   cfg = ModelConfig(**{**CFG.__dict__, "attention_pattern": ("sliding", "dense"),
@@ -210,6 +213,7 @@ def _loss_and_grads(graphdef, params, batch, cfg):
   return jax.jit(jax.value_and_grad(loss))(params)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("aggregation", sorted(objective.AGGREGATIONS))
 def test_drop_idle_groups_keeps_loss_and_grads(model, aggregation):
   graphdef, params = model
@@ -251,6 +255,7 @@ def test_drop_idle_groups_pads_and_keeps_one(model):
     shared_prefix.drop_idle_groups(full, 2, cfg)
 
 
+@pytest.mark.slow
 def test_drop_idle_groups_same_optimiser_steps(model):
   """Through the compiled update with momentum: a step with signal, then one without
   (whose zero gradient still moves the params by the momentum); the same params either

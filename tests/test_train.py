@@ -16,6 +16,8 @@ import xla_flags
 from rlcode.config import loader
 from rlcode.runs.metrics import read_metrics
 
+pytestmark = pytest.mark.slow  # every test shares a trained run (the module fixture)
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "grpo_tiny.py")
 # A small, fast version of the default job: the same code path end to end. The tasks
@@ -81,6 +83,7 @@ def uninterrupted(tmp_path_factory, env):
   return workdir
 
 
+@pytest.mark.slow
 def test_metrics_rows_and_plot(uninterrupted):
   rows = read_metrics(str(uninterrupted))
   steps = [r for r in rows if "loss" in r]
@@ -98,6 +101,7 @@ def test_metrics_rows_and_plot(uninterrupted):
   assert os.path.getsize(uninterrupted / "metrics.png") > 1000
 
 
+@pytest.mark.slow
 def test_sigkill_then_rerun_gives_the_same_metrics(uninterrupted, env, tmp_path):
   workdir = tmp_path / "killed"
   cmd = _command(workdir)
@@ -155,6 +159,7 @@ def test_eval_of_a_checkpoint_of_another_model_is_one_line(uninterrupted, capsys
   assert "first differing shape" in err
 
 
+@pytest.mark.slow
 def test_eval_cli_on_a_checkpoint(uninterrupted, capsys):
   from rlcode import cli
   assert cli.main(["eval", "--config", CONFIG, "--checkpoint", str(uninterrupted), "--k", "1,2",

@@ -13,6 +13,7 @@ from __future__ import annotations
 import json
 import math
 import os
+import secrets
 import warnings
 from collections.abc import Mapping
 
@@ -63,7 +64,7 @@ class _Wandb:
       with open(id_path) as f:
         run_id = f.read().strip()
     else:
-      run_id = wandb.util.generate_id()
+      run_id = secrets.token_hex(4)  # W&B's ids are 8 lowercase letters or digits
       with open(id_path, "w") as f:
         f.write(run_id + "\n")
     self._run = wandb.init(project=logging_cfg.wandb_project, entity=logging_cfg.wandb_entity,
