@@ -1,23 +1,19 @@
-"""experiments/agent_kv.py's stand-in environment keeps up with what the sampler reads
-from an environment (it once lacked `final_program` and the benchmark crashed)."""
+"""The stand-in environment of experiments/agent/kv.py (experiments.lib.standins) keeps up
+with what the sampler reads from an environment (it once lacked `final_program` and the
+benchmark crashed)."""
 
-import os
-import sys
-
+from experiments.lib import standins
 from rlcode.agent import env as env_lib, sampler, tools
 from rlcode.data.tasks import Task
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "experiments"))
-import agent_kv  # noqa: E402
-
 
 def test_fixed_env_has_what_the_sampler_reads_from_an_environment():
-  env = agent_kv.FixedEnv()
-  task = Task(id="kv/0", prompt="p" * agent_kv.PROMPT_TOKENS)
+  env = standins.FixedEnv()
+  task = Task(id="kv/0", prompt="p" * standins.PROMPT_TOKENS)
   assert env.reset(task) == task.prompt
-  for turn in range(agent_kv.TURNS):
+  for turn in range(standins.TURNS):
     step = env.step("x", "call")
-    assert isinstance(step, env_lib.Step) and step.done == (turn == agent_kv.TURNS - 1)
+    assert isinstance(step, env_lib.Step) and step.done == (turn == standins.TURNS - 1)
   traj = sampler.Trajectory(task, [1])
   sampler.record_end(traj, env)
   assert (traj.status, traj.reward, traj.program) == ("max_turns", 0.0, "")

@@ -3,17 +3,11 @@
 from __future__ import annotations
 
 import math
-import os
-import sys
 
 import numpy as np
 import pytest
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))),
-                                "experiments"))
-
-from ce_control import mean_se  # noqa: E402
-from decomposition import group_stats, wilson  # noqa: E402
+from experiments.lib.stats import group_stats, mean_se, wilson
 
 
 def test_wilson_against_its_closed_forms():

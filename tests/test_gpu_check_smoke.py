@@ -1,6 +1,6 @@
 """The GPU check runs end to end at tiny sizes on a CPU, so a GPU session can run it unchanged.
 
-`SMOKE=1 bash experiments/gpu_check.sh` runs every Python part of the check
+`SMOKE=1 bash experiments/gpu/check.sh` runs every Python part of the check
 with --smoke (the tests part needs a GPU and is left out); each part must
 exit 0 and write its JSON with the fields the tables are made of. The
 numbers themselves mean nothing at these sizes.
@@ -14,7 +14,6 @@ import subprocess
 import sys
 
 import pytest
-
 import xla_flags
 
 pytestmark = pytest.mark.slow  # runs every part of the GPU check at tiny sizes
@@ -28,7 +27,7 @@ def smoke(tmp_path_factory):
   env = dict(os.environ, SMOKE="1", OUT=str(out), PYTHON=sys.executable, JAX_PLATFORMS="cpu")
   # One CPU device, as a plain run of the scripts (compiled as the rest of the suite: conftest.py).
   env["XLA_FLAGS"] = xla_flags.for_subprocess()
-  proc = subprocess.run(["bash", "experiments/gpu_check.sh"], cwd=ROOT, env=env,
+  proc = subprocess.run(["bash", "experiments/gpu/check.sh"], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=1800, check=False)
   return out, proc
 

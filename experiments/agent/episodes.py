@@ -1,6 +1,6 @@
 """Print an agent policy's episodes as text, to read what it does.
 
-    python experiments/agent_episodes.py POLICY [--split validation] [--tasks REGEX]
+    python -m experiments.agent.episodes POLICY [--split validation] [--tasks REGEX]
         [--max-tasks 12] [--samples 4] [--temperature 1.0] [--failures-only]
         [--config.a.b=value ...]
 
@@ -11,9 +11,9 @@ them, and each episode is printed whole (turns, tool calls and observations, dec
 from the exact tokens) with its task id, reward and end status. The last line counts
 episodes by (success, status).
 
-The tests-family diagnostic in experiments/README.md (agent_tiny) is
+Writes nothing. The tests-family diagnostic in docs/journal.md (agent_tiny) is
 
-    python experiments/agent_episodes.py OUT/seed1/warm_start --tasks '^agent/tests/' \\
+    python -m experiments.agent.episodes OUT/seed1/warm_start --tasks '^agent/tests/' \\
         --config.seed=1 --failures-only
 """
 
@@ -21,21 +21,14 @@ from __future__ import annotations
 
 import argparse
 import collections
-import os
 import re
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
+from experiments.lib.agent import CONFIG
+from rlcode.agent import episodes, sampler, step_groups
 from rlcode.config import loader
-from rlcode.parallel import sharding  # noqa: E402
-from rlcode.agent import episodes, sampler
-from rlcode.agent import evaluate
-from rlcode.agent import groups  # noqa: E402
-from rlcode.data import sources  # noqa: E402
-
-CONFIG = os.path.join(ROOT, "configs", "agent_tiny.py")
+from rlcode.data import sources
+from rlcode.evaluation import policy_eval
+from rlcode.parallel import sharding
 
 
 def main():
@@ -51,7 +44,7 @@ def main():
   args, overrides = parser.parse_known_args()
   config = loader.load_config(CONFIG, overrides)
   mesh = sharding.mesh_from_config(config.mesh)
-  model, tokenizer, _ = evaluate.restore_policy(config, args.policy, mesh)
+  model, tokenizer, _, _ = policy_eval.restore_policy(config, args.policy, mesh)
   pattern = re.compile(args.tasks)
   tasks = [t for t in step_groups.select_variants(config, sources.load(config.data, args.split))
            if pattern.search(t.id)][:args.max_tasks]

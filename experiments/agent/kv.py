@@ -12,60 +12,39 @@ reuse_kv=False (every row's whole context prefilled from scratch every turn, wha
 peer without a prefix cache does). Each mode runs once to compile, then `--repeats`
 timed runs of each, alternating; the table shows the median.
 
-    python experiments/agent_kv.py [--repeats 3]
+    python -m experiments.agent.kv [--repeats 3] [--name agent_kv]
 
-Prints the table, the load average and one grep-able line
-`speedup kv-kept 10 turns: Nx`; writes experiments/out/agent_kv.json.
+The stand-in environment is experiments.lib.standins.FixedEnv. Prints the table, the
+load average and one grep-able line `speedup kv-kept 10 turns: Nx`; writes
+results/agent/NAME.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import jax
+from flax import nnx
 
-import jax  # noqa: E402
-from flax import nnx  # noqa: E402
+from experiments.lib import results
+from experiments.lib.standins import (GROUP, OBS_TOKENS, PROMPT_TOKENS, TURN_TOKENS, TURNS,
+                                      FixedEnv)
+from rlcode.agent import sampler
+from rlcode.agent.chat import ChatFormat
+from rlcode.data.tasks import Task
+from rlcode.models import Decoder, ModelConfig
+from rlcode.models.tokenizer import load_tokenizer
 
-from rlcode.agent import env as env_lib, sampler, tools  # noqa: E402
-from rlcode.agent.chat import ChatFormat  # noqa: E402
-from rlcode.data.tasks import Task  # noqa: E402
-from rlcode.models import Decoder, ModelConfig  # noqa: E402
-from rlcode.models.tokenizer import load_tokenizer  # noqa: E402
-
-TURNS, TURN_TOKENS, OBS_TOKENS, PROMPT_TOKENS, GROUP = 10, 24, 360, 200, 4
 CFG = ModelConfig(vocab_size=264, hidden_size=256, intermediate_size=704, num_layers=4,
                   num_heads=4, num_kv_heads=2, head_dim=64, qkv_bias=True,
                   tie_embeddings=True, max_seq_len=4096)
 
 
-class FixedEnv:
-  """Every turn gets an observation of OBS_TOKENS bytes; the episode lasts TURNS turns."""
-
-  tools = {t.name: t for t in tools.make_tools(("bash", "finish"))}
-
-  def reset(self, task):
-    self.turns, self.status, self.final_reward, self.final_program = 0, "", 0.0, ""
-    return task.prompt
-
-  def step(self, text, ended):
-    self.turns += 1
-    if self.turns >= TURNS:
-      self.status = "max_turns"
-      return env_lib.Step("", 0.0, True, {"status": "max_turns"})
-    return env_lib.Step("o" * (OBS_TOKENS - 2), 0.0, False, {})
-
-  def abort(self, status):
-    self.status = status
-    return 0.0
-
-
 def run(model, chat, reuse_kv):
+  """One timed run of GROUP episodes: (seconds, the sampler's timing, the trajectories)."""
   budgets = sampler.Budgets(max_total_tokens=4096, max_turn_tokens=TURN_TOKENS,
                             max_observation_tokens=OBS_TOKENS)
   task = Task(id="kv", prompt="p" * (PROMPT_TOKENS - 20))
@@ -80,18 +59,19 @@ def run(model, chat, reuse_kv):
 def main():
   parser = argparse.ArgumentParser()
   parser.add_argument("--repeats", type=int, default=3)
+  parser.add_argument("--name", default="agent_kv", help="the result's name under results/agent/")
   args = parser.parse_args()
   chat = ChatFormat("compact", load_tokenizer("bytes+tools"))
   model = Decoder(CFG, rngs=nnx.Rngs(0))
   params = sum(x.size for x in jax.tree.leaves(nnx.state(model, nnx.Param)))
-  results, tokens = {True: [], False: []}, {}
+  timings, tokens = {True: [], False: []}, {}
   load_before = os.getloadavg()
   for reuse in (True, False):
     _, _, trajs = run(model, chat, reuse)  # compiles every shape this mode meets
     tokens[reuse] = [t.tokens for t in trajs]
   for _ in range(args.repeats):  # alternating, so that both modes see the same load
     for reuse in (True, False):
-      results[reuse].append(run(model, chat, reuse))
+      timings[reuse].append(run(model, chat, reuse))
   load_after = os.getloadavg()
   if tokens[True] != tokens[False]:
     raise SystemExit("the two modes sampled different tokens")
@@ -102,7 +82,7 @@ def main():
   print("|---|---:|---:|---:|---:|")
   row = {}
   for reuse, name in ((True, "KV kept"), (False, "re-prefilled each turn")):
-    runs = results[reuse]
+    runs = timings[reuse]
     total = statistics.median(r[0] for r in runs) / GROUP
     med = lambda f: statistics.median(getattr(r[1], f) for r in runs) / GROUP
     row[name] = {"seconds_per_episode": total, "prefill": med("prefill"),
@@ -113,10 +93,9 @@ def main():
              / row["KV kept"]["seconds_per_episode"])
   print(f"load average before {load_before[0]:.1f}, after {load_after[0]:.1f}")
   print(f"speedup kv-kept {TURNS} turns: {speedup:.1f}x")
-  os.makedirs("experiments/out", exist_ok=True)
-  with open("experiments/out/agent_kv.json", "w") as f:
-    json.dump({"rows": row, "speedup": speedup, "context_tokens": context,
-               "load": [load_before, load_after], "repeats": args.repeats}, f, indent=2)
+  print("wrote", results.write("agent", args.name, {
+      "rows": row, "speedup": speedup, "context_tokens": context,
+      "load": [load_before, load_after], "repeats": args.repeats}))
 
 
 if __name__ == "__main__":

@@ -14,32 +14,30 @@ and, if an error-fix note gives a program, takes its constant. Everything runs
 through rlcode.agent.env with real sandbox sessions and tests; notes are ranked
 by MiniLM embeddings. The rule decides what is kept (rlcode.agent.memory.RULES).
 
-    python experiments/agent_memory.py [--seeds 0,1,2] [--rules never,all,...]
+    python -m experiments.agent.memory [--seeds 0,1,2] [--rules never,all,...]
+        [--name agent_memory]
 
 Prints one row per rule (success rate, context tokens and turns per episode, notes
 kept at the end; mean over seeds) and the line
-`best memory rule: NAME (+X success over never)`; writes experiments/out/agent_memory.json.
+`best memory rule: NAME (+X success over never)`; writes results/agent/NAME.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import random
 import re
-import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import numpy as np
 
-import numpy as np  # noqa: E402
-
-from rlcode.agent import env as env_lib, memory as memory_lib, tools  # noqa: E402
-from rlcode.agent.chat import ChatFormat  # noqa: E402
-from rlcode.agent.expert import call_text  # noqa: E402
-from rlcode.data.tasks import Task  # noqa: E402
-from rlcode.models.tokenizer import load_tokenizer  # noqa: E402
+from experiments.lib import results
+from rlcode.agent import env as env_lib, memory as memory_lib, tools
+from rlcode.agent.chat import ChatFormat
+from rlcode.agent.expert import call_text
+from rlcode.data.tasks import Task
+from rlcode.models.tokenizer import load_tokenizer
 
 PROJECTS, TASKS_PER_PROJECT, MAX_TURNS = 40, 6, 6
 TOOLS = ("memory", "search", "editor", "run_tests", "finish")
@@ -53,6 +51,8 @@ OPS = {"add": ("+", "plus"), "sub": ("-", "minus")}
 
 
 def benchmark(seed: int) -> list[Task]:
+  """The 240 tasks of a seed (module docstring); what the scripted agent reads of a task
+  (its project, symbol, function and sign) is in its extra's hint."""
   rng = random.Random(1000 + seed)
   tasks = []
   for p in range(PROJECTS):
@@ -73,8 +73,8 @@ def benchmark(seed: int) -> list[Task]:
                   f"the project's {symbol}."),
           tests="\n".join(asserts) + "\n",
           extra={"files": files, "solution": "solution.py", "assemble": "completion",
-                 "tests_format": "script", "project": name, "symbol": symbol, "fn": fn,
-                 "sign": sign}))
+                 "tests_format": "script",
+                 "hint": {"project": name, "symbol": symbol, "fn": fn, "sign": sign}}))
   rng.shuffle(tasks)
   return tasks
 
@@ -87,6 +87,7 @@ class Agent:
     self.bos = len(chat.tokenizer.encode(""))
 
   def call(self, name, **arguments):
+    """One tool call; counts its tokens and its observation's."""
     text = call_text(name, arguments)
     self.tokens += len(self.chat.tokenizer.encode(text)) - self.bos
     step = self.env.step(text, "call")
@@ -96,7 +97,8 @@ class Agent:
     return step.observation
 
   def attempt(self, value):
-    x = self.task.extra
+    """Writes the solution with `value` and runs the tests; whether they passed."""
+    x = self.task.extra.hint
     program = f"def {x['fn']}(x):\n    return x {x['sign']} {value}\n"
     self.last = value
     self.call("editor", command="create", path="solution.py", file_text=program)
@@ -109,8 +111,9 @@ class Agent:
     return False
 
   def play(self, task):
+    """One episode of `task`: (final reward, context tokens, turns)."""
     self.task, self.done, self.last, self.failure = task, False, None, ""
-    x = task.extra
+    x = task.extra.hint
     first = self.env.reset(task)
     self.tokens = len(self.chat.prompt_tokens(list(self.env.tools.values()), first))
     key = f"project {x['project']}: {x['symbol']} = "
@@ -137,6 +140,7 @@ class Agent:
 
 
 def run_rule(rule, seed, chat, embed, scorer):
+  """The scripted agent over a seed's benchmark with memory rule `rule`: its averages."""
   mem = memory_lib.Memory(rule, embed=embed, capacity=16)
   env = env_lib.ToolEnv(tools.make_tools(TOOLS), scorer, max_turns=MAX_TURNS, memory=mem,
                         embed=embed)
@@ -152,6 +156,8 @@ def main():
   parser.add_argument("--seeds", default="0,1,2")
   parser.add_argument("--rules", default=",".join(memory_lib.RULES),
                       help=f"comma-separated subset of {memory_lib.RULES}")
+  parser.add_argument("--name", default="agent_memory",
+                      help="the result's name under results/agent/")
   args = parser.parse_args()
   seeds = [int(s) for s in args.seeds.split(",")]
   rules = args.rules.split(",")
@@ -163,13 +169,13 @@ def main():
   embed = lambda texts: semantic.embed(list(texts))
   chat = ChatFormat("compact", load_tokenizer("bytes+tools"))
   scorer = env_lib.Scorer({"tests": 1.0})
-  results, start = {}, time.time()
+  found, start = {}, time.time()
   load = [os.getloadavg()[0]]
   for rule in rules:
-    results[rule] = [run_rule(rule, seed, chat, embed, scorer) for seed in seeds]
+    found[rule] = [run_rule(rule, seed, chat, embed, scorer) for seed in seeds]
     load.append(os.getloadavg()[0])
-    print(f"  {rule}: {results[rule]}", flush=True)
-  mean = lambda rule, k: float(np.mean([r[k] for r in results[rule]]))
+    print(f"  {rule}: {found[rule]}", flush=True)
+  mean = lambda rule, k: float(np.mean([r[k] for r in found[rule]]))
   print(f"\n{PROJECTS * TASKS_PER_PROJECT} tasks per seed, seeds {seeds}; "
         f"{time.time() - start:.0f} s, load average {min(load):.1f}-{max(load):.1f}")
   print("| rule | success | context tokens / episode | turns / episode | notes kept |")
@@ -183,9 +189,8 @@ def main():
   gain = mean(best, "success") - mean("never", "success")
   print(f"best memory rule: {best} (+{gain:.3f} success over never, "
         f"{mean(best, 'context_tokens') - mean('never', 'context_tokens'):+.0f} context tokens)")
-  os.makedirs("experiments/out", exist_ok=True)
-  with open("experiments/out/agent_memory.json", "w") as f:
-    json.dump({"results": results, "seeds": seeds, "best": best}, f, indent=2)
+  print("wrote", results.write("agent", args.name,
+                               {"results": found, "seeds": seeds, "best": best}))
 
 
 if __name__ == "__main__":

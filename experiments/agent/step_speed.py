@@ -18,42 +18,34 @@ the batch both ways, each from the same copy of the optimiser state. The first
 `--warmup` batches are left out of the totals: they compile most of the shapes (the
 totals with them are printed as well).
 
-    python experiments/agent_step_speed.py --policy OUT/seed0/warm_start [--batches 12]
-        [--warmup 2] [--config.a.b=value ...]
+    python -m experiments.agent.step_speed --policy OUT/seed0/warm_start [--batches 12]
+        [--warmup 2] [--name agent_step_speed] [--config.a.b=value ...]
 
-Prints a table, the load average and the grep-able line
-`speedup agent step: Nx (rollout Nx, update Nx)`; writes
-experiments/out/agent_step_speed.json.
+The config runs with the settings its tables were made with
+(experiments.lib.agent.PLAIN). Prints a table, the load average and the grep-able line
+`speedup agent step: Nx (rollout Nx, update Nx)`; writes results/agent/NAME.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import jax
+import numpy as np
+from flax import nnx
 
-import jax  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
-
-from rlcode.config import loader
-from rlcode.parallel import sharding
-from rlcode.rl import shared_prefix
+from experiments.lib import results
+from experiments.lib.agent import CONFIG, PLAIN  # PLAIN: the settings its tables were made with
 from rlcode import optim
-from rlcode.rl import advantages
-from rlcode.rl import objective  # noqa: E402
 from rlcode.agent import episodes as rollout, sampler
-from rlcode.agent import evaluate  # noqa: E402
-from rlcode.data import sources  # noqa: E402
-from agent_tiny_seeds import PLAIN  # noqa: E402  (the settings its tables were made with)
-from rlcode.data.stream import TaskStream  # noqa: E402
-
-CONFIG = os.path.join(ROOT, "configs", "agent_tiny.py")
+from rlcode.config import loader
+from rlcode.data import sources
+from rlcode.data.stream import TaskStream
+from rlcode.evaluation import policy_eval
+from rlcode.parallel import sharding
+from rlcode.rl import advantages, objective, shared_prefix
 
 
 def main():
@@ -61,13 +53,15 @@ def main():
   parser.add_argument("--policy", required=True, help="a run's warm_start/ (or checkpoints/)")
   parser.add_argument("--batches", type=int, default=12)
   parser.add_argument("--warmup", type=int, default=2)
+  parser.add_argument("--name", default="agent_step_speed",
+                      help="the result's name under results/agent/")
   args, overrides = parser.parse_known_args()
   if not os.path.isdir(args.policy):
     raise SystemExit(f"--policy: {args.policy} is not a directory")
   config = loader.load_config(CONFIG, [*PLAIN, *overrides])
   rl, agent = config.rl, config.agent
   mesh = sharding.mesh_from_config(config.mesh)
-  model, tokenizer, _ = evaluate.restore_policy(config, args.policy, mesh)
+  model, tokenizer, _, _ = policy_eval.restore_policy(config, args.policy, mesh)
   chat = rollout.chat_format(config, tokenizer)
   envs = rollout.make_envs(config, rl.prompts_per_step * rl.group_size)
   budgets = rollout.budgets(agent)
@@ -128,6 +122,7 @@ def main():
   load_after = os.getloadavg()
 
   def total(key, skip):
+    """The seconds of `key` over the batches after the first `skip`."""
     return sum(r[key] for r in rows[skip:])
 
   print(f"\n{rl.prompts_per_step} tasks x {rl.group_size} episodes a batch, policy "
@@ -149,10 +144,9 @@ def main():
   s = summary[f"{args.warmup + 1}-{args.batches} (compiled)"]
   print(f"speedup agent step: {s['step'][1] / s['step'][0]:.2f}x (rollout "
         f"{s['rollout'][1] / s['rollout'][0]:.2f}x, update {s['update'][1] / s['update'][0]:.2f}x)")
-  os.makedirs(os.path.join(ROOT, "experiments", "out"), exist_ok=True)
-  with open(os.path.join(ROOT, "experiments", "out", "agent_step_speed.json"), "w") as f:
-    json.dump({"rows": rows, "summary": summary, "load": [load_before, load_after],
-               "policy": args.policy, "overrides": overrides}, f, indent=2)
+  print("wrote", results.write("agent", args.name, {
+      "rows": rows, "summary": summary, "load": [load_before, load_after],
+      "policy": args.policy, "overrides": overrides}, config=config))
 
 
 if __name__ == "__main__":

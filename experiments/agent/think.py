@@ -9,14 +9,17 @@ teaches it; GRPO may keep or drop it):
 Same budgets (turns, tokens: a thought costs both), steps and hyperparameters.
 The table reports the held-out split once, at the end (and the warm start's).
 
-    python experiments/agent_think.py [--seeds 0] [--warm-start-only] [--config.a.b=value ...]
+    python -m experiments.agent.think [--seeds 0] [--warm-start-only] [--name agent_think]
+        [--config.a.b=value ...]
 
-Writes experiments/out/agent_think/agent_think.json.
+The runs and agent_think.json stay under experiments/out/agent_think/; the result goes to
+results/agent/NAME. Like agent/tools.py it runs the settings before the stale notes
+(experiments.lib.agent.PLAIN).
 """
 
 from __future__ import annotations
 
-from agent_tools import study
+from experiments.lib.agent import study
 
 TOOLS = "('editor','search','run_tests','finish')"
 THINK_TOOLS = "('editor','search','run_tests','think','finish')"

@@ -17,43 +17,36 @@ steps, feeds the expert episodes of the validation tasks through the policy and 
 and lists the most frequent wrong tokens with the text before them (which copy the
 policy gets wrong: a name from the prompt, a constant from a tool's output).
 
-    python experiments/agent_warm_start.py [--steps 300] [--eval_every 100] [--top 12] \
+    python -m experiments.agent.warm_start [--steps 300] [--eval_every 100] [--top 12] \
         [--config.model.tokenizer=bytes+tools --config.model.arch.vocab_size=264 ...]
 
 Steps, batch and learning-rate schedule are the config's warmstart section unless
---steps is given (the cosine then decays over --steps). Results: experiments/README.md
-(agent_tiny).
+--steps is given (the cosine then decays over --steps). The config runs with the
+settings its tables were made with (experiments.lib.agent.PLAIN). Prints its rows and
+writes nothing; results: docs/journal.md (agent_tiny).
 """
 
 from __future__ import annotations
 
 import argparse
 import collections
-import os
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
-
-from rlcode.config import loader
-from rlcode.rl import logprobs
-from rlcode.parallel import sharding
+from experiments.lib.agent import CONFIG, PLAIN  # PLAIN: the settings its tables were made with
 from rlcode import optim
-from rlcode.rl import sequences  # noqa: E402
-from rlcode.agent import episodes  # noqa: E402
+from rlcode.agent import episodes
 from rlcode.agent.demos import expert_trajectories, imitate
-from rlcode.agent.step_groups import select_variants  # noqa: E402
-from rlcode.data import sources  # noqa: E402
-from agent_tiny_seeds import PLAIN  # noqa: E402  (the settings its tables were made with)
-from rlcode.models.build import build_model  # noqa: E402
-
-CONFIG = os.path.join(ROOT, "configs", "agent_tiny.py")
+from rlcode.agent.step_groups import select_variants
+from rlcode.config import loader
+from rlcode.data import sources
+from rlcode.models.build import build_model
+from rlcode.parallel import sharding
+from rlcode.rl import logprobs, sequences
 FILE_TEXT = '"file_text":"'
 
 

@@ -22,8 +22,8 @@ signal, units solved) count tasks, which are.
 
 Command (from the repository root):
 
-  python experiments/decomposition.py
-  python experiments/decomposition.py --workdir workdirs/other --max-tasks 0
+  python -m experiments.diffs.decomposition
+  python -m experiments.diffs.decomposition --workdir workdirs/other --max-tasks 0
 
 The policy is the one configs/grpo_pr_diffs.py trains (attrs and
 more-itertools hunks, warm start then GRPO), read from --workdir (default
@@ -37,74 +37,36 @@ config's filters and excerpts. At most --max-tasks fitting tasks per
 hashes, so a pseudo-random subset of PRs), G = --samples (default: the config's
 rl.group_size) completions each at the config's eval temperature and budget.
 
-Prints a table; writes experiments/out/decomposition.json and
-experiments/out/decomposition.png.
+Prints a table; writes --out (default experiments/out/decomposition.json) and the
+result, that JSON and decomposition.png, to results/diffs/NAME (default decomposition).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
-import math
 import os
 import sys
 import time
 
 import numpy as np
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
+from experiments.lib import ROOT, results, tables
+from experiments.lib.stats import group_stats, rate
 from rlcode.config import loader
-from rlcode.parallel import sharding
+from rlcode.data import sources
+from rlcode.data.git import GRANULARITIES
 from rlcode.evaluation import policy_eval
+from rlcode.parallel import sharding
 from rlcode.rl import rollout
-from rlcode.train import grpo_loop  # noqa: E402
-from rlcode.data import sources  # noqa: E402
-from rlcode.data.git import GRANULARITIES  # noqa: E402
-from rlcode.rewards.diffs import FORMAT_ERROR_SCORE, SUCCESS_THRESHOLD  # noqa: E402
+from rlcode.train import grpo_loop
 
 CONFIG = os.path.join(ROOT, "configs", "grpo_pr_diffs.py")
 
 
-def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
-  """The Wilson score interval of k successes in n trials (95% for the default z)."""
-  if n <= 0:
-    raise ValueError(f"wilson: n={n} trials")
-  if not 0 <= k <= n:
-    raise ValueError(f"wilson: k={k} outside [0, n={n}]")
-  p = k / n
-  centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-  half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-  # At k = 0 (k = n) the lower (upper) end is 0 (1) exactly; rounding would leave ~1e-19.
-  lo = 0.0 if k == 0 else max(0.0, centre - half)
-  hi = 1.0 if k == n else min(1.0, centre + half)
-  return lo, hi
-
-
-def rate(k: int, n: int) -> dict:
-  """k of n with its rate and Wilson interval."""
-  lo, hi = wilson(k, n)
-  return {"k": int(k), "n": int(n), "rate": k / n, "lo": lo, "hi": hi}
-
-
-def group_stats(scores_pg: np.ndarray, exact_pg: np.ndarray) -> dict:
-  """Success and signal statistics of rewards and exact flags [P tasks, G samples]."""
-  success = scores_pg >= SUCCESS_THRESHOLD
-  p, g = scores_pg.shape
-  return {
-      "samples": int(p * g),
-      "format_valid": float((scores_pg != FORMAT_ERROR_SCORE).mean()),
-      "reward_mean": float(scores_pg.mean()),
-      "exact": rate(int(exact_pg.sum()), p * g),
-      "success": rate(int(success.sum()), p * g),
-      "tasks_with_a_success": rate(int(success.any(1).sum()), p),
-      "groups_with_signal": rate(int((scores_pg.max(1) > scores_pg.min(1)).sum()), p),
-  }
-
-
 def measure(config, model, tokenizer, mesh, repo: str, granularity: str, split: str,
             samples: int, max_tasks: int, seed: int) -> dict:
+  """One row: the repository's `split` mined at `granularity`, G = `samples` answers to
+  each of at most `max_tasks` fitting tasks, scored by the diff reward."""
   data = config.data.copy_and_resolve_references()
   with data.unlocked():
     del data["repo"]
@@ -147,21 +109,23 @@ def _interval(r: dict | None, digits: int = 4) -> str:
 
 
 def table(rows: list[dict]) -> str:
+  """The rows with their counts and 95% Wilson intervals."""
   cols = ["repo", "granularity", "held-out PRs", "units", "fit", "sampled", "format valid",
           "exact (per sample)", "similarity >= 0.9 (per sample)", "tasks with a success",
           "groups with signal", "units solved (all units)"]
-  lines = ["| " + " | ".join(cols) + " |", "|---|---|" + "---:|" * (len(cols) - 2)]
+  lines = []
   for r in rows:
     fv = r.get("format_valid")
-    lines.append("| " + " | ".join([
+    lines.append([
         r["repo"], r["granularity"], str(r["prs"]), str(r["units"]), str(r["kept"]),
         str(r["sampled"]), "-" if fv is None else f"{fv:.3f}", _interval(r.get("exact")),
         _interval(r.get("success")), _interval(r.get("tasks_with_a_success"), 3),
-        _interval(r.get("groups_with_signal"), 3), _interval(r.get("units_solved"), 3)]) + " |")
-  return "\n".join(lines)
+        _interval(r.get("groups_with_signal"), 3), _interval(r.get("units_solved"), 3)])
+  return tables.markdown(cols, lines, "ll" + "r" * (len(cols) - 2))
 
 
 def plot(rows: list[dict], path: str, title: str) -> None:
+  """Success and groups with signal by granularity, a bar a repository (log scale)."""
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
@@ -198,6 +162,8 @@ def main(argv=None):
   parser.add_argument("--max-tasks", type=int, default=100,
                       help="fitting tasks sampled per repository and granularity (0: all)")
   parser.add_argument("--out", default="experiments/out/decomposition.json")
+  parser.add_argument("--name", default="decomposition",
+                      help="the result's name under results/diffs/")
   args, overrides = parser.parse_known_args(argv)
   for item in overrides:
     if not item.startswith(loader.PREFIX):
@@ -229,12 +195,11 @@ def main(argv=None):
             "samples_per_task": samples, "max_tasks": args.max_tasks,
             "max_new_tokens": config.eval.max_new_tokens,
             "temperature": config.eval.temperature, "seconds": seconds, "rows": rows}
-  os.makedirs(os.path.dirname(args.out) or ".", exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump(result, f, indent=2)
-  png = os.path.splitext(args.out)[0] + ".png"
+  results.write_json(result, args.out)
+  png = os.path.join(results.folder("diffs", args.name), "decomposition.png")
   plot(rows, png, f"{args.split} split, G={samples}, policy step {step}")
-  print(f"wrote {args.out} and {png} ({seconds:.0f} s)")
+  where = results.write("diffs", args.name, result, config=config, files=[png])
+  print(f"wrote {args.out} and {where} ({seconds:.0f} s)")
 
 
 if __name__ == "__main__":

@@ -1,6 +1,6 @@
 """Why a diff policy's answers fail: its sampled answers' format errors, counted by kind.
 
-    python experiments/grpo_diffs_errors.py POLICY [--samples 16] [--split validation]
+    python -m experiments.diffs.errors POLICY [--samples 16] [--split validation]
         [--show 3] [--config.a.b=v ...]
 
 POLICY is a workdir, a workdir's warm_start/ or a checkpoint directory of
@@ -21,17 +21,14 @@ import argparse
 import collections
 import os
 import re
-import sys
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
+from experiments.lib import ROOT
 from rlcode.config import loader
-from rlcode.parallel import sharding
+from rlcode.data import sources
 from rlcode.evaluation import policy_eval
-from rlcode.rl import rollout  # noqa: E402
-from rlcode.data import sources  # noqa: E402
-from rlcode.rewards import diffs  # noqa: E402
+from rlcode.parallel import sharding
+from rlcode.rewards import diffs
+from rlcode.rl import rollout
 
 CONFIG = os.path.join(ROOT, "configs", "grpo_diffs.py")
 _MARKER = re.compile(r"^(<think>|</think>|<solution>|</solution>|<<<<<<< LINES \d+([+-]\d+)?"
@@ -46,6 +43,7 @@ def malformed_marker(text: str) -> bool:
 
 
 def kind(detail: dict) -> str:
+  """The error kind of an answer's reward details ("valid" for none)."""
   code = detail.get("error", "valid")
   if code == "bad_range":
     message = detail["message"]

@@ -1,10 +1,10 @@
 """configs/grpo_diffs.py over seeds: the learning curve, the held-out result, a CE control.
 
-    python experiments/grpo_diffs_seeds.py [--seeds 0 1 2] [--out DIR] [--no-control]
-        [--no-held-out] [--config.a.b=v ...]
+    python -m experiments.diffs.seeds [--seeds 0 1 2] [--out DIR] [--name NAME]
+        [--no-control] [--no-held-out] [--config.a.b=v ...]
 
 For each seed, in this one process, one after another:
-1. `rlcode.train.train` on configs/grpo_diffs.py with `--config.seed=S`,
+1. `rlcode.train.grpo_loop.train` on configs/grpo_diffs.py with `--config.seed=S`,
    `--config.data.test_split=test` and a warm-start cache under --out: the
    warm start, the step-0 evaluation, the GRPO steps with periodic evaluation
    on the validation split (the split the config was tuned on), and the test
@@ -12,14 +12,16 @@ For each seed, in this one process, one after another:
    --no-held-out leaves it alone, for probes that choose between settings).
 2. The cross-entropy control: the same warm start (loaded from the cache)
    trained on with supervised steps for as long as the GRPO steps took
-   (sampling, reward and update seconds; experiments/ce_control.py), then
+   (sampling, reward and update seconds; experiments.lib.runs), then
    evaluated the same way on both splits. --no-control skips it (its columns
    then read "-").
 
 Prints a table per split (per seed, and the mean with its standard error over
-seeds) and writes grpo_diffs_seeds.json and grpo_diffs_seeds.png (validation
-reward and format validity against step, one line per seed) under --out
-(default experiments/out/grpo_diffs_seeds). Wall-clock, process CPU time and the
+seeds). The runs and grpo_diffs_seeds.json (rewritten as seeds finish; diffs/reeval.py
+reads its overrides) stay under --out (default experiments/out/grpo_diffs_seeds); the
+result, that JSON and grpo_diffs_seeds.png (validation reward and format validity
+against step, one line per seed), goes to results/diffs/NAME (default
+grpo_diffs_seeds). Wall-clock, process CPU time and the
 machine's load average are recorded per seed: on a shared machine the
 wall-clock says little about the run, the CPU time more.
 """
@@ -27,54 +29,29 @@ wall-clock says little about the run, the CPU time more.
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
-
-from flax import nnx  # noqa: E402
-
-from ce_control import continue_cross_entropy, mean_se, warm_started  # noqa: E402
+from experiments.lib import ROOT, results, runs, stats, tables
 from rlcode.config import loader
-from rlcode.evaluation import policy_eval
-from rlcode.rl import rollout
-from rlcode.train import grpo_loop  # noqa: E402
-from rlcode.data import sources  # noqa: E402
-from rlcode.runs.metrics import read_metrics  # noqa: E402
+from rlcode.runs.metrics import read_metrics
+from rlcode.train import grpo_loop
 
 CONFIG = os.path.join(ROOT, "configs", "grpo_diffs.py")
-KEYS = ("diff/format_valid", "diff/reward_mean", "diff/exact", "diff/similarity")
+KEYS = runs.DIFF_KEYS
 
 
 def _pick(row: dict, prefix: str) -> dict:
   return {k: row[f"{prefix}/{k}"] for k in KEYS}
 
 
-def eval_splits(config, graphdef, params, tokenizer, mesh) -> dict:
-  """held_out_eval of params on the eval split ("eval") and the test split ("test")."""
-  out = {}
-  for name, split in (("eval", config.data.eval_split), ("test", config.data.test_split)):
-    if not split:
-      continue
-    tasks, _ = rollout.fit_tasks(sources.load(config.data, split), tokenizer, split=name,
-                                 max_seq_len=config.model.arch.max_seq_len,
-                                 max_new_tokens=config.eval.max_new_tokens,
-                                 drop_too_long=bool(config.data.drop_too_long))
-    result = policy_eval.held_out_eval(config, nnx.merge(graphdef, params), tokenizer, tasks, mesh)
-    out[name] = {k: result[k] for k in KEYS}
-  return out
-
-
 def run_seed(seed: int, out: str, overrides: list[str], control: bool = True,
              held_out: bool = True) -> dict:
+  """One seed: GRPO with its evaluations, then the cross-entropy control (module docstring)."""
   workdir = os.path.join(out, f"seed{seed}")
   config = loader.load_config(CONFIG, overrides + [
       f"--config.seed={seed}", f"--config.workdir={workdir}",
-      f"--config.data.test_split={'test' if held_out else ''}",
+      f"--config.data.test_split={'test' if held_out else 'None'}",
       f"--config.warmstart.cache_dir={os.path.join(out, 'warm_start')}",
       "--config.train.progress_bar=false"])
   if os.path.exists(os.path.join(workdir, "checkpoints")):
@@ -83,11 +60,10 @@ def run_seed(seed: int, out: str, overrides: list[str], control: bool = True,
   rows = grpo_loop.train(config)
   run = {"minutes": (time.time() - wall) / 60, "cpu_minutes": (time.process_time() - cpu) / 60,
          "load_before": load_before, "load_after": os.getloadavg()[0]}
-  steps = [r for r in rows if "loss" in r]
-  evals = [r for r in rows if "eval/reward_mean" in r]
-  tests = [r for r in rows if "test/reward_mean" in r]
-  grpo_seconds = sum(r["rollout_seconds"] + r["reward_seconds"] + r["update_seconds"]
-                     for r in steps)
+  steps = runs.step_rows(rows)
+  evals = runs.eval_rows(rows, "eval/reward_mean")
+  tests = runs.eval_rows(rows, "test/reward_mean")
+  grpo_seconds = runs.train_seconds(steps)
   curve = {"step": [r["step"] for r in evals], **{k: [r[f"eval/{k}"] for r in evals]
                                                  for k in KEYS}}
   result = {
@@ -101,20 +77,20 @@ def run_seed(seed: int, out: str, overrides: list[str], control: bool = True,
   }
   if control:
     ce_dir = os.path.join(out, f"seed{seed}_cross_entropy")
-    graphdef, params, tokenizer, mesh, tasks = warm_started(config, ce_dir)
-    ce = continue_cross_entropy(config, graphdef, params, tasks, tokenizer, mesh,
-                                seconds=grpo_seconds)
-    result["cross_entropy"] = {**eval_splits(config, graphdef, ce["params"], tokenizer, mesh),
+    graphdef, params, tokenizer, mesh, tasks = runs.warm_started(config, ce_dir)
+    ce = runs.continue_cross_entropy(config, graphdef, params, tasks, tokenizer, mesh,
+                                     seconds=grpo_seconds)
+    result["cross_entropy"] = {**runs.eval_splits(config, graphdef, ce["params"], tokenizer,
+                                                  mesh, KEYS),
                                "steps": ce["steps"], "seconds": ce["seconds"],
                                "loss_first": ce["loss_first"], "loss_last": ce["loss_last"]}
   return result
 
 
-def table(runs: list[dict], split: str) -> str:
-  head = ("| seed | warm start: format valid | reward | exact | GRPO: format valid | reward "
-          "| exact | reward gain | CE control: format valid | reward | exact |")
-  lines = [head, "|---|" + "---:|" * 10]
-
+def table(runs_: list[dict], split: str) -> str:
+  """The split's rows per seed and their mean ± SE over seeds."""
+  header = ["seed", "warm start: format valid", "reward", "exact", "GRPO: format valid",
+            "reward", "exact", "reward gain", "CE control: format valid", "reward", "exact"]
   nan = float("nan")
 
   def cells(r):
@@ -126,19 +102,19 @@ def table(runs: list[dict], split: str) -> str:
             c["diff/format_valid"], c["diff/reward_mean"], c["diff/exact"]]
 
   show = lambda x: "-" if x != x else f"{x:.3f}"
-  values = [cells(r) for r in runs]
-  for r, v in zip(runs, values):
-    lines.append(f"| {r['seed']} | " + " | ".join(show(x) for x in v) + " |")
-  stats = [mean_se(col) for col in zip(*values)]
-  lines.append("| mean ± SE | " + " | ".join("-" if m != m else f"{m:.3f} ± {s:.3f}"
-                                             for m, s in stats) + " |")
-  return "\n".join(lines)
+  values = [cells(r) for r in runs_]
+  lines = [[r["seed"], *(show(x) for x in v)] for r, v in zip(runs_, values)]
+  means = [stats.mean_se(col) for col in zip(*values)]
+  lines.append(["mean ± SE", *("-" if m != m else tables.pm(m, s) for m, s in means)])
+  return tables.markdown(header, lines, "l" + "r" * 10)
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
   parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/grpo_diffs_seeds"))
+  parser.add_argument("--name", default="grpo_diffs_seeds",
+                      help="the result's name under results/diffs/")
   parser.add_argument("--no-control", action="store_true",
                       help="skip the cross-entropy control")
   parser.add_argument("--no-held-out", action="store_true",
@@ -148,19 +124,19 @@ def main():
     if not item.startswith(loader.PREFIX):
       parser.error(f"unknown argument {item!r}")
   os.makedirs(args.out, exist_ok=True)
-  runs = []
+  found = []
   for seed in args.seeds:
-    runs.append(run_seed(seed, args.out, overrides, control=not args.no_control,
-                         held_out=not args.no_held_out))
-    with open(os.path.join(args.out, "grpo_diffs_seeds.json"), "w") as f:
-      json.dump({"runs": runs, "overrides": overrides}, f, indent=2)
+    found.append(run_seed(seed, args.out, overrides, control=not args.no_control,
+                          held_out=not args.no_held_out))
+    results.write_json({"runs": found, "overrides": overrides},
+                       os.path.join(args.out, "grpo_diffs_seeds.json"))
   splits = [("eval", "validation")] + ([] if args.no_held_out else [("test", "test")])
   for split, name in splits:
     print(f"\n{name} split (eval.num_samples per task):")
-    print(table(runs, split))
+    print(table(found, split))
   print("\n| seed | minutes | CPU minutes | load before / after | GRPO steps | GRPO seconds |")
   print("|---|---:|---:|---|---:|---:|")
-  for r in runs:
+  for r in found:
     print(f"| {r['seed']} | {r['minutes']:.1f} | {r['cpu_minutes']:.1f} | "
           f"{r['load_before']:.1f} / {r['load_after']:.1f} | {r['grpo_steps']} | "
           f"{r['grpo_seconds']:.0f} |")
@@ -170,14 +146,18 @@ def main():
   import matplotlib.pyplot as plt
   fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
   for ax, key in zip(axes, ("diff/reward_mean", "diff/format_valid")):
-    for r in runs:
+    for r in found:
       ax.plot(r["curve"]["step"], r["curve"][key], marker="o", label=f"seed {r['seed']}")
     ax.set_xlabel("GRPO step")
     ax.set_title(f"validation {key}")
     ax.grid(alpha=0.3)
   axes[0].legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(os.path.join(args.out, "grpo_diffs_seeds.png"), dpi=110)
+  png = os.path.join(results.folder("diffs", args.name), "grpo_diffs_seeds.png")
+  fig.savefig(png, dpi=110)
+  config = loader.load_config(CONFIG, overrides + [f"--config.seed={args.seeds[0]}"])
+  print("wrote", results.write("diffs", args.name, {"runs": found, "overrides": overrides},
+                               config=config, files=[png]))
 
 
 if __name__ == "__main__":

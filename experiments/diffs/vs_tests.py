@@ -1,6 +1,7 @@
 """Does the diff reward keep RL on weak tests from passing them the wrong way?
 
-    python experiments/diff_vs_tests.py [--seeds 0 1 2] [--out DIR] [--config.a.b=v ...]
+    python -m experiments.diffs.vs_tests [--seeds 0 1 2] [--out DIR] [--name NAME]
+        [--config.a.b=v ...]
 
 The seed's claim: trained on weak tests alone, a policy learns to pass them
 without making the real change; adding SWE-RL's diff reward pulls it toward
@@ -18,41 +19,36 @@ its warm-start cache under --out), the config's settings otherwise:
   that does not parse or apply, else the SWE-RL similarity).
 
 After training, each policy (and the warm start) samples eval.num_samples
-answers to every task of the test split (held out: looked at once, here), and
+answers to every task of the test split (held out: read once a seed and looked at
+once, here), and
 every answer is scored three ways: visible tests passed, hidden tests passed,
 and the diff reward (its mean; exact: the same change as the real one).
 "passed the wrong way" is the share of answers passing the visible tests and
 failing the hidden ones.
 
-Prints the table (per seed, and mean ± standard error over seeds) and writes
-diff_vs_tests.json under --out (default experiments/out/diff_vs_tests).
+Prints the table (per seed, and mean ± standard error over seeds); diff_vs_tests.json
+stays under --out (default experiments/out/diff_vs_tests, rewritten as seeds finish)
+and goes to results/diffs/NAME (default diff_vs_tests).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 import time
 
+import ml_collections
 import numpy as np
+from flax import nnx
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
-
-import ml_collections  # noqa: E402
-from flax import nnx  # noqa: E402
-
-from ce_control import mean_se, warm_started  # noqa: E402
-from rlcode.config import loader
+from experiments.lib import ROOT, results, runs, stats, tables
 from rlcode import rewards
-from rlcode.parallel import sharding
+from rlcode.config import loader
+from rlcode.data import sources
 from rlcode.evaluation import policy_eval
+from rlcode.parallel import sharding
 from rlcode.rl import rollout
-from rlcode.train import grpo_loop  # noqa: E402
-from rlcode.data import sources  # noqa: E402
+from rlcode.train import grpo_loop
 
 CONFIG = os.path.join(ROOT, "configs", "grpo_diffs.py")
 ARMS = {
@@ -74,6 +70,7 @@ def score_three_ways(tasks, texts) -> dict:
 
 
 def held_out(config, model, tokenizer, tasks, mesh) -> dict:
+  """score_three_ways of eval.num_samples answers of a policy to each of `tasks`."""
   ev = config.eval
   row_tasks, texts = policy_eval.sample_completions(
       model, tokenizer, tasks, num_samples=ev.num_samples, temperature=ev.temperature,
@@ -83,6 +80,7 @@ def held_out(config, model, tokenizer, tasks, mesh) -> dict:
 
 
 def arm_config(seed: int, out: str, arm: str, overrides: list[str]):
+  """configs/grpo_diffs.py for one arm: its workdir, the shared warm-start cache, its reward."""
   config = loader.load_config(CONFIG, overrides + [
       f"--config.seed={seed}", f"--config.workdir={os.path.join(out, f'seed{seed}_{arm}')}",
       f"--config.warmstart.cache_dir={os.path.join(out, 'warm_start')}",
@@ -95,7 +93,8 @@ def arm_config(seed: int, out: str, arm: str, overrides: list[str]):
 
 
 def run_seed(seed: int, out: str, overrides: list[str]) -> dict:
-  result = {"seed": seed}
+  """Both arms of one seed and its warm start, scored on the test split (read once)."""
+  result, tasks = {"seed": seed}, None
   for arm in ARMS:
     config = arm_config(seed, out, arm, overrides)
     if os.path.exists(os.path.join(config.workdir, "checkpoints")):
@@ -106,19 +105,21 @@ def run_seed(seed: int, out: str, overrides: list[str]) -> dict:
     steps = [r for r in rows if "loss" in r]
     mesh = sharding.mesh_from_config(config.mesh)
     model, tokenizer, _, _ = policy_eval.restore_policy(config, config.workdir, mesh)
-    result[arm] = {**held_out(config, model, tokenizer, test_tasks(config, tokenizer), mesh),
+    tasks = tasks or test_tasks(config, tokenizer)  # the arms differ in their reward only
+    result[arm] = {**held_out(config, model, tokenizer, tasks, mesh),
                    "minutes": (time.time() - wall) / 60,
                    "cpu_minutes": (time.process_time() - cpu) / 60,
                    "load": os.getloadavg()[0],
                    "train_reward": [r["reward_mean"] for r in steps],
                    "groups_with_signal": [r["groups_with_signal"] for r in steps]}
-  graphdef, params, tokenizer, mesh, _ = warm_started(config, os.path.join(out, f"seed{seed}_ws"))
-  result["warm start"] = held_out(config, nnx.merge(graphdef, params), tokenizer,
-                                  test_tasks(config, tokenizer), mesh)
+  graphdef, params, tokenizer, mesh, _ = runs.warm_started(config,
+                                                            os.path.join(out, f"seed{seed}_ws"))
+  result["warm start"] = held_out(config, nnx.merge(graphdef, params), tokenizer, tasks, mesh)
   return result
 
 
 def test_tasks(config, tokenizer):
+  """The test split's tasks that fit the context."""
   tasks, _ = rollout.fit_tasks(sources.load(config.data, "test"), tokenizer, split="test",
                                max_seq_len=config.model.arch.max_seq_len,
                                max_new_tokens=config.eval.max_new_tokens,
@@ -126,34 +127,39 @@ def test_tasks(config, tokenizer):
   return tasks
 
 
-def table(runs: list[dict]) -> str:
-  lines = ["| policy | seed | visible tests pass | hidden tests pass | passed the wrong way "
-           "| diff reward | exact | format valid |", "|---|---|" + "---:|" * 6]
+def table(found: list[dict]) -> str:
+  """Every policy's rows per seed and their mean ± SE over seeds."""
+  lines = []
   for name in ("warm start", *ARMS):
-    for r in runs:
-      lines.append(f"| {name} | {r['seed']} | "
-                   + " | ".join(f"{r[name][c]:.3f}" for c in COLUMNS) + " |")
-    stats = [mean_se([r[name][c] for r in runs]) for c in COLUMNS]
-    lines.append(f"| **{name}** | mean ± SE | "
-                 + " | ".join(f"{m:.3f} ± {s:.3f}" for m, s in stats) + " |")
-  return "\n".join(lines)
+    for r in found:
+      lines.append([name, r["seed"], *(f"{r[name][c]:.3f}" for c in COLUMNS)])
+    means = [stats.mean_se([r[name][c] for r in found]) for c in COLUMNS]
+    lines.append([f"**{name}**", "mean ± SE", *(tables.pm(m, s) for m, s in means)])
+  return tables.markdown(["policy", "seed", "visible tests pass", "hidden tests pass",
+                          "passed the wrong way", "diff reward", "exact", "format valid"],
+                         lines, "ll" + "r" * 6)
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
   parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/diff_vs_tests"))
+  parser.add_argument("--name", default="diff_vs_tests",
+                      help="the result's name under results/diffs/")
   args, overrides = parser.parse_known_args()
   for item in overrides:
     if not item.startswith(loader.PREFIX):
       parser.error(f"unknown argument {item!r}")
   os.makedirs(args.out, exist_ok=True)
-  runs = []
+  found = []
   for seed in args.seeds:
-    runs.append(run_seed(seed, args.out, overrides))
-    with open(os.path.join(args.out, "diff_vs_tests.json"), "w") as f:
-      json.dump({"runs": runs, "overrides": overrides}, f, indent=2)
-  print(table(runs))
+    found.append(run_seed(seed, args.out, overrides))
+    results.write_json({"runs": found, "overrides": overrides},
+                       os.path.join(args.out, "diff_vs_tests.json"))
+  print(table(found))
+  print("wrote", results.write("diffs", args.name, {"runs": found, "overrides": overrides},
+                               config=arm_config(args.seeds[0], args.out, "tests+diff",
+                                                 overrides)))
 
 
 if __name__ == "__main__":

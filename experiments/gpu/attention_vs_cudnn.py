@@ -21,13 +21,14 @@ fwd+bwd is the gradient of sum(out * w) for a fixed random w, w.r.t. q, k, v
 largest difference from the baseline's output; each row records what it runs
 as (the dispatcher's answer, "auto" resolved).
 
-    python experiments/attention_vs_cudnn.py --out experiments/gpu_h200   # GPU
-    python experiments/attention_vs_cudnn.py --smoke --out /tmp/smoke      # CPU, seconds
+    python -m experiments.gpu.attention_vs_cudnn --out results/gpu/RUN   # GPU (gpu/check.sh)
+    python -m experiments.gpu.attention_vs_cudnn --smoke --out /tmp/smoke  # CPU, seconds
 
 --smoke: tiny shapes (T = 128, 4 heads, 2 KV heads, head_dim 16, float32),
 the library's implementation="xla" as the baseline and no impl="pallas" rows
 (off a GPU they would repeat "auto"), so it runs on a CPU. Writes
-attention_vs_cudnn.json under --out.
+attention_vs_cudnn.json (rows as they finish) and the folder's manifest.json to --out
+(default results/gpu/attention_vs_cudnn[_smoke]).
 """
 
 from __future__ import annotations
@@ -35,18 +36,17 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
-import os
-import sys
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from experiments.gpu_common import environment, timed, write_json  # noqa: E402
-from rlcode import kernels  # noqa: E402
-from rlcode.kernels import dispatch, nsa  # noqa: E402
+from experiments.lib import results
+from experiments.lib.shapes import environment
+from experiments.lib.tables import markdown
+from experiments.lib.timing import timed
+from rlcode import kernels
+from rlcode.kernels import dispatch, nsa
 
 DOCUMENTS = 16
 # (kind, T, fwd ratio, fwd+bwd ratio) that the claims ask of ours against cudnn_dense.
@@ -105,7 +105,10 @@ def _chosen(name: str, impl: str, q, k, window: int) -> str:
 
 
 def run(lengths, *, heads, kv_heads, head_dim, dtype, window, baseline, nsa_cfg, repeats,
-        budget_s, out_path, skip=()) -> dict:
+        budget_s, into, name, skip=()) -> dict:
+  """Every row at every length, each written to OUT/attention_vs_cudnn.json as it finishes."""
+  save = lambda: results.write("gpu", name, summary, into=into,
+                               filename="attention_vs_cudnn.json")
   rows = []
   summary = dict(config=dict(batch=1, heads=heads, kv_heads=kv_heads, head_dim=head_dim,
                              dtype=jnp.dtype(dtype).name, window=window, documents=DOCUMENTS,
@@ -134,9 +137,9 @@ def run(lengths, *, heads, kv_heads, head_dim, dtype, window, baseline, nsa_cfg,
         row["error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
       rows.append(row)
       print(json.dumps(row), flush=True)
-      write_json(summary, out_path)
+      save()
   summary["targets"] = targets(rows)
-  write_json(summary, out_path)
+  save()
   return summary
 
 
@@ -156,20 +159,20 @@ def targets(rows) -> dict:
 
 
 def table(rows) -> str:
+  """The rows by length with their ratios to cuDNN dense."""
   base = {r["t"]: r for r in rows if r["name"] == "cudnn_dense" and "error" not in r}
   rows = sorted(rows, key=lambda r: r["t"])  # stable: each length's rows in run order
-  lines = ["| T | row | runs as | fwd ms | fwd+bwd ms | cuDNN dense / this fwd | "
-           "cuDNN dense / this fwd+bwd |", "|---:|---|---|---:|---:|---:|---:|"]
+  lines = []
   for r in rows:
     if "error" in r:
-      lines.append(f"| {r['t']} | {r['name']} | {r['runs_as']} | error | {r['error'][:60]} "
-                   "| - | - |")
+      lines.append([r["t"], r["name"], r["runs_as"], "error", r["error"][:60], "-", "-"])
       continue
     b = base.get(r["t"])
     ratio = lambda m: f"{b[m]['ms'] / r[m]['ms']:.2f}x" if b else "-"
-    lines.append(f"| {r['t']} | {r['name']} | {r['runs_as']} | {r['fwd']['ms']:.2f} | "
-                 f"{r['fwd_bwd']['ms']:.2f} | {ratio('fwd')} | {ratio('fwd_bwd')} |")
-  return "\n".join(lines)
+    lines.append([r["t"], r["name"], r["runs_as"], f"{r['fwd']['ms']:.2f}",
+                  f"{r['fwd_bwd']['ms']:.2f}", ratio("fwd"), ratio("fwd_bwd")])
+  return markdown(["T", "row", "runs as", "fwd ms", "fwd+bwd ms", "cuDNN dense / this fwd",
+                   "cuDNN dense / this fwd+bwd"], lines, "rllrrrr")
 
 
 def main(argv=None):
@@ -181,8 +184,8 @@ def main(argv=None):
   parser.add_argument("--repeats", type=int, default=5)
   parser.add_argument("--budget-s", type=float, default=2.0)
   parser.add_argument("--skip", default="", help="comma-separated row names not to run")
-  parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                    "out"))
+  parser.add_argument("--out", default=None,
+                      help="the folder to write to (default results/gpu/attention_vs_cudnn)")
   args = parser.parse_args(argv)
   if args.smoke:
     sizes = dict(heads=4, kv_heads=2, head_dim=16, dtype=jnp.float32, window=32,
@@ -195,7 +198,7 @@ def main(argv=None):
                  baseline="cudnn", nsa_cfg=kernels.NSAConfig())
     lengths, repeats = [int(x) for x in args.lengths.split(",")], args.repeats
   summary = run(lengths, repeats=repeats, budget_s=args.budget_s,
-                out_path=os.path.join(args.out, "attention_vs_cudnn.json"),
+                into=args.out, name="attention_vs_cudnn" + ("_smoke" if args.smoke else ""),
                 skip=tuple(s for s in args.skip.split(",") if s), **sizes)
   print()
   print(table(summary["rows"]))

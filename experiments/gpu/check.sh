@@ -5,27 +5,34 @@
 #   1. tests: the kernel tests with the compiled Triton kernels and cuDNN added
 #      to the interpreter runs (tests/kernel_impls.py), at the same tolerances
 #      as on CPU, and the Hugging Face parity tests with impl="auto";
-#   2. experiments/attention_vs_cudnn.py: dense, sliding, document (16
+#   2. experiments.gpu.attention_vs_cudnn: dense, sliding, document (16
 #      documents) and NSA against cuDNN at 8k, 32k and 64k;
-#   3. experiments/shared_prefix_update.py: the shared-prompt update per token;
-#   4. experiments/decode_roofline.py: decode steps against the HBM bound;
-#   5. experiments/decode_profile.py: the decode step's kernel time against its
+#   3. experiments.speed.shared_prefix_update: the shared-prompt update per token;
+#   4. experiments.gpu.decode_roofline: decode steps against the HBM bound;
+#   5. experiments.gpu.decode_profile: the decode step's kernel time against its
 #      wall-clock, with XLA's command buffers as they are, off, and over loops, and
 #      with cuBLAS for the matrix products;
-#   6. experiments/kv_offload.py: prompt KV in pinned host memory vs on device.
-# Every part writes its JSON (rows as they finish) and its log under $OUT
-# (default experiments/gpu_h200); a part cut by its limit keeps its rows.
+#   6. experiments.gpu.kv_offload: prompt KV in pinned host memory vs on device.
+# Every part writes its JSON (<part>.json, rows as they finish) and its log
+# (<part>.txt) to one run folder, $OUT (default results/gpu/check_<UTC date>), whose
+# manifest.json (experiments.lib.results) records this command; a part cut by its
+# limit keeps its rows.
 #
-#   bash experiments/gpu_carry.sh                 # here: .carry/site, what the GPU image lacks
-#   bash experiments/gpu_check.sh                 # on the GPU (the device run carries .carry)
-#   SMOKE=1 OUT=/tmp/smoke bash experiments/gpu_check.sh   # CPU: tiny sizes, no tests
+#   bash experiments/gpu/carry.sh                 # here: .carry/site, what the GPU image lacks
+#   bash experiments/gpu/check.sh                 # on the GPU (the device run carries .carry)
+#   SMOKE=1 OUT=/tmp/smoke bash experiments/gpu/check.sh   # CPU: tiny sizes, no tests
 set -u
-OUT=${OUT:-experiments/gpu_h200}
+cd "$(dirname "$0")/../.."  # the repository root: the parts run as `python -m experiments...`
+OUT=${OUT:-results/gpu/check_$(date -u +%Y-%m-%d)}
 SMOKE=${SMOKE:-0}
 CARRY_SITE=
 [ "$SMOKE" != 1 ] && [ -d .carry/site ] && CARRY_SITE=$PWD/.carry/site
 mkdir -p "$OUT"
-export PYTHONPATH=$PWD${PYTHONPATH:+:$PYTHONPATH}${CARRY_SITE:+:$CARRY_SITE} PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+# The carried packages (gpu/carry.sh) for the GPU image's python; rlcode and experiments
+# import from the repository root, the parts' working directory.
+[ -n "$CARRY_SITE" ] && export PYTHONPATH=${PYTHONPATH:+$PYTHONPATH:}$CARRY_SITE
+export PYTHONUNBUFFERED=1 XLA_PYTHON_CLIENT_PREALLOCATE=false
+export RESULTS_COMMAND="${RESULTS_COMMAND:-SMOKE=$SMOKE bash experiments/gpu/check.sh}"
 PY=${PYTHON:-python3}
 if [ "$SMOKE" = 1 ]; then
   ARGS=(--smoke)
@@ -59,13 +66,13 @@ if [ "$SMOKE" != 1 ]; then
     tests/test_kernels_dispatch.py tests/test_models_hf.py
 fi
 part attention_vs_cudnn "${ATTENTION_TIMEOUT:-${LIMIT:-135}}" \
-  "$PY" experiments/attention_vs_cudnn.py ${ARGS[@]+"${ARGS[@]}"} --out "$OUT"
+  "$PY" -m experiments.gpu.attention_vs_cudnn ${ARGS[@]+"${ARGS[@]}"} --out "$OUT"
 part shared_prefix_update "${UPDATE_TIMEOUT:-${LIMIT:-100}}" \
-  "$PY" experiments/shared_prefix_update.py ${ARGS[@]+"${ARGS[@]}"} --out "$OUT"
+  "$PY" -m experiments.speed.shared_prefix_update ${ARGS[@]+"${ARGS[@]}"} --out "$OUT"
 part decode_roofline "${ROOFLINE_TIMEOUT:-${LIMIT:-40}}" \
-  "$PY" experiments/decode_roofline.py ${ARGS[@]+"${ARGS[@]}"} --out "$OUT"
+  "$PY" -m experiments.gpu.decode_roofline ${ARGS[@]+"${ARGS[@]}"} --out "$OUT"
 part decode_profile "${PROFILE_TIMEOUT:-${LIMIT:-130}}" \
-  "$PY" experiments/decode_profile.py ${ARGS[@]+"${ARGS[@]}"} --out "$OUT"
+  "$PY" -m experiments.gpu.decode_profile ${ARGS[@]+"${ARGS[@]}"} --out "$OUT"
 part kv_offload "${OFFLOAD_TIMEOUT:-${LIMIT:-70}}" \
-  "$PY" experiments/kv_offload.py ${ARGS[@]+"${ARGS[@]}"} --out "$OUT"
+  "$PY" -m experiments.gpu.kv_offload ${ARGS[@]+"${ARGS[@]}"} --out "$OUT"
 echo "== total $SECONDS s"

@@ -8,7 +8,8 @@ busy for a small part of the step and capturing the loop body as a CUDA graph
 time is close to the step time and names the kernels to fix.
 
 For each --variant (a name and the XLA_FLAGS it adds), in its own process
-(XLA reads its flags once): decode_roofline.measure's step time, then one
+(XLA reads its flags once): experiments.lib.decode_step.measure's step time (the one
+decode_roofline.py tables), then one
 prefill and one generate traced with `jax.profiler`, read back with
 `jax.profiler.ProfileData`. The device's kernel time in the generate trace
 minus the prefill's, over the new tokens after the first, is the kernel time
@@ -21,12 +22,13 @@ subtracted by name). Kernels that run inside a CUDA graph of a while loop are
 not traced (seen with "graphs_while": 2 launches a step): such a row has
 kernels_traced False and its kernel columns are void.
 
-    python experiments/decode_profile.py --out experiments/gpu_h200     # GPU, ~2 minutes
-    python experiments/decode_profile.py --smoke --out /tmp/smoke        # CPU, seconds
+    python -m experiments.gpu.decode_profile --out results/gpu/RUN   # GPU (gpu/check.sh), ~2 minutes
+    python -m experiments.gpu.decode_profile --smoke --out /tmp/smoke  # CPU, seconds
 
 --smoke: the TINY model (decode_roofline's smoke sizes), the default variant
 only; on a CPU there is no device plane, so the kernel columns read 0.
-Writes decode_profile.json under --out (rows as variants finish).
+Writes decode_profile.json (rows as variants finish) and the folder's manifest.json to
+--out (default results/gpu/decode_profile[_smoke]).
 """
 
 from __future__ import annotations
@@ -40,8 +42,7 @@ import subprocess
 import sys
 import tempfile
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from experiments.lib import ROOT
 
 # name -> XLA_FLAGS added. "graphs_off" turns XLA's command buffers off; "graphs_while"
 # also captures while loops and conditionals (the decode loop) into them; "cublas" sends
@@ -87,14 +88,14 @@ def traced_kernels(fn) -> tuple[float, collections.Counter, collections.Counter]
 
 def child(smoke: bool, batch: int, prompt: int, new: int) -> dict:
   """Runs in the variant's process: the step time, then the traced kernel time."""
-  from experiments import decode_roofline
-  from experiments.gpu_common import QWEN2_05B, TINY
+  from experiments.lib import decode_step
+  from experiments.lib.shapes import H200_HBM_BYTES_PER_S, QWEN2_05B, TINY
 
   cfg = TINY if smoke else QWEN2_05B
-  prefill, gen = work = decode_roofline.workload(cfg, batch=batch, prompt=prompt, new=new)
+  prefill, gen = work = decode_step.workload(cfg, batch=batch, prompt=prompt, new=new)
   # Compiles both and times them untraced (best of 2), then each is traced once.
-  row = decode_roofline.measure(cfg, batch=batch, prompt=prompt, new=new, repeats=2,
-                                hbm=decode_roofline.H200_HBM_BYTES_PER_S, work=work)
+  row = decode_step.measure(cfg, batch=batch, prompt=prompt, new=new, repeats=2,
+                            hbm=H200_HBM_BYTES_PER_S, work=work)
   pre_s, pre_t, pre_n = traced_kernels(prefill)
   gen_s, gen_t, gen_n = traced_kernels(gen)
   steps = max(new - 1, 1)
@@ -121,27 +122,29 @@ def main(argv=None):
   parser.add_argument("--new-tokens", type=int, default=256)
   parser.add_argument("--timeout", type=float, default=240, help="seconds per variant")
   parser.add_argument("--child", action="store_true", help=argparse.SUPPRESS)
-  parser.add_argument("--out", default=os.path.join(ROOT, "experiments", "out"))
+  parser.add_argument("--out", default=None,
+                      help="the folder to write to (default results/gpu/decode_profile)")
   args = parser.parse_args(argv)
   sizes = (2, 8, 8) if args.smoke else (args.batch, args.prompt_len, args.new_tokens)
   if args.child:
     print(json.dumps(child(args.smoke, *sizes)))
     return
-  from experiments.gpu_common import environment, write_json
+  from experiments.lib import results
+  from experiments.lib.shapes import environment
   variants = args.variant or (["default"] if args.smoke else list(VARIANTS))
   rows = []
   for name in variants:
     env = dict(os.environ)
     env["XLA_FLAGS"] = " ".join(f for f in (env.get("XLA_FLAGS", ""), VARIANTS[name]) if f)
-    cmd = [sys.executable, os.path.abspath(__file__), "--child"] + (["--smoke"] if args.smoke
-                                                                      else [])
+    cmd = [sys.executable, "-m", "experiments.gpu.decode_profile", "--child"] + (
+        ["--smoke"] if args.smoke else [])
     cmd += ["--batch", str(args.batch), "--prompt-len", str(args.prompt_len),
             "--new-tokens", str(args.new_tokens)]
     row = dict(variant=name, xla_flags=VARIANTS[name], batch=sizes[0], prompt=sizes[1],
                new_tokens=sizes[2])
     try:
-      proc = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=args.timeout,
-                            check=False)
+      proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True,
+                            timeout=args.timeout, check=False)
       if proc.returncode == 0:
         row.update(json.loads(proc.stdout.strip().splitlines()[-1]))
       else:
@@ -150,8 +153,9 @@ def main(argv=None):
     except subprocess.TimeoutExpired:
       row["error"] = f"timed out after {args.timeout:.0f} s"
     rows.append(row)
-    write_json(dict(environment=environment(), rows=rows),
-               os.path.join(args.out, "decode_profile.json"))
+    results.write("gpu", "decode_profile" + ("_smoke" if args.smoke else ""),
+                  dict(environment=environment(), rows=rows), into=args.out,
+                  filename="decode_profile.json")
     if "error" in row:
       print(f"{name}: {row['error']}", flush=True)
       continue

@@ -19,35 +19,35 @@ with L marks where it stops hiding behind compute. Each arm's compiled device
 temporaries are recorded too: on the host arm they should stay far below the
 prefix's bytes (only the layers in flight), or the copies left the loop.
 
-    python experiments/kv_offload.py --out experiments/gpu_h200      # GPU
-    python experiments/kv_offload.py --smoke --out /tmp/smoke         # CPU, seconds
+    python -m experiments.gpu.kv_offload --out results/gpu/RUN   # GPU (gpu/check.sh)
+    python -m experiments.gpu.kv_offload --smoke --out /tmp/smoke  # CPU, seconds
 
 Configurations whose prefix exceeds --max-device-gib (device arm) or
---max-host-gib (host arm) are skipped and say so. --smoke: gpu_common.TINY,
+--max-host-gib (host arm) are skipped and say so. --smoke: experiments.lib.shapes.TINY,
 L = 64, B in {1, 2}, 4 steps (the CPU backend has the same memory
-kinds, so both arms run). Writes kv_offload.json under --out.
+kinds, so both arms run). Writes kv_offload.json (rows as they finish) and the folder's
+manifest.json to --out (default results/gpu/kv_offload[_smoke]).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 import time
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from experiments.gpu_common import QWEN2_05B, TINY, environment, write_json  # noqa: E402
-from experiments.kv_reuse import best_time  # noqa: E402
-from rlcode.models import Decoder  # noqa: E402
-from rlcode.models.decoder import KVCache, Prefix  # noqa: E402
+from experiments.lib import results
+from experiments.lib.shapes import QWEN2_05B, TINY, environment
+from experiments.lib.tables import markdown
+from experiments.lib.timing import best_time
+from rlcode.models import Decoder
+from rlcode.models.decoder import KVCache, Prefix
 
 
 def prefix_bytes(cfg, batch: int, length: int) -> int:
+  """Bytes of B rows' prompt KV of L tokens over every layer."""
   return (2 * cfg.num_layers * batch * cfg.num_kv_heads * length * cfg.head_dim
           * jnp.dtype(cfg.jnp_dtype).itemsize)
 
@@ -97,6 +97,7 @@ def copy_seconds(prefix: Prefix) -> float:
 
 def measure(model, cfg, *, length: int, batch: int, steps: int, repeats: int,
             max_device_gib: float, max_host_gib: float) -> dict:
+  """One (L, B) row: the decode loop with the prefix on the device and in pinned host memory."""
   graphdef, state = nnx.split(model)
   run = decode_loop(graphdef, steps)
   nbytes = prefix_bytes(cfg, batch, length)
@@ -119,7 +120,7 @@ def measure(model, cfg, *, length: int, batch: int, steps: int, repeats: int,
       if arm == "host":
         row["copy_ms"] = copy_seconds(prefix) * 1e3
         row["host_step_gbps"] = nbytes / (seconds / steps) / 1e9
-      del prefix
+      prefix = None  # frees the prefix before the next arm's (the timed lambda holds it)
     except Exception as e:  # pylint: disable=broad-except  # a failed arm is reported
       row[f"{arm}_error"] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
   if "device_step_ms" in row and "host_step_ms" in row:
@@ -136,8 +137,8 @@ def main(argv=None):
   parser.add_argument("--repeats", type=int, default=2)
   parser.add_argument("--max-device-gib", type=float, default=100.0)
   parser.add_argument("--max-host-gib", type=float, default=48.0)
-  parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                    "out"))
+  parser.add_argument("--out", default=None,
+                      help="the folder to write to (default results/gpu/kv_offload)")
   args = parser.parse_args(argv)
   if args.smoke:
     cfg, lengths, batches, steps, repeats = TINY, [64], [1, 2], 4, 1
@@ -148,21 +149,20 @@ def main(argv=None):
   model = Decoder(cfg, rngs=nnx.Rngs(0))
   rows = []
   result = dict(environment=environment(), params=cfg.num_params(), rows=rows)
-  path = os.path.join(args.out, "kv_offload.json")
+  name = "kv_offload" + ("_smoke" if args.smoke else "")
   for length in lengths:
     for batch in batches:
       rows.append(measure(model, cfg, length=length, batch=batch, steps=steps, repeats=repeats,
                           max_device_gib=args.max_device_gib, max_host_gib=args.max_host_gib))
       print(rows[-1], flush=True)
-      write_json(result, path)
+      results.write("gpu", name, result, into=args.out, filename="kv_offload.json")
   fmt = lambda r, k: f"{r[k]:.2f}" if k in r else "-"
-  print("| context | batch | prefix GiB | device ms/step | host ms/step | host/device | "
-        "copy ms | host step GB/s |")
-  print("|---:|---:|---:|---:|---:|---:|---:|---:|")
-  for r in rows:
-    print(f"| {r['context']} | {r['batch']} | {r['prefix_bytes'] / 2 ** 30:.2f} | "
-          f"{fmt(r, 'device_step_ms')} | {fmt(r, 'host_step_ms')} | "
-          f"{fmt(r, 'host_over_device')} | {fmt(r, 'copy_ms')} | {fmt(r, 'host_step_gbps')} |")
+  print(markdown(["context", "batch", "prefix GiB", "device ms/step", "host ms/step",
+                  "host/device", "copy ms", "host step GB/s"],
+                 [[r["context"], r["batch"], f"{r['prefix_bytes'] / 2 ** 30:.2f}",
+                   fmt(r, "device_step_ms"), fmt(r, "host_step_ms"),
+                   fmt(r, "host_over_device"), fmt(r, "copy_ms"), fmt(r, "host_step_gbps")]
+                  for r in rows], "r" * 8))
 
 
 if __name__ == "__main__":

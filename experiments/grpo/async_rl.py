@@ -1,8 +1,8 @@
 """Asynchronous rollouts on the default job: wall-clock per step and held-out pass@1 for
 rl.max_staleness (eta) = 0, 1, 2, 4 over seeds, side by side.
 
-    python experiments/async_rl.py [--etas 0 1 2 4] [--seeds 0 1 2] [--steps 30]
-        [--out experiments/out/async_rl] [--config.a.b=value ...]
+    python -m experiments.grpo.async_rl [--etas 0 1 2 4] [--seeds 0 1 2] [--steps 30]
+        [--out experiments/out/async_rl] [--name async_rl] [--config.a.b=value ...]
 
 Arms already recorded in --out (same --steps and overrides) are not rerun, so the grid
 can be run a few seeds at a time; the table covers every recorded arm.
@@ -19,30 +19,23 @@ compile) are left out of the per-step figures.
 Per arm: median seconds per step (the trainer's wall-clock from taking a batch to the
 next), and the mean seconds per step spent in each part: sampling (generate), reward
 (the sandbox), update, the proximal forward for stale rows, the weight copy, and the
-time the trainer and the sampler each waited for the other. Writes async_rl.json and
-prints the table, with mean and standard error over seeds.
+time the trainer and the sampler each waited for the other. Prints the table, with mean
+and standard error over seeds; async_rl.json (every recorded arm) stays under --out and
+goes to results/grpo/NAME/.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import shutil
 import statistics
-import subprocess
-import sys
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
+from experiments.lib import ROOT, results, runs, stats
 from rlcode.config import loader
+from rlcode.data import sources
 from rlcode.parallel import sharding
-from rlcode.evaluation import policy_eval  # noqa: E402
-from rlcode.data import sources  # noqa: E402
-from rlcode.runs.metrics import read_metrics  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "grpo_tiny.py")
 PARTS = ("rollout_seconds", "reward_seconds", "update_seconds", "proximal_seconds",
@@ -51,24 +44,23 @@ SKIP = 2  # steps that compile
 
 
 def mean_se(xs):
-  m = sum(xs) / len(xs)
-  if len(xs) < 2:
-    return m, float("nan")
-  return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+  """Mean and standard error over seeds (nan for one seed, as this table always printed)."""
+  return stats.mean_se(xs, se_of_one=float("nan"))
 
 
 def arm(seed, eta, steps, workdir, overrides, cache):
-  cmd = [sys.executable, "-m", "rlcode", "train", "--config", CONFIG, f"--config.seed={seed}",
-         f"--config.rl.max_staleness={eta}", f"--config.train.steps={steps}",
-         "--config.train.eval_every=0", f"--config.train.checkpoint_every={steps}",
-         "--config.train.progress_bar=false", f"--config.workdir={workdir}", *overrides]
+  """One arm in a fresh process (its own workdir, the shared compilation cache): its
+  per-step figures."""
+  flags = [f"--config.seed={seed}", f"--config.rl.max_staleness={eta}",
+           f"--config.train.steps={steps}", "--config.train.eval_every=0",
+           f"--config.train.checkpoint_every={steps}", "--config.train.progress_bar=false",
+           f"--config.workdir={workdir}", *overrides]
   env = dict(os.environ, PYTHONPATH=ROOT, JAX_COMPILATION_CACHE_DIR=cache,
              JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS="0")
-  start = time.time()
-  subprocess.run(cmd, cwd=ROOT, env=env, check=True)
-  rows = [r for r in read_metrics(workdir) if "loss" in r]
+  run = runs.train_process(CONFIG, flags, workdir, env=env)
+  rows = runs.step_rows(run["rows"])
   timed = rows[SKIP:]
-  return {"seed": seed, "eta": eta, "minutes": (time.time() - start) / 60,
+  return {"seed": seed, "eta": eta, "minutes": run["minutes"],
           "grpo_seconds": sum(r["step_seconds"] for r in rows),
           "step_seconds": statistics.median(r["step_seconds"] for r in timed),
           **{p: statistics.mean(r[p] for r in timed) for p in PARTS},
@@ -79,13 +71,11 @@ def arm(seed, eta, steps, workdir, overrides, cache):
 
 
 def held_out(seed, workdir, overrides):
+  """The final policy's pass@1 on the held-out split."""
   config = loader.load_config(CONFIG, [f"--config.seed={seed}", *overrides,
-                                           "--config.data.eval_split=held_out"])
+                                       "--config.data.eval_split=held_out"])
   mesh = sharding.mesh_from_config(config.mesh)
-  model, tokenizer, _, _ = policy_eval.restore_policy(config, workdir, mesh)
-  result = policy_eval.held_out_eval(config, model, tokenizer, sources.load_eval(config.data), mesh,
-                                  ks=(1,))
-  return result["pass@1"]
+  return runs.restored_pass_at_1(config, workdir, sources.load_eval(config.data), mesh)
 
 
 def main():
@@ -94,19 +84,20 @@ def main():
   parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
   parser.add_argument("--steps", type=int, default=30)
   parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/async_rl"))
+  parser.add_argument("--name", default="async_rl", help="the result's name under results/grpo/")
   args, overrides = parser.parse_known_args()
   os.makedirs(args.out, exist_ok=True)
   cache = os.path.join(args.out, "jax_cache")
   # Arms already in async_rl.json (same steps and overrides) are kept, not rerun: the grid
   # can be run in pieces (a few seeds at a time) and the table covers all of them.
   saved = os.path.join(args.out, "async_rl.json")
-  runs = []
+  found = []
   if os.path.exists(saved):
     with open(saved) as f:
       old = json.load(f)
     if old["steps"] == args.steps and old["overrides"] == overrides:
-      runs = old["runs"]
-  done = {(r["seed"], r["eta"]) for r in runs}
+      found = old["runs"]
+  done = {(r["seed"], r["eta"]) for r in found}
   for seed in args.seeds:
     for eta in args.etas:
       if (seed, eta) in done:
@@ -115,19 +106,18 @@ def main():
       shutil.rmtree(workdir, ignore_errors=True)  # an arm cut short would resume, not restart
       run = arm(seed, eta, args.steps, workdir, overrides, cache)
       run["held_out_pass@1"] = held_out(seed, workdir, overrides)
-      runs.append(run)
+      found.append(run)
       print(json.dumps(run), flush=True)
-      with open(saved, "w") as f:
-        json.dump({"steps": args.steps, "overrides": overrides, "runs": runs}, f, indent=1)
+      results.write_json({"steps": args.steps, "overrides": overrides, "runs": found}, saved)
 
   short = {"rollout_seconds": "sample", "reward_seconds": "reward", "update_seconds": "update",
            "proximal_seconds": "prox", "sync_seconds": "sync",
            "trainer_idle_seconds": "trn idle", "sampler_idle_seconds": "smp idle"}
   print(f"\n{'eta':>3s} {'s/step':>13s} {'speedup':>7s} {'held-out pass@1':>17s} "
         + " ".join(f"{short[p]:>8s}" for p in PARTS))
-  base = {r["seed"]: r["step_seconds"] for r in runs if r["eta"] == args.etas[0]}
+  base = {r["seed"]: r["step_seconds"] for r in found if r["eta"] == args.etas[0]}
   for eta in args.etas:
-    mine = [r for r in runs if r["eta"] == eta and r["seed"] in base]
+    mine = [r for r in found if r["eta"] == eta and r["seed"] in base]
     step, step_se = mean_se([r["step_seconds"] for r in mine])
     speed = statistics.mean(base[r["seed"]] / r["step_seconds"] for r in mine)
     p1, p1_se = mean_se([r["held_out_pass@1"] for r in mine])
@@ -136,7 +126,7 @@ def main():
   print(f"\n{'eta':>3s} {'seeds':>5s} {'rows by lag 0, 1, ... (share)':<32s} {'iw clip':>7s} "
         f"{'reward, last 5 steps':>20s}")
   for eta in args.etas:
-    mine = [r for r in runs if r["eta"] == eta and r["seed"] in base]
+    mine = [r for r in found if r["eta"] == eta and r["seed"] in base]
     lags = {}
     for r in mine:
       for lag, n in r["staleness"].items():
@@ -146,6 +136,10 @@ def main():
     reward, reward_se = mean_se([r["reward_mean_last5"] for r in mine])
     clip = statistics.mean(r["iw_clip_frac"] for r in mine)
     print(f"{eta:3d} {len(mine):5d} {shares:<32s} {clip:7.4f} {reward:12.3f} ± {reward_se:5.3f}")
+  config = loader.load_config(CONFIG, [f"--config.seed={args.seeds[0]}", *overrides])
+  print("wrote", results.write("grpo", args.name,
+                               {"steps": args.steps, "overrides": overrides, "runs": found},
+                               config=config))  # the first seed's, at the config's eta
 
 
 if __name__ == "__main__":

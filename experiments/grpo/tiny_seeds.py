@@ -8,96 +8,66 @@ For each seed:
    supervised steps on the training split's reference solutions for as much
    training time as the GRPO phase spent (rollout + reward + update seconds), at
    the GRPO optimizer's learning rate held constant.
-3. The held-out split, once: pass@1 of the warm-started policy, of the GRPO policy
-   and of the control (config.eval: EVAL_SAMPLES samples per problem at the
+3. The held-out split, read once: pass@1 of the warm-started policy, of the GRPO
+   policy and of the control (config.eval: EVAL_SAMPLES samples per problem at the
    rollout temperature, unbiased pass@1).
 
-    python experiments/grpo_tiny_seeds.py [--seeds 0 1 2] [--arms grpo ce] [--no-held-out]
-        [--out experiments/out/grpo_tiny_seeds] [--config.a.b=value ...]
+    python -m experiments.grpo.tiny_seeds [--seeds 0 1 2] [--arms grpo ce] [--no-held-out]
+        [--out experiments/out/grpo_tiny_seeds] [--name grpo_tiny_seeds]
+        [--config.a.b=value ...]
 
 --no-held-out with --arms grpo is the tuning mode (validation only). Prints a table
-with mean and standard error over seeds, writes grpo_tiny_seeds.json and
-grpo_tiny_seeds.png (validation pass@1 against step, one line per seed) under --out.
+with mean and standard error over seeds. The runs and grpo_tiny_seeds.json (rewritten
+as seeds finish) stay under --out; the result (the same JSON and grpo_tiny_seeds.png,
+validation pass@1 against step, one line per seed) goes to results/grpo/NAME/.
 Extra --config.a.b=value arguments go to every run.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
-import json
-import math
 import os
-import subprocess
-import sys
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+from flax import nnx
 
+from experiments.lib import ROOT, results, runs, stats
 from rlcode.config import loader
-from rlcode.train import sft
-from rlcode.parallel import sharding
+from rlcode.data import sources
 from rlcode.evaluation import policy_eval
-from rlcode import optim  # noqa: E402
-from rlcode.data import sources  # noqa: E402
-from rlcode.runs.metrics import read_metrics  # noqa: E402
+from rlcode.parallel import sharding
+from rlcode.train import sft
 
 CONFIG = os.path.join(ROOT, "configs", "grpo_tiny.py")
-
-
-def mean_se(xs):
-  m = sum(xs) / len(xs)
-  if len(xs) < 2:
-    return m, float("nan")
-  var = sum((x - m) ** 2 for x in xs) / (len(xs) - 1)
-  return m, math.sqrt(var / len(xs))
+NAN = float("nan")
 
 
 def load(seed, overrides, split=None):
+  """configs/grpo_tiny.py with the seed and overrides (and another eval split)."""
   extra = [] if split is None else [f"--config.data.eval_split={split}"]
   return loader.load_config(CONFIG, [f"--config.seed={seed}", *overrides, *extra])
 
 
-def pass1(config, policy, tokenizer, mesh):
-  """pass@1 of a policy on the config's eval split."""
-  tasks = sources.load_eval(config.data)
-  return policy_eval.held_out_eval(config, policy, tokenizer, tasks, mesh, ks=(1,))["pass@1"]
-
-
 def grpo_arm(seed, workdir, overrides):
-  cmd = [sys.executable, "-m", "rlcode", "train", "--config", CONFIG, f"--config.seed={seed}",
-         f"--config.workdir={workdir}", "--config.train.progress_bar=false", *overrides]
-  start = time.time()
-  subprocess.run(cmd, cwd=ROOT, check=True)
-  rows = read_metrics(workdir)
-  steps = [r for r in rows if "loss" in r]
-  evals = [r for r in rows if "eval/pass@1" in r]
-  return {"minutes": (time.time() - start) / 60,
-          "train_seconds": sum(r["rollout_seconds"] + r["reward_seconds"] + r["update_seconds"]
-                               for r in steps),
+  """The GRPO run in a fresh process: its minutes, training seconds and validation curve."""
+  run = runs.train_process(CONFIG, [f"--config.seed={seed}", f"--config.workdir={workdir}",
+                                    "--config.train.progress_bar=false", *overrides], workdir)
+  evals = runs.eval_rows(run["rows"], "eval/pass@1")
+  return {"minutes": run["minutes"],
+          "train_seconds": runs.train_seconds(runs.step_rows(run["rows"])),
           "val_steps": [r["step"] for r in evals],
           "val_pass@1": [r["eval/pass@1"] for r in evals]}
 
 
 def control_arm(config, workdir, seconds, mesh):
   """Cross-entropy from the run's warm start for `seconds` of training: (policy, stats)."""
-  from flax import nnx
   model, tokenizer, _, _ = policy_eval.restore_policy(config, os.path.join(workdir, "warm_start"),
-                                                   mesh)
+                                                      mesh)
   graphdef, params = nnx.split(model, nnx.Param)
-  opt = dataclasses.replace(optim.OptimizerConfig.from_config(config.optimizer),
-                            end_lr_fraction=1.0)
-  params, stats = sft.run(graphdef, params, sources.load(config.data, config.data.train_split),
-                          tokenizer, mesh, optimizer=opt, batch_size=config.warmstart.batch_size,
-                          seed=config.seed + 2, seconds=seconds)
-  return nnx.merge(graphdef, params), tokenizer, stats
-
-
-def held_out_of_checkpoint(seed, overrides, directory, mesh):
-  config = load(seed, overrides, "held_out")
-  model, tokenizer, _, _ = policy_eval.restore_policy(config, directory, mesh)
-  return pass1(config, model, tokenizer, mesh)
+  params, stats_ = sft.run(graphdef, params, sources.load(config.data, config.data.train_split),
+                           tokenizer, mesh, optimizer=runs.constant_lr(config.optimizer),
+                           batch_size=config.warmstart.batch_size, seed=config.seed + 2,
+                           seconds=seconds)
+  return nnx.merge(graphdef, params), tokenizer, stats_
 
 
 def main():
@@ -107,58 +77,64 @@ def main():
   parser.add_argument("--no-held-out", action="store_true",
                       help="tuning mode: report the validation split only")
   parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/grpo_tiny_seeds"))
+  parser.add_argument("--name", default="grpo_tiny_seeds",
+                      help="the result's name under results/grpo/")
   args, overrides = parser.parse_known_args()
   os.makedirs(args.out, exist_ok=True)
-  runs = []
+  progress = os.path.join(args.out, "grpo_tiny_seeds.json")
+  found = []
   for seed in args.seeds:
     workdir = os.path.join(args.out, f"seed{seed}")
     run = {"seed": seed, **grpo_arm(seed, workdir, overrides)}
-    mesh = sharding.mesh_from_config(load(seed, overrides).mesh)
+    config = load(seed, overrides)
+    mesh = sharding.mesh_from_config(config.mesh)
     if not args.no_held_out:
+      held = load(seed, overrides, "held_out")
+      held_tasks = sources.load_eval(held.data)  # read once for the run's three policies
       run["held_out"] = {
-          "warm_start": held_out_of_checkpoint(seed, overrides,
-                                               os.path.join(workdir, "warm_start"), mesh),
-          "grpo": held_out_of_checkpoint(seed, overrides, workdir, mesh)}
+          "warm_start": runs.restored_pass_at_1(held, os.path.join(workdir, "warm_start"),
+                                                held_tasks, mesh),
+          "grpo": runs.restored_pass_at_1(held, workdir, held_tasks, mesh)}
     if "ce" in args.arms:
-      policy, tokenizer, stats = control_arm(load(seed, overrides), workdir,
-                                             run["train_seconds"], mesh)
-      stats["val_pass@1"] = pass1(load(seed, overrides), policy, tokenizer, mesh)
+      policy, tokenizer, ce = control_arm(config, workdir, run["train_seconds"], mesh)
+      ce["val_pass@1"] = runs.pass_at_1(config, policy, tokenizer,
+                                        sources.load_eval(config.data), mesh)
       if not args.no_held_out:
-        run["held_out"]["ce"] = pass1(load(seed, overrides, "held_out"), policy, tokenizer, mesh)
-      run["ce"] = stats
-    runs.append(run)
-    with open(os.path.join(args.out, "grpo_tiny_seeds.json"), "w") as f:
-      json.dump({"runs": runs, "overrides": overrides}, f, indent=2)
+        run["held_out"]["ce"] = runs.pass_at_1(held, policy, tokenizer, held_tasks, mesh)
+      run["ce"] = ce
+    found.append(run)
+    results.write_json({"runs": found, "overrides": overrides}, progress)
 
   print(f"{'seed':>4s} {'val first':>9s} {'val last':>8s} {'val gain':>8s}"
         + ("" if args.no_held_out else
            f" {'held warm':>9s} {'held grpo':>9s} {'held ce':>7s}") + f" {'minutes':>7s}")
-  for r in runs:
+  for r in found:
     r["val_gain"] = r["val_pass@1"][-1] - r["val_pass@1"][0]
     line = f"{r['seed']:4d} {r['val_pass@1'][0]:9.3f} {r['val_pass@1'][-1]:8.3f} {r['val_gain']:+8.3f}"
     if not args.no_held_out:
       h = r["held_out"]
-      line += f" {h['warm_start']:9.3f} {h['grpo']:9.3f} {h.get('ce', float('nan')):7.3f}"
+      line += f" {h['warm_start']:9.3f} {h['grpo']:9.3f} {h.get('ce', NAN):7.3f}"
     print(line + f" {r['minutes']:7.1f}")
-  summary = {"val_gain": mean_se([r["val_gain"] for r in runs])}
+  summary = {"val_gain": stats.mean_se([r["val_gain"] for r in found], se_of_one=NAN)}
   if not args.no_held_out:
-    summary["held_out_grpo_gain"] = mean_se(
-        [r["held_out"]["grpo"] - r["held_out"]["warm_start"] for r in runs])
+    held_of = lambda arm: [r["held_out"][arm] for r in found]
+    summary["held_out_grpo_gain"] = stats.paired(held_of("grpo"), held_of("warm_start"),
+                                                 se_of_one=NAN)
     if "ce" in args.arms:
-      summary["held_out_ce_gain"] = mean_se(
-          [r["held_out"]["ce"] - r["held_out"]["warm_start"] for r in runs])
-      summary["held_out_grpo_minus_ce"] = mean_se(
-          [r["held_out"]["grpo"] - r["held_out"]["ce"] for r in runs])
+      summary["held_out_ce_gain"] = stats.paired(held_of("ce"), held_of("warm_start"),
+                                                 se_of_one=NAN)
+      summary["held_out_grpo_minus_ce"] = stats.paired(held_of("grpo"), held_of("ce"),
+                                                       se_of_one=NAN)
   for name, (m, se) in summary.items():
-    print(f"{name}: {m:+.3f} ± {se:.3f} (mean ± standard error over {len(runs)} seeds)")
-  with open(os.path.join(args.out, "grpo_tiny_seeds.json"), "w") as f:
-    json.dump({"runs": runs, "summary": summary, "overrides": overrides}, f, indent=2)
+    print(f"{name}: {m:+.3f} ± {se:.3f} (mean ± standard error over {len(found)} seeds)")
+  payload = {"runs": found, "summary": summary, "overrides": overrides}
+  results.write_json(payload, progress)
 
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
   fig, ax = plt.subplots(figsize=(6, 4))
-  for r in runs:
+  for r in found:
     ax.plot(r["val_steps"], r["val_pass@1"], marker="o", label=f"seed {r['seed']}")
   ax.set_xlabel("GRPO step")
   ax.set_ylabel("validation pass@1")
@@ -167,7 +143,10 @@ def main():
   ax.grid(alpha=0.3)
   ax.legend()
   fig.tight_layout()
-  fig.savefig(os.path.join(args.out, "grpo_tiny_seeds.png"), dpi=110)
+  png = os.path.join(results.folder("grpo", args.name), "grpo_tiny_seeds.png")
+  fig.savefig(png, dpi=110)
+  print("wrote", results.write("grpo", args.name, payload,
+                               config=load(args.seeds[0], overrides), files=[png]))
 
 
 if __name__ == "__main__":

@@ -1,37 +1,116 @@
-"""The cross-entropy control of a learning result: the warm start, continued.
+"""Runs the seed experiments share: a training run in a fresh process, its step and eval
+rows, the held-out split read once and scored, and the cross-entropy control.
 
-A GRPO result is only a result if it beats simply training the warm start
-longer with the same loss it was warm-started with. `continue_cross_entropy`
-takes the warm start's parameters and keeps doing supervised steps on the
-training split's references (prompt -> reference + EOS; config.warmstart's
-batch size; AdamW at the GRPO optimiser's peak learning rate and warmup, no
-decay) until a wall-clock budget is spent, and also keeps the parameters at the
-moment a token budget was reached (an equal-compute point). Time counts what a
-training loop spends: building the batch and the jitted step, compilation
-included.
-
-Used by experiments/grpo_diffs_seeds.py, experiments/diff_vs_tests.py and
-experiments/section_vs_token.py; it must not evaluate or write files.
+The cross-entropy control of a learning result: the warm start, continued. A GRPO
+result is only a result if it beats simply training the warm start longer with the
+same loss it was warm-started with. `continue_cross_entropy` takes the warm start's
+parameters and keeps doing supervised steps on the training split's references
+(prompt -> reference + EOS; config.warmstart's batch size; AdamW at the GRPO
+optimiser's peak learning rate and warmup, no decay) until a wall-clock budget is
+spent, and also keeps the parameters at the moment a token budget was reached (an
+equal-compute point). Time counts what a training loop spends: building the batch and
+the jitted step, compilation included. It evaluates nothing and writes no files
+(diffs/seeds.py, diffs/vs_tests.py and sections/vs_token.py use it).
 """
 
 from __future__ import annotations
 
 import dataclasses
+import os
+import resource
+import subprocess
+import sys
 import time
 
 import jax
 from flax import nnx
 
-from rlcode.train import sft
-from rlcode.parallel import sharding
+from experiments.lib import ROOT
 from rlcode import optim
-from rlcode.rl import rollout
-from rlcode.rl import sequences
-from rlcode.train import warm_start
-from rlcode.data.stream import TaskStream
 from rlcode.data import sources
-from rlcode.runs.metrics import MetricsWriter
+from rlcode.data.stream import TaskStream
+from rlcode.evaluation import policy_eval
 from rlcode.models.build import build_model
+from rlcode.parallel import sharding
+from rlcode.rl import rollout, sequences
+from rlcode.runs.metrics import MetricsWriter, read_metrics
+from rlcode.train import sft, warm_start
+
+# The seconds a GRPO step trains: sampling, the reward and the update.
+GRPO_PARTS = ("rollout_seconds", "reward_seconds", "update_seconds")
+# The diff reward's evaluation figures the diffs tables show (eval_splits' keys).
+DIFF_KEYS = ("diff/format_valid", "diff/reward_mean", "diff/exact", "diff/similarity")
+
+
+def train_process(config: str, flags, workdir: str, *, env=None) -> dict:
+  """`python -m rlcode train --config CONFIG FLAGS...` in a fresh process from the
+  repository root (FLAGS set --config.workdir=WORKDIR); the run must succeed.
+
+  Returns {"rows": WORKDIR's metrics rows, "minutes": its wall-clock, "cpu_minutes": the
+  process's CPU time, "load_before", "load_after": os.getloadavg() around it}.
+  """
+  cmd = [sys.executable, "-m", "rlcode", "train", "--config", config, *flags]
+  before = resource.getrusage(resource.RUSAGE_CHILDREN)
+  load_before, start = os.getloadavg(), time.time()
+  subprocess.run(cmd, cwd=ROOT, env=env, check=True)
+  minutes = (time.time() - start) / 60
+  after = resource.getrusage(resource.RUSAGE_CHILDREN)
+  return {"rows": read_metrics(workdir), "minutes": minutes,
+          "cpu_minutes": (after.ru_utime + after.ru_stime - before.ru_utime
+                          - before.ru_stime) / 60,
+          "load_before": load_before, "load_after": os.getloadavg()}
+
+
+def step_rows(rows) -> list[dict]:
+  """The training steps' rows of a run's metrics (those with a loss)."""
+  return [r for r in rows if "loss" in r]
+
+
+def eval_rows(rows, key: str) -> list[dict]:
+  """The rows of a run's metrics that hold `key` (an evaluation's)."""
+  return [r for r in rows if key in r]
+
+
+def train_seconds(steps, parts=GRPO_PARTS, optional=()) -> float:
+  """The seconds the step rows spent in `parts` (each row must have them) and in
+  `optional` (0 where a row has none)."""
+  return sum(sum(r[p] for p in parts) + sum(r.get(p, 0.0) for p in optional)
+             for r in steps)
+
+
+def constant_lr(optimizer):
+  """The optimizer of a config's optimizer section at its peak rate after warm-up, no decay
+  (the control's: rlcode.optim.OptimizerConfig with end_lr_fraction 1)."""
+  return dataclasses.replace(optim.OptimizerConfig.from_config(optimizer), end_lr_fraction=1.0)
+
+
+def pass_at_1(config, policy, tokenizer, tasks, mesh) -> float:
+  """pass@1 of a policy on `tasks` (rlcode.evaluation.policy_eval.held_out_eval with
+  config.eval's samples), so that one read of a split serves every policy of a run."""
+  return policy_eval.held_out_eval(config, policy, tokenizer, tasks, mesh, ks=(1,))["pass@1"]
+
+
+def restored_pass_at_1(config, directory: str, tasks, mesh) -> float:
+  """pass_at_1 of the policy saved in `directory` (a workdir or a checkpoint)."""
+  model, tokenizer, _, _ = policy_eval.restore_policy(config, directory, mesh)
+  return pass_at_1(config, model, tokenizer, tasks, mesh)
+
+
+def eval_splits(config, graphdef, params, tokenizer, mesh, keys) -> dict:
+  """held_out_eval of params on the eval split ("eval") and, when set, the test split
+  ("test"), each cut to the tasks that fit; {"eval": {key: value}, "test": ...}."""
+  out = {}
+  for name, split in (("eval", config.data.eval_split), ("test", config.data.test_split)):
+    if not split:
+      continue
+    tasks, _ = rollout.fit_tasks(sources.load(config.data, split), tokenizer, split=name,
+                                 max_seq_len=config.model.arch.max_seq_len,
+                                 max_new_tokens=config.eval.max_new_tokens,
+                                 drop_too_long=bool(config.data.drop_too_long))
+    result = policy_eval.held_out_eval(config, nnx.merge(graphdef, params), tokenizer, tasks,
+                                       mesh)
+    out[name] = {k: result[k] for k in keys}
+  return out
 
 
 def warm_started(config, workdir: str):
@@ -47,7 +126,7 @@ def warm_started(config, workdir: str):
   tasks, _ = rollout.fit_tasks(sources.load(config.data, config.data.train_split), tokenizer,
                                split="train", max_seq_len=model.cfg.max_seq_len,
                                max_new_tokens=config.rl.max_new_tokens,
-                               drop_too_long=bool(config.data.get("drop_too_long")))
+                               drop_too_long=bool(config.data.drop_too_long))
   graphdef, params = nnx.split(model, nnx.Param)
   metrics = MetricsWriter(workdir, tensorboard=False)
   warm_tasks, _ = warm_start.warm_start_tasks(config, tokenizer, model.cfg.max_seq_len, tasks)
@@ -64,14 +143,12 @@ def continue_cross_entropy(config, graphdef, params, tasks, tokenizer, mesh, *,
   forward+backward), "loss_first", "loss_last"} and, when `positions` > 0, the
   same at the first step whose running total reached it under "at_positions".
   """
-  opt_cfg = dataclasses.replace(optim.OptimizerConfig.from_config(config.optimizer),
-                                end_lr_fraction=1.0)
-  optimizer = optim.make_optimizer(opt_cfg)
+  optimizer = optim.make_optimizer(constant_lr(config.optimizer))
   # The step donates its state: train a copy, so the caller's params stay usable
   # (the warm start is evaluated after this control).
   params = jax.tree.map(lambda x: x.copy(), params)
   state = optim.init_state(nnx.merge(graphdef, params), optimizer, mesh)
-  multiple = int(config.rl.get("length_multiple", sequences.LENGTH_MULTIPLE))
+  multiple = int(config.rl.length_multiple)
   stream = TaskStream(tasks, config.warmstart.batch_size, config.seed + 2)
   step_fn, spent, steps, done_positions, losses = None, 0.0, 0, 0, []
   at_positions = None
@@ -94,14 +171,3 @@ def continue_cross_entropy(config, graphdef, params, tasks, tokenizer, mesh, *,
   if positions:
     out["at_positions"] = at_positions
   return out
-
-
-def mean_se(values) -> tuple[float, float]:
-  """Mean and standard error (sample standard deviation / sqrt(n); 0 for one value)."""
-  values = [float(v) for v in values]
-  n = len(values)
-  mean = sum(values) / n
-  if n < 2:
-    return mean, 0.0
-  var = sum((v - mean) ** 2 for v in values) / (n - 1)
-  return mean, (var / n) ** 0.5

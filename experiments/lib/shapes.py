@@ -1,16 +1,10 @@
-"""What the GPU check's scripts share: the model shapes, timing, the JSON they write.
+"""The model shapes the speed and GPU benchmarks time, and an H200's peaks.
 
 QWEN2_05B is Qwen2-0.5B's shape (random weights: only speed is measured);
 TINY the shape `--smoke` runs on a CPU in seconds. Not a claim of its own.
 """
 
 from __future__ import annotations
-
-import json
-import os
-import time
-
-import jax
 
 from rlcode.models import ModelConfig
 
@@ -26,30 +20,8 @@ H200_HBM_BYTES_PER_S = 4.8e12
 H200_BF16_FLOPS = 989e12
 
 
-def timed(fn, args, repeats: int, budget_s: float):
-  """Compile, run once, then the best of up to `repeats` runs within `budget_s` seconds.
-
-  Returns ({ms, runs, compile_s}, the output of the last run).
-  """
-  t0 = time.perf_counter()
-  compiled = jax.jit(fn).lower(*args).compile()
-  compile_s = time.perf_counter() - t0
-  out = jax.block_until_ready(compiled(*args))
-  times = []
-  while len(times) < repeats and (not times or sum(times) < budget_s):
-    t0 = time.perf_counter()
-    out = jax.block_until_ready(compiled(*args))
-    times.append(time.perf_counter() - t0)
-  return dict(ms=min(times) * 1e3, runs=len(times), compile_s=compile_s), out
-
-
-def write_json(obj, path: str) -> None:
-  """Writes (rewrites) a result file, so a run cut short keeps the rows it finished."""
-  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-  with open(path, "w") as f:
-    json.dump(obj, f, indent=1)
-
-
 def environment() -> dict:
+  """The backend, jax version and devices a benchmark ran on (a field of its JSON)."""
+  import jax
   return dict(backend=jax.default_backend(), jax=jax.__version__,
               devices=[str(d) for d in jax.devices()])

@@ -3,7 +3,7 @@
 Claim (the seed's): a reward model trained on real choices that also sees ground truth
 (test results) saturates later than one that sees only the text.
 
-For each seed and arm, one `rlcode train-rm` run (configs/rm_choices.py, a fresh process)
+For each seed and arm, one `rlcode train --config configs/rm_choices.py` run (a fresh process)
 passes once over the training choices of --choices (each choice seen once, constant
 learning rate after warm-up), evaluating choice accuracy on --split after 16, 32, 64, ...
 choices. Arms: "text" (the candidate's text only) and "gt" (the text and the candidate's
@@ -11,33 +11,29 @@ test results, rm.features = tests_fraction, passed). References on the same spli
 users' own noise ceiling (the expected accuracy of always naming the highest-utility
 candidate, sum over choices of max softmax(u / T)), and chance (mean 1/k).
 
-    python experiments/rm_saturation.py [--seeds 0 1 2] [--split validation|held_out]
+    python -m experiments.rm.saturation [--seeds 0 1 2] [--split validation|held_out]
         [--choices experiments/out/choices/choices_warm.jsonl] [--init-from WORKDIR/warm_start]
-        [--max-choices N] [--out experiments/out/rm_saturation] [--config.a.b=value ...]
+        [--max-choices N] [--out experiments/out/rm_saturation] [--name rm_saturation]
+        [--config.a.b=value ...]
 
 --max-choices N trains on a fixed random N of the training choices (data.max_train_choices;
-0: all of them), for a shorter curve on a loaded machine. Tune with --split validation; report --split held_out once. Prints the table (mean ±
-standard error over seeds per point), the point where each mean curve flattens (the
-fewest choices after which it stays within 0.02 of its best), wall-clock and load; writes
-the runs under --out and rm_saturation.json and rm_saturation.png under --plots.
+0: all of them), for a shorter curve on a loaded machine. Tune with --split validation;
+report --split held_out once. Prints the table (mean ± standard error over seeds per
+point), the point where each mean curve flattens (the fewest choices after which it
+stays within 0.02 of its best), wall-clock and load. The runs and rm_saturation.json
+stay under --out; the result, that JSON and rm_saturation.png, goes to results/rm/NAME.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import math
 import os
-import subprocess
-import sys
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from rlcode.data.choices import read_choices  # noqa: E402
-from rlcode.runs.metrics import read_metrics  # noqa: E402
-from rlcode.rm.simulate import choice_probabilities  # noqa: E402
+from experiments.lib import ROOT, results, runs, stats
+from rlcode.config import loader
+from rlcode.data.choices import read_choices
+from rlcode.rm.simulate import choice_probabilities
 
 CONFIG = os.path.join(ROOT, "configs", "rm_choices.py")
 ARMS = {"text": "()", "gt": "('tests_fraction','passed')"}
@@ -45,10 +41,8 @@ FLAT = 0.02
 
 
 def mean_se(xs):
-  m = sum(xs) / len(xs)
-  if len(xs) < 2:
-    return m, float("nan")
-  return m, math.sqrt(sum((x - m) ** 2 for x in xs) / (len(xs) - 1) / len(xs))
+  """Mean and standard error over seeds (nan for one seed, as this table always printed)."""
+  return stats.mean_se(xs, se_of_one=float("nan"))
 
 
 def references(path, split):
@@ -60,6 +54,7 @@ def references(path, split):
 
 
 def flatten_point(ns, accs):
+  """The fewest choices after which the curve stays within FLAT of its best."""
   best = max(accs)
   for i, n in enumerate(ns):
     if all(a >= best - FLAT for a in accs[i:]):
@@ -67,21 +62,26 @@ def flatten_point(ns, accs):
   return ns[-1]
 
 
-def run(seed, arm, args, overrides, batch, steps, eval_steps):
+def flags(seed, arm, args, overrides, batch, steps, eval_steps):
+  """The overrides of one run of configs/rm_choices.py (--max-choices 0: every choice)."""
   workdir = os.path.join(args.out, f"{arm}_seed{seed}")
-  cmd = [sys.executable, "-m", "rlcode", "train-rm", "--config", CONFIG,
-         f"--config.seed={seed}", f"--config.workdir={workdir}",
-         f"--config.data.path={args.choices}", f"--config.data.eval_split={args.split}",
-         f"--config.rm.features={ARMS[arm]}", f"--config.rm.init_from={args.init_from}",
-         f"--config.rm.batch_choices={batch}", f"--config.train.steps={steps}",
-         "--config.train.eval_every=0", f"--config.train.eval_steps={tuple(eval_steps)}",
-         f"--config.train.checkpoint_every={steps}", "--config.train.progress_bar=false",
-         f"--config.data.max_train_choices={args.max_choices}",
-         "--config.optimizer.end_lr_fraction=1.0", *overrides]
-  start = time.time()
-  subprocess.run(cmd, cwd=ROOT, check=True)
-  evals = [r for r in read_metrics(workdir) if "eval/accuracy" in r]
-  return {"seed": seed, "arm": arm, "minutes": (time.time() - start) / 60,
+  return [f"--config.seed={seed}", f"--config.workdir={workdir}",
+          f"--config.data.path={args.choices}", f"--config.data.eval_split={args.split}",
+          f"--config.rm.features={ARMS[arm]}", f"--config.rm.init_from={args.init_from}",
+          f"--config.rm.batch_choices={batch}", f"--config.train.steps={steps}",
+          "--config.train.eval_every=0", f"--config.train.eval_steps={tuple(eval_steps)}",
+          f"--config.train.checkpoint_every={steps}", "--config.train.progress_bar=false",
+          f"--config.data.max_train_choices={args.max_choices or None}",
+          "--config.optimizer.end_lr_fraction=1.0", *overrides]
+
+
+def run(seed, arm, args, overrides, batch, steps, eval_steps):
+  """One reward-model run in a fresh process: its accuracy curve."""
+  workdir = os.path.join(args.out, f"{arm}_seed{seed}")
+  done = runs.train_process(CONFIG, flags(seed, arm, args, overrides, batch, steps, eval_steps),
+                            workdir)
+  evals = runs.eval_rows(done["rows"], "eval/accuracy")
+  return {"seed": seed, "arm": arm, "minutes": done["minutes"],
           "choices_seen": [r["choices_seen"] for r in evals],
           "accuracy": [r["eval/accuracy"] for r in evals],
           "loss": [r["eval/loss"] for r in evals]}
@@ -97,7 +97,7 @@ def main():
   parser.add_argument("--batch", type=int, default=16)
   parser.add_argument("--max-choices", type=int, default=0)
   parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/rm_saturation"))
-  parser.add_argument("--plots", default=os.path.join(ROOT, "experiments/plots"))
+  parser.add_argument("--name", default="rm_saturation", help="the result's name under results/rm/")
   args, overrides = parser.parse_known_args()
   os.makedirs(args.out, exist_ok=True)
   n_train = len(read_choices(os.path.join(ROOT, args.choices))["train"])
@@ -108,20 +108,19 @@ def main():
                        if (16 << i) <= steps * args.batch} | {steps})
   ceiling, chance = references(os.path.join(ROOT, args.choices), args.split)
   load_before = os.getloadavg()
-  runs = []
+  found = []
   for seed in args.seeds:
     for arm in args.arms:
-      runs.append(run(seed, arm, args, overrides, args.batch, steps, eval_steps))
-      with open(os.path.join(args.out, "rm_saturation.json"), "w") as f:
-        json.dump({"runs": runs}, f, indent=2)
+      found.append(run(seed, arm, args, overrides, args.batch, steps, eval_steps))
+      results.write_json({"runs": found}, os.path.join(args.out, "rm_saturation.json"))
 
-  ns = runs[0]["choices_seen"]
+  ns = found[0]["choices_seen"]
   summary = {}
   print(f"{args.split}: {n_train} training choices, batch {args.batch}; users' noise ceiling "
         f"{ceiling:.3f}, chance {chance:.3f}")
   print(f"{'choices':>8s} " + " ".join(f"{arm + ' acc':>16s}" for arm in args.arms))
   for arm in args.arms:
-    per = [r for r in runs if r["arm"] == arm]
+    per = [r for r in found if r["arm"] == arm]
     summary[arm] = {"mean_se": [mean_se([r["accuracy"][i] for r in per]) for i in range(len(ns))],
                     "minutes": [r["minutes"] for r in per]}
     summary[arm]["flattens_at"] = flatten_point(ns, [m for m, _ in summary[arm]["mean_se"]])
@@ -136,11 +135,9 @@ def main():
   print(f"load average (1, 5, 15 min) before {load_before}, after {load_after}")
   result = {"split": args.split, "choices": args.choices, "n_train": n_train,
             "batch": args.batch, "ceiling": ceiling, "chance": chance, "choices_seen": ns,
-            "summary": summary, "runs": runs, "overrides": overrides,
+            "summary": summary, "runs": found, "overrides": overrides,
             "load_before": load_before, "load_after": load_after}
-  for where in (args.out, args.plots):
-    with open(os.path.join(where, "rm_saturation.json"), "w") as f:
-      json.dump(result, f, indent=2)
+  results.write_json(result, os.path.join(args.out, "rm_saturation.json"))
 
   import matplotlib
   matplotlib.use("Agg")
@@ -166,7 +163,11 @@ def main():
   ax.grid(alpha=0.3)
   ax.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(os.path.join(args.plots, "rm_saturation.png"), dpi=110)
+  png = os.path.join(results.folder("rm", args.name), "rm_saturation.png")
+  fig.savefig(png, dpi=110)
+  config = loader.load_config(CONFIG, flags(args.seeds[0], args.arms[0], args, overrides,
+                                            args.batch, steps, eval_steps))
+  print("wrote", results.write("rm", args.name, result, config=config, files=[png]))
 
 
 if __name__ == "__main__":

@@ -7,15 +7,17 @@ For each task set (the tiny held-out problems; HumanEval, the problems whose pro
 max_new_tokens fit the policy's context), --n samples per task from a trained policy at
 the eval temperature, each run against its tests; then, for k = 1, 2, 4, ..., n: pass@1 (first@k),
 pass@k (oracle@k), majority@k (votes by behaviour on the tests' inputs, rlcode.behaviour)
-and rm@k (the highest score of a reward model trained on choices, rlcode train-rm), each
+and rm@k (the highest score of a reward model trained on choices, `rlcode train --config
+configs/rm_choices.py`), each
 the expectation over draws of k of the n samples (rlcode.selection), and the fraction of
 the gap each selector closes, (sel@k - pass@1) / (pass@k - pass@1).
 
-    python experiments/selection.py --policy WORKDIR --rm RM_WORKDIR [--n 64]
-        [--sets tiny humaneval] [--out experiments/out/selection]
+    python -m experiments.rm.selection --policy WORKDIR --rm RM_WORKDIR [--n 64]
+        [--sets tiny humaneval] [--out experiments/out/selection] [--name selection]
 
-Prints the tables, wall-clock and load; writes the samples under --out and selection.json
-and selection.png under --plots.
+Prints the tables, wall-clock and load. The samples and selection.json (rewritten as
+sets finish) stay under --out; the result, that JSON and selection.png, goes to
+results/rm/NAME.
 """
 
 from __future__ import annotations
@@ -23,24 +25,20 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-
-from rlcode.evaluation import selection
+from experiments.lib import ROOT, results
+from rlcode.config.record import recorded_config
+from rlcode.data import sources
+from rlcode.data.humaneval import humaneval_tasks
+from rlcode.evaluation import policy_eval, selection, selection_eval
 from rlcode.parallel import sharding
-from rlcode.evaluation import policy_eval
-from rlcode.evaluation import selection_eval  # noqa: E402
-from rlcode.data import sources  # noqa: E402
-from rlcode.data.humaneval import humaneval_tasks  # noqa: E402
-from rlcode.config.record import recorded_config  # noqa: E402
 
 SELECTORS = ["majority", "rm"]
 
 
 def task_set(name, config):
+  """The tasks of a set: "tiny" (the config's held-out split) or "humaneval"."""
   if name == "tiny":
     return sources.load(config.data, "held_out")
   return humaneval_tasks()
@@ -55,7 +53,7 @@ def main():
                       choices=["tiny", "humaneval"])
   parser.add_argument("--workers", type=int, default=2)
   parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/selection"))
-  parser.add_argument("--plots", default=os.path.join(ROOT, "experiments/plots"))
+  parser.add_argument("--name", default="selection", help="the result's name under results/rm/")
   args = parser.parse_args()
   os.makedirs(args.out, exist_ok=True)
   config = recorded_config(args.policy, "--policy")
@@ -63,7 +61,7 @@ def main():
   model, tokenizer, step, _ = policy_eval.restore_policy(config, args.policy, mesh)
   ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= args.n]
   ev = config.eval
-  results = {"policy": args.policy, "policy_step": step, "rm": args.rm, "n": args.n,
+  found = {"policy": args.policy, "policy_step": step, "rm": args.rm, "n": args.n,
              "temperature": ev.temperature, "max_new_tokens": ev.max_new_tokens, "sets": {}}
   for name in args.sets:
     start, load_before = time.time(), os.getloadavg()
@@ -84,21 +82,20 @@ def main():
                                         rm_checkpoint=args.rm, workers=args.workers)
     table.update(fit=fit, minutes=(time.time() - start) / 60, load_before=load_before,
                  load_after=os.getloadavg())
-    results["sets"][name] = table
+    found["sets"][name] = table
     print(f"== {name}: {fit} ({table['minutes']:.1f} min, load {load_before} -> "
           f"{table['load_after']})")
     print(selection.format_table(table, SELECTORS))
-    with open(os.path.join(args.out, "selection.json"), "w") as f:
-      json.dump(results, f, indent=2)
+    results.write_json(found, os.path.join(args.out, "selection.json"))
 
   import matplotlib
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(1, len(results["sets"]), figsize=(5.5 * len(results["sets"]), 4),
+  fig, axes = plt.subplots(1, len(found["sets"]), figsize=(5.5 * len(found["sets"]), 4),
                            squeeze=False)
   labels = {"oracle": "pass@k (oracle)", "majority": "majority@k", "rm": "rm@k",
             "first": "pass@1 (first)"}
-  for ax, (name, table) in zip(axes[0], results["sets"].items()):
+  for ax, (name, table) in zip(axes[0], found["sets"].items()):
     for sel in ("oracle", "majority", "rm", "first"):
       ax.plot(ks, [table[sel][k] for k in ks], marker="o", label=labels[sel])
     ax.set_xscale("log", base=2)
@@ -108,9 +105,9 @@ def main():
     ax.grid(alpha=0.3)
     ax.legend(fontsize=8)
   fig.tight_layout()
-  fig.savefig(os.path.join(args.plots, "selection.png"), dpi=110)
-  with open(os.path.join(args.plots, "selection.json"), "w") as f:
-    json.dump(results, f, indent=2)
+  png = os.path.join(results.folder("rm", args.name), "selection.png")
+  fig.savefig(png, dpi=110)
+  print("wrote", results.write("rm", args.name, found, config=config, files=[png]))
 
 
 if __name__ == "__main__":

@@ -1,8 +1,9 @@
 """Section reward (GRPO) against next-token cross-entropy from the same warm start, held out.
 
-    python experiments/section_vs_token.py [--seeds 0 1 2] [--out DIR] [--config.a.b=v ...]
+    python -m experiments.sections.vs_token [--seeds 0 1 2] [--out DIR] [--name NAME]
+        [--config.a.b=v ...]
 
-(--out defaults to experiments/out/section_vs_token.)
+(--out defaults to experiments/out/section_vs_token, --name to section_vs_token.)
 
 For each seed, three policies start from the same supervised warm start of
 configs/section_prediction.py (the tiny decoder over the code BPE tokenizer on
@@ -14,7 +15,7 @@ loaded from one warm-start cache so the parameters are the very same:
   the validation split along the way (the split tuned on) and on the test
   split after the warm start and after the last step.
 - "cross-entropy, equal compute": supervised steps on the same training text
-  (prompt -> reference section + EOS; experiments/ce_control.py) until they
+  (prompt -> reference section + EOS; experiments.lib.runs) until they
   have pushed as many model FLOPs as the GRPO steps: a forward costs 2N per
   token and a forward+backward 6N, so the cross-entropy arm gets the GRPO
   update's trained positions plus a third of its sampled and prefilled tokens
@@ -26,30 +27,27 @@ loaded from one warm-start cache so the parameters are the very same:
 Evaluation on the test split (held out by document hash, looked at once):
 sampled (eval.num_samples at eval.temperature) and greedy; semantic similarity
 (the reward: max(0, cosine) of MiniLM embeddings), chrF (0-100) and the
-fraction of empty completions. Prints per-seed rows and the mean ± standard
-error over seeds; writes section_vs_token.json and section_vs_token.png.
+fraction of empty completions (the test split is read once a seed). Prints per-seed
+rows and the mean ± standard error over seeds; section_vs_token.json stays under --out
+(rewritten as seeds finish) and goes, with section_vs_token.png, to
+results/sections/NAME.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
-sys.path.insert(0, os.path.join(ROOT, "experiments"))
+from flax import nnx
 
-from flax import nnx  # noqa: E402
-
-from ce_control import continue_cross_entropy, mean_se, warm_started  # noqa: E402
+from experiments.lib import ROOT, results, runs, stats, tables
+from experiments.lib.runs import continue_cross_entropy, warm_started
 from rlcode.config import loader
+from rlcode.data import sources
+from rlcode.data.stream import TaskStream
 from rlcode.evaluation import policy_eval
 from rlcode.train import grpo_loop
-from rlcode.data.stream import TaskStream  # noqa: E402
-from rlcode.data import sources  # noqa: E402
 
 CONFIG = os.path.join(ROOT, "configs", "section_prediction.py")
 GREEDY = ["--config.eval.temperature=0.0", "--config.eval.num_samples=1"]
@@ -66,6 +64,7 @@ def summary(result: dict, prefix: str = "") -> dict:
 
 
 def evaluate_both(config, greedy, policy, tokenizer, tasks, mesh) -> dict:
+  """summary of a policy's sampled and greedy answers to `tasks`."""
   return {"sampled": summary(policy_eval.held_out_eval(config, policy, tokenizer, tasks, mesh)),
           "greedy": summary(policy_eval.held_out_eval(greedy, policy, tokenizer, tasks, mesh))}
 
@@ -77,6 +76,7 @@ def prefill_tokens(config, tokenizer, train_tasks, steps: int) -> int:
 
 
 def run_seed(seed: int, out: str, overrides: list[str]) -> dict:
+  """One seed's three arms from one warm start, and their held-out rows."""
   base = overrides + [f"--config.seed={seed}", "--config.train.progress_bar=false",
                       f"--config.warmstart.cache_dir={os.path.join(out, 'warm_start')}"]
   workdir = os.path.join(out, f"seed{seed}", "grpo")
@@ -89,10 +89,10 @@ def run_seed(seed: int, out: str, overrides: list[str]) -> dict:
   start = time.time()
   rows = grpo_loop.train(config)
   grpo_wall = time.time() - start
-  steps = [r for r in rows if "loss" in r]
-  evals = [r for r in rows if "eval/reward_mean" in r]
-  tests = [r for r in rows if "test/reward_mean" in r]
-  seconds = sum(r["rollout_seconds"] + r["reward_seconds"] + r["update_seconds"] for r in steps)
+  steps = runs.step_rows(rows)
+  evals = runs.eval_rows(rows, "eval/reward_mean")
+  tests = runs.eval_rows(rows, "test/reward_mean")
+  seconds = runs.train_seconds(steps)
   update_positions = round(sum(r["update_tokens_per_s"] * r["update_seconds"] for r in steps))
   sampled = round(sum(r["rollout_tokens_per_s"] * r["rollout_seconds"] for r in steps))
 
@@ -137,39 +137,42 @@ def run_seed(seed: int, out: str, overrides: list[str]) -> dict:
   return result
 
 
-def table(runs: list[dict]) -> str:
+def table(found: list[dict]) -> str:
+  """Every arm's rows per seed and their mean ± SE over seeds."""
   cols = [("sampled", "cosine"), ("sampled", "chrf"), ("sampled", "empty"),
           ("greedy", "cosine"), ("greedy", "chrf"), ("greedy", "empty")]
-  lines = ["| policy | seed | train s | steps | sampled cosine | sampled chrF | sampled empty "
-           "| greedy cosine | greedy chrF | greedy empty |", "|---|---|" + "---:|" * 8]
+  lines = []
   for arm in ARMS:
-    for r in runs:
+    for r in found:
       c = r["compute"].get(arm, {"seconds": 0.0, "steps": 0})
-      lines.append(f"| {arm} | {r['seed']} | {c['seconds']:.0f} | {c['steps']} | "
-                   + " | ".join(f"{r[arm][m][k]:.3f}" for m, k in cols) + " |")
-    stats = [mean_se([r[arm][m][k] for r in runs]) for m, k in cols]
-    lines.append(f"| **{arm}** | mean ± SE | | | "
-                 + " | ".join(f"{m:.3f} ± {s:.3f}" for m, s in stats) + " |")
-  return "\n".join(lines)
+      lines.append([arm, r["seed"], f"{c['seconds']:.0f}", c["steps"],
+                    *(f"{r[arm][m][k]:.3f}" for m, k in cols)])
+    means = [stats.mean_se([r[arm][m][k] for r in found]) for m, k in cols]
+    lines.append([f"**{arm}**", "mean ± SE", "", "", *(tables.pm(m, s) for m, s in means)])
+  return tables.markdown(["policy", "seed", "train s", "steps", "sampled cosine",
+                          "sampled chrF", "sampled empty", "greedy cosine", "greedy chrF",
+                          "greedy empty"], lines, "ll" + "r" * 8)
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
   parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/section_vs_token"))
+  parser.add_argument("--name", default="section_vs_token",
+                      help="the result's name under results/sections/")
   args, overrides = parser.parse_known_args()
   for item in overrides:
     if not item.startswith(loader.PREFIX):
       parser.error(f"unknown argument {item!r}")
   os.makedirs(args.out, exist_ok=True)
-  runs = []
+  found = []
   for seed in args.seeds:
-    runs.append(run_seed(seed, args.out, overrides))
-    with open(os.path.join(args.out, "section_vs_token.json"), "w") as f:
-      json.dump({"runs": runs, "overrides": overrides}, f, indent=2)
-  text = table(runs)
+    found.append(run_seed(seed, args.out, overrides))
+    results.write_json({"runs": found, "overrides": overrides},
+                       os.path.join(args.out, "section_vs_token.json"))
+  text = table(found)
   print(text)
-  print(f"{runs[0]['n_test_tasks']} test tasks")
+  print(f"{found[0]['n_test_tasks']} test tasks")
 
   import matplotlib
   matplotlib.use("Agg")
@@ -177,14 +180,18 @@ def main():
   fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
   for ax, mode in zip(axes, ("sampled", "greedy")):
     for k, arm in enumerate(ARMS):
-      m, s = mean_se([r[arm][mode]["cosine"] for r in runs])
+      m, s = stats.mean_se([r[arm][mode]["cosine"] for r in found])
       ax.bar(k, m, yerr=s, capsize=4, label=arm)
     ax.set_xticks(range(len(ARMS)), [a.replace(", ", "\n") for a in ARMS], fontsize=7)
-    ax.set_title(f"test semantic similarity, {mode} (mean ± SE, {len(runs)} seeds)",
+    ax.set_title(f"test semantic similarity, {mode} (mean ± SE, {len(found)} seeds)",
                  fontsize=9)
     ax.grid(axis="y", alpha=0.3)
   fig.tight_layout()
-  fig.savefig(os.path.join(args.out, "section_vs_token.png"), dpi=110)
+  png = os.path.join(results.folder("sections", args.name), "section_vs_token.png")
+  fig.savefig(png, dpi=110)
+  config = loader.load_config(CONFIG, overrides + [f"--config.seed={args.seeds[0]}"])
+  print("wrote", results.write("sections", args.name, {"runs": found, "overrides": overrides},
+                               config=config, files=[png]))
 
 
 if __name__ == "__main__":

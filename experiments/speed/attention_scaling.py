@@ -27,11 +27,12 @@ from 16k on), else runs once to warm up and times the best of up to
 runtime and the compiler) and XLA's buffer plan. On GPU the RSS is host memory;
 read the buffer plan (and the device's peak_bytes_in_use, also recorded).
 
-    python experiments/attention_scaling.py            # full: 1k..32k (65k blockwise)
-    python experiments/attention_scaling.py --quick    # smoke run: 512 and 1024
+    python -m experiments.speed.attention_scaling            # full: 1k..32k (65k blockwise)
+    python -m experiments.speed.attention_scaling --quick    # smoke run: 512 and 1024
 
-Prints a table, writes experiments/out/attention_scaling.json and
-experiments/out/attention_scaling.png (log-log time and memory versus length).
+Prints a table, writes result.json and attention_scaling.png (log-log time and memory
+versus length) to --out (default results/speed/attention_scaling, with _IMPL_DTYPE when
+--impl is not auto, and _quick with --quick).
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ import subprocess
 import sys
 import time
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from experiments.lib import ROOT, results, tables
 
 KINDS = ("dense", "dense_blockwise", "sliding", "nsa", "document")
 MODES = ("fwd", "fwd+bwd")
@@ -131,10 +132,11 @@ def run_one(kind: str, t: int, mode: str, repeats: int, max_gib: float, budget_s
 
 def _child(args) -> dict:
   """Runs one configuration in a fresh interpreter, so peak RSS is its own."""
-  cmd = [sys.executable, os.path.abspath(__file__), "--child", args[0], str(args[1]), args[2],
+  cmd = [sys.executable, "-m", "experiments.speed.attention_scaling", "--child", args[0],
+         str(args[1]), args[2],
          "--repeats", str(args[3]), "--max-gib", str(args[4]), "--budget-s", str(args[5]),
          "--dtype", args[6], "--impl", args[7]]
-  proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
+  proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, check=False)
   lines = [l for l in proc.stdout.splitlines() if l.startswith("{")]
   if proc.returncode or not lines:
     tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
@@ -154,13 +156,10 @@ def _fmt_mib(x):
   return "-" if x is None else f"{x / 2 ** 20:.0f}"
 
 
-def table(results) -> str:
+def table(found) -> str:
   """Markdown table: one row per (kind, T), with speed ratios against both dense peers."""
-  by = {(r["kind"], r["t"], r["mode"]): r for r in results}
-  rows = ["| kind | T | fwd ms | fwd+bwd ms | peak RSS fwd+bwd MiB | XLA plan fwd+bwd MiB | "
-          "dense/this fwd | dense/this fwd+bwd | blockwise dense/this fwd | "
-          "blockwise dense/this fwd+bwd |",
-          "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|"]
+  by = {(r["kind"], r["t"], r["mode"]): r for r in found}
+  rows = []
 
   def ratio(base_kind, kind, t, mode):
     base, r = by.get((base_kind, t, mode)), by.get((kind, t, mode))
@@ -168,30 +167,34 @@ def table(results) -> str:
       return f"{base['seconds'] / r['seconds']:.1f}x"
     return "-"
   for kind in KINDS:
-    for t in sorted({r["t"] for r in results}):
+    for t in sorted({r["t"] for r in found}):
       f, b = by.get((kind, t, "fwd")), by.get((kind, t, "fwd+bwd"))
       if f is None and b is None:
         continue
       ratios = [ratio(base, kind, t, mode) for base in ("dense", "dense_blockwise")
                 for mode in MODES]
-      rows.append(f"| {kind} | {t} | {_fmt_s(f)} | {_fmt_s(b)} | "
-                  f"{_fmt_mib(b.get('rss_bytes') if b else None)} | "
-                  f"{_fmt_mib(b.get('xla_bytes') if b else None)} | " + " | ".join(ratios) + " |")
-  return "\n".join(rows)
+      rows.append([kind, t, _fmt_s(f), _fmt_s(b),
+                   _fmt_mib(b.get("rss_bytes") if b else None),
+                   _fmt_mib(b.get("xla_bytes") if b else None), *ratios])
+  return tables.markdown(["kind", "T", "fwd ms", "fwd+bwd ms", "peak RSS fwd+bwd MiB",
+                          "XLA plan fwd+bwd MiB", "dense/this fwd", "dense/this fwd+bwd",
+                          "blockwise dense/this fwd", "blockwise dense/this fwd+bwd"],
+                         rows, "l" + "r" * 9)
 
 
-def plot(results, path: str) -> None:
+def plot(found, path: str) -> None:
+  """Log-log time (fwd, fwd+bwd) and XLA buffer plan against length, a line a kind."""
   import matplotlib  # pylint: disable=import-outside-toplevel
   matplotlib.use("Agg")
   import matplotlib.pyplot as plt  # pylint: disable=import-outside-toplevel
   fig, axes = plt.subplots(1, 3, figsize=(15, 4.5))
   for kind in KINDS:
     for ax, mode in zip(axes[:2], MODES):
-      pts = sorted((r["t"], r["seconds"]) for r in results
+      pts = sorted((r["t"], r["seconds"]) for r in found
                    if r["kind"] == kind and r["mode"] == mode and "seconds" in r)
       if pts:
         ax.plot(*zip(*pts), marker="o", label=kind)
-    pts = sorted((r["t"], r["xla_bytes"] / 2 ** 20) for r in results
+    pts = sorted((r["t"], r["xla_bytes"] / 2 ** 20) for r in found
                  if r["kind"] == kind and r["mode"] == "fwd+bwd" and r.get("xla_bytes"))
     if pts:
       axes[2].plot(*zip(*pts), marker="o", label=kind)
@@ -216,8 +219,8 @@ def main():
                       help="skip a configuration whose XLA buffer plan exceeds this")
   parser.add_argument("--budget-s", type=float, default=20.0,
                       help="stop repeating a configuration after this many seconds")
-  parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                    "out"))
+  parser.add_argument("--out", default=None,
+                      help="the result's folder (default results/speed/attention_scaling...)")
   parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
   parser.add_argument("--impl", default="auto",
                       help="kernels impl for sliding/nsa/document "
@@ -238,7 +241,7 @@ def main():
     lengths = [int(x) for x in args.lengths.split(",")]
   kinds = [k for k in KINDS if k in args.kinds.split(",")]
   repeats = 1 if args.quick else args.repeats
-  results = []
+  found = []
   for t in lengths:
     for kind in kinds:
       if (kind == "dense" and t > 32768) or (kind == "dense_blockwise" and t > 16384):
@@ -246,12 +249,11 @@ def main():
       for mode in MODES:
         r = _child((kind, t, mode, repeats, args.max_gib, args.budget_s, args.dtype,
                     args.impl))
-        results.append(r)
+        found.append(r)
         status = (f"{r['seconds']:.3f}s" if "seconds" in r else r.get("skipped") or r.get("error"))
         print(f"{kind:9s} T={t:6d} {mode:8s} {status}", flush=True)
 
-  os.makedirs(args.out, exist_ok=True)
-  by = {(r["kind"], r["t"], r["mode"]): r for r in results}
+  by = {(r["kind"], r["t"], r["mode"]): r for r in found}
   targets = {}
   t_target = 8192  # the claim's length; a --quick run has no targets to check
   for kind, want in (("sliding", 10.0), ("nsa", 4.0)):
@@ -264,18 +266,21 @@ def main():
   summary = dict(config=dict(batch=1, heads=H, kv_heads=K, head_dim=D, dtype=args.dtype,
                              impl=args.impl,
                              window=512, document_length=DOC, quick=args.quick),
-                 results=results, targets=targets)
+                 results=found, targets=targets)
   stem = "attention_scaling" + (f"_{args.impl}_{args.dtype}" if args.impl != "auto"
                                 else "")
-  with open(os.path.join(args.out, f"{stem}.json"), "w") as f:
-    json.dump(summary, f, indent=1)
+  name = stem + ("_quick" if args.quick else "")
+  where = args.out or results.folder("speed", name)
+  results.write("speed", name, summary, into=where)
   print()
-  print(table(results))
+  print(table(found))
   print()
-  for name, tgt in targets.items():
-    print(f"{name}: {tgt['ratio']:.1f}x (target {tgt['target']:.0f}x: "
+  for target, tgt in targets.items():
+    print(f"{target}: {tgt['ratio']:.1f}x (target {tgt['target']:.0f}x: "
           f"{'met' if tgt['met'] else 'NOT met'})")
-  plot(results, os.path.join(args.out, f"{stem}.png"))
+  plot(found, os.path.join(where, f"{stem}.png"))
+  print("wrote", results.write("speed", name, summary, into=where,
+                               files=[os.path.join(where, f"{stem}.png")]))
 
 
 if __name__ == "__main__":

@@ -7,43 +7,32 @@ transformers loads that directory. Greedy tokens must agree (a correctness check
 on the comparison). Each side is warmed up once, then timed over --repeats runs;
 the best run counts.
 
-    python experiments/generation_throughput.py            # needs the `bench` extra
-    make bench && .venv/bin/python experiments/generation_throughput.py
+    python -m experiments.speed.generation_throughput            # needs the `bench` extra
+    make bench && .venv/bin/python -m experiments.speed.generation_throughput
 
-Prints a table and writes experiments/out/generation_throughput.json.
+Prints a table and writes result.json to --out (default
+results/speed/generation_throughput).
 Without torch/transformers it says so and reports rlcode alone.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 import tempfile
-import time
 
 import jax
 import numpy as np
 from flax import nnx
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from rlcode.models import Decoder, ModelConfig, save_hf  # noqa: E402
-from rlcode.sampling import generate  # noqa: E402
+from experiments.lib import results
+from experiments.lib.timing import best_of
+from rlcode.models import Decoder, ModelConfig, save_hf
+from rlcode.sampling import generate
 
 CFG = ModelConfig(vocab_size=4096, hidden_size=256, intermediate_size=704, num_layers=12,
                   num_heads=8, num_kv_heads=2, head_dim=32, qkv_bias=True,
                   tie_embeddings=False, max_seq_len=512, rope_theta=10000.0)
-
-
-def best_of(fn, repeats):
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    out = fn()
-    times.append(time.perf_counter() - start)
-  return min(times), out
 
 
 def main():
@@ -52,7 +41,8 @@ def main():
   parser.add_argument("--prompt-len", type=int, default=32)
   parser.add_argument("--new-tokens", type=int, default=128)
   parser.add_argument("--repeats", type=int, default=3)
-  parser.add_argument("--out", default="experiments/out/generation_throughput.json")
+  parser.add_argument("--out", default=None,
+                      help="the result's folder (default results/speed/generation_throughput)")
   args = parser.parse_args()
 
   model = Decoder(CFG, rngs=nnx.Rngs(0))
@@ -105,9 +95,7 @@ def main():
     result["speedup_vs_transformers"] = ratio
     print(f"greedy token agreement with transformers: {peer['greedy_token_agreement']:.3f}")
     print(f"speedup rlcode/transformers: {ratio:.2f}x")
-  os.makedirs(os.path.dirname(args.out), exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump(result, f, indent=2)
+  print("wrote", results.write("speed", "generation_throughput", result, into=args.out))
 
 
 if __name__ == "__main__":

@@ -8,129 +8,42 @@
    (the repeated layout's window, like TRL's logits_to_keep), so the comparison
    is against a baseline that skips the work it does not need. The FLOP ratio
    counts matmuls per position and attention work per attended pair
-   (`forward_flops`). Peak memory is XLA's own account of each compiled step
+   (`update_step.forward_flops`). Peak memory is XLA's own account of each compiled step
    (`compiled.memory_analysis()`: arguments + outputs + temporaries).
 2. A query over 16 cached documents after one of them is swapped for a new one
    (rlcode.doc_store: one document prefilled, then the query against all 16),
    versus a full prefill of the packed documents and query (whose output layer
    also runs at the query's positions only).
 
-    python experiments/kv_reuse.py [--quick]
+    python -m experiments.speed.kv_reuse [--quick] [--out DIR]
 
-Prints two tables and one grep-able summary line per target, writes
-experiments/out/kv_reuse.json. Times are the best of --repeats runs after a
-compile run.
+The update step is experiments.lib.update_step (shared with shared_prefix_update.py).
+Prints two tables and one grep-able summary line per target, writes result.json to
+--out (default results/speed/kv_reuse, or kv_reuse_quick with --quick). Times are the
+best of --repeats runs after a compile run.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
-import time
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
+from experiments.lib import results
+from experiments.lib.timing import best_time
+from experiments.lib.update_step import CFG, update_step_row
+from rlcode.models import Decoder
 from rlcode.parallel import sharding
-from rlcode.rl import shared_prefix
-from rlcode import optim
-from rlcode.rl import grpo
-from rlcode.rl import objective
-from rlcode.rl import sequences  # noqa: E402
-from rlcode.sampling.doc_store import DocumentStore  # noqa: E402
-from rlcode.models import Decoder, ModelConfig  # noqa: E402
-
-CFG = ModelConfig(vocab_size=4096, hidden_size=384, intermediate_size=1024, num_layers=8,
-                  num_heads=6, num_kv_heads=2, head_dim=64, qkv_bias=True,
-                  tie_embeddings=True, max_seq_len=16384)
-OPT = optim.OptimizerConfig(learning_rate=1e-4, warmup_steps=1, decay_steps=100)
-
-
-def best_time(fn, repeats):
-  jax.block_until_ready(fn())
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    jax.block_until_ready(fn())
-    times.append(time.perf_counter() - start)
-  return min(times)
-
-
-def update_step_row(prompt_len, completion_len, group, repeats, mesh, cfg=CFG):
-  """Times one update step of a `cfg` model both ways; returns the table row."""
-  rng = np.random.default_rng(prompt_len)
-  prompts = [rng.integers(1, cfg.vocab_size, prompt_len).tolist()]
-  completions = [rng.integers(1, cfg.vocab_size, completion_len).tolist() for _ in range(group)]
-  old = [np.full(completion_len, -1.0, np.float32)] * group
-  adv = rng.normal(size=group).astype(np.float32)
-  batches = {
-      "repeated": sequences.sequence_batch(prompts, completions, [0] * group, pad_id=0,
-                                         old_logp=old, adv=adv),
-      "shared": shared_prefix.grouped_batch(prompts, completions, pad_id=0,
-                                            completion_len=completion_len, old_logp=old,
-                                            adv=adv)}
-  model = Decoder(cfg, rngs=nnx.Rngs(0))
-  graphdef, _ = nnx.split(model, nnx.Param)
-  optimizer = optim.make_optimizer(OPT)
-  loss_cfg = objective.LossConfig(max_completion_len=completion_len)
-  row = {"prompt": prompt_len, "completion": completion_len, "group": group}
-  for name, batch in batches.items():
-    # The step donates its state, so each layout gets its own copy of the params.
-    state = jax.tree.map(lambda x: x.copy(), optim.init_state(model, optimizer, mesh))
-    fn = None if name == "repeated" else shared_prefix.logprob_fn(1.0)
-    update = grpo.make_update_step(graphdef, optimizer, loss_cfg, mesh, state, batch,
-                                   logprob_fn=fn)
-    compiled = update.lower(state, batch).compile()
-    mem = compiled.memory_analysis()
-    row[f"{name}_peak_bytes"] = int(mem.argument_size_in_bytes + mem.output_size_in_bytes
-                                    + mem.temp_size_in_bytes - mem.alias_size_in_bytes)
-    holder = {"state": state}  # feed each call the state the last one returned
-
-    def run():
-      holder["state"], metrics = compiled(holder["state"], batch)
-      return metrics["loss"]
-    row[f"{name}_seconds"] = best_time(run, repeats)
-  row["speedup"] = row["repeated_seconds"] / row["shared_seconds"]
-  row["memory_ratio"] = row["repeated_peak_bytes"] / row["shared_peak_bytes"]
-  row["repeated_flops"] = forward_flops(prompt_len, completion_len, group, shared=False)
-  row["shared_flops"] = forward_flops(prompt_len, completion_len, group, shared=True)
-  row["flop_ratio"] = row["repeated_flops"] / row["shared_flops"]
-  return row
-
-
-def forward_flops(p: int, c: int, g: int, *, shared: bool) -> float:
-  """Forward FLOPs of one update step's model pass (backward is ~2x the same, so the
-  ratio of the two layouts is the ratio of these).
-
-  Counted: the layers' matmuls per token position (2 x their parameters), attention
-  work per attended (query, key) pair (2 x 2 x heads x head_dim: q.k and p.v), and
-  the output layer at the completion positions only (both layouts compute logits
-  there alone). Repeated: G rows of P + C causal positions. Shared: the prompt once
-  (causal), then G x C completion positions that see the whole prompt and their own
-  earlier tokens.
-  """
-  cfg = CFG
-  e, d, h, k = cfg.hidden_size, cfg.head_dim, cfg.num_heads, cfg.num_kv_heads
-  per_token = 2 * (e * (h + 2 * k) * d + h * d * e + 3 * e * cfg.intermediate_size)
-  per_pair = 2 * 2 * h * d
-  causal = lambda n: n * (n + 1) // 2
-  if shared:
-    positions = p + g * c
-    pairs = causal(p) + g * (c * p + causal(c))
-  else:
-    positions = g * (p + c)
-    pairs = g * causal(p + c)
-  logits = 2 * e * cfg.vocab_size * g * c
-  return float(cfg.num_layers * (per_token * positions + per_pair * pairs) + logits)
+from rlcode.sampling.doc_store import DocumentStore
 
 
 def doc_store_row(num_docs, doc_len, query_len, repeats):
+  """Times a query after one of `num_docs` cached documents is swapped, against a full
+  prefill of the packed documents and query; returns the table row."""
   cfg = CFG.replace(attention_pattern=("document",))
   model = Decoder(cfg, rngs=nnx.Rngs(0))
   graphdef, state = nnx.split(model)
@@ -154,6 +67,7 @@ def doc_store_row(num_docs, doc_len, query_len, repeats):
   swap_at = num_docs // 2
 
   def swapped():
+    """Swaps one document for a fresh one and queries the store."""
     docs[swap_at] = next(fresh)
     result = store.query(docs, query)
     assert result.computed == 1 and result.reused == num_docs - 1
@@ -170,7 +84,8 @@ def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--quick", action="store_true", help="small sizes, one repeat")
   parser.add_argument("--repeats", type=int, default=3)
-  parser.add_argument("--out", default="experiments/out/kv_reuse.json")
+  parser.add_argument("--out", default=None,
+                      help="the result's folder (default results/speed/kv_reuse[_quick])")
   args = parser.parse_args()
   repeats = 1 if args.quick else args.repeats
   mesh = sharding.make_mesh(1, 1, 1)
@@ -195,10 +110,10 @@ def main():
   main_row = next((r for r in rows if r["prompt"] == 2048), rows[-1])
   print(f"speedup shared-prefix P={main_row['prompt']} C=128 G=8: {main_row['speedup']:.1f}x")
   print(f"speedup doc-store swap N={docs['documents']}: {docs['speedup']:.1f}x")
-  os.makedirs(os.path.dirname(args.out), exist_ok=True)
-  with open(args.out, "w") as f:
-    json.dump({"update_step": rows, "document_store": docs, "params": CFG.num_params(),
-               "jax": jax.__version__}, f, indent=2)
+  name = "kv_reuse_quick" if args.quick else "kv_reuse"
+  print("wrote", results.write("speed", name, {
+      "update_step": rows, "document_store": docs, "params": CFG.num_params(),
+      "jax": jax.__version__}, into=args.out))
 
 
 if __name__ == "__main__":

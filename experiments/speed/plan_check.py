@@ -1,6 +1,6 @@
 """How far off is `rlcode plan`'s time estimate? Checked against measured steps on this CPU.
 
-    python experiments/plan_check.py [--repeats 5] [--config.a.b=value ...]
+    python -m experiments.speed.plan_check [--repeats 5] [--out DIR] [--config.a.b=value ...]
 
 1. This machine's peaks, measured: FLOP/s of a float32 2048 x 2048 matmul and memory
    bandwidth of an elementwise pass over 512 MB (best of --repeats each), on one CPU
@@ -13,33 +13,27 @@
 The model is configs/grpo_tiny.py widened (hidden 512, 4 layers, SwiGLU 1408, 8 heads
 of 64, float32) so that arithmetic, not per-op overhead, has a chance to dominate; the
 batch is 4 prompts x 8 samples, 128-token prompts, 64-token completions. Prints the
-estimate's terms, the measurement and their ratio; writes plan_check.json to --out.
+estimate's terms, the measurement and their ratio; writes result.json to --out (default
+results/speed/plan_check).
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import statistics
-import sys
-import time
 
-ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-sys.path.insert(0, ROOT)
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
 
-import jax  # noqa: E402
-import jax.numpy as jnp  # noqa: E402
-import numpy as np  # noqa: E402
-from flax import nnx  # noqa: E402
-
+from experiments.lib import ROOT, results
+from experiments.lib.timing import best_time, median_time
+from rlcode import optim, plan, sampling
 from rlcode.config import loader
-from rlcode import plan, sampling
+from rlcode.models.build import build_model
 from rlcode.parallel import sharding
-from rlcode.rl import shared_prefix
-from rlcode import optim
-from rlcode.rl import objective  # noqa: E402
-from rlcode.models.build import build_model  # noqa: E402
+from rlcode.rl import objective, shared_prefix
 
 CONFIG = os.path.join(ROOT, "configs", "grpo_tiny.py")
 WIDE = ["--config.model.arch.hidden_size=512", "--config.model.arch.intermediate_size=1408",
@@ -50,38 +44,20 @@ WIDE = ["--config.model.arch.hidden_size=512", "--config.model.arch.intermediate
 PROMPT_LEN = 128
 
 
-def best_seconds(fn, repeats):
-  fn()
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return min(times)
-
-
 def measured_peaks(repeats):
+  """(FLOP/s of a float32 2048 x 2048 matmul, bytes/s of an elementwise pass over 512 MB)."""
   n = 2048
   a = jnp.ones((n, n), jnp.float32)
   matmul = jax.jit(lambda x: x @ x)
-  flops = 2 * n ** 3 / best_seconds(lambda: matmul(a).block_until_ready(), repeats)
+  flops = 2 * n ** 3 / best_time(lambda: matmul(a).block_until_ready(), repeats)
   big = jnp.ones((128 * 1024 * 1024,), jnp.float32)  # 512 MB, read once and written once
   add = jax.jit(lambda x: x + 1.0)
-  bandwidth = 2 * big.nbytes / best_seconds(lambda: add(big).block_until_ready(), repeats)
+  bandwidth = 2 * big.nbytes / best_time(lambda: add(big).block_until_ready(), repeats)
   return flops, bandwidth
 
 
-def median_seconds(fn, repeats):
-  fn()  # compiles
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    fn()
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
-
-
 def measured_steps(config, repeats):
+  """Median seconds of the planned update step and of generate() of the planned rows."""
   rl = config.rl
   mesh = sharding.make_mesh(1, 1, 1)
   model, _ = build_model(config.model, mesh, config.seed)
@@ -100,21 +76,23 @@ def measured_steps(config, repeats):
   holder = [state]
 
   def one_update():
+    """One update step, fed the state the last one returned."""
     holder[0], m = update(holder[0], batch)
     jax.block_until_ready(m)
 
-  update_s = median_seconds(one_update, repeats)
+  update_s = median_time(one_update, repeats)
   policy = nnx.merge(graphdef, holder[0].params)
   # No stop token: every row decodes the whole budget, as the plan assumes.
   sample = lambda: sampling.generate(policy, prompts, max_new_tokens=tc, group_size=rl.group_size,
                                      temperature=1.0, seed=0, mesh=mesh)
-  return update_s, median_seconds(sample, repeats)
+  return update_s, median_time(sample, repeats)
 
 
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--repeats", type=int, default=5)
-  parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/plan_check"))
+  parser.add_argument("--out", default=None,
+                      help="the result's folder (default results/speed/plan_check)")
   args, overrides = parser.parse_known_args()
   config = loader.load_config(CONFIG, WIDE + overrides)
   flops, bandwidth = measured_peaks(args.repeats)
@@ -135,13 +113,12 @@ def main():
   for name, e, m in rows:
     print(f"{name:26s} {e['compute']:8.3f} {e['memory']:8.3f} {e['total']:9.3f} {m:9.3f} "
           f"{m / e['total']:17.2f}")
-  os.makedirs(args.out, exist_ok=True)
-  with open(os.path.join(args.out, "plan_check.json"), "w") as f:
-    json.dump({"flops": flops, "bandwidth": bandwidth, "estimate": est,
-               "measured": {"update": update_s, "sample": sample_s},
-               "xla": {"update": result["update"]["xla"], "decode": result["decode"]["xla"]},
-               "analytic_flops": {"update": result["update"]["flops"],
-                                  "decode": result["decode"]["flops"]}}, f, indent=1)
+  print("wrote", results.write("speed", "plan_check", {
+      "flops": flops, "bandwidth": bandwidth, "estimate": est,
+      "measured": {"update": update_s, "sample": sample_s},
+      "xla": {"update": result["update"]["xla"], "decode": result["decode"]["xla"]},
+      "analytic_flops": {"update": result["update"]["flops"],
+                         "decode": result["decode"]["flops"]}}, config=config, into=args.out))
 
 
 if __name__ == "__main__":

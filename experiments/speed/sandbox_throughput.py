@@ -1,38 +1,35 @@
 """Sandbox throughput: HumanEval reference solutions scored per second, isolation on.
 
 Command (from the repository root):
-  .venv/bin/python experiments/sandbox_throughput.py [--workers N]
+  .venv/bin/python -m experiments.speed.sandbox_throughput [--workers N]
 
 Scores all 164 HumanEval reference solutions through `rlcode.sandbox` (bubblewrap
 namespaces, seccomp, rlimits, the tests in their own process calling the
 program's through a plain-data channel, nonce-checked per-test report: the same
 path the "tests" reward takes) with 1 and with 2 workers, side by side in one
 run, and prints programs per second. The claim to reproduce: at least 10 programs/s on 2
-cores with 2 workers. Writes experiments/out/sandbox_throughput.json. The load
-average before and after is recorded because the machine may be shared.
+cores with 2 workers. Writes result.json to --out (default
+results/speed/sandbox_throughput). The load average before and after is recorded
+because the machine may be shared.
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from rlcode import sandbox  # noqa: E402
-from rlcode.data.humaneval import humaneval_tasks  # noqa: E402
-from rlcode.rewards.tests import job_for  # noqa: E402
+from experiments.lib import results
+from rlcode import sandbox
+from rlcode.data.humaneval import humaneval_tasks
+from rlcode.rewards.tests import job_for
 
 
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--workers", type=int, nargs="+", default=[1, 2])
-  parser.add_argument("--out", default=str(
-      Path(__file__).parent / "out" / "sandbox_throughput.json"))
+  parser.add_argument("--out", default=None,
+                      help="the result's folder (default results/speed/sandbox_throughput)")
   args = parser.parse_args()
 
   jobs = [job_for(t, t.reference) for t in humaneval_tasks()]
@@ -42,11 +39,11 @@ def main() -> None:
     box = sandbox.Sandbox(workers=workers)
     box.run(jobs[0])  # warm-up: page cache, probe
     cpu0, t0 = time.process_time(), time.perf_counter()
-    results = box.run_many(jobs)
+    scored = box.run_many(jobs)
     seconds = time.perf_counter() - t0
     rows.append({
         "workers": workers, "backend": box.backend, "programs": len(jobs),
-        "passed": sum(r.passed for r in results), "seconds": seconds,
+        "passed": sum(r.passed for r in scored), "seconds": seconds,
         "programs_per_s": len(jobs) / seconds,
         "controller_cpu_s": time.process_time() - cpu0,
     })
@@ -60,12 +57,9 @@ def main() -> None:
           f"{r['controller_cpu_s']:>10.2f}")
   print(f"cpus available: {len(os.sched_getaffinity(0))}, load average (1 min) "
         f"before {load_before:.2f}, after {load_after:.2f}")
-  out = Path(args.out)
-  out.parent.mkdir(parents=True, exist_ok=True)
   record = {"rows": rows, "cpus": len(os.sched_getaffinity(0)),
             "load_before": load_before, "load_after": load_after}
-  out.write_text(json.dumps(record, indent=2) + "\n")
-  print(f"wrote {out}")
+  print("wrote", results.write("speed", "sandbox_throughput", record, into=args.out))
 
 
 if __name__ == "__main__":

@@ -7,30 +7,28 @@ step (forward, backward, AdamW) with the prompt computed once per group
 token it processes: the repeated layout processes G*(P+C) tokens, the shared
 one P + G*C unique tokens.
 
-The step itself is kv_reuse.py's `update_step_row` (both layouts, same
-weights and batch, best of --repeats after a compile run); this script adds
+The step itself is experiments.lib.update_step.update_step_row (kv_reuse.py's: both
+layouts, same weights and batch, best of --repeats after a compile run); this script adds
 the per-token times, their ratio and each layout's model FLOP utilisation
 (6 * parameters per token plus the attention of the pairs each layout
 computes, forward and backward, over --peak-tflops).
 
-    python experiments/shared_prefix_update.py --out experiments/gpu_h200      # GPU
-    python experiments/shared_prefix_update.py --smoke --out /tmp/smoke         # CPU
+    python -m experiments.speed.shared_prefix_update --out results/gpu/RUN   # GPU (gpu/check.sh)
+    python -m experiments.speed.shared_prefix_update --smoke --out /tmp/smoke  # CPU
 
---smoke: gpu_common.TINY, P=32, C=16, G=2. Writes shared_prefix_update.json.
+--smoke: experiments.lib.shapes.TINY, P=32, C=16, G=2. Writes shared_prefix_update.json
+(and the folder's manifest.json) to --out (default
+results/speed/shared_prefix_update[_smoke]).
 """
 
 from __future__ import annotations
 
 import argparse
-import os
-import sys
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-
-from experiments.gpu_common import (H200_BF16_FLOPS, QWEN2_05B, TINY,  # noqa: E402
-                                    environment, write_json)
-from experiments.kv_reuse import update_step_row  # noqa: E402
-from rlcode.parallel import sharding  # noqa: E402
+from experiments.lib import results
+from experiments.lib.shapes import H200_BF16_FLOPS, QWEN2_05B, TINY, environment
+from experiments.lib.update_step import update_step_row
+from rlcode.parallel import sharding
 
 TARGET = 1.2
 
@@ -49,6 +47,7 @@ def model_flops(cfg, tokens: int, pairs: int) -> float:
 
 
 def summarise(row: dict, cfg, peak_flops: float) -> dict:
+  """The row with each layout's tokens, time per token, MFU, and their ratio against TARGET."""
   p, c, g = row["prompt"], row["completion"], row["group"]
   tokens = dict(repeated=g * (p + c), shared=p + g * c)
   pairs = attention_pairs(p, c, g)
@@ -72,8 +71,8 @@ def main(argv=None):
   parser.add_argument("--group", type=int, default=8)
   parser.add_argument("--repeats", type=int, default=2)
   parser.add_argument("--peak-tflops", type=float, default=H200_BF16_FLOPS / 1e12)
-  parser.add_argument("--out", default=os.path.join(os.path.dirname(os.path.abspath(__file__)),
-                                                    "out"))
+  parser.add_argument("--out", default=None,
+                      help="the folder to write to (default results/speed/shared_prefix_update)")
   args = parser.parse_args(argv)
   if args.smoke:
     cfg, p, c, g, repeats = TINY, 32, 16, 2, 1
@@ -82,9 +81,10 @@ def main(argv=None):
                              args.repeats)
   row = update_step_row(p, c, g, repeats, sharding.make_mesh(1, 1, 1), cfg=cfg)
   row = summarise(row, cfg, args.peak_tflops * 1e12)
-  write_json(dict(environment=environment(), params=cfg.num_params(),
-                  peak_tflops=args.peak_tflops, rows=[row]),
-             os.path.join(args.out, "shared_prefix_update.json"))
+  results.write("speed", "shared_prefix_update" + ("_smoke" if args.smoke else ""),
+                dict(environment=environment(), params=cfg.num_params(),
+                     peak_tflops=args.peak_tflops, rows=[row]),
+                into=args.out, filename="shared_prefix_update.json")
   print("| P | C | G | repeated s | shared s | repeated us/token | shared us/token | ratio | "
         "repeated MFU | shared MFU |")
   print("|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|")

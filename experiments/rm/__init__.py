@@ -1,0 +1,1 @@
+"""Reward models of user choices: saturation, and selecting one of k samples."""

@@ -1,0 +1,1 @@
+"""Section prediction: the section reward against next-token cross-entropy."""

@@ -1,0 +1,1 @@
+"""Speed on a CPU: attention, generation, KV reuse, the shared-prefix update, the sandbox, the plan estimate."""
