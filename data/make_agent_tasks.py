@@ -27,7 +27,7 @@ units no split uses: for file and search, eight other symbols (WIDTH, COUNT, ...
 constants 2-99; for tests, made-up names ("rutek7"), each with a random operation. So
 many pairings, each seen once, cannot be memorised: fitting them means reading the
 prompt and copying from the tools' output, and a warm start on them learns to copy
-(experiments/README.md, agent_tiny: 0.911 of validation episodes reproduced greedily
+(docs/journal.md, agent_tiny: 0.911 of validation episodes reproduced greedily
 after 600 steps, against 0.018 with practice constants 10-99 on the task symbols).
 Until 2026-12-01 the practice names were the task stems with digits 4-9; the policy
 then wrote a remembered name for about half of the validation tests tasks ("plom3"
@@ -46,7 +46,7 @@ hint records the decoy's value. The tests pass only with the live value, so a po
 must copy from the right line, which a demonstrator that does not tell the two apart
 (rlcode.agent.expert.copies_decoy, warmstart.decoy_copy) gets right half the time:
 imitating it cannot teach the difference, the reward could. (In 30 or 50 GRPO steps it
-did not: experiments/README.md, agent_tiny, "decoy lines".)
+did not: docs/journal.md, agent_tiny, "decoy lines".)
 
 With --notes every task but the practice ones ends its prompt with a stale note: "An
 old note says OFFSET = 4." (file and search tasks: another constant 2-9) or "An old
