@@ -37,6 +37,7 @@ def workload(cfg, *, batch: int, prompt: int, new: int):
 
   @jax.jit
   def forward(state, tokens):
+    """The prompts' forward alone: the last position's logits."""
     m = nnx.merge(graphdef, state)
     h, _ = m.hidden(tokens)
     return m.logits(h[:, -1:])

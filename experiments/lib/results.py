@@ -107,6 +107,7 @@ def git_state() -> dict:
   """{"commit": HEAD's sha, "dirty": tracked changes outside results/}, once a process;
   "unknown" and None where there is no git or no repository (a copied tree)."""
   def git(*args):
+    """A git command's output in the repository root."""
     return subprocess.run(["git", *args], cwd=ROOT, capture_output=True, text=True,
                           check=True, timeout=60).stdout
   try:
@@ -133,6 +134,7 @@ def machine() -> dict:
 
 
 def _cpuinfo(field: str) -> str:
+  """The first /proc/cpuinfo line of `field`, or "unknown"."""
   try:
     with open("/proc/cpuinfo") as f:
       for line in f:
@@ -144,6 +146,7 @@ def _cpuinfo(field: str) -> str:
 
 
 def _memory_gib() -> float | None:
+  """MemTotal of /proc/meminfo in GiB (None where it cannot be read)."""
   try:
     with open("/proc/meminfo") as f:
       for line in f:

@@ -7,6 +7,7 @@ import time
 
 
 def _block(x):
+  """x once its arrays are computed (jax.block_until_ready)."""
   import jax
   return jax.block_until_ready(x)
 

@@ -53,6 +53,7 @@ def update_step_row(prompt_len, completion_len, group, repeats, mesh, cfg=CFG):
     holder = {"state": state}  # feed each call the state the last one returned
 
     def run():
+      """One step, fed the state the last one returned; its loss."""
       holder["state"], metrics = compiled(holder["state"], batch)
       return metrics["loss"]
     row[f"{name}_seconds"] = best_time(run, repeats)
