@@ -24,8 +24,11 @@ smoke: $(STAMP)
 	rm -rf workdirs/smoke
 	$(BIN)/rlcode train --config configs/grpo_tiny.py:smoke
 
+# CI passes PYTEST_ARGS (a JUnit report: .ci/run).
+PYTEST_ARGS ?=
+
 test: $(STAMP)
-	$(BIN)/python -m pytest -n 2 --dist loadscope -q tests
+	$(BIN)/python -m pytest -n 2 --dist loadscope -q $(PYTEST_ARGS) tests
 
 # The unit tier: every module's fast tests (no training runs, no processes started).
 test-fast: $(STAMP)

@@ -57,7 +57,8 @@ def _parse(argv: Sequence[str]):
   ev.add_argument("--config", help=config_help + " (with --checkpoint)")
   ev.add_argument("--checkpoint", help="a workdir or its checkpoints/ directory")
   ev.add_argument("--k", default="1,10,100", help="comma-separated k for pass@k")
-  ev.add_argument("--out", default="", help="directory for the report (default: beside the input)")
+  ev.add_argument("--out", default="", help="directory for the report (default: beside a "
+                  "completions file; printed only otherwise)")
   ev.add_argument("--workers", type=int, default=None, help="sandbox workers (default: CPUs)")
   ev.add_argument("--select", default="", help="selectors among k samples, comma-separated: "
                   "first, majority, rm, oracle (selector@k instead of pass@k)")
@@ -127,10 +128,7 @@ def _ks(text: str) -> list[int]:
 
 
 def _eval(parser, args, overrides) -> None:
-  from rlcode.evaluation import selection
-  from rlcode.evaluation import policy_eval
-  from rlcode.evaluation import scoring
-  from rlcode.evaluation import selection_eval
+  from rlcode.evaluation import policy_eval, scoring, selection, selection_eval
   ks = _ks(args.k)
   selectors = [x.strip() for x in args.select.split(",") if x.strip()]
   select = dict(selectors=selectors, ks=ks, rm_checkpoint=args.rm,
@@ -143,6 +141,7 @@ def _eval(parser, args, overrides) -> None:
       pairs = scoring.read_completions(args.completions, tasks)
       table = selection_eval.evaluate_selection(tasks, pairs, workers=args.workers, **select)
       print(selection.format_table(table, selectors))
+      _write_report(args.out, "selection_report.json", table)
       return
     out = args.out or os.path.dirname(os.path.abspath(args.completions))
     report = scoring.evaluate_completions_file(_tasks(args.tasks), args.completions,
@@ -156,9 +155,23 @@ def _eval(parser, args, overrides) -> None:
   if selectors:
     table = selection_eval.sample_and_select(config, args.checkpoint, **select)
     print(selection.format_table(table, selectors))
+    _write_report(args.out, "selection_report.json", table)
     return
   result = policy_eval.evaluate_checkpoint(config, args.checkpoint, ks=ks)
   print(json.dumps(result, indent=2))
+  _write_report(args.out, scoring.REPORT_NAME, result)
+
+
+def _write_report(out: str, name: str, report) -> None:
+  """The report as JSON in directory `out` (every eval mode honours --out)."""
+  if not out:
+    return
+  os.makedirs(out, exist_ok=True)
+  path = os.path.join(out, name)
+  with open(path, "w", encoding="utf-8") as f:
+    json.dump(report, f, indent=2, default=str)
+    f.write("\n")
+  print(f"wrote {path}")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -18,20 +18,25 @@ _flags = [f for f in os.environ.get("XLA_FLAGS", "").split() if f != xla_flags.C
 os.environ["XLA_FLAGS"] = xla_flags.for_subprocess(
     *_flags, "--xla_force_host_platform_device_count=8")
 os.environ.setdefault("JAX_PLATFORMS", "cpu")
-# Data builders and checkpoints of a test never touch the user's home.
-os.environ.setdefault("TFDS_DATA_DIR", "/tmp/rlcode-tests-tfds")
-# One persistent compilation cache for the run: made here by pytest's first process,
-# inherited by the xdist workers and by the processes tests start, removed at its exit.
-# Many tests compile the same small programs through fresh jit closures (in-memory
-# caches miss), and the subprocess tests recompile what the workers already did.
-if "JAX_COMPILATION_CACHE_DIR" not in os.environ:
-  import atexit
-  import shutil
-  import tempfile
-  _cache = tempfile.mkdtemp(prefix="rlcode-tests-jax-cache-")
-  atexit.register(shutil.rmtree, _cache, ignore_errors=True)
-  os.environ["JAX_COMPILATION_CACHE_DIR"] = _cache
-  os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
+# Per-run directories, made here by pytest's first process, inherited by the xdist
+# workers and by the processes tests start, removed at its exit: a second run beside
+# this one (another checkout's CI, say) shares nothing with it.
+#  - prepared datasets: tests never touch the user's home, and two runs never prepare
+#    the same dataset in one directory at once;
+#  - the persistent compilation cache: many tests compile the same small programs
+#    through fresh jit closures (in-memory caches miss), and the subprocess tests
+#    recompile what the workers already did.
+import atexit
+import shutil
+import tempfile
+
+for _variable, _prefix in (("TFDS_DATA_DIR", "rlcode-tests-tfds-"),
+                           ("JAX_COMPILATION_CACHE_DIR", "rlcode-tests-jax-cache-")):
+  if _variable not in os.environ:
+    _path = tempfile.mkdtemp(prefix=_prefix)
+    atexit.register(shutil.rmtree, _path, ignore_errors=True)
+    os.environ[_variable] = _path
+os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 # The heaviest modules first: with `--dist loadscope` a module runs whole on one
 # worker, so one started last leaves the other worker idle at the end.

@@ -7,7 +7,6 @@ the suite's end-to-end check that the mesh (data x fsdp x tensor, across process
 does not change what is computed; tests/test_grpo.py, test_sharding.py and
 test_ablations.py check the parts on one process of 8 devices."""
 
-import pytest
 import os
 import signal
 import socket
@@ -16,11 +15,12 @@ import sys
 import time
 
 import numpy as np
-
+import pytest
 import tiny_runs
 import xla_flags
-from rlcode.train import grpo_loop
+
 from rlcode.runs.metrics import read_metrics
+from rlcode.train import grpo_loop
 
 pytestmark = [pytest.mark.slow, pytest.mark.multiprocess]
 

@@ -11,8 +11,8 @@ import time
 
 import numpy as np
 import pytest
-
 import xla_flags
+
 from rlcode.config import loader
 from rlcode.runs.metrics import read_metrics
 

@@ -62,6 +62,24 @@ def check_arguments(schema: Mapping[str, Any], value: Any, where: str = "argumen
       check_arguments(schema["items"], item, f"{where}[{i}]")
 
 
+def _check_text(value, depth: int = 0) -> None:
+  """CallError when a string of the call is not text (a lone surrogate, which JSON's
+  \\ud800 escapes allow): nothing downstream has to meet one."""
+  if isinstance(value, str):
+    try:
+      value.encode("utf-8")
+    except UnicodeEncodeError:
+      raise CallError("the call holds a string that is not valid Unicode (a lone "
+                      "surrogate escape)") from None
+  elif isinstance(value, dict):
+    for k, v in value.items():
+      _check_text(k, depth + 1)
+      _check_text(v, depth + 1)
+  elif isinstance(value, list):
+    for v in value:
+      _check_text(v, depth + 1)
+
+
 def parse_turn(text: str, ended: str, tools: Mapping[str, Any]) -> Call | None:
   """The call in one policy turn.
 
@@ -75,8 +93,9 @@ def parse_turn(text: str, ended: str, tools: Mapping[str, Any]) -> Call | None:
     The Call, or None for a final answer (an "eos" turn without a call).
 
   Raises:
-    CallError: no complete call, JSON that does not parse, not {"name", "arguments"},
-      an unknown tool or arguments the tool's schema rejects.
+    CallError: no complete call, JSON that does not parse (or holds a string that is not
+      valid Unicode), not {"name", "arguments"}, an unknown tool or arguments the tool's
+      schema rejects.
   """
   if ended not in ENDINGS:
     raise ValueError(f"ended={ended!r}; expected one of {ENDINGS}")
@@ -99,6 +118,9 @@ def parse_turn(text: str, ended: str, tools: Mapping[str, Any]) -> Call | None:
     raise CallError(f"the call is not valid JSON: {e.msg} at char {e.pos}") from None
   except RecursionError:
     raise CallError("the call is not valid JSON: nested too deeply") from None
+  except ValueError as e:  # e.g. an integer of more digits than Python converts
+    raise CallError(f"the call is not valid JSON: {str(e)[:120]}") from None
+  _check_text(obj)
   if not isinstance(obj, dict) or not isinstance(obj.get("name"), str):
     raise CallError('the call must be a JSON object {"name": ..., "arguments": {...}}')
   extra = sorted(set(obj) - {"name", "arguments"})

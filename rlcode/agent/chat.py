@@ -39,6 +39,24 @@ _HERMES_SYSTEM = (
     "</tool_call>")
 
 
+def untrusted_text(text: str, max_bytes: int) -> tuple[str, bool]:
+  """`text` as valid Unicode (lone surrogates, as undecodable file names come back,
+  replaced) cut in the middle to at most `max_bytes` of UTF-8 with a marker saying how
+  much went; and whether it was cut."""
+  # A lone surrogate becomes its three bytes, decoded as replacement characters (U+FFFD),
+  # as undecodable bytes of a file are.
+  clean = text.encode("utf-8", "surrogatepass").decode("utf-8", "replace")
+  data = clean.encode("utf-8")
+  if len(data) <= max_bytes:
+    return clean, False
+  marker = f"\n[... {len(data)} bytes, {len(data) - max_bytes} cut ...]\n"
+  keep = max(max_bytes - len(marker), 0)
+  # A character cut at either edge is dropped (never more bytes than kept).
+  head = data[:keep - keep // 2].decode("utf-8", "ignore")
+  tail = data[len(data) - keep // 2:].decode("utf-8", "ignore")
+  return head + marker + tail, True
+
+
 @dataclasses.dataclass(frozen=True)
 class ChatFormat:
   """A named format bound to a tokenizer.
@@ -98,13 +116,17 @@ class ChatFormat:
               "\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
     return "<tool_response>", "</tool_response>"
 
-  def observation_tokens(self, text: str, max_tokens: int) -> tuple[list[int], bool]:
+  def observation_tokens(self, text: str, max_tokens: int,
+                         max_bytes: int = 16384) -> tuple[list[int], bool]:
     """The tokens appended after a turn, the observation cut in the middle to at most
-    `max_tokens` of its own tokens; and whether it was cut."""
+    `max_bytes` of UTF-8 (before it is tokenised: tokenising megabytes costs seconds)
+    and then to `max_tokens` of its own tokens; and whether it was cut. A tool's output
+    is untrusted: text that is not valid Unicode is replaced, never raised on."""
     head, tail = self.observation_parts()
+    text, cut_bytes = untrusted_text(text, max_bytes)
     body = self._bare(text)
-    cut = len(body) > max_tokens
-    if cut:
+    cut = cut_bytes or len(body) > max_tokens
+    if len(body) > max_tokens:
       n = len(body)
       # The marker is sized for the largest count first; the true count is no longer.
       keep = max(max_tokens - len(self._bare(f"\n[... {n} tokens cut ...]\n")), 0)

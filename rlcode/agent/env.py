@@ -20,6 +20,7 @@ rlcode.agent.sampler and rlcode.agent.rollout.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -28,10 +29,12 @@ from typing import Any
 from rlcode import rewards, sandbox
 from rlcode.agent import calls
 from rlcode.agent.memory import Memory
-from rlcode.agent.tools import Context, Tool, solution_path
+from rlcode.agent.tools import Context, Tool, ToolResult, solution_path
 from rlcode.data.tasks import Task
 from rlcode.rewards.tests import job_for
 from rlcode.sandbox.session import Session, SessionError, SessionLimits
+
+log = logging.getLogger(__name__)
 
 # How an episode ended. The last three are cut by a budget or a timeout: a config
 # may mask such trajectories out of the loss (rlcode.agent.rollout).
@@ -157,6 +160,13 @@ class ToolEnv:
       except SessionError as e:
         info["session_error"] = str(e)
         return self._end("timeout", info, f"error: {e}")
+      except Exception as e:  # noqa: BLE001 (untrusted arguments must not end the run)
+        # A tool that fails on what the policy asked is an observation, not a crash; the
+        # failure is logged and counted (info["tool_failure"]) so that a bug shows.
+        log.warning("tool %s failed on the policy's arguments: %s: %s", call.name,
+                    type(e).__name__, e)
+        info["tool_failure"] = f"{type(e).__name__}: {e}"[:500]
+        result = ToolResult(f"error: the {call.name} tool failed: {type(e).__name__}")
       finally:
         self.tool_seconds += time.monotonic() - start
       observation = result.text

@@ -34,7 +34,8 @@ LENGTH_MULTIPLE = 128
 def budgets(agent) -> sampler.Budgets:
   return sampler.Budgets(max_total_tokens=agent.max_total_tokens,
                          max_turn_tokens=agent.max_turn_tokens,
-                         max_observation_tokens=agent.max_observation_tokens)
+                         max_observation_tokens=agent.max_observation_tokens,
+                         max_observation_bytes=agent.max_observation_bytes)
 
 
 def make_envs(config, n: int, *, memory: Memory | None = None, embed=None,

@@ -127,7 +127,7 @@ def guess_calls(task: Task, toolset: str = "rich", seed: int = 0) -> list[tuple]
 
   Such episodes in a warm start give a policy that uses its tools on only part of the
   tasks, as a policy distilled from a weaker agent does; the reward is what can tell it
-  that looking pays (configs/agent_tiny.py, experiments/README.md agent_tiny)."""
+  that looking pays (configs/agent_tiny.py, docs/journal.md, agent_tiny)."""
   rng = random.Random(f"guess/{seed}/{task.id}")
   guess = (rng.choice(GUESSED_NAMES) if task.extra.hint["variant"] == "tests"
            else rng.randint(2, 9))
@@ -187,7 +187,8 @@ def expert_trajectory(env: ToolEnv, chat: ChatFormat, task: Task, calls: list[tu
     traj.turns.append(dict(step.info, turn_tokens=len(ids)))
     if step.done:
       break
-    obs, cut = chat.observation_tokens(step.observation, budgets.max_observation_tokens)
+    obs, cut = chat.observation_tokens(step.observation, budgets.max_observation_tokens,
+                                       budgets.max_observation_bytes)
     traj.turns[-1].update(observation_tokens=len(obs), observation_cut=cut)
     traj.tokens += obs
     traj.mask += [0] * len(obs)

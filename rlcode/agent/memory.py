@@ -16,7 +16,7 @@ Rules (`RULES`):
   dedupe         `all`, but a note whose embedding is within `dedupe_cosine` of a kept
                  one replaces it instead of joining it.
   success_dedupe after_success, deduplicated as by dedupe, and capped as by last_n.
-experiments/agent_memory.py compares them on 240 tasks where an earlier episode's
+experiments/agent/memory.py compares them on 240 tasks where an earlier episode's
 note helps a later one: all, after_success and dedupe tie for the best success (0.685
 against 0.490 with never, 2 seeds; its tiebreak on context tokens picks all, by 0.04
 tokens per episode). DEFAULT_RULE is dedupe: the same success with a quarter of the

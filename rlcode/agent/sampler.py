@@ -11,7 +11,7 @@ which the decode loop sampled but did not feed back, and the observation) on top
 of its cache, whose length is reset to the row's true length first (the loop
 advanced every row by its step count). Peers resend the whole context every turn
 and lean on an inference server's prefix cache; `reuse_kv=False` does exactly
-that resend here, as the baseline of experiments/agent_kv.py.
+that resend here, as the baseline of experiments/agent/kv.py.
 
 Trajectories are tokens: the prompt, then the sampled tokens (mask 1, with their
 behaviour log-probs under the tempered sampling distribution) and the appended
@@ -57,11 +57,14 @@ class Budgets:
   max_total_tokens: prompt + every turn + every observation.
   max_turn_tokens: one policy turn.
   max_observation_tokens: one observation's own text (cut in the middle beyond).
+  max_observation_bytes: one observation's UTF-8, cut in the middle before it is
+    tokenised (a tool's output may be megabytes).
   """
 
   max_total_tokens: int = 1024
   max_turn_tokens: int = 192
   max_observation_tokens: int = 256
+  max_observation_bytes: int = 16384
 
   def __post_init__(self):
     if self.max_turn_tokens < 1 or self.max_observation_tokens < 32:
@@ -292,7 +295,8 @@ def _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv
         active[b] = False
         record_end(t, envs[b])
         continue
-      obs, cut = chat.observation_tokens(result.observation, budgets.max_observation_tokens)
+      obs, cut = chat.observation_tokens(result.observation, budgets.max_observation_tokens,
+                                         budgets.max_observation_bytes)
       t.turns[-1].update(observation_tokens=len(obs), observation_cut=cut)
       if t.context_tokens + len(obs) + 1 > budgets.max_total_tokens:
         envs[b].abort("max_tokens")

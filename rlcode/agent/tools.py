@@ -184,15 +184,22 @@ class Search(Tool):
     if not query.strip():
       return ToolResult("error: empty query", info={"error": True})
     try:
-      files = {p: ctx.session.read(p) for p in ctx.session.files()[:self.MAX_FILES]}
+      paths = ctx.session.files()[:self.MAX_FILES]
     except SessionError as e:
       return ToolResult(f"error: {e}", info={"error": True})
+    files, unread = {}, 0
+    for p in paths:  # a file too large (or named in no text) is skipped, not fatal
+      try:
+        files[p] = ctx.session.read(p)
+      except SessionError:
+        unread += 1
+    skipped = f"\n[{unread} files not searched: unreadable or too large]" if unread else ""
     if mode == "text":
       hits = [f"{p}:{i}: {line}" for p, text in files.items()
               for i, line in enumerate(text.splitlines(), 1) if query in line]
       more = len(hits) - self.MAX_HITS
       text = "\n".join(hits[:self.MAX_HITS]) or "no matches"
-      return ToolResult(text + (f"\n[{more} more matches]" if more > 0 else ""),
+      return ToolResult(text + (f"\n[{more} more matches]" if more > 0 else "") + skipped,
                         info={"hits": len(hits)})
     if ctx.embed is None:
       return ToolResult("error: semantic search is not available in this run",

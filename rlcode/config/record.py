@@ -48,6 +48,19 @@ def write_run_config(config: ml_collections.ConfigDict, workdir: str) -> str:
   return path
 
 
+def _read_json(path: str) -> dict:
+  """A run's recorded config; a file cut mid-write (or not a config) is one line."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      value = json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise BadInput(f"{path}: the run's recorded config is not valid JSON ({e}); it was "
+                   "cut mid-write or edited: restore it, or use another workdir") from None
+  if not isinstance(value, dict):
+    raise BadInput(f"{path}: the run's recorded config is not a JSON object")
+  return value
+
+
 def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
   """Raises BadInput listing every key (outside RESUMABLE_KEYS) in which `config`
   differs from the one the run in `workdir` started with."""
@@ -55,8 +68,7 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
   if not os.path.isfile(path):
     raise MissingInput(f"{path} does not exist: {workdir!r} holds a checkpoint but not the "
                        "config it was written with, so a resume cannot be checked")
-  with open(path) as f:
-    before = flat(json.load(f))
+  before = flat(_read_json(path))
   now = flat(plain(config))
   resumable = set(RESUMABLE_KEYS)
   # A derived key that follows a resumable one (decay steps from train.steps) follows it.
@@ -82,7 +94,6 @@ def recorded_config(path: str, what: str = "path") -> ml_collections.ConfigDict:
   for where in (path, os.path.dirname(os.path.abspath(path))):
     candidate = os.path.join(where, RUN_CONFIG)
     if os.path.isfile(candidate):
-      with open(candidate) as f:
-        return loader.resolve(json.load(f))
+      return loader.resolve(_read_json(candidate))
   raise MissingInput(f"{what}={path!r}: no {RUN_CONFIG} there or one directory "
                      "up; name a run's workdir or checkpoint directory")

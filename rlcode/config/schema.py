@@ -316,6 +316,8 @@ class Agent:
     max_total_tokens: an episode's token budget (prompt excluded).
     max_turn_tokens: a turn's sampling budget.
     max_observation_tokens: an observation is cut to this many tokens.
+    max_observation_bytes: an observation is first cut to this many bytes of UTF-8 (before
+      it is tokenised).
     mask_cut: an episode cut by a budget or timeout is out of the loss whole.
     success_reward: the final reward that counts as success.
     memory_rule: what the memory tool keeps across episodes (rlcode.agent.memory).
@@ -335,7 +337,8 @@ class Agent:
   max_turns: int = key(5, ge=1)
   max_total_tokens: int = key(640, ge=1)
   max_turn_tokens: int = key(160, ge=1)
-  max_observation_tokens: int = key(96, ge=1)
+  max_observation_tokens: int = key(96, ge=32)
+  max_observation_bytes: int = key(16384, ge=256)
   mask_cut: bool = key(True)
   success_reward: float = key(1.0)
   memory_rule: str = key("dedupe", choices=Lazy("rlcode.agent.memory", "RULES"))

@@ -32,6 +32,7 @@ from typing import Any
 import numpy as np
 import tensorflow_datasets as tfds
 
+from rlcode.data.tasks import LocalDatasetInfo
 from rlcode.data.jsonl import SPLITS, held_out, json_objects
 from rlcode.errors import BadInput, UnknownKey
 
@@ -179,7 +180,7 @@ class ChoicesBuilder(tfds.core.GeneratorBasedBuilder):
     super().__init__(data_dir=data_dir, config=config, **kwargs)
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
+    return LocalDatasetInfo(
         builder=self, description=(type(self).__doc__ or "").strip(),
         features=tfds.features.FeaturesDict({
             "id": tfds.features.Text(), "prompt": tfds.features.Text(),

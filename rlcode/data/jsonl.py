@@ -35,7 +35,7 @@ import tensorflow_datasets as tfds
 
 from rlcode.data.extras import extra_for
 from rlcode.data.tasks import Task, TaskBuilder
-from rlcode.errors import BadInput
+from rlcode.errors import BadInput, MissingInput
 
 SPLITS = ("train", "validation", "held_out")
 _REQUIRED = ("id", "prompt", "tests", "entry_point", "reference")
@@ -43,20 +43,32 @@ _OPTIONAL = ("family", "split", "extra")
 
 
 def json_objects(path: str | Path) -> Iterator[tuple[str, dict]]:
-  """(where, object) for each non-blank line; `where` is "path:line".
+  """(where, object) for each non-blank line; `where` is "path:line". The one reader of
+  JSON-lines inputs (tasks, choices, completions): each line is decoded on its own, so a
+  problem names its line.
 
-  Raises BadInput (a ValueError) naming the line for bad JSON or a line that is not an
-  object.
+  Raises BadInput (a ValueError) naming the line for invalid UTF-8, bad JSON or a line
+  that is not an object; MissingInput for a file that is not there.
   """
-  with Path(path).open(encoding="utf-8") as f:
-    for lineno, line in enumerate(f, 1):
+  path = Path(path)
+  if not path.is_file():
+    raise MissingInput(f"{path}: no such file")
+  with path.open("rb") as f:
+    for lineno, raw in enumerate(f, 1):
+      where = f"{path}:{lineno}"
+      try:
+        line = raw.decode("utf-8")
+      except UnicodeDecodeError as e:
+        raise BadInput(f"{where}: not UTF-8 (byte {raw[e.start]:#04x} at column "
+                       f"{e.start + 1})") from None
       if not line.strip():
         continue
-      where = f"{path}:{lineno}"
       try:
         row: Any = json.loads(line)
       except json.JSONDecodeError as e:
-        raise BadInput(f"{where}: not valid JSON: {e.msg}") from e
+        raise BadInput(f"{where}: not valid JSON: {e.msg} (column {e.colno})") from None
+      except (ValueError, RecursionError) as e:  # an integer too long, nesting too deep
+        raise BadInput(f"{where}: not valid JSON: {str(e)[:120]}") from None
       if not isinstance(row, dict):
         raise BadInput(f"{where}: expected a JSON object, got {type(row).__name__}")
       yield where, row

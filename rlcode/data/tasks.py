@@ -66,6 +66,15 @@ class Task:
 _TEXT_FEATURES = ("id", "prompt", "kind", "reference", "tests", "entry_point", "extra")
 
 
+class LocalDatasetInfo(tfds.core.DatasetInfo):
+  """The DatasetInfo of a dataset made here: tfds never looks it up on its cloud bucket
+  (its lookup, run for every builder not yet prepared, also leaves an empty temporary
+  directory behind each time)."""
+
+  def initialize_from_bucket(self) -> None:
+    return None
+
+
 class TaskBuilder(tfds.core.GeneratorBasedBuilder):
   """Base tfds builder for datasets of `Task`s.
 
@@ -83,7 +92,7 @@ class TaskBuilder(tfds.core.GeneratorBasedBuilder):
     super().__init__(data_dir=data_dir, **kwargs)
 
   def _info(self) -> tfds.core.DatasetInfo:
-    return tfds.core.DatasetInfo(
+    return LocalDatasetInfo(
         builder=self,
         description=(type(self).__doc__ or "").strip(),
         features=tfds.features.FeaturesDict(

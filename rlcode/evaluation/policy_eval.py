@@ -113,7 +113,7 @@ def restore_policy(config, path: str, mesh):
   """
   nested = os.path.join(path, "checkpoints")
   directory = nested if os.path.isdir(nested) else path
-  with checkpoint.Checkpointer(directory) as ckpt:
+  with checkpoint.Checkpointer(directory, create=False) as ckpt:
     step = ckpt.latest_step()
     if step is None:
       raise MissingInput(f"no checkpoint under {directory}")

@@ -11,7 +11,7 @@ import dataclasses
 KINDS = ("dense", "sliding", "document")
 
 # Tile sizes when a spec leaves them unset. XLA on CPU: measured at T=8192,
-# H=8, K=2, D=64 (experiments/attention_scaling.py), 256 balances loop steps
+# H=8, K=2, D=64 (experiments/speed/attention_scaling.py), 256 balances loop steps
 # against a tile pair that stays in cache (512 is as fast forward, 1.4x slower
 # backward); sliding windows want narrow query tiles, which visit fewer
 # masked keys. Pallas on GPU (Triton) keeps a tile in registers/shared

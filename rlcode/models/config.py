@@ -13,6 +13,7 @@ from typing import Any
 
 import jax.numpy as jnp
 
+from rlcode.errors import BadInput
 from rlcode.kernels.spec import NSAConfig
 
 # Hugging Face `architectures` entries the decoder implements exactly.
@@ -153,14 +154,14 @@ def from_hf_config(hf: Mapping[str, Any], *, source: str = "config.json",
   archs = hf.get("architectures") or []
   model_type = hf.get("model_type")
   if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
-    raise ValueError(f"{source}: architectures={archs} (model_type={model_type!r}) is not "
+    raise BadInput(f"{source}: architectures={archs} (model_type={model_type!r}) is not "
                      f"supported; supported: {list(SUPPORTED_ARCHITECTURES)}")
   if hf.get("hidden_act", "silu") != "silu":
-    raise ValueError(f"{source}: hidden_act={hf['hidden_act']!r}; only 'silu' (SwiGLU) is supported")
+    raise BadInput(f"{source}: hidden_act={hf['hidden_act']!r}; only 'silu' (SwiGLU) is supported")
   if hf.get("mlp_bias"):
-    raise ValueError(f"{source}: mlp_bias=true is not supported")
+    raise BadInput(f"{source}: mlp_bias=true is not supported")
   if hf.get("use_sliding_window"):
-    raise ValueError(f"{source}: use_sliding_window=true is not supported by the HF loader")
+    raise BadInput(f"{source}: use_sliding_window=true is not supported by the HF loader")
   rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
   rope_theta = hf.get("rope_theta", rope.pop("rope_theta", 10000.0))
   rope.pop("rope_theta", None)
@@ -168,14 +169,22 @@ def from_hf_config(hf: Mapping[str, Any], *, source: str = "config.json",
   if rope_type == "default":
     rope_scaling = None
   elif rope_type == "llama3":
-    rope_scaling = {k: rope[k] for k in ("factor", "low_freq_factor", "high_freq_factor",
-                                         "original_max_position_embeddings")}
+    wanted = ("factor", "low_freq_factor", "high_freq_factor",
+              "original_max_position_embeddings")
+    missing = [k for k in wanted if k not in rope]
+    if missing:
+      raise BadInput(f"{source}: rope type 'llama3' needs {missing} in its rope parameters")
+    rope_scaling = {k: rope[k] for k in wanted}
     rope_scaling["rope_type"] = "llama3"
   else:
-    raise ValueError(f"{source}: rope type {rope_type!r} is not supported "
+    raise BadInput(f"{source}: rope type {rope_type!r} is not supported "
                      "(supported: 'default', 'llama3')")
   qkv_bias = model_type == "qwen2" or bool(hf.get("attention_bias", False))
   dtype = hf.get("dtype") or hf.get("torch_dtype") or "float32"
+  missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
+                         "num_attention_heads") if k not in hf]
+  if missing:
+    raise BadInput(f"{source}: missing {missing}")
   kwargs = dict(
       vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
       intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
@@ -188,7 +197,10 @@ def from_hf_config(hf: Mapping[str, Any], *, source: str = "config.json",
       param_dtype=dtype if dtype in _DTYPES else "float32",
       dtype=dtype if dtype in _DTYPES else "float32")
   kwargs.update(overrides)
-  return ModelConfig(**kwargs)
+  try:
+    return ModelConfig(**kwargs)
+  except (ValueError, TypeError) as e:
+    raise BadInput(f"{source}: {e}") from None
 
 
 def to_hf_config(cfg: ModelConfig, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
@@ -217,5 +229,9 @@ def to_hf_config(cfg: ModelConfig, base: Mapping[str, Any] | None = None) -> dic
 
 
 def read_hf_config(path) -> dict[str, Any]:
-  with open(path) as f:
-    return json.load(f)
+  """A checkpoint's config.json; one that does not parse is one line naming it."""
+  try:
+    with open(path, encoding="utf-8") as f:
+      return json.load(f)
+  except (json.JSONDecodeError, UnicodeDecodeError) as e:
+    raise BadInput(f"{path}: not valid JSON ({e})") from None

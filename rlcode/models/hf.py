@@ -26,6 +26,7 @@ from flax import nnx
 from jax.sharding import Mesh
 from safetensors.numpy import save_file
 
+from rlcode.errors import BadInput, MissingInput
 from rlcode.parallel import sharding
 from rlcode.models.config import ModelConfig, from_hf_config, read_hf_config, to_hf_config
 from rlcode.models.decoder import Decoder
@@ -49,12 +50,12 @@ class SafetensorsFile:
     with open(path, "rb") as f:
       head = f.read(8)
       if len(head) != 8:
-        raise ValueError(f"{path}: not a safetensors file (shorter than its 8-byte header size)")
+        raise BadInput(f"{path}: not a safetensors file (shorter than its 8-byte header size)")
       (n,) = struct.unpack("<Q", head)
       try:
         self.header = json.loads(f.read(n))
       except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise ValueError(f"{path}: corrupt safetensors header: {e}") from e
+        raise BadInput(f"{path}: corrupt safetensors header: {e}") from e
     self.header.pop("__metadata__", None)
     self._offset = 8 + n
     self._data = np.memmap(path, dtype=np.uint8, mode="r")
@@ -65,11 +66,11 @@ class SafetensorsFile:
   def get(self, name: str) -> np.ndarray:
     info = self.header[name]
     if info["dtype"] not in _ST_DTYPES:
-      raise ValueError(f"{self.path}: tensor {name} has unsupported dtype {info['dtype']}")
+      raise BadInput(f"{self.path}: tensor {name} has unsupported dtype {info['dtype']}")
     start, end = info["data_offsets"]
     raw = self._data[self._offset + start:self._offset + end]
     if raw.size != end - start:
-      raise ValueError(f"{self.path}: tensor {name} is truncated (file too short)")
+      raise BadInput(f"{self.path}: tensor {name} is truncated (file too short)")
     return raw.view(_ST_DTYPES[info["dtype"]]).reshape(info["shape"])
 
 
@@ -90,7 +91,7 @@ class _Entry:
 
 def _mapping(cfg: ModelConfig) -> list[_Entry]:
   if set(cfg.layer_kinds) != {"dense"}:
-    raise ValueError(f"Hugging Face Qwen2/Llama checkpoints hold dense-attention layers; this "
+    raise BadInput(f"Hugging Face Qwen2/Llama checkpoints hold dense-attention layers; this "
                      f"model's layers are {cfg.layer_kinds}")
   e, h, k, d, f = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                    cfg.intermediate_size)
@@ -152,15 +153,15 @@ def _weight_files(path: str) -> dict[str, str]:
       try:
         weight_map = json.load(f)["weight_map"]
       except (json.JSONDecodeError, KeyError) as e:
-        raise ValueError(f"{index}: not a safetensors index (needs a 'weight_map'): {e}") from e
+        raise BadInput(f"{index}: not a safetensors index (needs a 'weight_map'): {e}") from e
     files = {name: os.path.join(path, fname) for name, fname in weight_map.items()}
     missing = sorted({f for f in files.values() if not os.path.isfile(f)})
     if missing:
-      raise FileNotFoundError(f"{index} names shard files that are missing: {missing}")
+      raise MissingInput(f"{index} names shard files that are missing: {missing}")
     return files
   if os.path.isfile(single):
     return {name: single for name in SafetensorsFile(single).keys()}
-  raise FileNotFoundError(f"{path}: no {SINGLE} and no {INDEX}; not a complete "
+  raise MissingInput(f"{path}: no {SINGLE} and no {INDEX}; not a complete "
                           "Hugging Face checkpoint directory")
 
 
@@ -179,10 +180,10 @@ def load_hf(path: str, *, mesh: Mesh | None = None, **config_overrides
     (model, config).
   """
   if not os.path.isdir(path):
-    raise FileNotFoundError(f"checkpoint directory {path!r} does not exist")
+    raise MissingInput(f"checkpoint directory {path!r} does not exist")
   config_path = os.path.join(path, CONFIG)
   if not os.path.isfile(config_path):
-    raise FileNotFoundError(f"{path}: missing {CONFIG}")
+    raise MissingInput(f"{path}: missing {CONFIG}")
   cfg = from_hf_config(read_hf_config(config_path), source=config_path, **config_overrides)
   files = _weight_files(path)
   abstract = nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0)))
@@ -194,12 +195,12 @@ def load_hf(path: str, *, mesh: Mesh | None = None, **config_overrides
   entries = _mapping(cfg)
   missing = [n for entry in entries for n in entry.hf_names if n not in files]
   if missing:
-    raise ValueError(f"{path}: checkpoint lacks tensors the config needs: {missing[:8]}"
+    raise BadInput(f"{path}: checkpoint lacks tensors the config needs: {missing[:8]}"
                      + (f" (+{len(missing) - 8} more)" if len(missing) > 8 else ""))
   used = {n for entry in entries for n in entry.hf_names}
   unexpected = sorted(n for n in files if n not in used and not n.endswith(_IGNORED_SUFFIXES))
   if unexpected:
-    raise ValueError(f"{path}: checkpoint has tensors this architecture does not use "
+    raise BadInput(f"{path}: checkpoint has tensors this architecture does not use "
                      f"(config mismatch?): {unexpected[:8]}")
 
   readers: dict[str, SafetensorsFile] = {}
@@ -211,10 +212,10 @@ def load_hf(path: str, *, mesh: Mesh | None = None, **config_overrides
       fname = files[hf_name]
       reader = readers.setdefault(fname, SafetensorsFile(fname))
       if hf_name not in reader.header:
-        raise ValueError(f"{fname}: the index says it holds {hf_name}, but it does not")
+        raise BadInput(f"{fname}: the index says it holds {hf_name}, but it does not")
       raw = reader.get(hf_name)
       if tuple(raw.shape) != tuple(want):
-        raise ValueError(f"{fname}: tensor {hf_name} has shape {tuple(raw.shape)}, "
+        raise BadInput(f"{fname}: tensor {hf_name} has shape {tuple(raw.shape)}, "
                          f"but the config implies {tuple(want)}")
       raws.append(raw)
     host = np.ascontiguousarray(entry.to_ours(*raws).astype(var.get_value().dtype))

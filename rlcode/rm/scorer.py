@@ -39,7 +39,8 @@ class RewardModelScorer:
     mesh = sharding.make_mesh(1, 1, 1)
     model = build_reward_model(self.config, mesh)
     nested = os.path.join(path, "checkpoints")
-    with checkpoint.Checkpointer(nested if os.path.isdir(nested) else path) as ckpt:
+    with checkpoint.Checkpointer(nested if os.path.isdir(nested) else path,
+                               create=False) as ckpt:
       if ckpt.latest_step() is None:
         raise MissingInput(f"reward model checkpoint {path!r}: no checkpoint there")
       optimizer = optim.make_optimizer(optim.OptimizerConfig.from_config(self.config.optimizer))

@@ -5,11 +5,19 @@ frozen reference params when the KL term uses them, and a JSON record of the
 loop's position: the RL step, how many tasks the data stream has consumed, and
 the seeds every random draw derives from. Restoring places each array straight
 into the sharding of the abstract state it is given.
+
+A checkpoint whose files cannot be read back (a truncated array file, a metadata file
+cut mid-write, a file missing) is `CorruptCheckpoint`, naming its step and the file;
+a checkpoint of another model or optimiser is a plain BadInput saying so. The run
+scaffold resumes from the newest intact checkpoint (rlcode.runs.scaffold).
 """
 
 from __future__ import annotations
 
+import json
 import os
+import re
+import sys
 from typing import Any
 
 import jax
@@ -19,6 +27,16 @@ from etils import epath
 from rlcode.errors import BadInput, MissingInput
 
 
+class CorruptCheckpoint(BadInput):
+  """A checkpoint whose files cannot be read back; the message names the step and file."""
+
+
+# What orbax and tensorstore say when the bytes of a checkpoint are not what they wrote.
+_CORRUPT = ("DATA_LOSS", "OUT_OF_RANGE", "Error reading", "Error opening", "truncated",
+            "Unexpected end")
+_TENSORSTORE = re.compile(r'Error (?:reading|opening) "((?:state|ref)\.[^"]+)".*?at local file "([^"]+)"')
+
+
 class Checkpointer:
   """A CheckpointManager over `directory` (local or gs://) keeping the last `keep`.
 
@@ -26,13 +44,15 @@ class Checkpointer:
   restore fails): an unclosed manager leaves orbax's background threads behind, and
   their errors at garbage collection land in whatever runs next."""
 
-  def __init__(self, directory: str, keep: int = 2):
+  def __init__(self, directory: str, keep: int = 2, create: bool = True):
     # Orbax refuses relative local paths (at the first save, deep in a run).
     self.directory = epath.Path(directory if "://" in directory else os.path.abspath(directory))
+    if not create and not self.directory.exists():
+      raise MissingInput(f"no checkpoint under {directory}: no such directory")
     self._manager = ocp.CheckpointManager(
         self.directory,
-        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=True,
-                                             cleanup_tmp_directories=True),
+        options=ocp.CheckpointManagerOptions(max_to_keep=keep, create=create,
+                                             cleanup_tmp_directories=create),
         # Handlers named up front (not just item names), so that a manager that has not
         # saved can read a checkpoint's metadata (`_check_shapes`).
         item_handlers={"state": ocp.StandardCheckpointHandler(),
@@ -40,6 +60,10 @@ class Checkpointer:
 
   def latest_step(self) -> int | None:
     return self._manager.latest_step()
+
+  def all_steps(self) -> list[int]:
+    """The steps saved, newest first."""
+    return sorted(self._manager.all_steps(), reverse=True)
 
   def save(self, step: int, state: Any, meta: dict[str, Any]) -> None:
     self._manager.save(step, args=ocp.args.Composite(
@@ -51,15 +75,61 @@ class Checkpointer:
     step = self.latest_step() if step is None else step
     if step is None:
       raise MissingInput(f"no checkpoint in {self.directory}")
+    self._check_manifests(step)
     self._check_shapes(step, abstract_state)
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
-    except (ValueError, KeyError) as e:  # shapes or structure of another model/config
+    except Exception as e:  # noqa: BLE001 (orbax wraps tensorstore's errors in Exception)
+      _quiet_reads_after_a_failed_restore()
+      corrupt = self._corruption(step, e)
+      if corrupt:
+        raise CorruptCheckpoint(f"the checkpoint at step {step} in {self.directory} is "
+                                f"corrupt: {corrupt}") from None
+      if not isinstance(e, (ValueError, KeyError)):
+        raise
       first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
       raise BadInput(f"the checkpoint at step {step} in {self.directory} does not match the "
                      f"config's model and optimiser: {first[:300]}") from e
     return restored["state"], dict(restored["meta"]), step
+
+  def _check_manifests(self, step: int) -> None:
+    """CorruptCheckpoint when the array database of `step` cannot be listed (a manifest
+    cut mid-write): found before orbax's restore, whose concurrent reads would fail one
+    after another."""
+    import tensorstore as ts
+    base = self.directory / str(step) / "state"
+    if not (base / "manifest.ocdbt").exists():
+      return
+    url = str(base) if "://" in str(base) else f"file://{base}"
+    try:
+      ts.KvStore.open({"driver": "ocdbt", "base": url.rstrip("/") + "/"}).result().list().result()
+    except ValueError as e:
+      raise CorruptCheckpoint(f"the checkpoint at step {step} in {self.directory} is corrupt: "
+                              f"its array database cannot be read "
+                              f"({str(e).splitlines()[0][:200]})") from None
+
+  def _corruption(self, step: int, error: BaseException) -> str:
+    """What is broken in the checkpoint at `step` when `error` says its bytes are not
+    what was written ("" when it says something else)."""
+    chain, seen = [], error
+    while seen is not None and len(chain) < 20:
+      chain.append(seen)
+      seen = seen.__cause__ or seen.__context__
+    for e in chain:
+      found = _TENSORSTORE.search(str(e))
+      if found:
+        return f"array {found.group(1)} cannot be read from {found.group(2)}"
+    if not any(isinstance(e, (json.JSONDecodeError, OSError)) or
+               any(mark in str(e) for mark in _CORRUPT) for e in chain):
+      return ""
+    broken = _unreadable_json(self.directory / str(step))
+    if broken:
+      return f"{broken} is not valid JSON (cut mid-write?)"
+    missing = next((e for e in chain if isinstance(e, FileNotFoundError)), None)
+    if missing is not None:
+      return f"a file is missing ({missing.filename or missing})"
+    return f"{type(chain[-1]).__name__}: {str(chain[-1]).splitlines()[0][:200]}"
 
   def saved_shapes(self, step: int) -> list[tuple[int, ...]] | None:
     """The shapes of the arrays saved at `step`, sorted, from the checkpoint's metadata
@@ -91,6 +161,13 @@ class Checkpointer:
     self._manager.wait_until_finished()
 
   def close(self) -> None:
+    # Pending work first (a save, the sweep of a crashed save's temporary directories,
+    # which orbax awaits only at the next save): closing under a running operation
+    # leaves a thread that fails at interpreter exit.
+    self._manager.wait_until_finished()
+    sweep = getattr(self._manager, "_maybe_await_cleanup_tmp_directory", None)
+    if sweep is not None:
+      sweep()
     self._manager.close()
 
   def __enter__(self) -> Checkpointer:
@@ -98,6 +175,43 @@ class Checkpointer:
 
   def __exit__(self, *exc) -> None:
     self.close()
+
+
+def _quiet_reads_after_a_failed_restore() -> None:
+  """Drop the late errors of a failed restore's other reads, and nothing else.
+
+  Orbax runs a restore's reads on an event loop it closes as soon as one read fails;
+  the reads still in flight then finish into the closed loop, and tensorstore reports
+  each as an unraisable "Event loop is closed" (a traceback on stderr after the one
+  line that names the corrupt file). Every other unraisable goes to the hook there was.
+  """
+  previous = sys.unraisablehook
+  if getattr(previous, "_rlcode_quiet", False):
+    return
+
+  def hook(unraisable):
+    if not (isinstance(unraisable.exc_value, RuntimeError)
+            and str(unraisable.exc_value) == "Event loop is closed"):
+      previous(unraisable)
+
+  hook._rlcode_quiet = True
+  sys.unraisablehook = hook
+
+
+# The JSON files orbax writes into a step directory (local or gs://).
+_JSON_FILES = ("_CHECKPOINT_METADATA", "meta/metadata", "state/_METADATA", "state/_sharding")
+
+
+def _unreadable_json(step_dir: epath.Path) -> str:
+  """The first JSON file of a step directory that does not parse, or ""."""
+  for name in _JSON_FILES:
+    path = step_dir / name
+    if path.exists():
+      try:
+        json.loads(path.read_text())
+      except (json.JSONDecodeError, UnicodeDecodeError):
+        return str(path)
+  return ""
 
 
 # A run's warm-started policy: WORKDIR/warm_start, beside its rotating checkpoints/.

@@ -24,6 +24,7 @@ This module must not know what a loop trains.
 
 from __future__ import annotations
 
+import logging
 import os
 from collections.abc import Iterator, Mapping
 from typing import Any
@@ -33,6 +34,8 @@ from tqdm import tqdm
 from rlcode.config import record
 from rlcode.runs import checkpoint
 from rlcode.runs.metrics import MetricsWriter
+
+log = logging.getLogger(__name__)
 
 
 class Run:
@@ -58,9 +61,21 @@ class Run:
 
   # ------------------------------------------------------------ state
   def restore(self, abstract: Any) -> tuple[Any, dict]:
-    """(tree, meta) of the latest checkpoint, arrays placed as `abstract`'s; metrics rows
-    after its step are dropped."""
-    tree, meta, self.start_step = self.ckpt.restore(abstract)
+    """(tree, meta) of the newest intact checkpoint, arrays placed as `abstract`'s;
+    metrics rows after its step are dropped. A corrupt checkpoint (a file cut by a
+    crash, say) is skipped with a warning naming it; none intact is an error."""
+    corrupt = []
+    for step in self.ckpt.all_steps():
+      try:
+        tree, meta, self.start_step = self.ckpt.restore(abstract, step)
+        break
+      except checkpoint.CorruptCheckpoint as e:
+        log.warning("%s; resuming from an older checkpoint", e.message)
+        corrupt.append(e.message)
+    else:
+      raise checkpoint.CorruptCheckpoint(
+          f"no intact checkpoint in {self.ckpt.directory} to resume from ({'; '.join(corrupt)})"
+          "; delete the workdir's checkpoints to start over")
     self.metrics = MetricsWriter(self.workdir, resume_step=self.start_step, enabled=self.main,
                                  logging_cfg=self.config.logging,
                                  config=record.plain(self.config))

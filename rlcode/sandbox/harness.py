@@ -63,6 +63,7 @@ To the child: the init dict, then ["call", name, args, kwargs]. From it:
 [name, "value", value], ...]], then per call ["return", value], ["raise",
 builtin type name, text] or ["unplain", text].
 """
+# ruff: noqa: F821 (_encode and _decode are harness_codec.py's, sent before this file)
 
 
 def _channel(os, read_fd, write_fd):

@@ -57,6 +57,7 @@ import struct
 import subprocess
 import threading
 import time
+import weakref
 from pathlib import Path
 
 from rlcode.sandbox import jobs, launch, supervise
@@ -123,6 +124,22 @@ class ExecResult:
   truncated: bool
 
 
+def _stop(proc: subprocess.Popen, fds: list[int]) -> None:
+  """Kills a session's sandbox (if it still runs), reaps it and closes its pipes."""
+  if proc.returncode is None:
+    supervise.kill(proc)
+    try:
+      proc.wait(timeout=_GRACE_S)
+    except subprocess.TimeoutExpired:
+      supervise.kill_group(proc)
+      proc.wait()
+  for fd in fds:
+    try:
+      os.close(fd)
+    except OSError:
+      pass
+
+
 class Session:
   """One sandboxed workspace and its server; use as a context manager or `close()` it.
 
@@ -162,6 +179,9 @@ class Session:
     finally:
       for fd in spec.close_after_spawn:
         os.close(fd)
+    # A session never outlives its owner, nor the interpreter: the finalizer runs when
+    # the Session is collected or at exit (before modules are torn down, unlike __del__).
+    self._finalizer = weakref.finalize(self, _stop, self._proc, [self._req, self._resp])
     self._alive = True
     config = {"rlimits": self.limits.rlimits(), "env": bwrap.command_env(),
               "max_output_bytes": self.limits.max_output_bytes,
@@ -213,24 +233,9 @@ class Session:
   def __exit__(self, *exc) -> None:
     self.close()
 
-  def __del__(self):
-    if getattr(self, "_proc", None) is not None and self._proc.returncode is None:
-      self._kill()
-
   def _kill(self) -> None:
     self._alive = False
-    if self._proc.returncode is None:
-      supervise.kill(self._proc)
-      try:
-        self._proc.wait(timeout=_GRACE_S)
-      except subprocess.TimeoutExpired:
-        supervise.kill_group(self._proc)
-        self._proc.wait()
-    for fd in (self._req, self._resp):
-      try:
-        os.close(fd)
-      except OSError:
-        pass
+    self._finalizer()
     self._req = self._resp = -1
 
   def _call(self, request: dict, seconds: float) -> dict:

@@ -195,7 +195,10 @@ def _main():
       for name in sorted(names):
         full = os.path.join(root, name)
         if os.path.isfile(full) and not os.path.islink(full):
-          found.append(os.path.relpath(full, workspace))
+          # A name that is not UTF-8 is shown with replacement characters (the policy's
+          # tools only name files in text).
+          rel = os.path.relpath(full, workspace)
+          found.append(os.fsencode(rel).decode("utf-8", "replace"))
           if len(found) >= config["max_files"]:
             return found
     return found

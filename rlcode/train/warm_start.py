@@ -12,6 +12,8 @@ import hashlib
 import json
 import os
 
+from etils import epath
+
 from rlcode import optim
 from rlcode.data import sources
 from rlcode.rl import rollout
@@ -50,8 +52,8 @@ def warm_start(config, graphdef, params, tasks, tokenizer, mesh, log):
   """
   ws = config.warmstart
   cache = os.path.join(ws.cache_dir, warm_start_key(config)) if ws.cache_dir else ""
-  if cache:
-    with checkpoint.Checkpointer(cache) as ckpt:
+  if cache and epath.Path(cache).exists():
+    with checkpoint.Checkpointer(cache, create=False) as ckpt:
       if ckpt.latest_step() is not None:
         params, row, _ = ckpt.restore(checkpoint.abstract_like(params))
         log(0, row)

@@ -16,7 +16,7 @@ import tensorflow_datasets as tfds
 
 from rlcode.data.sections.corpus import bundle_heads, collect
 from rlcode.data.sections.tasks import SectionOptions, whitespace_tokens
-from rlcode.data.tasks import TaskBuilder
+from rlcode.data.tasks import LocalDatasetInfo, TaskBuilder
 
 @dataclasses.dataclass(eq=False)
 class SectionsConfig(tfds.core.BuilderConfig):
@@ -73,7 +73,7 @@ class SectionTasks(TaskBuilder):
   def _info(self) -> tfds.core.DatasetInfo:
     base = super()._info()
     # The build's counts travel with the dataset (metadata.json).
-    return tfds.core.DatasetInfo(builder=self, description=base.description,
+    return LocalDatasetInfo(builder=self, description=base.description,
                                  features=base.features,
                                  metadata=tfds.core.MetadataDict())
 
