@@ -157,7 +157,7 @@ def test_eval_of_a_corrupt_checkpoint_prints_one_line_and_nothing_after(trained,
                          f"--config.workdir={workdir}"], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=300)
   err = [line for line in done.stderr.splitlines() if not line.startswith("WARNING:absl")]
-  assert done.returncode == 2 and len(err) == 1 and "is corrupt" in err[0], err
+  assert done.returncode == 2 and len(err) == 1 and "is corrupt" in err[0], done.stderr[-4000:]
 
 
 def test_a_recorded_config_cut_mid_write_is_one_line(trained, tmp_path, capsys):
@@ -173,7 +173,8 @@ def test_eval_of_a_missing_checkpoint_leaves_no_thread_behind(tmp_path):
                          "--checkpoint", str(tmp_path / "missing")], cwd=ROOT, env=env,
                         capture_output=True, text=True, timeout=300)
   err = [line for line in done.stderr.splitlines() if not line.startswith("WARNING:absl")]
-  assert done.returncode == 2 and len(err) == 1 and "no checkpoint under" in err[0], err
+  assert done.returncode == 2 and len(err) == 1 and "no checkpoint under" in err[0], (
+      done.stderr[-4000:])
   assert not (tmp_path / "missing").exists()  # eval creates nothing
 
 

@@ -15,6 +15,7 @@ scaffold resumes from the newest intact checkpoint (rlcode.runs.scaffold).
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import sys
@@ -180,22 +181,34 @@ class Checkpointer:
 def _quiet_reads_after_a_failed_restore() -> None:
   """Drop the late errors of a failed restore's other reads, and nothing else.
 
-  Orbax runs a restore's reads on an event loop it closes as soon as one read fails;
-  the reads still in flight then finish into the closed loop, and tensorstore reports
-  each as an unraisable "Event loop is closed" (a traceback on stderr after the one
-  line that names the corrupt file). Every other unraisable goes to the hook there was.
+  Orbax runs a restore's reads on an event loop it closes as soon as one read fails; the
+  reads still in flight then finish into the closed loop (tensorstore reports each as an
+  unraisable "Event loop is closed"), and their coroutines, collected unfinished, raise
+  as they are closed: tracebacks on stderr after the one line that names the corrupt
+  file; asyncio logs the collected tasks' unread exceptions too. Every other unraisable
+  goes to the hook there was, every other asyncio record to its handlers.
   """
   previous = sys.unraisablehook
   if getattr(previous, "_rlcode_quiet", False):
     return
 
+  def late_read(unraisable) -> bool:
+    if (isinstance(unraisable.exc_value, RuntimeError)
+        and str(unraisable.exc_value) == "Event loop is closed"):
+      return True
+    code = getattr(unraisable.object, "cr_code", None)  # an orbax coroutine being closed
+    return code is not None and f"{os.sep}orbax{os.sep}" in code.co_filename
+
   def hook(unraisable):
-    if not (isinstance(unraisable.exc_value, RuntimeError)
-            and str(unraisable.exc_value) == "Event loop is closed"):
+    if not late_read(unraisable):
       previous(unraisable)
 
   hook._rlcode_quiet = True
   sys.unraisablehook = hook
+  # The failed reads' tasks, collected with their exceptions unread, are logged by asyncio.
+  logging.getLogger("asyncio").addFilter(
+      lambda record: not (record.getMessage().startswith("Task exception was never retrieved")
+                          and f"{os.sep}orbax{os.sep}" in record.getMessage()))
 
 
 # The JSON files orbax writes into a step directory (local or gs://).
