@@ -173,7 +173,7 @@ def test_proximal_fn_recomputes_stale_rows_only():
 
 
 def test_sampler_weights_equal_trainer_weights_after_a_sync():
-  mesh, sampler_mesh = distributed.meshes({"data": 1, "fsdp": 4, "tensor": 1}, "data=2,tensor=2")
+  mesh, sampler_mesh = distributed.meshes({"data": 1, "fsdp": 4, "tensor": 1, "context": 1}, "data=2,tensor=2")
   assert not set(mesh.devices.flat) & set(sampler_mesh.devices.flat)
   cfg = CFG.replace(num_heads=4, num_kv_heads=2)
   model = sharding.init_sharded(lambda: Decoder(cfg, rngs=nnx.Rngs(0)), mesh)
@@ -196,9 +196,9 @@ def test_sampler_weights_equal_trainer_weights_after_a_sync():
 
 def test_a_sampler_mesh_that_does_not_fit_is_one_clear_error():
   with pytest.raises(ValueError, match="need 4 \\+ 8 devices"):
-    distributed.meshes({"data": 1, "fsdp": 4, "tensor": 1}, "tensor=8")
+    distributed.meshes({"data": 1, "fsdp": 4, "tensor": 1, "context": 1}, "tensor=8")
   with pytest.raises(ValueError, match="config.sampler_mesh"):
-    distributed.meshes({"data": 1, "fsdp": 4, "tensor": 1}, "pipeline=2")
+    distributed.meshes({"data": 1, "fsdp": 4, "tensor": 1, "context": 1}, "pipeline=2")
 
 
 # --------------------------------------------------------------------------- whole runs

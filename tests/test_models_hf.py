@@ -78,6 +78,34 @@ def test_round_trip_is_exact(tiny, tmp_path, max_shard_bytes):
   np.testing.assert_array_equal(np.asarray(again(ids)), np.asarray(model(ids)))
 
 
+@pytest.mark.slow
+def test_scanned_layout_loads_and_exports_the_same_checkpoint(tiny, ref, tmp_path):
+  """The stacked layout (model.scan_layers) maps to and from the same HF tensors."""
+  model, _ = load_hf(TINY, scan_layers=True, remat="full")
+  assert model.layers[0].mlp.down[...].shape[0] == tiny[1].num_layers  # one stack
+  logits = model(jnp.asarray(ref["input_ids"], jnp.int32))
+  np.testing.assert_allclose(np.asarray(logits), np.asarray(ref["logits"]), atol=1e-4, rtol=0)
+  save_hf(model, str(tmp_path))
+  original = load_file(os.path.join(TINY, "model.safetensors"))
+  saved = load_file(os.path.join(tmp_path, "model.safetensors"))
+  assert sorted(saved) == sorted(original)
+  for name, arr in original.items():
+    assert np.array_equal(saved[name], arr), name
+
+
+def test_lora_on_a_checkpoint_starts_at_the_base(tiny, ref, tmp_path):
+  """A checkpoint of the base loads under model.lora with fresh adapters (B = 0): the
+  base's logits; the merged export is the base checkpoint again."""
+  model, cfg = load_hf(TINY, lora=dict(rank=4, targets=("q", "v", "down")))
+  assert cfg.lora.rank == 4
+  ids = jnp.asarray(ref["input_ids"], jnp.int32)
+  np.testing.assert_array_equal(np.asarray(model(ids)), np.asarray(tiny[0](ids)))
+  assert float(jnp.abs(model.layers[0].attn.lora_q.a[...]).max()) > 0
+  save_hf(model, str(tmp_path))
+  for name, arr in load_file(os.path.join(TINY, "model.safetensors")).items():
+    assert np.array_equal(load_file(os.path.join(tmp_path, "model.safetensors"))[name], arr)
+
+
 def test_bfloat16_checkpoint_loads(tmp_path):
   tensors = load_file(os.path.join(TINY, "model.safetensors"))
   import ml_dtypes

@@ -102,8 +102,8 @@ def test_plan_of_the_default_job_on_72_devices(tmp_path, capsys):
           "--config.rl.prompts_per_step=64"]
   assert cli.main(argv) == 0
   table = capsys.readouterr().out
-  assert "trainer mesh data=8,fsdp=8,tensor=1 (64 devices)" in table
-  assert "sampler mesh data=8,fsdp=1,tensor=1 (8 devices, its own)" in table
+  assert "trainer mesh data=8,fsdp=8 (64 devices)" in table
+  assert "sampler mesh data=8 (8 devices, its own)" in table
   report = json.loads(out.read_text())
   result, est = report["result"], report["estimate"]
   up, dec = result["update"], result["decode"]
@@ -128,3 +128,32 @@ def test_plan_of_the_default_job_on_72_devices(tmp_path, capsys):
   np.testing.assert_allclose(est["update"]["total"],
                              max(est["update"]["compute"], est["update"]["memory"])
                              + est["update"]["collectives"])
+
+
+@pytest.mark.slow
+def test_plan_counts_what_makes_a_model_fit(tmp_path, capsys):
+  """Scanned, rematerialised LoRA with chunked log-probs, micro-batches, context
+  parallelism and the optimiser state in host memory: the plan compiles that update and
+  counts it (trained parameters, host bytes, recomputation)."""
+  out = tmp_path / "plan.json"
+  argv = ["plan", "--config", TINY, "--devices", "8", "--mesh", "fsdp=4,context=2",
+          "--prompt-len", "64", "--json", str(out), "--config.model.scan_layers=true",
+          "--config.model.remat=full", "--config.model.logits_chunk=16",
+          "--config.model.lora.rank=4", "--config.optimizer.offload=true",
+          "--config.rl.micro_batch_rows=64"]
+  assert cli.main(argv) == 0
+  table = capsys.readouterr().out
+  assert "fit: remat full, scanned layers, log-probs in chunks of 16 positions, " in table
+  assert "context parallel x2, LoRA rank 4" in table and "host memory" in table
+  result = json.loads(out.read_text())["result"]
+  up, fit = result["update"], result["fit"]
+  assert fit["context"] == 2 and fit["lora_rank"] == 4 and fit["micro_batch_rows"] == 64
+  assert 0 < fit["trained_parameters"] < result["model"]["parameters"] / 10
+  # Adam's moments of the adapters alone, all of them in host memory.
+  assert up["optimizer"] == 0 and up["optimizer_on_host"] >= 8 * fit["trained_parameters"] / 4
+  assert up["memory"]["host"] >= up["optimizer_on_host"]
+  if up["memory"].get("host_estimated"):  # CPU: XLA counted the state among the arguments
+    assert up["memory"]["peak"] >= up["memory"]["xla_peak"] - up["optimizer_on_host"]
+    assert up["memory"]["peak"] < up["memory"]["xla_peak"]
+  # Full remat recomputes the forward's blocks once more.
+  assert up["recompute_flops"] > 0.2 * up["forward_flops"]

@@ -52,8 +52,13 @@ def grpo_arm(seed, workdir, overrides):
   run = runs.train_process(CONFIG, [f"--config.seed={seed}", f"--config.workdir={workdir}",
                                     "--config.train.progress_bar=false", *overrides], workdir)
   evals = runs.eval_rows(run["rows"], "eval/pass@1")
+  steps = runs.step_rows(run["rows"])
+  rewards = [r["reward_mean"] for r in steps]
   return {"minutes": run["minutes"],
-          "train_seconds": runs.train_seconds(runs.step_rows(run["rows"])),
+          "train_seconds": runs.train_seconds(steps),
+          # The rollouts' mean reward over the first and the last ten steps.
+          "reward_first10": sum(rewards[:10]) / len(rewards[:10]),
+          "reward_last10": sum(rewards[-10:]) / len(rewards[-10:]),
           "val_steps": [r["step"] for r in evals],
           "val_pass@1": [r["eval/pass@1"] for r in evals]}
 

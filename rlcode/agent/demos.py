@@ -11,6 +11,7 @@ import concurrent.futures
 import time
 import numpy as np
 from rlcode.train import sft
+from rlcode.train.warm_start import warm_start_trainable
 from rlcode import optim
 from rlcode.agent import expert, episodes, sampler
 from rlcode.errors import BadInput
@@ -93,7 +94,8 @@ def warm_start(config, graphdef, params, tasks, envs, chat, budgets, mesh, log):
   params, stats = imitate(graphdef, params, trajs, chat.tokenizer.pad_id, mesh,
                           optimizer=optim.OptimizerConfig.from_config(ws.optimizer),
                           batch_size=ws.batch_size, seed=config.seed + 1, steps=ws.steps,
-                          progress=config.train.progress_bar)
+                          progress=config.train.progress_bar,
+                          trainable=warm_start_trainable(config))
   log(0, {"sft_loss_first": stats["loss_first"], "sft_loss_last": stats["loss_last"],
           "sft_steps": ws.steps, "expert_episodes": len(trajs),
           "expert_success": solved, "expert_seconds": expert_s})
@@ -102,10 +104,12 @@ def warm_start(config, graphdef, params, tasks, envs, chat, budgets, mesh, log):
 
 def imitate(graphdef, params, trajs, pad_id, mesh, *, optimizer: optim.OptimizerConfig,
             batch_size: int, seed: int, steps: int | None = None,
-            seconds: float | None = None, progress: bool = False, on_step=None):
+            seconds: float | None = None, progress: bool = False, on_step=None,
+            trainable=None):
   """Cross-entropy on the sampled (expert) tokens of `trajs`, batches drawn with
   replacement: `steps` steps, or steps until `seconds` of training time were spent (a
-  control at another run's training time). on_step: as in sft.train_on_batches.
+  control at another run's training time). on_step, trainable: as in
+  sft.train_on_batches.
   Returns the params and {"steps", "seconds", "loss_first", "loss_last",
   "target_tokens"}."""
   rng = np.random.default_rng(seed)
@@ -115,4 +119,5 @@ def imitate(graphdef, params, trajs, pad_id, mesh, *, optimizer: optim.Optimizer
     return episodes.sft_batch([trajs[i] for i in pick], pad_id)
   return sft.train_on_batches(graphdef, params, next_batch, mesh, optimizer=optimizer,
                               batch_size=batch_size, steps=steps, seconds=seconds,
-                              progress=progress, desc="imitate", on_step=on_step)
+                              progress=progress, desc="imitate", on_step=on_step,
+                              trainable=trainable)

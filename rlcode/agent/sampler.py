@@ -197,6 +197,7 @@ def _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv
                      f"context of {model.cfg.max_seq_len}")
   trajs = [Trajectory(tasks[i // g], prompts[i // g]) for i in range(len(envs))]
   n = len(envs)
+  model = model.for_sampling()
   graphdef, state = nnx.split(model)
   decode_kw = dict(graphdef=graphdef, max_new_tokens=budgets.max_turn_tokens,
                    temperature=float(temperature), top_k=0, top_p=1.0,

@@ -24,7 +24,7 @@ from typing import Any
 import ml_collections
 
 from rlcode import pyast
-from rlcode.config import fields, schema
+from rlcode.config import fields, policy, schema
 from rlcode.errors import BadInput, MissingInput, UnknownKey
 
 PREFIX = "--config."
@@ -109,7 +109,7 @@ def _field(cls, name) -> dataclasses.Field:
 
 def keys_of(cls, trainer: str | None = None) -> list[str]:
   """The keys a section holds (at the top, those `trainer` reads)."""
-  excluded = schema.EXCLUDED.get(cls, {})
+  excluded = policy.EXCLUDED.get(cls, {})
   names = [f.name for f in dataclasses.fields(cls) if f.name not in excluded]
   if cls is schema.Config and trainer is not None:
     names = [n for n in names if n in schema.TRAINER_SECTIONS[trainer]]
@@ -311,7 +311,7 @@ def _derive(tree: dict, trainer: str) -> None:
 def _validate(path: str, cls, tree: dict, trainer: str) -> tuple[dict, Any]:
   """(the section's canonical values, its dataclass instance or None at the top)."""
   hints = fields.hints(cls)
-  values, kwargs = {}, dict(schema.EXCLUDED.get(cls, {}))
+  values, kwargs = {}, dict(policy.EXCLUDED.get(cls, {}))
   for name, value in tree.items():
     f = _field(cls, name)
     tp = hints[name]

@@ -20,64 +20,13 @@ import dataclasses
 from typing import Any
 
 from rlcode.config.fields import Lazy, key
+from rlcode.config.policy import Mesh, Model
 from rlcode.data.git.config import MiningConfig
 from rlcode.data.sections.tasks import SectionOptions
-from rlcode.models.config import ModelConfig
 from rlcode.optim.adamw import OptimizerConfig
 
 TRAINERS = ("grpo", "agent", "rm", "sample")
-DTYPES = ("float32", "bfloat16", "float16")
 SOURCES = ("jsonl", "humaneval", "git", "sections", "choices")
-
-
-def _mesh_size(n) -> bool:
-  return n == -1 or n >= 1
-
-
-@dataclasses.dataclass(frozen=True)
-class Mesh:
-  """The trainer's device mesh (rlcode.parallel.sharding).
-
-  Attributes:
-    data: data-parallel devices: batch rows split, parameters replicated; -1 takes every
-      device the other axes leave.
-    fsdp: fully sharded data-parallel devices: batch rows and parameters split; -1 as data.
-    tensor: tensor-parallel devices: heads, MLP width and vocabulary split; -1 as data.
-  """
-
-  data: int = key(1, check=_mesh_size, allowed="-1 or >= 1")
-  fsdp: int = key(1, check=_mesh_size, allowed="-1 or >= 1")
-  tensor: int = key(1, check=_mesh_size, allowed="-1 or >= 1")
-
-
-@dataclasses.dataclass(frozen=True)
-class Model:
-  """The policy network (rlcode.models.build).
-
-  Attributes:
-    hf_path: a Hugging Face checkpoint directory to load; None builds `arch` from scratch.
-    tokenizer: "bytes" or a tokenizer.json path, optionally ending in "+tools", "+edits" or
-      "+digits" (rlcode.models.tokenizer); None: the checkpoint's own with hf_path, else bytes.
-    param_dtype: the parameters' storage dtype.
-    dtype: the compute dtype.
-    attn_impl: the attention implementation (rlcode.kernels; "auto" picks per backend).
-    arch: the architecture built from scratch (rlcode.models.ModelConfig's fields but the
-      three above); ignored with hf_path.
-  """
-
-  hf_path: str | None = key(None)
-  tokenizer: str | None = key(None)
-  param_dtype: str = key("float32", choices=DTYPES)
-  dtype: str = key("float32", choices=DTYPES)
-  attn_impl: str = key("auto", choices=Lazy("rlcode.kernels.dispatch", "IMPLS"))
-  arch: ModelConfig | None = key(None)
-
-
-# ModelConfig's fields that the model section holds instead of arch.
-ARCH_EXCLUDED = {"param_dtype": "float32", "dtype": "float32", "attn_impl": "auto"}
-# MiningConfig's source is config.data.repo; this stands in for it while checking.
-MINING_EXCLUDED = {"source": "<config.data.repo>"}
-EXCLUDED = {ModelConfig: ARCH_EXCLUDED, MiningConfig: MINING_EXCLUDED}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -146,6 +95,9 @@ class RL:
     temperature: the sampling temperature, also applied in the update's log-probs.
     max_new_tokens: the completion budget.
     num_passes: updates per batch.
+    micro_batch_rows: accumulate the update's gradient over micro-batches of this many
+      rows (whole groups: a multiple of group_size), in one jitted scan; the same update
+      with one micro-batch's activations alive at a time. None: the whole batch at once.
     advantage: "grpo" (centred, scaled by the group's std) or "dr_grpo" (centred only).
     negative_weight: the weight of negative advantages: 1 is GRPO as published, 0 keeps
       the positive ones only.
@@ -179,6 +131,7 @@ class RL:
   temperature: float = key(1.0, gt=0)
   max_new_tokens: int = key(256, ge=1, only=("grpo",))
   num_passes: int = key(1, ge=1)
+  micro_batch_rows: int | None = key(None, ge=1)
   advantage: str = key("grpo", choices=("grpo", "dr_grpo"))
   negative_weight: float = key(1.0, ge=0, le=1)
   shared_prefix: bool = key(True, only=("grpo",))
@@ -201,6 +154,11 @@ class RL:
   curriculum_floor: float = key(0.05, gt=0, le=1, only=("agent",))
 
   def __post_init__(self):
+    rows = self.prompts_per_step * self.group_size
+    if self.micro_batch_rows is not None and (
+        rows % self.micro_batch_rows or self.micro_batch_rows % self.group_size):
+      raise ValueError(f"rl.micro_batch_rows={self.micro_batch_rows} must divide the "
+                       f"{rows} rows of a step into whole groups of {self.group_size}")
     if self.expert_slots >= self.group_size:
       raise ValueError(f"rl.expert_slots={self.expert_slots} must be < rl.group_size="
                        f"{self.group_size}: a group needs at least one sampled trajectory")

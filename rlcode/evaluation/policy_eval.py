@@ -14,10 +14,11 @@ import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
-from rlcode import optim, rewards, sandbox
+from rlcode import rewards, sandbox
 from rlcode.data import sources
 from rlcode.data.tasks import Task
 from rlcode.errors import MissingInput
+from rlcode.train.policy import PolicyTraining
 from rlcode.evaluation import scoring
 from rlcode.models.build import build_model
 from rlcode.parallel import sharding
@@ -121,12 +122,11 @@ def restore_policy(config, path: str, mesh):
     graphdef, params = nnx.split(model, nnx.Param)
     if ckpt.saved_shapes(step) == checkpoint.saved_shapes_of(params):
       params, _, step = ckpt.restore(checkpoint.abstract_like(params), step)
-    else:  # a training checkpoint: the train state (and the reference params, if kept)
-      optimizer = optim.make_optimizer(optim.OptimizerConfig.from_config(config.optimizer))
+    else:  # a training checkpoint: the train state (and the reference, if kept)
       with_ref = config.rl.beta > 0 or config.rl.log_kl  # LossConfig.uses_reference
-      restored, _, step = ckpt.restore(
-          checkpoint.bundle_like(optim.init_state(model, optimizer, mesh), with_ref), step)
-      params = restored["state"].params
+      trained = PolicyTraining(model, config, mesh, keeps_reference=with_ref)
+      restored, _, step = ckpt.restore(trained.abstract_bundle(), step)
+      params = trained.from_bundle(restored)[0].params
   return nnx.merge(graphdef, params), tokenizer, step, directory
 
 

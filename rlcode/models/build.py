@@ -24,7 +24,17 @@ from rlcode.models.hf import load_hf
 from rlcode.models.tokenizer import (Tokenizer, is_byte_tokenizer, load_tokenizer,
                                      split_tokenizer_name)
 
-_DTYPE_KEYS = ("param_dtype", "dtype", "attn_impl")
+# The model section's keys that override a checkpoint's (or fill the arch's) ModelConfig.
+MODEL_KEYS = ("param_dtype", "dtype", "attn_impl", "remat", "scan_layers", "logits_chunk",
+              "lora")
+
+
+def model_overrides(model_cfg) -> dict:
+  """The ModelConfig fields the model section sets (MODEL_KEYS), as plain values."""
+  out = {k: model_cfg[k] for k in MODEL_KEYS if k in model_cfg}
+  if hasattr(out.get("lora"), "to_dict"):
+    out["lora"] = out["lora"].to_dict()
+  return out
 
 
 def model_config(model_cfg) -> ModelConfig:
@@ -34,14 +44,14 @@ def model_config(model_cfg) -> ModelConfig:
     raise BadInput("config.model.arch is not set: give the architecture to build, or "
                    "config.model.hf_path to load")
   arch = model_cfg.arch.to_dict() if hasattr(model_cfg.arch, "to_dict") else dict(model_cfg.arch)
-  return ModelConfig(**arch, **{k: model_cfg[k] for k in _DTYPE_KEYS})
+  return ModelConfig(**arch, **model_overrides(model_cfg))
 
 
 def build_model(model_cfg, mesh: Mesh, seed: int) -> tuple[Decoder, Tokenizer]:
   """The policy and its tokenizer of a config's `model` section."""
   named = model_cfg.tokenizer or ""
   if model_cfg.hf_path:
-    model, _ = load_hf(model_cfg.hf_path, mesh=mesh, **{k: model_cfg[k] for k in _DTYPE_KEYS})
+    model, _ = load_hf(model_cfg.hf_path, mesh=mesh, **model_overrides(model_cfg))
     # A checkpoint brings its own tokenizer unless the config names one.
     tok_path = named or model_cfg.hf_path
     base = split_tokenizer_name(tok_path)[0]

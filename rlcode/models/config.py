@@ -15,10 +15,12 @@ import jax.numpy as jnp
 
 from rlcode.errors import BadInput
 from rlcode.kernels.spec import NSAConfig
+from rlcode.models.lora import LoRAConfig
 
 # Hugging Face `architectures` entries the decoder implements exactly.
 SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM")
 LAYER_KINDS = ("dense", "sliding", "document", "nsa")
+REMAT_NAMES = ("none", "full", "dots", "offload")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
@@ -54,6 +56,13 @@ class ModelConfig:
     document_positions: with segment ids, "restart" counts positions from 0
       in each document (so a document's keys do not depend on what precedes
       it, which is what lets its KV be cached alone) or "continue".
+    remat: what each block keeps for the backward pass (rlcode.models.stack):
+      "none", "full", "dots" or "offload".
+    scan_layers: the blocks' parameters stacked on a `layers` axis and scanned.
+    logits_chunk: positions per chunk of the output layer when training computes
+      log-probabilities (None: all at once): no [rows, tokens, vocab] float32 array exists
+      in the forward or the backward (rlcode.rl.logprobs).
+    lora: a models.lora.LoRAConfig (or a dict of its fields), or None.
   """
 
   vocab_size: int
@@ -76,9 +85,22 @@ class ModelConfig:
   sliding_window: int = 0
   nsa: Any = None
   document_positions: str = "restart"
+  remat: str = "none"
+  scan_layers: bool = False
+  logits_chunk: int | None = None
+  lora: Any = None
 
   def __post_init__(self):
     object.__setattr__(self, "attention_pattern", tuple(self.attention_pattern))
+    if isinstance(self.lora, Mapping):
+      object.__setattr__(self, "lora", LoRAConfig(**self.lora))
+    if self.lora is not None and not isinstance(self.lora, LoRAConfig):
+      raise ValueError(f"ModelConfig.lora={self.lora!r}: a LoRAConfig, its fields or None")
+    if self.remat not in REMAT_NAMES:
+      raise ValueError(f"ModelConfig.remat={self.remat!r}; expected one of {REMAT_NAMES}")
+    if self.logits_chunk is not None and self.logits_chunk < 1:
+      raise ValueError(f"ModelConfig.logits_chunk={self.logits_chunk} must be >= 1 (None: "
+                       "all positions at once)")
     if isinstance(self.nsa, Mapping):
       object.__setattr__(self, "nsa", NSAConfig(**self.nsa))
     unknown = set(self.attention_pattern) - set(LAYER_KINDS)
@@ -104,6 +126,9 @@ class ModelConfig:
     if self.num_heads % self.num_kv_heads:
       raise ValueError(f"ModelConfig: num_heads={self.num_heads} is not a multiple of "
                        f"num_kv_heads={self.num_kv_heads}")
+    if self.lora is not None and self.lora.base_dtype not in (None, *_DTYPES):
+      raise ValueError(f"model.lora.base_dtype={self.lora.base_dtype!r}; expected one of "
+                       f"{sorted(_DTYPES)} or None")
     for name in ("param_dtype", "dtype"):
       if getattr(self, name) not in _DTYPES:
         raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; "
@@ -116,6 +141,13 @@ class ModelConfig:
   @property
   def jnp_dtype(self):
     return _DTYPES[self.dtype]
+
+  @property
+  def jnp_base_dtype(self):
+    """The storage dtype of every parameter but LoRA adapters (lora.base_dtype if set)."""
+    if self.lora is not None and self.lora.base_dtype is not None:
+      return _DTYPES[self.lora.base_dtype]
+    return self.jnp_param_dtype
 
   def layer_kind(self, i: int) -> str:
     return self.attention_pattern[i % len(self.attention_pattern)]

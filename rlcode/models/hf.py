@@ -29,6 +29,8 @@ from safetensors.numpy import save_file
 from rlcode.errors import BadInput, MissingInput
 from rlcode.parallel import sharding
 from rlcode.models.config import ModelConfig, from_hf_config, read_hf_config, to_hf_config
+from rlcode.models import lora as lora_lib
+from rlcode.models import stack
 from rlcode.models.decoder import Decoder
 
 CONFIG = "config.json"
@@ -142,7 +144,38 @@ def _mapping(cfg: ModelConfig) -> list[_Entry]:
     if cfg.qkv_bias:
       entries.append(_Entry(p + ("attn", "qkv_bias"), tuple(n + ".bias" for n in attn),
                             lambda s: ((h * d,), (k * d,), (k * d,)), bias_to_ours, bias_to_hf))
-  return entries
+  return _stacked(entries, cfg) if cfg.scan_layers else entries
+
+
+def _stacked(entries: list[_Entry], cfg: ModelConfig) -> list[_Entry]:
+  """The per-layer entries of a looped model as the scanned model's: one entry per
+  parameter of each stack (rlcode.models.stack: stack j holds layers j, j + p, ...), its
+  HF tensors those of its layers in order, converted layer by layer and stacked."""
+  p = stack.period(cfg.layer_kinds)
+  out, groups = [], {}
+  for entry in entries:
+    if entry.ours[0] != "layers":
+      out.append(entry)
+      continue
+    i, rest = entry.ours[1], entry.ours[2:]
+    groups.setdefault((i % p, rest), []).append(entry)
+
+  for (j, rest), group in groups.items():
+    counts = [len(e.hf_names) for e in group]
+    starts = np.cumsum([0] + counts)
+
+    def hf_shapes(shape, group=group):
+      return tuple(s for e in group for s in e.hf_shapes(shape[1:]))
+
+    def to_ours(*raws, group=group, starts=starts):
+      return np.stack([e.to_ours(*raws[starts[m]:starts[m + 1]]) for m, e in enumerate(group)])
+
+    def to_hf(x, group=group):
+      return tuple(a for m, e in enumerate(group) for a in e.to_hf(x[m]))
+
+    out.append(_Entry(("layers", j, *rest), tuple(n for e in group for n in e.hf_names),
+                      hf_shapes, to_ours, to_hf))
+  return out
 
 
 def _weight_files(path: str) -> dict[str, str]:
@@ -226,12 +259,37 @@ def load_hf(path: str, *, mesh: Mesh | None = None, **config_overrides
       array = jax.make_array_from_callback(host.shape, shardings[ours].get_value(),
                                            lambda idx, host=host: host[idx])
     values.append((ours, var.replace(array)))
+  values += _fresh_adapters(flat, {e.ours for e in entries}, shardings)
   state = nnx.from_flat_state(values)
   return nnx.merge(graphdef, state), cfg
 
 
+def _fresh_adapters(flat, loaded, shardings) -> list:
+  """The LoRA adapters a checkpoint of the base does not hold, freshly initialised (A
+  uniform in +-1/sqrt(fan in), B zero, as rlcode.models.lora.Adapter)."""
+  out = []
+  for n, (path, var) in enumerate(sorted(flat.items(), key=lambda kv: kv[0])):
+    if path in loaded:
+      continue
+    if not isinstance(var, lora_lib.LoRAParam):
+      raise RuntimeError(f"internal: the HF mapping does not cover {'/'.join(map(str, path))}")
+    shape, dtype = var.get_value().shape, var.get_value().dtype
+    stacked = var.get_metadata()["axes"][0] == "layers"
+    if path[-1] == "a":
+      fan_in = int(np.prod(shape[1 if stacked else 0:-1]))
+      bound = 1.0 / np.sqrt(fan_in)
+      make = lambda shape=shape, dtype=dtype, bound=bound, n=n: jax.random.uniform(
+          jax.random.key(n), shape, dtype, -bound, bound)
+    else:
+      make = lambda shape=shape, dtype=dtype: jax.numpy.zeros(shape, dtype)
+    sh = None if shardings is None else shardings[path].get_value()
+    out.append((path, var.replace(jax.jit(make, out_shardings=sh)())))
+  return out
+
+
 def hf_tensors(model: Decoder) -> dict[str, np.ndarray]:
-  """The model's parameters as Hugging Face named host arrays."""
+  """The model's parameters as Hugging Face named host arrays (LoRA adapters folded in)."""
+  model = model.merged()
   flat = dict(nnx.to_flat_state(nnx.state(model, nnx.Param)))
   out = {}
   for entry in _mapping(model.cfg):
@@ -245,7 +303,8 @@ def save_hf(model: Decoder, path: str, *, base_config: Mapping[str, Any] | None 
   """Writes config.json and safetensors that transformers (and load_hf) read.
 
   Args:
-    model: the decoder.
+    model: the decoder (scanned or looped; LoRA adapters are folded into the weights:
+      rlcode.models.peft writes them as an adapter instead).
     path: output directory (created).
     base_config: a config.json dict whose fields we do not model are kept
       (for example the one the model was loaded from).
@@ -253,6 +312,7 @@ def save_hf(model: Decoder, path: str, *, base_config: Mapping[str, Any] | None 
       model.safetensors.index.json, as transformers does; default one file.
   """
   os.makedirs(path, exist_ok=True)
+  model = model.merged()
   with open(os.path.join(path, CONFIG), "w") as f:
     json.dump(to_hf_config(model.cfg, base_config), f, indent=2, sort_keys=True)
   tensors = hf_tensors(model)

@@ -5,13 +5,15 @@
     state = optim.init_state(model, tx, mesh)
 
 adamw.py: OptimizerConfig, the schedules, make_optimizer. state.py: TrainState, its
-shardings, `finite_step` (one optimiser step, skipped when not finite), `run_passes`.
+shardings, `finite_step` (one optimiser step on the trainable params, skipped when not
+finite), `run_passes`.
 """
 
 from rlcode.optim.adamw import SCHEDULES, OptimizerConfig, learning_rate_schedule, make_optimizer
-from rlcode.optim.state import (TrainState, batch_shardings, finite_step, init_state,
-                                opt_state_shardings, run_passes, state_shardings)
+from rlcode.optim.state import (TrainState, batch_shardings, finite_step, gradients,
+                                init_state, opt_state_shardings, run_passes, split_trainable,
+                                state_shardings)
 
 __all__ = ["SCHEDULES", "OptimizerConfig", "TrainState", "batch_shardings", "finite_step",
-           "init_state", "learning_rate_schedule", "make_optimizer", "opt_state_shardings",
-           "run_passes", "state_shardings"]
+           "gradients", "init_state", "learning_rate_schedule", "make_optimizer",
+           "opt_state_shardings", "run_passes", "split_trainable", "state_shardings"]

@@ -37,6 +37,9 @@ class OptimizerConfig:
     weight_decay: AdamW's decoupled weight decay.
     schedule: "cosine" or "wsd" (warmup, stable, linear cooldown).
     cooldown_steps: "wsd": the linear cooldown's length, ending at decay_steps.
+    offload: keep the optimiser state in pinned host memory; each update brings it to
+      the device, steps it and writes it back (rlcode.optim.state). Needs a backend with
+      a pinned_host memory kind (GPU, TPU; CPU has one too, for tests).
   """
 
   learning_rate: float = key(gt=0)
@@ -50,6 +53,7 @@ class OptimizerConfig:
   weight_decay: float = key(0.0, ge=0)
   schedule: str = key("cosine", choices=SCHEDULES)
   cooldown_steps: int = key(0, ge=0)
+  offload: bool = key(False)
 
   def __post_init__(self):
     for name in ("learning_rate", "warmup_steps", "end_lr_fraction", "grad_clip", "b1", "b2",

@@ -114,12 +114,12 @@ def meshes(mesh_sizes: Mapping[str, int], sampler_spec: str) -> tuple[Mesh, Mesh
   of that shape: disjoint device sets, each with its own sharding.
   """
   n = jax.process_count()
-  sizes = [mesh_sizes[a] for a in sharding.MESH_AXES]
+  sizes = {a: mesh_sizes[a] for a in sharding.MESH_AXES}
   if not sampler_spec:
-    trainer = sharding.make_mesh(*sizes)
+    trainer = sharding.make_mesh(**sizes)
     return trainer, local_block(trainer)
   sampler_sizes = sharding.parse_mesh(sampler_spec, "config.sampler_mesh")
-  per_process = math.prod(sizes)
+  per_process = math.prod(sizes.values())
   local = _process_devices(jax.process_index())
   need = math.prod(sampler_sizes.values())
   if per_process % n or per_process // n + need > len(local):
@@ -129,9 +129,9 @@ def meshes(mesh_sizes: Mapping[str, int], sampler_spec: str) -> tuple[Mesh, Mesh
         f"{n} processes, which have {len(local)} each")
   share = per_process // n
   trainer_devices = [d for p in range(n) for d in _process_devices(p)[:share]]
-  trainer = sharding.make_mesh(*sizes, devices=trainer_devices)
+  trainer = sharding.make_mesh(**sizes, devices=trainer_devices)
   local_block(trainer)  # checks the layout
-  sampler = sharding.make_mesh(*(sampler_sizes[a] for a in sharding.MESH_AXES),
+  sampler = sharding.make_mesh(**sampler_sizes,
                                devices=local[share:share + need])
   return trainer, sampler
 
@@ -144,9 +144,11 @@ def _block_bounds(mesh: Mesh, process: int) -> tuple[tuple[int, ...], tuple[int,
   if not box.all() or box.size != mine.sum():
     raise BadInput(f"the mesh {dict(mesh.shape)} does not give process {process} one block "
                    "of devices; choose sizes whose leading axes split the processes")
-  if hi[-1] - lo[-1] != mesh.shape["tensor"]:
-    raise BadInput(f"the mesh {dict(mesh.shape)} splits the tensor axis over processes; "
-                   "each process must hold whole rows of the batch (split data or fsdp)")
+  for axis in ("context", "tensor"):
+    i = mesh.axis_names.index(axis)
+    if hi[i] - lo[i] != mesh.shape[axis]:
+      raise BadInput(f"the mesh {dict(mesh.shape)} splits the {axis} axis over processes; "
+                     "each process must hold whole rows of the batch (split data or fsdp)")
   return tuple(lo), tuple(hi)
 
 

@@ -25,14 +25,16 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rlcode.errors import BadInput
 
-MESH_AXES = ("data", "fsdp", "tensor")
+# The mesh's axes, outermost first: a device's neighbours along `tensor` are the closest
+# (the axis whose collectives run every layer on activations), then `context`.
+MESH_AXES = ("data", "fsdp", "context", "tensor")
 
-# Logical axis name -> mesh axes. Batch-like axes split over data and fsdp;
-# parameters are fully sharded over fsdp on their embed dimension and split
+# Logical axis name -> mesh axes. Batch-like axes split over data and fsdp; sequences
+# over context; parameters are fully sharded over fsdp on their embed dimension and split
 # Megatron-style over tensor on heads / mlp / vocab.
 DEFAULT_RULES: dict[str, Any] = {
     "batch": ("data", "fsdp"),
-    "length": None,
+    "length": "context",
     "embed": "fsdp",
     "vocab": "tensor",
     "heads": "tensor",
@@ -40,27 +42,30 @@ DEFAULT_RULES: dict[str, Any] = {
     "head_dim": None,
     "mlp": "tensor",
     "layers": None,
+    "lora": None,
 }
 
 
-def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1,
+def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, context: int = 1,
               devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A ("data", "fsdp", "tensor") mesh over the first data*fsdp*tensor devices.
+  """A (data, fsdp, context, tensor) mesh over the first data*fsdp*context*tensor devices.
 
   A size of -1 takes all devices not used by the other axes.
   """
   devices = list(jax.devices() if devices is None else devices)
-  sizes = [data, fsdp, tensor]
+  named = {"data": data, "fsdp": fsdp, "context": context, "tensor": tensor}
+  sizes = [named[a] for a in MESH_AXES]
+  described = " ".join(f"{a}={named[a]}" for a in MESH_AXES)
   if sizes.count(-1) > 1:
-    raise ValueError(f"mesh: at most one axis may be -1, got data={data} fsdp={fsdp} tensor={tensor}")
+    raise ValueError(f"mesh: at most one axis may be -1, got {described}")
   if -1 in sizes:
     rest = math.prod(s for s in sizes if s != -1)
     sizes[sizes.index(-1)] = len(devices) // rest
   if any(s < 1 for s in sizes):
-    raise ValueError(f"mesh: sizes must be positive, got data={data} fsdp={fsdp} tensor={tensor}")
+    raise ValueError(f"mesh: sizes must be positive, got {described}")
   need = math.prod(sizes)
   if need > len(devices):
-    raise ValueError(f"mesh: data*fsdp*tensor = {need} but only {len(devices)} devices "
+    raise ValueError(f"mesh: {'*'.join(MESH_AXES)} = {need} but only {len(devices)} devices "
                      f"are available ({jax.default_backend()})")
   return Mesh(np.array(devices[:need]).reshape(sizes), MESH_AXES)
 
@@ -71,7 +76,7 @@ def batch_shards(mesh: Mesh | None) -> int:
 
 
 def mesh_from_config(mesh_cfg) -> Mesh:
-  return make_mesh(mesh_cfg.data, mesh_cfg.fsdp, mesh_cfg.tensor)
+  return make_mesh(**{a: mesh_cfg[a] for a in MESH_AXES})
 
 
 def parse_mesh(spec: str, what: str = "--mesh") -> dict[str, int]:
@@ -98,7 +103,10 @@ def parse_mesh(spec: str, what: str = "--mesh") -> dict[str, int]:
 
 
 def format_mesh(sizes: Mapping[str, int]) -> str:
-  return ",".join(f"{a}={sizes[a]}" for a in MESH_AXES)
+  """"data=8,fsdp=8": the axes of size > 1 (the first axis when all are 1), as --mesh
+  takes them."""
+  shown = [a for a in MESH_AXES if sizes.get(a, 1) != 1] or [MESH_AXES[0]]
+  return ",".join(f"{a}={sizes.get(a, 1)}" for a in shown)
 
 
 _ACTIVE: contextvars.ContextVar[tuple[Mesh, Mapping[str, Any]] | None] = (

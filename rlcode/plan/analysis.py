@@ -37,8 +37,7 @@ def model_config(config):
   """The ModelConfig of config.model (from-scratch arch, or a checkpoint's config.json)."""
   from rlcode.models import build, config as model_cfg_lib
   if config.model.hf_path:
-    overrides = {k: config.model[k] for k in ("param_dtype", "dtype", "attn_impl")
-                 if k in config.model}
+    overrides = build.model_overrides(config.model)
     path = os.path.join(config.model.hf_path, "config.json")
     return model_cfg_lib.from_hf_config(model_cfg_lib.read_hf_config(path), source=path,
                                         **overrides)
@@ -92,11 +91,29 @@ def _decode_weight_bytes(abstract_tree, mesh) -> int:
 
 
 def _memory(compiled) -> dict:
+  """Device bytes of a compiled program (XLA's memory analysis), and those in host memory
+  (offloaded optimiser state and activations), which are not in the device's peak."""
   m = compiled.memory_analysis()
+  host = lambda name: int(getattr(m, "host_" + name, 0) or 0)
   return {"arguments": m.argument_size_in_bytes, "outputs": m.output_size_in_bytes,
           "temporaries": m.temp_size_in_bytes, "aliased": m.alias_size_in_bytes,
           "peak": (m.argument_size_in_bytes + m.output_size_in_bytes + m.temp_size_in_bytes
-                   - m.alias_size_in_bytes)}
+                   - m.alias_size_in_bytes),
+          "host": (host("argument_size_in_bytes") + host("output_size_in_bytes")
+                   + host("temp_size_in_bytes") - host("alias_size_in_bytes"))}
+
+
+def _offloaded(memory: dict, host_bytes: int, params_and_grads: int) -> dict:
+  """The update's memory with `host_bytes` of optimiser state in host memory. Where XLA
+  keeps no separate host space (the CPU backend the planner compiles on), the state is in
+  its arguments: take it out of the peak, and bound the optimiser step, which brings the
+  moments to the device beside the parameters and gradients and writes new ones, by
+  parameters + gradients + twice the state."""
+  if not host_bytes or memory["host"]:
+    return memory
+  peak = max(memory["peak"] - host_bytes, params_and_grads + 2 * host_bytes)
+  return {**memory, "xla_peak": memory["peak"], "peak": peak, "host": host_bytes,
+          "host_estimated": True}
 
 
 def _cost(compiled) -> dict:
@@ -119,13 +136,10 @@ def analyse(config, devices: int, mesh_spec: str, sampler_spec: str, prompt_len:
   from flax import nnx
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from rlcode import sampling
-  from rlcode.rl import shared_prefix
-  from rlcode import optim
-  from rlcode.rl import grpo
-  from rlcode.rl import objective
-  from rlcode.rl import sequences
+  from rlcode import optim, sampling
+  from rlcode.models import lora
   from rlcode.models.decoder import Decoder, KVCache, Prefix
+  from rlcode.rl import grpo, objective, sequences, shared_prefix
 
   rl = config.rl
   cfg = model_config(config)
@@ -138,9 +152,9 @@ def analyse(config, devices: int, mesh_spec: str, sampler_spec: str, prompt_len:
                                                if sampler_spec else "")
                    + f" need {n_train + n_sample} devices; --devices gives {devices}")
   all_devices = jax.devices()[:devices]
-  mesh = sharding.make_mesh(*(sizes[a] for a in sharding.MESH_AXES),
+  mesh = sharding.make_mesh(**sizes,
                             devices=all_devices[:n_train])
-  sampler_mesh = (sharding.make_mesh(*(sampler_sizes[a] for a in sharding.MESH_AXES),
+  sampler_mesh = (sharding.make_mesh(**sampler_sizes,
                                      devices=all_devices[n_train:n_train + n_sample])
                   if sampler_sizes else mesh)
   prompts, group = rl.prompts_per_step, rl.group_size
@@ -160,11 +174,15 @@ def analyse(config, devices: int, mesh_spec: str, sampler_spec: str, prompt_len:
                         state, shardings)
 
   params = placed(abstract_params, mesh)
-  optimizer = optim.make_optimizer(optim.OptimizerConfig.from_config(config.optimizer))
+  opt_cfg = optim.OptimizerConfig.from_config(config.optimizer)
+  optimizer = optim.make_optimizer(opt_cfg)
+  trainable = lora.trainable(cfg)
+  train_params, _ = optim.split_trainable(params, trainable)
   replicated = NamedSharding(mesh, P())
   opt_state = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                           jax.eval_shape(optimizer.init, params),
-                           optim.opt_state_shardings(optimizer, params, mesh))
+                           jax.eval_shape(optimizer.init, train_params),
+                           optim.opt_state_shardings(optimizer, train_params, mesh,
+                                                     opt_cfg.offload))
   state = optim.TrainState(params=params, opt_state=opt_state,
                           step=jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated))
   loss_cfg = objective.LossConfig.from_config(rl, rl.max_new_tokens)
@@ -184,12 +202,18 @@ def analyse(config, devices: int, mesh_spec: str, sampler_spec: str, prompt_len:
     logprob_fn = None
   batch = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
                        example, optim.batch_shardings(mesh, example))
-  update = grpo.make_update_step(graphdef, optimizer, loss_cfg, mesh, state, example,
-                                 logprob_fn=logprob_fn).lower(state, batch).compile(
-                                     COMPILE_OPTIONS)
+  update = grpo.make_update_step(
+      graphdef, optimizer, loss_cfg, mesh, state, example, logprob_fn=logprob_fn,
+      micro_batch_rows=rl.micro_batch_rows, trainable=trainable, offload=opt_cfg.offload
+  ).lower(state, batch).compile(COMPILE_OPTIONS)
 
-  # The decode loop, as rlcode.sampling.generate calls it with the shared-prompt layout.
-  full_graphdef, full_state = nnx.split(abstract_model)
+  # The decode loop, as rlcode.sampling.generate calls it with the shared-prompt layout,
+  # on the model a sampler decodes with (Decoder.for_sampling: looped, adapters folded in).
+  sample_cfg = cfg.replace(scan_layers=False, remat="none", lora=None,
+                           param_dtype=(cfg.lora.base_dtype if cfg.lora and cfg.lora.base_dtype
+                                        else cfg.param_dtype))
+  full_graphdef, full_state = nnx.split(
+      nnx.eval_shape(lambda: Decoder(sample_cfg, rngs=nnx.Rngs(0))))
   sampler_state = placed(full_state, sampler_mesh)
   with sharding.activate(sampler_mesh):
     on = lambda axes, shape, dtype: jax.ShapeDtypeStruct(
@@ -215,12 +239,20 @@ def analyse(config, devices: int, mesh_spec: str, sampler_spec: str, prompt_len:
       graphdef=full_graphdef, max_new_tokens=tc, temperature=float(rl.temperature), top_k=0,
       top_p=1.0, stop_tokens=(2,), pad_id=0, mesh=sampler_mesh).compile(COMPILE_OPTIONS)
 
-  forward, train_flops = flops.update_flops(cfg, prompts, rows, prompt_len, tc, rl.shared_prefix)
+  forward, train_flops, recompute = flops.update_flops(cfg, prompts, rows, prompt_len, tc,
+                                                      rl.shared_prefix)
+  host_optimizer = _shard_bytes(opt_state) if opt_cfg.offload else 0
   return {
       "model": {"parameters": cfg.num_params(), "layers": cfg.num_layers,
                 "hidden": cfg.hidden_size, "heads": cfg.num_heads,
                 "kv_heads": cfg.num_kv_heads, "vocab": cfg.vocab_size,
                 "param_dtype": cfg.param_dtype, "dtype": cfg.dtype},
+      "fit": {"remat": cfg.remat, "scan_layers": cfg.scan_layers,
+              "logits_chunk": cfg.logits_chunk, "micro_batch_rows": rl.micro_batch_rows,
+              "context": sizes["context"], "optimizer_offload": bool(opt_cfg.offload),
+              "lora_rank": cfg.lora.rank if cfg.lora is not None else None,
+              "trained_parameters": sum(math.prod(x.shape)
+                                        for x in jax.tree.leaves(train_params))},
       "batch": {"prompts": prompts, "rows": rows, "prompt_len": prompt_len,
                 "completion_len": tc, "shared_prefix": bool(rl.shared_prefix),
                 "num_passes": rl.num_passes, "max_staleness": rl.max_staleness,
@@ -229,9 +261,14 @@ def analyse(config, devices: int, mesh_spec: str, sampler_spec: str, prompt_len:
       "sampler_mesh": sharding.format_mesh(dict(sampler_mesh.shape)),
       "sampler_devices": n_sample or n_train, "split": bool(sampler_sizes),
       "update": {
-          "parameters": _shard_bytes(params), "optimizer": _shard_bytes(opt_state),
-          "memory": _memory(update), "xla": _cost(update),
+          "parameters": _shard_bytes(params),
+          "optimizer": _shard_bytes(opt_state) - host_optimizer,
+          "optimizer_on_host": host_optimizer,
+          "memory": _offloaded(_memory(update), host_optimizer,
+                               _shard_bytes(params) + _shard_bytes(train_params)),
+          "xla": _cost(update),
           "flops": train_flops / n_train, "forward_flops": forward / n_train,
+          "recompute_flops": recompute / n_train,
           "collectives": hlo.collectives(update.as_text(), devices)},
       "decode": {
           "parameters": _shard_bytes(sampler_state),

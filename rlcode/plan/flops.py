@@ -9,20 +9,34 @@ from __future__ import annotations
 
 
 
-def forward_flops(cfg, tokens: float, attended: float, logits: float) -> float:
-  """FLOPs of a forward pass over `tokens` positions whose queries attend `attended`
-  key positions in all (summed over queries), with `logits` output positions."""
+def forward_parts(cfg, tokens: float, attended: float, logits: float) -> dict[str, float]:
+  """FLOPs of a forward pass by part: the blocks' matmuls over `tokens` positions, the
+  attention of queries that attend `attended` key positions in all (summed over queries),
+  and the output layer on `logits` positions."""
   e, f, h, k, d = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
                    cfg.head_dim)
   per_layer = e * (h + 2 * k) * d + h * d * e + 3 * e * f
-  matmul = 2 * cfg.num_layers * per_layer * tokens
-  attention = 4 * cfg.num_layers * h * d * attended
-  return matmul + attention + 2 * e * cfg.vocab_size * logits
+  return {"matmul": 2 * cfg.num_layers * per_layer * tokens,
+          "attention": 4 * cfg.num_layers * h * d * attended,
+          "logits": 2 * e * cfg.vocab_size * logits}
+
+
+def forward_flops(cfg, tokens: float, attended: float, logits: float) -> float:
+  """FLOPs of a forward pass (forward_parts, summed)."""
+  return sum(forward_parts(cfg, tokens, attended, logits).values())
 
 
 def update_flops(cfg, prompts: int, rows: int, prompt_len: int, completion_len: int,
-                 shared_prefix: bool) -> tuple[float, float]:
-  """(forward FLOPs, forward + backward FLOPs) of one update over the whole batch."""
+                 shared_prefix: bool) -> tuple[float, float, float]:
+  """(forward, forward + backward + recomputation, recomputation) FLOPs of one update over
+  the whole batch.
+
+  The backward pass of a matmul is two of its forward (the input's gradient and the
+  weight's); a frozen weight (the base under cfg.lora) needs only the first. Attention's
+  backward is twice its forward. Rematerialisation (cfg.remat) recomputes in the backward
+  pass what the forward did not keep: the whole forward for "full", attention for "dots"
+  and "offload" (the matmul outputs are kept); chunked log-probs (cfg.logits_chunk)
+  recompute the output layer. LoRA's own matmuls (rank << width) are left out."""
   if shared_prefix:
     tokens = prompts * prompt_len + rows * completion_len
     attended = (prompts * prompt_len * (prompt_len + 1) / 2
@@ -30,8 +44,15 @@ def update_flops(cfg, prompts: int, rows: int, prompt_len: int, completion_len: 
   else:
     seq = prompt_len + completion_len
     tokens, attended = rows * seq, rows * seq * (seq + 1) / 2
-  forward = forward_flops(cfg, tokens, attended, rows * completion_len)
-  return forward, 3 * forward
+  parts = forward_parts(cfg, tokens, attended, rows * completion_len)
+  forward = sum(parts.values())
+  weights = 1 if cfg.lora is not None else 2
+  backward = weights * (parts["matmul"] + parts["logits"]) + 2 * parts["attention"]
+  recompute = {"none": 0.0, "full": parts["matmul"] + parts["attention"],
+               "dots": parts["attention"], "offload": parts["attention"]}[cfg.remat]
+  if cfg.logits_chunk:
+    recompute += parts["logits"]
+  return forward, forward + backward + recompute, recompute
 
 
 def decode_flops(cfg, rows: int, prompt_len: int, new_tokens: int) -> float:

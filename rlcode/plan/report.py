@@ -12,6 +12,25 @@ def _gb(x: float) -> str:
   return f"{x / 1e9:8.2f} GB"
 
 
+def _fit(fit: Mapping) -> str:
+  """The memory features a plan was made with, in words."""
+  parts = [f"remat {fit.get('remat', 'none')}"]
+  if fit.get("scan_layers"):
+    parts.append("scanned layers")
+  if fit.get("logits_chunk"):
+    parts.append(f"log-probs in chunks of {fit['logits_chunk']} positions")
+  if fit.get("micro_batch_rows"):
+    parts.append(f"micro-batches of {fit['micro_batch_rows']} rows")
+  if fit.get("context", 1) > 1:
+    parts.append(f"context parallel x{fit['context']}")
+  if fit.get("lora_rank"):
+    parts.append(f"LoRA rank {fit['lora_rank']} ({fit['trained_parameters'] / 1e6:.1f}M "
+                 "trained)")
+  if fit.get("optimizer_offload"):
+    parts.append("optimiser state in host memory")
+  return ", ".join(parts)
+
+
 def format_table(result: Mapping, hw: hardware.Hardware, est: Mapping) -> str:
   up, dec, m, b = result["update"], result["decode"], result["model"], result["batch"]
   lines = [
@@ -21,6 +40,7 @@ def format_table(result: Mapping, hw: hardware.Hardware, est: Mapping) -> str:
       f"batch: {b['prompts']} prompts x {b['rows'] // b['prompts']} = {b['rows']} rows, prompt "
       f"{b['prompt_len']} + completion {b['completion_len']} tokens"
       f"{', shared prefix' if b['shared_prefix'] else ''}, {b['num_passes']} update pass(es)",
+      "fit: " + _fit(result.get("fit", {})),
       f"hardware: {hw.name} ({hw.flops / 1e12:.0f} TFLOP/s bf16 dense, "
       f"{hw.hbm_bytes_per_s / 1e12:.1f} TB/s HBM, {hw.hbm_bytes / 1e9:.0f} GB, "
       f"{hw.link_bytes_per_s / 1e9:.0f} GB/s link per direction, NVLink domain {hw.domain})",
@@ -30,18 +50,24 @@ def format_table(result: Mapping, hw: hardware.Hardware, est: Mapping) -> str:
       "",
       "per device                        update step      decode loop",
       f"  parameters                    {_gb(up['parameters'])}      {_gb(dec['parameters'])}",
-      f"  optimiser state               {_gb(up['optimizer'])}",
+      f"  optimiser state               {_gb(up['optimizer'])}"
+      + (f"   (+{up['optimizer_on_host'] / 1e9:.2f} GB in host memory)"
+         if up.get("optimizer_on_host") else ""),
       f"  KV cache                                         {_gb(dec['kv_cache'])}",
       f"  activations, temporaries (XLA){_gb(up['memory']['temporaries'])}      "
       f"{_gb(dec['memory']['temporaries'])}",
       f"  peak (XLA)                    {_gb(up['memory']['peak'])}      "
       f"{_gb(dec['memory']['peak'])}"
       + ("   exceeds HBM" if max(up['memory']['peak'], dec['memory']['peak']) > hw.hbm_bytes
-         else ""),
+         else "")
+      + ("   (optimiser state on the host: bounded, not compiled there)"
+         if up['memory'].get('host_estimated') else ""),
       f"  read per decode step (weights, KV)               "
       f"{_gb(dec['weights_read'] + dec['kv_cache'])}"
       f"  (XLA:CPU's bytes: {dec['xla']['bytes_accessed'] / 1e9:.2f} GB)",
       f"  FLOPs, analytic               {up['flops']:11.3e}      {dec['flops']:11.3e}",
+      f"    of which recomputed         {up.get('recompute_flops', 0.0):11.3e}"
+      f"  ({up.get('recompute_flops', 0.0) / max(up['flops'], 1.0):.0%} of the update)",
       f"  FLOPs, XLA cost_analysis      {up['xla']['flops']:11.3e}      "
       f"{dec['xla']['flops']:11.3e}  (the loop body counted once;"
       f" x{b['completion_len']}: {dec['xla']['flops'] * b['completion_len']:.3e})",

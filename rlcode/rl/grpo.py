@@ -19,20 +19,25 @@ where rewards come from.
 from __future__ import annotations
 
 import functools
+
 import jax
 import jax.numpy as jnp
 import optax
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding
-from rlcode.parallel import sharding
+
 from rlcode import optim
-from rlcode.rl import objective
-from rlcode.rl import sequences
+from rlcode.errors import BadInput
+from rlcode.models import lora
+from rlcode.parallel import sharding
+from rlcode.rl import objective, sequences
 
 
 def make_update_step(graphdef, optimizer: optax.GradientTransformation, cfg: objective.LossConfig,
                      mesh: Mesh, state: optim.TrainState, example_batch: sequences.SequenceBatch,
-                     logprob_fn=None):
+                     logprob_fn=None, *, micro_batch_rows: int | None = None,
+                     trainable=nnx.Param, dropout_seed: int | None = None,
+                     offload: bool = False):
   """The jitted update: (state, batch) -> (state, metrics).
 
   A non-finite loss or gradient leaves the state unchanged and reports
@@ -42,25 +47,77 @@ def make_update_step(graphdef, optimizer: optax.GradientTransformation, cfg: obj
   policy's log-probabilities of the batch's targets; the default runs every row
   in full (sequence_logprobs). rlcode.shared_prefix passes one that runs each
   group's prompt once.
+
+  micro_batch_rows: a batch of more rows is split into micro-batches of this many (the
+  batch's `micro_batches`: whole groups each, so a group's prompt still runs once) and
+  the gradient accumulated over them in one scan, each micro-batch's loss its share of
+  the whole batch's (objective.Totals): the same loss, metrics and gradient as one pass,
+  with one micro-batch's activations alive at a time. trainable: the params the optimiser
+  trains (LoRA: the adapters).
+  dropout_seed: the adapters' dropout draws from this seed and the step. offload: the
+  optimiser state lives in host memory (optim.init_state's `offload`).
   """
   if logprob_fn is None:
     logprob_fn = lambda model, batch: sequences.sequence_logprobs(model, batch, cfg.temperature)
 
-  def loss_fn(params, batch):
-    with sharding.activate(mesh):
+  def loss_fn(params, batch, totals=None, key=None):
+    with sharding.activate(mesh), lora.dropout_key(key):
       model = nnx.merge(graphdef, params)
       logp, entropy = logprob_fn(model, batch)
     loss, metrics = objective.policy_loss(logp, batch.old_logp, batch.adv, batch.mask, cfg,
                                 ref_logp_nt=batch.ref_logp if cfg.uses_reference else None,
-                                weight_nt=batch.weight)
-    metrics["entropy"] = objective.masked_mean(entropy, batch.mask)
+                                weight_nt=batch.weight, totals=totals)
+    metrics["entropy"] = objective.masked_mean(entropy, batch.mask, totals)
     return loss, metrics
 
-  step = functools.partial(optim.finite_step, loss_fn, optimizer)
+  def step(state, batch):
+    key = (None if dropout_seed is None
+           else jax.random.fold_in(jax.random.key(dropout_seed), state.step))
+    m = micro_count(batch.mask.shape[0], micro_batch_rows)
+    grads_fn = optim.gradients if m == 1 else functools.partial(
+        _accumulated, micro_batches=m, mesh=mesh)
+    return optim.finite_step(functools.partial(loss_fn, key=key), optimizer, state, batch,
+                             trainable=trainable, grads_fn=grads_fn, offload=offload)
 
   state_sh = optim.state_shardings(state, mesh)
   return jax.jit(step, in_shardings=(state_sh, optim.batch_shardings(mesh, example_batch)),
                  out_shardings=(state_sh, None), donate_argnums=(0,))
+
+
+def _accumulated(loss_fn, params, batch, *, micro_batches: int, mesh: Mesh):
+  """((loss, metrics), grads) of the whole batch, summed over its micro-batches in a scan;
+  loss_fn(params, micro_batch, totals) gives each micro-batch's share."""
+  totals = objective.Totals.of(batch.mask)
+  with sharding.activate(mesh):
+    micro = jax.tree.map(lambda x: sharding.constrain(x, (None, "batch") + (None,) * (x.ndim - 2)),
+                         batch.micro_batches(micro_batches))
+  one = lambda mb: jax.value_and_grad(loss_fn, has_aux=True)(params, mb, totals)
+  first = jax.tree.map(lambda x: x[0], micro)
+  zeros = jax.tree.map(lambda x: jnp.zeros(x.shape, x.dtype), jax.eval_shape(one, first))
+
+  def body(acc, mb):
+    return jax.tree.map(jnp.add, acc, one(mb)), None
+
+  total, _ = jax.lax.scan(body, zeros, micro)
+  return total
+
+
+def micro_count(rows: int, micro_batch_rows: int | None) -> int:
+  """How many micro-batches of micro_batch_rows a batch of `rows` makes (1 when unset or
+  when the batch is no larger)."""
+  if micro_batch_rows is None or rows <= micro_batch_rows:
+    return 1
+  if rows % micro_batch_rows:
+    raise ValueError(f"a batch of {rows} rows does not split into micro-batches of "
+                     f"{micro_batch_rows}")
+  return rows // micro_batch_rows
+
+
+def check_micro_batch_rows(rl, data_parallel: int) -> None:
+  """rl.micro_batch_rows split evenly over the data-parallel devices, or one line."""
+  if rl.micro_batch_rows is not None and rl.micro_batch_rows % data_parallel:
+    raise BadInput(f"rl.micro_batch_rows={rl.micro_batch_rows} does not split over the "
+                   f"{data_parallel} data-parallel devices of the mesh")
 
 
 def _rows_sharding(mesh: Mesh, rows: int) -> NamedSharding:

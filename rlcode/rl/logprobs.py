@@ -3,12 +3,20 @@
 Every place that turns logits into per-token log-probabilities goes through
 `token_logprobs` or `token_logprobs_and_entropy`, so the sampler, the update and the
 tests agree on one definition (float32, temperature applied before the softmax).
+
+`hidden_logprobs` starts one step earlier, from final hidden states, and with a chunk
+size applies the output layer to that many positions at a time inside a scan whose step
+is rematerialised: the forward keeps only each chunk's log-probs and entropies, and the
+backward recomputes one chunk's logits at a time, so no [rows, tokens, vocab] float32
+array exists in either (Qwen2's vocabulary of 152k makes it 0.6 MB a token).
 """
 
 from __future__ import annotations
 
 import jax
 import jax.numpy as jnp
+
+from rlcode.kernels.spec import cdiv
 
 
 def _tempered(logits_btv: jax.Array, temperature: float) -> jax.Array:
@@ -45,3 +53,31 @@ def cross_entropy(logits_btv: jax.Array, targets_bt: jax.Array,
     return jnp.mean(nll)
   weights_bt = weights_bt.astype(jnp.float32)
   return jnp.sum(nll * weights_bt) / jnp.maximum(jnp.sum(weights_bt), 1.0)
+
+
+def hidden_logprobs(logits_fn, h_btd: jax.Array, targets_bt: jax.Array,
+                    temperature: float = 1.0, chunk: int = 0) -> tuple[jax.Array, jax.Array]:
+  """(log p(target), entropy) [B, T] float32 from hidden states [B, T, E].
+
+  logits_fn maps hidden states [B, t, E] to float32 logits [B, t, V] (the model's output
+  layer). chunk > 0: it runs on `chunk` positions at a time, each chunk's logits
+  recomputed in the backward pass instead of kept; the result equals the unchunked one.
+  """
+  b, t = targets_bt.shape
+  if not chunk or chunk >= t:
+    return token_logprobs_and_entropy(logits_fn(h_btd), targets_bt, temperature)
+  n = cdiv(t, chunk)
+  pad = n * chunk - t
+  h = jnp.pad(h_btd, ((0, 0), (0, pad), (0, 0))) if pad else h_btd
+  targets = jnp.pad(targets_bt, ((0, 0), (0, pad))) if pad else targets_bt
+  h_chunks = h.reshape(b, n, chunk, h.shape[-1]).swapaxes(0, 1)
+  t_chunks = targets.reshape(b, n, chunk).swapaxes(0, 1)
+
+  @jax.checkpoint
+  def one(h_c, t_c):
+    return token_logprobs_and_entropy(logits_fn(h_c), t_c, temperature)
+
+  _, (logp, entropy) = jax.lax.scan(lambda carry, xs: (carry, one(*xs)), None,
+                                    (h_chunks, t_chunks))
+  unchunk = lambda x: x.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
+  return unchunk(logp), unchunk(entropy)

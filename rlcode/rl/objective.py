@@ -12,25 +12,47 @@ from __future__ import annotations
 import dataclasses
 import functools
 from collections.abc import Callable
+
+import jax
 import jax.numpy as jnp
 
 
-def _seq_mean_token_mean(loss_nt, mask_nt, max_len):
+def _seq_mean_token_mean(loss_nt, mask_nt, max_len, totals):
   del max_len  # the original GRPO: each sequence's mean, then the mean over sequences
   per_seq = jnp.sum(loss_nt * mask_nt, 1) / jnp.maximum(jnp.sum(mask_nt, 1), 1.0)
   has = (jnp.sum(mask_nt, 1) > 0).astype(loss_nt.dtype)
-  return jnp.sum(per_seq * has) / jnp.maximum(jnp.sum(has), 1.0)
+  count = jnp.sum(has) if totals is None else totals.sequences
+  return jnp.sum(per_seq * has) / jnp.maximum(count, 1.0)
 
 
-def _token_mean(loss_nt, mask_nt, max_len):
+def _token_mean(loss_nt, mask_nt, max_len, totals):
   del max_len  # DAPO: every token of the batch weighs the same
-  return jnp.sum(loss_nt * mask_nt) / jnp.maximum(jnp.sum(mask_nt), 1.0)
+  count = jnp.sum(mask_nt) if totals is None else totals.tokens
+  return jnp.sum(loss_nt * mask_nt) / jnp.maximum(count, 1.0)
 
 
-def _seq_mean_token_sum_norm(loss_nt, mask_nt, max_len):
+def _seq_mean_token_sum_norm(loss_nt, mask_nt, max_len, totals):
   # Dr.GRPO: token sums divided by one constant (the generation budget), no
   # per-sequence length normalisation, so long wrong answers are not favoured.
-  return jnp.sum(loss_nt * mask_nt) / (loss_nt.shape[0] * max_len)
+  rows = loss_nt.shape[0] if totals is None else totals.rows
+  return jnp.sum(loss_nt * mask_nt) / (rows * max_len)
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Totals:
+  """A whole batch's counts, for a micro-batch's share of its loss and token means: the
+  sequences with a trained token, the trained tokens and the rows (float32 scalars)."""
+
+  sequences: jax.Array
+  tokens: jax.Array
+  rows: jax.Array
+
+  @classmethod
+  def of(cls, mask_nt) -> Totals:
+    valid = (mask_nt > 0).astype(jnp.float32)
+    return cls(sequences=jnp.sum(jnp.any(mask_nt > 0, axis=1).astype(jnp.float32)),
+               tokens=jnp.sum(valid), rows=jnp.float32(mask_nt.shape[0]))
 
 
 # The update's metrics that are means over trained tokens (`policy_loss`).
@@ -73,15 +95,16 @@ class LossConfig:
                max_completion_len=max_completion_len, temperature=rl.temperature)
 
 
-def masked_mean(x_nt, mask_nt):
-  """Mean of x over the positions where mask is 1; what is elsewhere never reaches the sum."""
+def masked_mean(x_nt, mask_nt, totals: Totals | None = None):
+  """Mean of x over the positions where mask is 1; what is elsewhere never reaches the sum.
+  With a whole batch's `totals`, a micro-batch's share of the batch's mean."""
   valid = mask_nt > 0
-  return (jnp.sum(jnp.where(valid, x_nt, 0.0))
-          / jnp.maximum(jnp.sum(valid.astype(jnp.float32)), 1.0))
+  count = jnp.sum(valid.astype(jnp.float32)) if totals is None else totals.tokens
+  return jnp.sum(jnp.where(valid, x_nt, 0.0)) / jnp.maximum(count, 1.0)
 
 
 def policy_loss(logp_nt, old_logp_nt, adv_n, mask_nt, cfg: LossConfig, ref_logp_nt=None,
-                weight_nt=None):
+                weight_nt=None, totals: Totals | None = None):
   """The clipped surrogate plus beta * KL(policy || reference), aggregated by name.
 
   Per token: -w * min(r * A, clip(r, 1 - eps_low, 1 + eps_high) * A) with
@@ -92,6 +115,10 @@ def policy_loss(logp_nt, old_logp_nt, adv_n, mask_nt, cfg: LossConfig, ref_logp_
   Log-ratios are selected by the mask before they are exponentiated: whatever sits at
   masked positions (padding, prompt, -inf log-probs) never reaches exp, and inf * 0 never
   makes a NaN. Returns (loss, metrics).
+
+  With `totals` (the whole batch's, rlcode.rl.grpo's micro-batches), the loss and every
+  metric are this micro-batch's share: summed over the micro-batches they give the whole
+  batch's loss and metrics.
   """
   valid = mask_nt > 0
   mask = valid.astype(jnp.float32)
@@ -103,10 +130,11 @@ def policy_loss(logp_nt, old_logp_nt, adv_n, mask_nt, cfg: LossConfig, ref_logp_
     surrogate = surrogate * weight_nt
   pg_nt = jnp.where(valid, -surrogate, 0.0)
   aggregate = functools.partial(AGGREGATIONS[cfg.aggregation], mask_nt=mask,
-                                max_len=cfg.max_completion_len)
+                                max_len=cfg.max_completion_len, totals=totals)
+  mean = functools.partial(masked_mean, mask_nt=mask, totals=totals)
   metrics = {"pg_loss": aggregate(pg_nt),
-             "clip_frac": masked_mean((jnp.abs(ratio - clipped) > 0).astype(jnp.float32), mask),
-             "ratio": masked_mean(ratio, mask)}
+             "clip_frac": mean((jnp.abs(ratio - clipped) > 0).astype(jnp.float32)),
+             "ratio": mean(ratio)}
   loss_nt = pg_nt
   if cfg.beta > 0 and ref_logp_nt is None:
     raise ValueError("rl.beta > 0 needs reference log-probabilities")
@@ -115,7 +143,7 @@ def policy_loss(logp_nt, old_logp_nt, adv_n, mask_nt, cfg: LossConfig, ref_logp_
     kl_nt = jnp.exp(d) - d - 1.0
     if cfg.beta > 0:
       loss_nt = pg_nt + cfg.beta * kl_nt
-    metrics["kl"] = masked_mean(kl_nt, mask)
+    metrics["kl"] = mean(kl_nt)
   loss = aggregate(loss_nt)
   metrics["loss"] = loss
   return loss, metrics

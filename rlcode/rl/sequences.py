@@ -55,25 +55,48 @@ class SequenceBatch:
                old_logp=f32(rows, 1), ref_logp=f32(rows, 1), adv=f32(rows),
                weight=f32(rows, 1))
 
+  def micro_batches(self, m: int) -> SequenceBatch:
+    """The rows dealt into m micro-batches (row r to micro-batch r % m), each leaf
+    [m, N / m, ...]: every micro-batch spreads over the devices the batch does."""
+    return jax.tree.map(lambda x: deal(x, m), self)
 
-def window_logits(model, batch: SequenceBatch) -> tuple[jax.Array, jax.Array]:
-  """Logits [N, W, V] at each row's window positions and the targets [N, W] they predict.
 
-  The decoder runs over every position (attention needs the prompt); the output layer
-  runs on the W window positions only.
-  """
-  h, _ = model.hidden(batch.tokens[:, :-1])
+def deal(x: jax.Array, m: int, group: int = 1) -> jax.Array:
+  """x [N, ...] as [m, N / m, ...], runs of `group` rows dealt round-robin: run i of
+  micro-batch k is run i * m + k of x."""
+  n = x.shape[0]
+  if n % (m * group):
+    raise ValueError(f"{n} rows do not deal into {m} micro-batches of whole runs of {group}")
+  runs = x.reshape(n // (group * m), m, group, *x.shape[1:]).swapaxes(0, 1)
+  return runs.reshape(m, n // m, *x.shape[1:])
+
+
+def window_hidden(model, batch: SequenceBatch) -> tuple[jax.Array, jax.Array]:
+  """Final hidden states [N, W, E] at each row's window positions and the targets [N, W]
+  they predict. The decoder runs over every position (attention needs the prompt); the
+  last one's state is never read (it predicts nothing), but running it keeps the length
+  the batch's multiple, which context parallelism splits."""
+  h, _ = model.hidden(batch.tokens)
   w = batch.mask.shape[1]
   pos = jnp.minimum(batch.start[:, None] + jnp.arange(w, dtype=jnp.int32)[None, :],
                     batch.tokens.shape[1] - 2)
   h_window = jnp.take_along_axis(h, pos[..., None], axis=1)
-  return model.logits(h_window), jnp.take_along_axis(batch.tokens, pos + 1, axis=1)
+  return h_window, jnp.take_along_axis(batch.tokens, pos + 1, axis=1)
+
+
+def window_logits(model, batch: SequenceBatch) -> tuple[jax.Array, jax.Array]:
+  """Logits [N, W, V] at each row's window positions and the targets [N, W] they predict:
+  the output layer runs on the W window positions only."""
+  h_window, targets = window_hidden(model, batch)
+  return model.logits(h_window), targets
 
 
 def sequence_logprobs(model, batch: SequenceBatch, temperature: float):
   """Log-probabilities and entropies [N, W] of the targets in each row's window (the
-  softmax and the entropy on the window positions only, as `window_logits`)."""
-  return logprobs.token_logprobs_and_entropy(*window_logits(model, batch), temperature)
+  output layer on the window positions only, in chunks of model.cfg.logits_chunk)."""
+  h_window, targets = window_hidden(model, batch)
+  return logprobs.hidden_logprobs(model.logits, h_window, targets, temperature,
+                                  model.cfg.logits_chunk)
 
 
 

@@ -28,7 +28,7 @@ from rlcode.rl import logprobs as losses
 from rlcode import sampling
 from rlcode.rl import grpo
 from rlcode.rl import objective
-from rlcode.rl import rollout
+from rlcode.rl import rollout, sequences
 from rlcode.models.decoder import Prefix
 
 PROMPT_MULTIPLE = 32
@@ -64,6 +64,16 @@ class GroupedBatch:
                completion_tokens=i32(rows, 1), mask=f32(rows, 1), old_logp=f32(rows, 1),
                ref_logp=f32(rows, 1), adv=f32(rows), weight=f32(rows, 1))
 
+  def micro_batches(self, m: int) -> GroupedBatch:
+    """Whole groups dealt into m micro-batches (prompt p, with its G rows, to micro-batch
+    p % m), each leaf [m, ...]: a group's prompt still runs once."""
+    p = self.prompt_tokens.shape[0]
+    g = self.completion_tokens.shape[0] // p
+    prompts = {"prompt_tokens", "prompt_lengths"}
+    return GroupedBatch(**{f.name: sequences.deal(getattr(self, f.name), m,
+                                                  1 if f.name in prompts else g)
+                           for f in dataclasses.fields(self)})
+
 
 def prompt_prefix(model, prompt_tokens_pt, prompt_lengths_p):
   """The prompts' final hidden states [P, Tp, E] and their per-layer keys/values."""
@@ -82,7 +92,8 @@ def grouped_logprobs(model, batch: GroupedBatch, temperature: float):
   # Position t predicts completion token t: the prompt's last state, then the
   # completion's own states shifted by one.
   h = jnp.concatenate([jnp.repeat(last, n // p, axis=0), h_comp[:, :-1]], axis=1)
-  return losses.token_logprobs_and_entropy(model.logits(h), batch.completion_tokens, temperature)
+  return losses.hidden_logprobs(model.logits, h, batch.completion_tokens, temperature,
+                               model.cfg.logits_chunk)
 
 
 def logprob_fn(temperature: float):
@@ -157,10 +168,11 @@ def rl_batch(ro: rollout.Rollout, adv: np.ndarray, pad_id: int, max_completion_l
                        min_prompt_len=longest_prompt)
 
 
-def update_step(graphdef, optimizer, cfg: objective.LossConfig, mesh, state, example: GroupedBatch):
-  """grpo.make_update_step with the shared-prefix forward."""
+def update_step(graphdef, optimizer, cfg: objective.LossConfig, mesh, state, example: GroupedBatch,
+                **options):
+  """grpo.make_update_step with the shared-prefix forward (options: its keywords)."""
   return grpo.make_update_step(graphdef, optimizer, cfg, mesh, state, example,
-                               logprob_fn=logprob_fn(cfg.temperature))
+                               logprob_fn=logprob_fn(cfg.temperature), **options)
 
 
 def _denominator(mask_nt: np.ndarray, aggregation: str) -> float:

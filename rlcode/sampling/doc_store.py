@@ -85,7 +85,7 @@ class DocumentStore:
       raise ValueError(f"memory={memory!r}: expected 'device' or 'pinned_host'")
     if budget_bytes <= 0:
       raise ValueError(f"budget_bytes={budget_bytes} must be positive")
-    self.graphdef, self.state = nnx.split(model)
+    self.graphdef, self.state = nnx.split(model.for_sampling())
     self.cfg = cfg
     self.budget_bytes = budget_bytes
     self.memory = memory

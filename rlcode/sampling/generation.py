@@ -295,6 +295,7 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
                        f"{max_new_tokens} that exceeds the model's context of "
                        f"{cfg.max_seq_len} tokens")
   mesh = mesh if mesh is not None else sharding.active_mesh()
+  model = model.for_sampling()
   graphdef, state = nnx.split(model)
   # An NSA layer's cache (compressed tokens, selection) is per row: no shared prompt.
   share = not has_nsa and (bool(offload_kv) or (bool(share_prompt) and group_size > 1))

@@ -28,11 +28,10 @@ rlcode.agent.expert.hint_metrics: eval/note/believed, eval/decoy/...).
 
 from __future__ import annotations
 
+import math
 import time
 
-import jax
 import numpy as np
-from flax import nnx
 
 from rlcode import optim
 from rlcode.agent import demos, episodes, evaluate, expert, sampler, step_groups
@@ -45,6 +44,7 @@ from rlcode.parallel import sharding
 from rlcode.rl import advantages, grpo, objective, shared_prefix
 from rlcode.rl.curriculum import SignalCurriculum
 from rlcode.runs import checkpoint, scaffold
+from rlcode.train.policy import PolicyTraining
 
 
 def train(config) -> list[dict]:
@@ -71,12 +71,15 @@ def train(config) -> list[dict]:
   envs = episodes.make_envs(config, n_rows, memory=memory, embed=embed)
   eval_envs = episodes.make_envs(config, config.eval.batch_prompts * config.eval.num_samples,
                                  embed=embed, scorer=envs[0].scorer)
-  graphdef, params = nnx.split(model, nnx.Param)
-  policy = lambda params: nnx.merge(graphdef, params)
-  optimizer = optim.make_optimizer(optim.OptimizerConfig.from_config(config.optimizer))
   loss_cfg = objective.LossConfig.from_config(rl, agent.max_total_tokens)
-  advantage_of = advantages.advantages_from_config(rl)
   keeps_reference = loss_cfg.uses_reference
+  trained = PolicyTraining(model, config, mesh, keeps_reference=keeps_reference)
+  graphdef, params, policy = trained.graphdef, trained.params, trained.model
+  advantage_of = advantages.advantages_from_config(rl)
+  grpo.check_micro_batch_rows(rl, sharding.batch_shards(mesh))
+  # Kept groups: a multiple of the data-parallel devices, and of a micro-batch's groups.
+  group_multiple = math.lcm(sharding.batch_shards(mesh),
+                            (rl.micro_batch_rows or rl.group_size) // rl.group_size)
   signal_curriculum = rl.curriculum == "signal"
 
   with scaffold.Run(config, desc="agent grpo") as run, episodes.closing(envs + eval_envs):
@@ -86,15 +89,13 @@ def train(config) -> list[dict]:
       if config.warmstart.steps:
         params = demos.warm_start(config, graphdef, params, train_tasks, envs, chat, budgets,
                                   mesh, run.log)
-      state = optim.init_state(policy(params), optimizer, mesh)
-      ref_params = jax.tree.map(lambda x: x.copy(), params) if keeps_reference else {}
+      state, ref_params = trained.fresh(params)
       if config.warmstart.steps:
-        run.save_once(checkpoint.WARM_START, {"state": state, "ref": ref_params},
+        run.save_once(checkpoint.WARM_START, trained.bundle(state, ref_params),
                       {"data_position": 0, "seed": config.seed, "step": 0, "memory": []})
     else:
-      restored, meta = run.restore(checkpoint.bundle_like(
-          optim.init_state(policy(params), optimizer, mesh), keeps_reference))
-      state, ref_params, position = restored["state"], restored["ref"], meta["data_position"]
+      restored, meta = run.restore(trained.abstract_bundle())
+      (state, ref_params), position = trained.from_bundle(restored), meta["data_position"]
       stream_state = meta.get("curriculum")
       if memory is not None:
         memory.restore(meta["memory"])
@@ -107,7 +108,10 @@ def train(config) -> list[dict]:
     else:
       stream = TaskStream(stream_tasks, rl.prompts_per_step, config.seed, position)
     example = shared_prefix.GroupedBatch.abstract(rl.prompts_per_step, n_rows)
-    update = shared_prefix.update_step(graphdef, optimizer, loss_cfg, mesh, state, example)
+    update = shared_prefix.update_step(graphdef, trained.optimizer, loss_cfg, mesh, state,
+                                       example, trainable=trained.trainable,
+                                       micro_batch_rows=rl.micro_batch_rows,
+                                       dropout_seed=config.seed, offload=trained.offload)
     slots = rl.expert_slots
     # One compiled log-prob function: under the reference params and/or the current ones
     # (expert rows' old log-probs are the current policy's, so they train as on-policy).
@@ -158,7 +162,7 @@ def train(config) -> list[dict]:
       batch = episodes.grpo_batch(trajs, rl.group_size, adv, pad_id=tokenizer.pad_id,
                                   max_len=agent.max_total_tokens, mask_cut=agent.mask_cut)
       if keeps_reference:
-        batch.ref_logp = np.asarray(logprobs(ref_params, batch))
+        batch.ref_logp = np.asarray(logprobs(trained.reference_params(ref_params, state), batch))
       logprob_s = 0.0
       if guided.any():  # the expert's tokens: old log-probs are the current policy's
         start = time.perf_counter()
@@ -170,7 +174,7 @@ def train(config) -> list[dict]:
       if rl.drop_idle_groups:
         batch = shared_prefix.drop_idle_groups(batch, rl.group_size, loss_cfg,
                                                multiple=episodes.LENGTH_MULTIPLE,
-                                               group_multiple=sharding.batch_shards(mesh))
+                                               group_multiple=group_multiple)
       state, m, update_s = optim.run_passes(update, state, batch, rl.num_passes, step=step,
                                             on_nonfinite=config.train.on_nonfinite)
 
@@ -207,5 +211,5 @@ def train(config) -> list[dict]:
                 "memory": list(memory.notes) if memory is not None else []}
         if signal_curriculum:
           meta["curriculum"] = stream.state()
-        run.save(done, {"state": state, "ref": ref_params}, meta)
+        run.save(done, trained.bundle(state, ref_params), meta)
   return run.rows

@@ -27,7 +27,6 @@ import time
 
 import jax
 import numpy as np
-from flax import nnx
 
 from rlcode import optim, rewards
 from rlcode.config import loader
@@ -39,6 +38,7 @@ from rlcode.parallel import distributed, sharding
 from rlcode.rl import advantages, async_rollouts, grpo, objective, rollout, sequences, shared_prefix
 from rlcode.runs import checkpoint, scaffold
 from rlcode.train import warm_start
+from rlcode.train.policy import PolicyTraining
 
 
 def train(config) -> list[dict]:
@@ -75,12 +75,12 @@ def train(config) -> list[dict]:
   eval_tasks, fit_eval = fit(eval_tasks, "eval", config.eval.max_new_tokens)
   test_tasks, fit_test = (fit(test_tasks, "test", config.eval.max_new_tokens)
                           if test_tasks else ([], {}))
-  graphdef, params = nnx.split(model, nnx.Param)
-  policy = lambda params: nnx.merge(graphdef, params)
-  optimizer = optim.make_optimizer(optim.OptimizerConfig.from_config(config.optimizer))
   loss_cfg = objective.LossConfig.from_config(rl, rl.max_new_tokens)
-  advantage_of = advantages.advantages_from_config(rl)
   keeps_reference = loss_cfg.uses_reference
+  trained = PolicyTraining(model, config, mesh, keeps_reference=keeps_reference)
+  graphdef, params, policy = trained.graphdef, trained.params, trained.model
+  advantage_of = advantages.advantages_from_config(rl)
+  grpo.check_micro_batch_rows(rl, dp)
 
   with scaffold.Run(config, desc="grpo", main=distributed.is_main()) as run:
     # ════════════════════════════════════════════════════════════ 4. fresh or resumed
@@ -95,17 +95,15 @@ def train(config) -> list[dict]:
                                        run.log)
       if data.drop_too_long:
         run.log(0, {**fit_train, **fit_eval, **fit_test, **fit_warm})
-      state = optim.init_state(policy(params), optimizer, mesh)
-      ref_params = jax.tree.map(lambda x: x.copy(), params) if keeps_reference else {}
+      state, ref_params = trained.fresh(params)
       if config.warmstart.steps:
         # The warm-started policy, kept for evaluation and controls (rlcode eval
         # --checkpoint WORKDIR/warm_start); the run's own checkpoints rotate.
-        run.save_once(checkpoint.WARM_START, {"state": state, "ref": ref_params},
+        run.save_once(checkpoint.WARM_START, trained.bundle(state, ref_params),
                       {"data_position": 0, "seed": config.seed, "step": 0})
     else:
-      restored, meta = run.restore(checkpoint.bundle_like(
-          optim.init_state(policy(params), optimizer, mesh), keeps_reference))
-      state, ref_params, position = restored["state"], restored["ref"], meta["data_position"]
+      restored, meta = run.restore(trained.abstract_bundle())
+      (state, ref_params), position = trained.from_bundle(restored), meta["data_position"]
 
     # ════════════════════════════════════════════════════════════ 5. sampler and update
     stream = TaskStream(train_tasks, rl.prompts_per_step, config.seed, position)
@@ -118,8 +116,10 @@ def train(config) -> list[dict]:
       logprob_fn, example = None, sequences.SequenceBatch.abstract(n_rows)
       make_batch = sequences.rl_batch
     batch_sh = optim.batch_shardings(mesh, example)
-    update = grpo.make_update_step(graphdef, optimizer, loss_cfg, mesh, state, example,
-                                   logprob_fn=logprob_fn)
+    update = grpo.make_update_step(graphdef, trained.optimizer, loss_cfg, mesh, state, example,
+                                   logprob_fn=logprob_fn, micro_batch_rows=rl.micro_batch_rows,
+                                   trainable=trained.trainable, dropout_seed=config.seed,
+                                   offload=trained.offload)
     ref_logprobs = (grpo.make_logprob_fn(graphdef, mesh, rl.temperature, logprob_fn, n_rows)
                     if keeps_reference else None)
     # Rows sampled with an older policy version than the trainer's get the decoupled
@@ -176,7 +176,7 @@ def train(config) -> list[dict]:
           stale = distributed.put_global(lag > 0, batch_sh.adv)
           batch.old_logp, batch.weight, iw = proximal(state.params, batch, stale)
         if ref_logprobs is not None:
-          batch.ref_logp = ref_logprobs(ref_params, batch)
+          batch.ref_logp = ref_logprobs(trained.reference_params(ref_params, state), batch)
         jax.block_until_ready((batch.old_logp, batch.ref_logp))
         proximal_s = time.perf_counter() - start
 
@@ -195,7 +195,7 @@ def train(config) -> list[dict]:
         if run.eval_due(done):
           run_eval(done, test=run.is_last(done))
         if run.save_due(done):
-          run.save(done, {"state": state, "ref": ref_params},
+          run.save(done, trained.bundle(state, ref_params),
                    {"data_position": position, "seed": config.seed, "step": done})
   return run.rows
 

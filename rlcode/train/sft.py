@@ -27,12 +27,16 @@ from rlcode.rl import sequences
 from rlcode.data.stream import TaskStream
 from rlcode.data import edits
 from rlcode.errors import BadInput
+from rlcode.models import lora
 
 
 def make_sft_step(graphdef, optimizer: optax.GradientTransformation, mesh: Mesh,
-                  state: optim.TrainState, example_batch: sequences.SequenceBatch):
+                  state: optim.TrainState, example_batch: sequences.SequenceBatch,
+                  trainable=nnx.Param, offload: bool = False):
   """(state, batch) -> (state, {"sft_loss", "grad_norm"}): the mean negative log-likelihood
-  of the masked window targets (the reference tokens), logits computed there only."""
+  of the masked window targets (the reference tokens), logits computed there only (in
+  chunks of the model's logits_chunk). Only the `trainable` params move (LoRA: the
+  adapters)."""
 
   def loss_fn(params, batch):
     with sharding.activate(mesh):
@@ -40,10 +44,17 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation, mesh: Mesh,
     return -objective.masked_mean(logp, batch.mask)
 
   def step(state, batch):
-    loss, grads = jax.value_and_grad(loss_fn)(state.params, batch)
-    updates, opt_state = optimizer.update(grads, state.opt_state, state.params)
-    return (optim.TrainState(optax.apply_updates(state.params, updates), opt_state,
-                            state.step + 1),
+    train, frozen = optim.split_trainable(state.params, trainable)
+    loss, grads = jax.value_and_grad(
+        lambda tr: loss_fn(nnx.merge_state(tr, frozen), batch))(train)
+    opt_state = state.opt_state
+    if offload:  # the optimiser state lives in host memory (optim.init_state)
+      opt_state = jax.device_put(opt_state, jax.memory.Space.Device)
+    updates, opt_state = optimizer.update(grads, opt_state, train)
+    if offload:
+      opt_state = jax.device_put(opt_state, jax.memory.Space.Host)
+    params = nnx.merge_state(optax.apply_updates(train, updates), frozen)
+    return (optim.TrainState(params, opt_state, state.step + 1),
             {"sft_loss": loss, "grad_norm": optax.tree.norm(grads)})
 
   state_sh = optim.state_shardings(state, mesh)
@@ -55,7 +66,7 @@ def train_on_batches(graphdef, params, next_batch, mesh: Mesh, *,
                      optimizer: optim.OptimizerConfig, batch_size: int,
                      steps: int | None = None, seconds: float | None = None,
                      progress: bool = False, desc: str = "sft",
-                     on_step=None, ema: float = 0.0) -> tuple[nnx.State, dict]:
+                     on_step=None, ema: float = 0.0, trainable=None) -> tuple[nnx.State, dict]:
   """Cross-entropy steps from `params` on batches of `batch_size` rows from `next_batch()`
   (SequenceBatches whose masks mark the targets).
 
@@ -69,6 +80,7 @@ def train_on_batches(graphdef, params, next_batch, mesh: Mesh, *,
   ema in (0, 1): the returned params are an exponential moving average of the params
   after each step, `avg = ema * avg + (1 - ema) * params`, started at the first step's
   (Polyak averaging; the loop itself trains the raw params). 0 returns the last params.
+  trainable: the params trained (default: the model's, rlcode.models.lora.trainable).
 
   Returns the new params and {"steps", "seconds", "loss_first", "loss_last",
   "target_tokens"}.
@@ -78,9 +90,11 @@ def train_on_batches(graphdef, params, next_batch, mesh: Mesh, *,
   if not 0.0 <= ema < 1.0:  # a config value (warmstart.ema): one line from the CLI
     raise BadInput(f"{desc}: ema must be in [0, 1), got {ema}")
   opt = optim.make_optimizer(optimizer)
-  state = optim.init_state(nnx.merge(graphdef, params), opt, mesh)
+  model = nnx.merge(graphdef, params)
+  trainable = lora.trainable(model.cfg) if trainable is None else trainable
+  state = optim.init_state(model, opt, mesh, trainable, optimizer.offload)
   example = sequences.SequenceBatch.abstract(batch_size)
-  step_fn = make_sft_step(graphdef, opt, mesh, state, example)
+  step_fn = make_sft_step(graphdef, opt, mesh, state, example, trainable, optimizer.offload)
   batch_sh = optim.batch_shardings(mesh, example)
   avg = average = None  # with ema > 0: the moving average, updated in place every step
   if ema > 0:
@@ -115,13 +129,13 @@ def run(graphdef, params, tasks, tokenizer, mesh: Mesh, *, optimizer: optim.Opti
         batch_size: int, seed: int, steps: int | None = None, seconds: float | None = None,
         multiple: int = sequences.LENGTH_MULTIPLE, bucket: int = 1, progress: bool = False,
         desc: str = "sft", augment: Callable[[list, np.random.Generator], list] | None = None,
-        ema: float = 0.0) -> tuple[nnx.State, dict]:
+        ema: float = 0.0, trainable=None) -> tuple[nnx.State, dict]:
   """`train_on_batches` on the tasks' reference solutions: batches from a TaskStream
   seeded with `seed`, lengths padded to multiples of `multiple`
   (rlcode.rollout.sft_batch). bucket > 1: batches of similar lengths
   (`LengthBuckets`), so that less of each batch is padding. augment(tasks, rng), when
   given, rewrites each batch's tasks before they are tokenised (`renumber`), with a
-  generator seeded from `seed`. ema: as in `train_on_batches`."""
+  generator seeded from `seed`. ema, trainable: as in `train_on_batches`."""
   if bucket > 1:
     stream = LengthBuckets(tasks, tokenizer, batch_size, seed, bucket)
   else:
@@ -131,7 +145,7 @@ def run(graphdef, params, tasks, tokenizer, mesh: Mesh, *, optimizer: optim.Opti
   return train_on_batches(
       graphdef, params, lambda: sequences.sft_batch(tokenizer, draw(), multiple), mesh,
       optimizer=optimizer, batch_size=batch_size, steps=steps, seconds=seconds,
-      progress=progress, desc=desc, ema=ema)
+      progress=progress, desc=desc, ema=ema, trainable=trainable)
 
 
 def renumber(max_offset: int) -> Callable[[list, np.random.Generator], list]:

@@ -13,8 +13,10 @@ import json
 import os
 
 from etils import epath
+from flax import nnx
 
 from rlcode import optim
+from rlcode.models import lora
 from rlcode.data import sources
 from rlcode.rl import rollout
 from rlcode.runs import checkpoint
@@ -63,7 +65,8 @@ def warm_start(config, graphdef, params, tasks, tokenizer, mesh, log):
                           batch_size=ws.batch_size, seed=warm_start_seed(config) + 1,
                           steps=ws.steps, multiple=config.rl.length_multiple, bucket=ws.bucket,
                           augment=sft.renumber(ws.renumber) if ws.renumber else None,
-                          progress=config.train.progress_bar, desc="warm start", ema=ws.ema)
+                          progress=config.train.progress_bar, desc="warm start", ema=ws.ema,
+                          trainable=warm_start_trainable(config))
   row = {"sft_loss_first": stats["loss_first"], "sft_loss_last": stats["loss_last"],
          "sft_steps": ws.steps}
   log(0, row)
@@ -72,6 +75,17 @@ def warm_start(config, graphdef, params, tasks, tokenizer, mesh, log):
       ckpt.save(ws.steps, params, row)
       ckpt.wait()
   return params
+
+
+def warm_start_trainable(config):
+  """What the warm start trains. Under model.lora a checkpoint's warm start trains the
+  adapters, as the RL after it does; a model built from scratch has no base to adapt
+  until its warm start, which trains every parameter but the adapters (they stay at B =
+  0, adding nothing, so the warm-started base is the full fine-tune's exactly)."""
+  if config.model.lora is None:
+    return nnx.Param
+  return lora.LoRAParam if config.model.hf_path else nnx.All(nnx.Param,
+                                                              nnx.Not(lora.LoRAParam))
 
 
 def warm_start_seed(config) -> int:
