@@ -12,27 +12,27 @@ def _block(x):
   return jax.block_until_ready(x)
 
 
-def best_time(fn, repeats: int) -> float:
-  """Seconds of the fastest of `repeats` calls of fn() after one untimed (compiling) call;
-  each call waits for fn's arrays."""
+def _timed_calls(fn, repeats: int) -> list[float]:
+  """Seconds of each of `repeats` calls of fn() after one untimed (compiling) call; each
+  call waits for fn's arrays."""
   _block(fn())
   times = []
   for _ in range(repeats):
     start = time.perf_counter()
     _block(fn())
     times.append(time.perf_counter() - start)
-  return min(times)
+  return times
+
+
+def best_time(fn, repeats: int) -> float:
+  """Seconds of the fastest of `repeats` calls of fn() after one untimed (compiling) call;
+  each call waits for fn's arrays."""
+  return min(_timed_calls(fn, repeats))
 
 
 def median_time(fn, repeats: int) -> float:
   """As best_time, the median of the timed calls instead of their minimum."""
-  _block(fn())
-  times = []
-  for _ in range(repeats):
-    start = time.perf_counter()
-    _block(fn())
-    times.append(time.perf_counter() - start)
-  return statistics.median(times)
+  return statistics.median(_timed_calls(fn, repeats))
 
 
 def best_of(fn, repeats: int):
