@@ -256,7 +256,7 @@ class Decoder(nnx.Module):
   def for_sampling(self) -> Decoder:
     """What a sampler decodes with: looped (each layer's KV cache updated in place, where
     a scan over stacked caches would copy it every token), LoRA adapters folded in (one
-    matmul per projection instead of three a token; experiments/speed/lora.py measures
+    matmul per projection instead of three a token; experiments/speed/fit_costs.py measures
     the two), no rematerialisation (nothing there is differentiated)."""
     model = self.merged()
     if model.cfg.remat != "none":

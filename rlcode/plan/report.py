@@ -69,8 +69,9 @@ def format_table(result: Mapping, hw: hardware.Hardware, est: Mapping) -> str:
       f"    of which recomputed         {up.get('recompute_flops', 0.0):11.3e}"
       f"  ({up.get('recompute_flops', 0.0) / max(up['flops'], 1.0):.0%} of the update)",
       f"  FLOPs, XLA cost_analysis      {up['xla']['flops']:11.3e}      "
-      f"{dec['xla']['flops']:11.3e}  (the loop body counted once;"
-      f" x{b['completion_len']}: {dec['xla']['flops'] * b['completion_len']:.3e})",
+      f"{dec['xla']['flops']:11.3e}  (XLA counts a loop's body once: scanned layers"
+      f" and micro-batches in the update; the decode loop x{b['completion_len']}:"
+      f" {dec['xla']['flops'] * b['completion_len']:.3e})",
   ]
   for name, part in (("update step", up), ("decode loop", dec)):
     summary = hlo.summarise_collectives(part["collectives"])
