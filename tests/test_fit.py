@@ -106,6 +106,7 @@ VARIANTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", sorted(VARIANTS))
 def test_model_gradients_equal_the_plain_path(variant):
   cfg = ModelConfig(**BASE | KINDS, **VARIANTS[variant])
@@ -118,6 +119,7 @@ def test_model_gradients_equal_the_plain_path(variant):
     _close(got[name], plain_grads[name], name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("context, fsdp", [(2, 1), (4, 2)])
 def test_context_parallel_gradients_equal_one_device(context, fsdp):
   cfg = ModelConfig(**BASE | KINDS)
@@ -227,6 +229,7 @@ UPDATE_VARIANTS = {
 }
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("variant", sorted(UPDATE_VARIANTS))
 @pytest.mark.parametrize("layout", ["shared", "repeated"])
 def test_update_equals_the_plain_update(layout, variant):
@@ -241,6 +244,7 @@ def test_update_equals_the_plain_update(layout, variant):
     _close(delta[name], plain_delta[name], name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("aggregation", ["seq_mean_token_mean", "seq_mean_token_sum_norm"])
 def test_micro_batches_keep_the_other_aggregations(aggregation):
   metrics, delta = _update_delta(ModelConfig(**BASE), "shared", aggregation, {}, 4)
@@ -295,6 +299,7 @@ def _trained_adapters(cfg):
   return nnx.merge(graphdef, nnx.from_flat_state(flat))
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("scan", [False, True])
 def test_merged_and_unmerged_adapters_sample_the_same_tokens(scan):
   cfg = ModelConfig(**BASE, lora=dict(rank=4, alpha=8.0), scan_layers=scan)
@@ -320,6 +325,7 @@ def _unmerged_generate(model, prompts, **kw):
   return generate(looped, prompts, **kw)
 
 
+@pytest.mark.slow
 def test_lora_update_trains_the_adapters_alone():
   cfg = ModelConfig(**BASE, lora=dict(rank=4, base_dtype="bfloat16"))
   _, delta = _update_delta(cfg, "shared", "seq_mean_token_mean", {}, None)
@@ -339,6 +345,7 @@ def test_lora_optimizer_state_covers_the_adapters_only():
   assert moments == 2 * adapters
 
 
+@pytest.mark.slow
 def test_peft_adapter_round_trip(tmp_path):
   from rlcode.models import peft
   cfg = ModelConfig(**BASE, lora=dict(rank=4, alpha=8.0, targets=("q", "v", "o", "down")))
@@ -360,6 +367,7 @@ def test_peft_adapter_round_trip(tmp_path):
     _close(loaded(tokens), model(tokens), f"logits (scan={scan})")
 
 
+@pytest.mark.slow
 def test_offloaded_optimizer_state_gives_the_same_update():
   """Adam's state in pinned host memory, brought in by the update: the same two steps."""
   mesh = sharding.make_mesh(fsdp=2)
@@ -386,6 +394,7 @@ def test_offloaded_optimizer_state_gives_the_same_update():
     _close(runs[True][name], runs[False][name], name)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("share_prompt", [True, False])
 def test_sampling_on_a_context_parallel_mesh_gives_the_same_tokens(share_prompt):
   """The prefill of the prompts split over context = 2 (and the decode loop reading a KV
