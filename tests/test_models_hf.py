@@ -11,7 +11,8 @@ from safetensors.numpy import load_file, save_file
 
 from rlcode.parallel import sharding
 from rlcode.models import HFTokenizer, hf, load_hf, save_hf
-from rlcode.models.config import ModelConfig, from_hf_config
+from rlcode.models.config import ModelConfig
+from rlcode.models.hf_config import from_hf_config
 from rlcode.sampling import generate
 
 TINY = os.path.join(os.path.dirname(__file__), "data", "qwen2_tiny")
@@ -198,6 +199,7 @@ def test_unexpected_tensor(tmp_path):
   _copy_tiny(tmp_path)
   cfg = json.load(open(tmp_path / "config.json"))
   cfg["num_hidden_layers"] = 1
+  del cfg["layer_types"]
   json.dump(cfg, open(tmp_path / "config.json", "w"))
   with pytest.raises(ValueError, match="does not use.*model.layers.1"):
     load_hf(str(tmp_path))

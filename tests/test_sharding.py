@@ -102,6 +102,7 @@ def test_indivisible_dimension_is_replicated_with_a_warning():
 def test_mesh_errors():
   with pytest.raises(ValueError, match="only 8 devices"):
     sharding.make_mesh(4, 4, 1)
-  assert sharding.make_mesh(-1, 1, 2).shape == {"data": 4, "fsdp": 1, "context": 1, "tensor": 2}
+  assert sharding.make_mesh(-1, 1, 2).shape == {"data": 4, "fsdp": 1, "expert": 1, "context": 1,
+                                                 "tensor": 2}
   with pytest.raises(KeyError, match="no sharding rule"):
     sharding.logical_to_spec(("embed", "nonsense"))

@@ -30,12 +30,16 @@ class Mesh:
     tensor: tensor-parallel devices: heads, MLP width and vocabulary split; -1 as data.
     context: context-parallel devices: each sequence split along its length, attention
       over all-gathered keys and values (rlcode.parallel.context); -1 as data.
+    expert: expert-parallel devices: a mixture-of-experts layer's routed experts split,
+      tokens gathered to them and their outputs reduce-scattered back (rlcode.models.moe);
+      data-parallel outside those layers; -1 as data.
   """
 
   data: int = key(1, check=_mesh_size, allowed="-1 or >= 1")
   fsdp: int = key(1, check=_mesh_size, allowed="-1 or >= 1")
   tensor: int = key(1, check=_mesh_size, allowed="-1 or >= 1")
   context: int = key(1, check=_mesh_size, allowed="-1 or >= 1")
+  expert: int = key(1, check=_mesh_size, allowed="-1 or >= 1")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,9 +1,13 @@
-"""The decoder's blocks: RMSNorm, grouped-query attention with RoPE, SwiGLU, and the block.
+"""The decoder's blocks: RMSNorm, grouped-query attention with RoPE, the gated MLP (or a
+mixture of experts: rlcode.models.moe), and the block.
 
 Every parameter names its logical axes (`axes` metadata); rlcode.parallel.sharding maps
 them to the mesh. Projection kernels keep heads as their own axis ([E, H, D] rather than
 [E, H*D]) so that tensor parallelism splits whole heads. With `cfg.lora` set, the
 targeted projections carry low-rank adapters (rlcode.models.lora) added to their output.
+The families' differences are the config's switches (rlcode.models.config): q/k norms,
+where the norms sit, Gemma's norm scale, the MLP's activation, the attention scale and
+the local layers' rope.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from rlcode.models import lora as lora_lib
 from rlcode.models import rope as rope_lib
 from rlcode.models.config import ModelConfig
 from rlcode.models.dense import dense
+from rlcode.models.moe import MoE, activation
 from rlcode.models.nsa import NSAAttention
 from rlcode.parallel import context, sharding
 
@@ -31,20 +36,44 @@ def rope_frequencies(cfg: ModelConfig) -> jax.Array:
   return rope_lib.frequencies(cfg.head_dim, cfg.rope_theta, cfg.rope_scaling)
 
 
+def rope_tables(cfg: ModelConfig, positions_bt: jax.Array):
+  """What the blocks take as `rope`: one (cos, sin) table, or with local_rope_theta a dict
+  of the global layers' table and the sliding layers' ("sliding")."""
+  table = rope_lib.table(positions_bt, rope_frequencies(cfg),
+                         rope_lib.attention_factor(cfg.rope_scaling))
+  if not cfg.local_rope_theta:
+    return table
+  local = rope_lib.table(positions_bt, rope_lib.frequencies(cfg.head_dim, cfg.local_rope_theta))
+  return {"global": table, "sliding": local}
+
+
+def rope_for(rope, kind: str):
+  """A layer's (cos, sin) of `rope_tables`' result."""
+  if not isinstance(rope, dict):
+    return rope
+  return rope["sliding"] if kind == "sliding" else rope["global"]
+
+
 def _param(rngs: nnx.Rngs, shape, axes, dtype, std=_INIT_STD) -> nnx.Param:
   return nnx.Param(std * jax.random.normal(rngs.params(), shape, dtype), axes=axes)
 
 
 class RMSNorm(nnx.Module):
+  """RMSNorm over the last axis: Llama's (w times the normalised input cast to the compute
+  dtype) or, with cfg.norm_plus_one, Gemma's ((1 + w) times it, in float32, then cast)."""
 
   def __init__(self, dim: int, eps: float, cfg: ModelConfig):
     self.eps = eps
     self.dtype = cfg.jnp_dtype
-    self.scale = nnx.Param(jnp.ones((dim,), cfg.jnp_base_dtype), axes=(None,))
+    self.plus_one = cfg.norm_plus_one
+    init = jnp.zeros if self.plus_one else jnp.ones
+    self.scale = nnx.Param(init((dim,), cfg.jnp_base_dtype), axes=(None,))
 
   def __call__(self, x: jax.Array) -> jax.Array:
     x32 = x.astype(jnp.float32)
     y = x32 * jax.lax.rsqrt(jnp.mean(x32 * x32, axis=-1, keepdims=True) + self.eps)
+    if self.plus_one:
+      return (y * (1.0 + self.scale[...].astype(jnp.float32))).astype(self.dtype)
     return self.scale[...].astype(self.dtype) * y.astype(self.dtype)
 
 
@@ -68,6 +97,10 @@ class Attention(nnx.Module):
     self.o = _param(rngs, (h, d, e), ("heads", "head_dim", "embed"), pd)
     if cfg.qkv_bias:
       self.qkv_bias = nnx.Param(jnp.zeros((k, g + 2, d), pd), axes=("kv_heads", None, "head_dim"))
+    if cfg.qk_norm != "none":
+      full = cfg.qk_norm == "full"
+      self.q_norm = RMSNorm(h * d if full else d, cfg.rms_norm_eps, cfg)
+      self.k_norm = RMSNorm(k * d if full else d, cfg.rms_norm_eps, cfg)
     lora = cfg.lora
     targets = () if lora is None else lora.targets
     adapter = lambda *shapes: lora_lib.Adapter(lora, *shapes, cfg.jnp_param_dtype,
@@ -97,9 +130,17 @@ class Attention(nnx.Module):
       qkv = qkv + self.qkv_bias[...].astype(dt)
     b, t = x_btd.shape[:2]
     q = self._delta("q", x_btd, qkv[:, :, :, :g]).reshape(b, t, cfg.num_heads, cfg.head_dim)
-    q = sharding.constrain(rope_lib.apply(q, rope), ("batch", "length", "heads", "head_dim"))
-    k = sharding.constrain(rope_lib.apply(self._delta("k", x_btd, qkv[:, :, :, g]), rope),
-                           ("batch", "length", "kv_heads", "head_dim"))
+    k = self._delta("k", x_btd, qkv[:, :, :, g])
+    if cfg.qk_norm == "head":
+      q, k = self.q_norm(q), self.k_norm(k)
+    elif cfg.qk_norm == "full":
+      q = self.q_norm(q.reshape(b, t, -1)).reshape(q.shape)
+      k = self.k_norm(k.reshape(b, t, -1)).reshape(k.shape)
+    q = rope_lib.apply(q, rope)
+    if cfg.query_scale:  # the kernels scale by D ** -0.5; Gemma's is query_scale ** -0.5
+      q = q * jnp.asarray((cfg.head_dim / cfg.query_scale) ** 0.5, q.dtype)
+    q = sharding.constrain(q, ("batch", "length", "heads", "head_dim"))
+    k = sharding.constrain(rope_lib.apply(k, rope), ("batch", "length", "kv_heads", "head_dim"))
     v = sharding.constrain(self._delta("v", x_btd, qkv[:, :, :, g + 1]),
                            ("batch", "length", "kv_heads", "head_dim"))
     return q, k, v
@@ -215,11 +256,14 @@ class Attention(nnx.Module):
 
 
 class MLP(nnx.Module):
-  """SwiGLU: down(silu(gate(x)) * up(x)), gate and up as one parameter [E, 2, F]."""
+  """The gated MLP: down(act(gate(x)) * up(x)) (SwiGLU, or GeGLU with cfg.mlp_act), gate and
+  up as one parameter [E, 2, F] (F: cfg.intermediate_size unless `width` says)."""
 
-  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, adapter_rngs: nnx.Rngs | None = None):
-    e, f, pd = cfg.hidden_size, cfg.intermediate_size, cfg.jnp_base_dtype
+  def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, adapter_rngs: nnx.Rngs | None = None,
+               width: int | None = None):
+    e, f, pd = cfg.hidden_size, width or cfg.intermediate_size, cfg.jnp_base_dtype
     self.dtype = cfg.jnp_dtype
+    self.act = cfg.mlp_act
     self.gate_up = _param(rngs, (e, 2, f), ("embed", None, "mlp"), pd)
     self.down = _param(rngs, (f, e), ("mlp", "embed"), pd)
     targets = () if cfg.lora is None else cfg.lora.targets
@@ -241,7 +285,7 @@ class MLP(nnx.Module):
     dt = self.dtype
     gu = dense(x_btd, self.gate_up[...].astype(dt))
     gate, up = self._delta("gate", x_btd, gu[..., 0, :]), self._delta("up", x_btd, gu[..., 1, :])
-    h = sharding.constrain(jax.nn.silu(gate) * up, ("batch", "length", "mlp"))
+    h = sharding.constrain(activation(self.act)(gate) * up, ("batch", "length", "mlp"))
     return sharding.constrain(self._delta("down", h, dense(h, self.down[...].astype(dt))),
                               ("batch", "length", "embed"))
 
@@ -266,12 +310,16 @@ def attention_spec(cfg: ModelConfig, kind: str) -> kernels.AttentionSpec:
 
 
 class Block(nnx.Module):
-  """Pre-norm attention and SwiGLU with residuals; the attention is of the layer's kind."""
+  """Attention of the layer's kind and the MLP (a mixture of experts in an MoE layer), each
+  with its residual and its norms where cfg.norm_layout puts them: "pre" norms the
+  sublayer's input, "post" its output, "sandwich" both."""
 
   def __init__(self, cfg: ModelConfig, kind: str, *, rngs: nnx.Rngs,
-               adapter_rngs: nnx.Rngs | None = None):
-    self.kind = kind
-    self.attn_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
+               adapter_rngs: nnx.Rngs | None = None, moe: bool = False):
+    self.kind, self.layout = kind, cfg.norm_layout
+    norm = lambda: RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
+    if self.layout != "post":
+      self.attn_norm = norm()
     if kind == "nsa":
       self.attn = NSAAttention(
           hidden_size=cfg.hidden_size, num_heads=cfg.num_heads, num_kv_heads=cfg.num_kv_heads,
@@ -280,12 +328,26 @@ class Block(nnx.Module):
     else:
       self.attn = Attention(cfg, attention_spec(cfg, kind), rngs=rngs,
                             adapter_rngs=adapter_rngs)
-    self.mlp_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
-    self.mlp = MLP(cfg, rngs=rngs, adapter_rngs=adapter_rngs)
+    if self.layout != "pre":
+      self.attn_post_norm = norm()
+    if self.layout != "post":
+      self.mlp_norm = norm()
+    if moe:
+      shared = (MLP(cfg, rngs=rngs, adapter_rngs=adapter_rngs,
+                    width=cfg.moe.shared_intermediate_size)
+                if cfg.moe.shared_intermediate_size else None)
+      self.mlp = MoE(cfg, rngs=rngs, shared_mlp=shared)
+    else:
+      self.mlp = MLP(cfg, rngs=rngs, adapter_rngs=adapter_rngs)
+    if self.layout != "pre":
+      self.mlp_post_norm = norm()
 
   def __call__(self, x, rope, *, segment_ids=None, cache_kv=None,
                cache_lengths=None, prefix_kv=None):
-    h = self.attn_norm(x)
+    """(x, kv, aux): the block's output, its keys/values (as Attention returns them) and
+    the MoE router's statistics ({} for a plain MLP)."""
+    rope = rope_for(rope, self.kind)
+    h = x if self.layout == "post" else self.attn_norm(x)
     if self.kind == "nsa":
       if prefix_kv is not None:
         raise NotImplementedError("NSA layers do not take a shared prefix (a prompt's "
@@ -300,13 +362,24 @@ class Block(nnx.Module):
       a, kv = self.attn(h, rope, cache_kv=cache_kv, cache_lengths=cache_lengths,
                         prefix_kv=prefix_kv,
                         segment_ids=segment_ids if self.kind == "document" else None)
+    if self.layout != "pre":
+      a = self.attn_post_norm(a)
     x = x + a
-    return x + self.mlp(self.mlp_norm(x)), kv
-
-
+    h = x if self.layout == "post" else self.mlp_norm(x)
+    aux = {}
+    if isinstance(self.mlp, MoE):
+      m, aux = self.mlp(h)
+    else:
+      m = self.mlp(h)
+    if self.layout != "pre":
+      m = self.mlp_post_norm(m)
+    return x + m, kv, aux
 
   def merge_lora(self) -> None:
-    """Folds the block's adapters into its weights, in place (NSA attention has none)."""
+    """Folds the block's adapters into its weights, in place (NSA attention and routed
+    experts have none; a shared expert's are folded)."""
     if isinstance(self.attn, Attention):
       self.attn.merge_lora()
-    self.mlp.merge_lora()
+    mlp = self.mlp.shared if isinstance(self.mlp, MoE) else self.mlp
+    if mlp is not None:
+      mlp.merge_lora()

@@ -1,7 +1,10 @@
-"""The decoder's configuration, and its translation from Hugging Face config.json.
+"""The decoder's configuration: one dataclass with a switch per family difference.
 
-This module knows which Hugging Face architectures we can load and says clearly
-which fields we do not support; it must not touch weights (see hf.py).
+Qwen2, Llama, Mistral, Qwen3, Qwen2/Qwen3-MoE, Gemma 3, OLMo 2 and Phi-3 are one decoder
+here; what differs between them is a field: q/k norms, where the norms sit, Gemma's
+(1 + w) norm scale and embedding scale, the MLP's activation, the attention scale, the
+rope of the local layers, mixture-of-experts MLPs. rlcode.models.hf_config translates
+Hugging Face config.json files to and from it; this module must not touch weights.
 """
 
 from __future__ import annotations
@@ -15,18 +18,69 @@ import jax.numpy as jnp
 
 from rlcode.errors import BadInput
 from rlcode.kernels.spec import NSAConfig
+from rlcode.models import rope as rope_lib
 from rlcode.models.lora import LoRAConfig
 
-# Hugging Face `architectures` entries the decoder implements exactly.
-SUPPORTED_ARCHITECTURES = ("Qwen2ForCausalLM", "LlamaForCausalLM")
 LAYER_KINDS = ("dense", "sliding", "document", "nsa")
 REMAT_NAMES = ("none", "full", "dots", "offload")
+QK_NORMS = ("none", "head", "full")
+NORM_LAYOUTS = ("pre", "post", "sandwich")
+MLP_ACTS = ("silu", "gelu_tanh")
+MOE_IMPLS = ("auto", "ragged", "tiled", "dense")
 _DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16, "float16": jnp.float16}
 
 
 @dataclasses.dataclass(frozen=True)
+class MoEConfig:
+  """Mixture-of-experts MLPs (rlcode.models.moe): a router picks top_k of num_experts
+  SwiGLU experts per token.
+
+  Attributes:
+    num_experts: X, the routed experts of an MoE layer.
+    top_k: experts per token.
+    intermediate_size: each expert's SwiGLU width.
+    norm_topk_prob: the top-k router probabilities renormalised to sum to 1 (Qwen3-MoE);
+      False keeps them as the softmax gave them (Qwen2-MoE).
+    shared_intermediate_size: width of an always-on shared expert, gated by a sigmoid of
+      its own router (Qwen2-MoE); 0: none.
+    dense_layers: layers whose MLP is a plain SwiGLU of the model's intermediate_size
+      (Hugging Face's mlp_only_layers and decoder_sparse_step).
+    impl: the grouped matmul over tokens sorted by expert: "ragged" (jax.lax.ragged_dot,
+      the accelerators' grouped GEMM), "tiled" (each expert's rows padded to whole tiles, a
+      scan of one matmul a tile: XLA:CPU's fast path), "dense" (every expert on every token,
+      masked: the reference); "auto": ragged on GPU and TPU, tiled on CPU.
+    tile: rows per tile of the tiled matmul.
+    aux_loss_weight: weight of the Switch load-balancing loss added to training losses
+      (0: off, the RL default: it pulls the policy away from its reward).
+  """
+
+  num_experts: int
+  top_k: int
+  intermediate_size: int
+  norm_topk_prob: bool = True
+  shared_intermediate_size: int = 0
+  dense_layers: tuple[int, ...] = ()
+  impl: str = "auto"
+  tile: int = 64
+  aux_loss_weight: float = 0.0
+
+  def __post_init__(self):
+    object.__setattr__(self, "dense_layers", tuple(int(i) for i in self.dense_layers))
+    if not 1 <= self.top_k <= self.num_experts:
+      raise ValueError(f"model.moe: top_k={self.top_k} must be in [1, num_experts="
+                       f"{self.num_experts}]")
+    for name in ("intermediate_size", "tile"):
+      if getattr(self, name) < 1:
+        raise ValueError(f"model.moe.{name}={getattr(self, name)} must be >= 1")
+    if self.shared_intermediate_size < 0 or self.aux_loss_weight < 0:
+      raise ValueError("model.moe: shared_intermediate_size and aux_loss_weight must be >= 0")
+    if self.impl not in MOE_IMPLS:
+      raise ValueError(f"model.moe.impl={self.impl!r}; expected one of {MOE_IMPLS}")
+
+
+@dataclasses.dataclass(frozen=True)
 class ModelConfig:
-  """A Qwen2/Llama-family decoder.
+  """A decoder of the Qwen2/Llama lineage (with the switches of the families above).
 
   Attributes:
     vocab_size: rows of the embedding table (may exceed the tokenizer's).
@@ -37,8 +91,11 @@ class ModelConfig:
     num_kv_heads: key/value heads K (grouped-query attention; H % K == 0).
     head_dim: D; defaults to hidden_size // num_heads.
     rope_theta: RoPE base.
-    rope_scaling: None or a Llama-3 style dict (rope_type "llama3": factor,
-      low_freq_factor, high_freq_factor, original_max_position_embeddings).
+    rope_scaling: None or a Hugging Face rope parameters dict whose rope_type is
+      "linear" (factor), "llama3" (factor, low_freq_factor, high_freq_factor,
+      original_max_position_embeddings) or "yarn" (factor,
+      original_max_position_embeddings, optional beta_fast, beta_slow, attention_factor,
+      mscale, mscale_all_dim, truncate): rlcode.models.rope.
     rms_norm_eps: RMSNorm epsilon.
     qkv_bias: biases on the q/k/v projections (Qwen2: True; Llama: False).
     tie_embeddings: the output projection is the embedding table transposed.
@@ -63,6 +120,20 @@ class ModelConfig:
       log-probabilities (None: all at once): no [rows, tokens, vocab] float32 array exists
       in the forward or the backward (rlcode.rl.logprobs).
     lora: a models.lora.LoRAConfig (or a dict of its fields), or None.
+    qk_norm: RMSNorm on queries and keys before rope: "head" (over each head's D: Qwen3,
+      Gemma 3), "full" (over all heads' H*D and K*D: OLMo 2) or "none".
+    norm_layout: "pre" (norm, sublayer, residual: Llama), "post" (sublayer, norm,
+      residual: OLMo 2) or "sandwich" (norm, sublayer, norm, residual: Gemma 3).
+    norm_plus_one: RMSNorm scales by (1 + w), in float32 (Gemma).
+    scale_embeddings: embeddings multiplied by sqrt(hidden_size) (Gemma).
+    mlp_act: the gated MLP's activation: "silu" (SwiGLU) or "gelu_tanh" (GeGLU, Gemma).
+    query_scale: attention logits scaled by query_scale ** -0.5 (Gemma's
+      query_pre_attn_scalar); 0: head_dim ** -0.5.
+    local_rope_theta: the rope base of sliding layers, unscaled (Gemma 3's local layers);
+      0: every layer uses rope_theta and rope_scaling.
+    moe: a MoEConfig (or its fields): MLPs of mixture-of-experts layers; None: dense.
+    family: the Hugging Face model_type exported to (rlcode.models.hf_config); "" picks
+      qwen2 or llama by qkv_bias.
   """
 
   vocab_size: int
@@ -89,9 +160,29 @@ class ModelConfig:
   scan_layers: bool = False
   logits_chunk: int | None = None
   lora: Any = None
+  qk_norm: str = "none"
+  norm_layout: str = "pre"
+  norm_plus_one: bool = False
+  scale_embeddings: bool = False
+  mlp_act: str = "silu"
+  query_scale: float = 0.0
+  local_rope_theta: float = 0.0
+  moe: Any = None
+  family: str = ""
 
   def __post_init__(self):
     object.__setattr__(self, "attention_pattern", tuple(self.attention_pattern))
+    if isinstance(self.moe, Mapping):
+      object.__setattr__(self, "moe", MoEConfig(**self.moe))
+    if self.moe is not None and not isinstance(self.moe, MoEConfig):
+      raise ValueError(f"ModelConfig.moe={self.moe!r}: a MoEConfig, its fields or None")
+    for name, allowed in (("qk_norm", QK_NORMS), ("norm_layout", NORM_LAYOUTS),
+                          ("mlp_act", MLP_ACTS)):
+      if getattr(self, name) not in allowed:
+        raise ValueError(f"ModelConfig.{name}={getattr(self, name)!r}; expected one of "
+                         f"{allowed}")
+    if self.query_scale < 0 or self.local_rope_theta < 0:
+      raise ValueError("ModelConfig: query_scale and local_rope_theta must be >= 0")
     if isinstance(self.lora, Mapping):
       object.__setattr__(self, "lora", LoRAConfig(**self.lora))
     if self.lora is not None and not isinstance(self.lora, LoRAConfig):
@@ -118,6 +209,10 @@ class ModelConfig:
     if self.head_dim == 0:
       object.__setattr__(self, "head_dim", self.hidden_size // self.num_heads)
     if self.rope_scaling is not None:
+      kind = self.rope_scaling.get("rope_type", "llama3")
+      if kind not in rope_lib.ROPE_TYPES:
+        raise ValueError(f"ModelConfig.rope_scaling: rope_type {kind!r} is not supported "
+                         f"(supported: {list(rope_lib.ROPE_TYPES)})")
       object.__setattr__(self, "rope_scaling", _FrozenDict(self.rope_scaling))
     for name in ("vocab_size", "hidden_size", "intermediate_size", "num_layers",
                  "num_heads", "num_kv_heads", "head_dim", "max_seq_len"):
@@ -156,16 +251,36 @@ class ModelConfig:
   def layer_kinds(self) -> tuple[str, ...]:
     return tuple(self.layer_kind(i) for i in range(self.num_layers))
 
+  def is_moe_layer(self, i: int) -> bool:
+    return self.moe is not None and i % self.num_layers not in self.moe.dense_layers
+
+  @property
+  def block_kinds(self) -> tuple[tuple[str, bool], ...]:
+    """(attention kind, MoE MLP) of each layer: what a block's parameters look like."""
+    return tuple((self.layer_kind(i), self.is_moe_layer(i)) for i in range(self.num_layers))
+
   def replace(self, **changes) -> ModelConfig:
     return dataclasses.replace(self, **changes)
 
-  def num_params(self) -> int:
+  def num_params(self, active: bool = False) -> int:
+    """Parameters (active=True: those one token uses, top_k experts of each MoE layer)."""
     e, f, h, k, d = (self.hidden_size, self.intermediate_size, self.num_heads,
                      self.num_kv_heads, self.head_dim)
     attn = e * h * d * 2 + e * k * d * 2 + (h * d + 2 * k * d) * self.qkv_bias
-    layer = attn + 3 * e * f + 2 * e
+    norms = 2 * e * (2 if self.norm_layout == "sandwich" else 1)
+    qk = {"none": 0, "head": 2 * d, "full": (h + k) * d}[self.qk_norm]
+    total = 0
+    for i in range(self.num_layers):
+      mlp = 3 * e * f
+      if self.is_moe_layer(i):
+        moe = self.moe
+        experts = moe.top_k if active else moe.num_experts
+        mlp = experts * 3 * e * moe.intermediate_size + e * moe.num_experts
+        if moe.shared_intermediate_size:
+          mlp += 3 * e * moe.shared_intermediate_size + e
+      total += attn + mlp + norms + qk
     head = 0 if self.tie_embeddings else self.vocab_size * e
-    return self.num_layers * layer + self.vocab_size * e + e + head
+    return total + self.vocab_size * e + e + head
 
 
 class _FrozenDict(dict):
@@ -178,92 +293,3 @@ class _FrozenDict(dict):
     raise TypeError("ModelConfig.rope_scaling is immutable")
 
   __setitem__ = __delitem__ = update = pop = clear = setdefault = _immutable
-
-
-def from_hf_config(hf: Mapping[str, Any], *, source: str = "config.json",
-                   **overrides) -> ModelConfig:
-  """Translates a Hugging Face config dict; unsupported features are errors."""
-  archs = hf.get("architectures") or []
-  model_type = hf.get("model_type")
-  if not any(a in SUPPORTED_ARCHITECTURES for a in archs):
-    raise BadInput(f"{source}: architectures={archs} (model_type={model_type!r}) is not "
-                     f"supported; supported: {list(SUPPORTED_ARCHITECTURES)}")
-  if hf.get("hidden_act", "silu") != "silu":
-    raise BadInput(f"{source}: hidden_act={hf['hidden_act']!r}; only 'silu' (SwiGLU) is supported")
-  if hf.get("mlp_bias"):
-    raise BadInput(f"{source}: mlp_bias=true is not supported")
-  if hf.get("use_sliding_window"):
-    raise BadInput(f"{source}: use_sliding_window=true is not supported by the HF loader")
-  rope = dict(hf.get("rope_parameters") or hf.get("rope_scaling") or {})
-  rope_theta = hf.get("rope_theta", rope.pop("rope_theta", 10000.0))
-  rope.pop("rope_theta", None)
-  rope_type = rope.get("rope_type", rope.get("type", "default"))
-  if rope_type == "default":
-    rope_scaling = None
-  elif rope_type == "llama3":
-    wanted = ("factor", "low_freq_factor", "high_freq_factor",
-              "original_max_position_embeddings")
-    missing = [k for k in wanted if k not in rope]
-    if missing:
-      raise BadInput(f"{source}: rope type 'llama3' needs {missing} in its rope parameters")
-    rope_scaling = {k: rope[k] for k in wanted}
-    rope_scaling["rope_type"] = "llama3"
-  else:
-    raise BadInput(f"{source}: rope type {rope_type!r} is not supported "
-                     "(supported: 'default', 'llama3')")
-  qkv_bias = model_type == "qwen2" or bool(hf.get("attention_bias", False))
-  dtype = hf.get("dtype") or hf.get("torch_dtype") or "float32"
-  missing = [k for k in ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers",
-                         "num_attention_heads") if k not in hf]
-  if missing:
-    raise BadInput(f"{source}: missing {missing}")
-  kwargs = dict(
-      vocab_size=hf["vocab_size"], hidden_size=hf["hidden_size"],
-      intermediate_size=hf["intermediate_size"], num_layers=hf["num_hidden_layers"],
-      num_heads=hf["num_attention_heads"],
-      num_kv_heads=hf.get("num_key_value_heads") or hf["num_attention_heads"],
-      head_dim=hf.get("head_dim") or 0, rope_theta=float(rope_theta),
-      rope_scaling=rope_scaling, rms_norm_eps=hf.get("rms_norm_eps", 1e-6),
-      qkv_bias=qkv_bias, tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
-      max_seq_len=hf.get("max_position_embeddings", 2048),
-      param_dtype=dtype if dtype in _DTYPES else "float32",
-      dtype=dtype if dtype in _DTYPES else "float32")
-  kwargs.update(overrides)
-  try:
-    return ModelConfig(**kwargs)
-  except (ValueError, TypeError) as e:
-    raise BadInput(f"{source}: {e}") from None
-
-
-def to_hf_config(cfg: ModelConfig, base: Mapping[str, Any] | None = None) -> dict[str, Any]:
-  """The config.json for `cfg`; fields of `base` we do not model are kept as they were."""
-  out = dict(base or {})
-  if not out:
-    out.update(architectures=["Qwen2ForCausalLM" if cfg.qkv_bias else "LlamaForCausalLM"],
-               model_type="qwen2" if cfg.qkv_bias else "llama", hidden_act="silu")
-  if out.get("model_type") == "llama":
-    out["attention_bias"] = cfg.qkv_bias
-  elif not cfg.qkv_bias:
-    raise ValueError("a qwen2 config always has q/k/v biases; use a llama base for qkv_bias=False")
-  rope = {"rope_theta": cfg.rope_theta, "rope_type": "default"}
-  if cfg.rope_scaling is not None:
-    rope.update(dict(cfg.rope_scaling))
-  out.pop("rope_scaling", None)
-  out.pop("rope_theta", None)
-  out.update(
-      vocab_size=cfg.vocab_size, hidden_size=cfg.hidden_size,
-      intermediate_size=cfg.intermediate_size, num_hidden_layers=cfg.num_layers,
-      num_attention_heads=cfg.num_heads, num_key_value_heads=cfg.num_kv_heads,
-      head_dim=cfg.head_dim, rope_parameters=rope, rms_norm_eps=cfg.rms_norm_eps,
-      tie_word_embeddings=cfg.tie_embeddings, max_position_embeddings=cfg.max_seq_len,
-      dtype=cfg.param_dtype)
-  return out
-
-
-def read_hf_config(path) -> dict[str, Any]:
-  """A checkpoint's config.json; one that does not parse is one line naming it."""
-  try:
-    with open(path, encoding="utf-8") as f:
-      return json.load(f)
-  except (json.JSONDecodeError, UnicodeDecodeError) as e:
-    raise BadInput(f"{path}: not valid JSON ({e})") from None

@@ -1,8 +1,8 @@
-"""A Qwen2/Llama-family decoder in Flax NNX.
+"""The decoder in Flax NNX: Qwen2/3 (and their MoE), Llama, Mistral, Gemma 3, OLMo 2, Phi-3.
 
-RMSNorm, RoPE, grouped-query attention with optional q/k/v biases, SwiGLU,
-tied or untied embeddings, separate parameter and compute dtypes (the blocks:
-rlcode.models.blocks). Attention goes through `kernels.attention`, so the model never
+RMSNorm, RoPE, grouped-query attention with optional q/k/v biases and q/k norms, a gated
+MLP or a mixture of experts, tied or untied embeddings, separate parameter and compute
+dtypes (the blocks: rlcode.models.blocks; the families' switches: rlcode.models.config). Attention goes through `kernels.attention`, so the model never
 builds a mask itself. The layers are looped or scanned, and rematerialised or not
 (rlcode.models.stack); the projections may carry LoRA adapters (rlcode.models.lora).
 
@@ -19,11 +19,11 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from rlcode.models import rope as rope_lib
 from rlcode.models import lora as lora_lib
 from rlcode.models import stack as stack_lib
+from rlcode.models import moe as moe_lib
 from rlcode.models.blocks import (DECODE_QUERIES, NONCAUSAL, Block, RMSNorm, _param, dense,
-                                  rope_frequencies)
+                                  rope_frequencies, rope_tables)
 from rlcode.models.config import ModelConfig
 from rlcode.models.nsa import NSACache
 from rlcode.parallel import sharding
@@ -122,8 +122,8 @@ class Decoder(nnx.Module):
     if cfg.scan_layers:
       self.layers = nnx.List(stack_lib.make_stacks(cfg, rngs, adapters))
     else:
-      self.layers = nnx.List([Block(cfg, kind, rngs=rngs, adapter_rngs=adapters)
-                              for kind in cfg.layer_kinds])
+      self.layers = nnx.List([Block(cfg, kind, rngs=rngs, adapter_rngs=adapters, moe=moe)
+                              for kind, moe in cfg.block_kinds])
     self.final_norm = RMSNorm(cfg.hidden_size, cfg.rms_norm_eps, cfg)
     if not cfg.tie_embeddings:
       self.lm_head = _param(rngs, (cfg.hidden_size, cfg.vocab_size), ("embed", "vocab"), pd)
@@ -172,13 +172,16 @@ class Decoder(nnx.Module):
       if segment_ids is not None and self.cfg.document_positions == "restart":
         positions_bt = document_positions(segment_ids)
     x = jnp.take(self.embed[...], tokens_bt, axis=0).astype(self.cfg.jnp_dtype)
+    if self.cfg.scale_embeddings:  # Gemma: sqrt(E), rounded to the compute dtype
+      x = x * jnp.asarray(self.cfg.hidden_size ** 0.5, x.dtype)
     x = sharding.constrain(x, ("batch", "length", "embed"))
-    rope = rope_lib.table(positions_bt, rope_frequencies(self.cfg))
+    rope = rope_tables(self.cfg, positions_bt)
     if self.cfg.scan_layers and cache is None and not (prefix is not None and prefix.on_host):
-      x, kvs = stack_lib.scan_stacks(self.cfg, list(self.layers), x, rope,
-                                     segment_ids=segment_ids, prefix=prefix)
+      x, kvs, auxes = stack_lib.scan_stacks(self.cfg, list(self.layers), x, rope,
+                                            segment_ids=segment_ids, prefix=prefix)
+      moe_lib.record(self.cfg, auxes)
       return self.final_norm(x), kvs
-    kvs = []
+    kvs, auxes = [], []
     layers = self.blocks()
     upcoming = None if prefix is None else self._prefix_layer(prefix, 0)
     for i, layer in enumerate(layers):
@@ -189,10 +192,12 @@ class Decoder(nnx.Module):
         # while this one computes.
         upcoming = self._prefix_layer(prefix, i + 1)
       with lora_lib.in_layer(i):
-        x, kv = stack_lib.block_call(
+        x, kv, aux = stack_lib.block_call(
             self.cfg, layer, x, rope, segment_ids=segment_ids, cache_kv=cache_kv,
             prefix_kv=prefix_kv, cache_lengths=None if cache is None else cache.lengths)
       kvs.append(kv)
+      auxes.append(aux)
+    moe_lib.record(self.cfg, auxes)
     h = self.final_norm(x)
     if cache is None:
       return h, kvs

@@ -28,7 +28,8 @@ from safetensors.numpy import save_file
 
 from rlcode.errors import BadInput, MissingInput
 from rlcode.parallel import sharding
-from rlcode.models.config import ModelConfig, from_hf_config, read_hf_config, to_hf_config
+from rlcode.models.config import ModelConfig
+from rlcode.models.hf_config import from_hf_config, read_hf_config, to_hf_config
 from rlcode.models import lora as lora_lib
 from rlcode.models import stack
 from rlcode.models.decoder import Decoder
@@ -92,12 +93,15 @@ class _Entry:
 
 
 def _mapping(cfg: ModelConfig) -> list[_Entry]:
-  if set(cfg.layer_kinds) != {"dense"}:
-    raise BadInput(f"Hugging Face Qwen2/Llama checkpoints hold dense-attention layers; this "
-                     f"model's layers are {cfg.layer_kinds}")
+  """Every parameter of the looped model of `cfg` as the Hugging Face tensors of its family
+  (rlcode.models.hf_config), stacked for a scanned model."""
+  if set(cfg.layer_kinds) - {"dense", "sliding"}:
+    raise BadInput(f"Hugging Face checkpoints hold dense and sliding-window attention "
+                   f"layers; this model's layers are {cfg.layer_kinds}")
   e, h, k, d, f = (cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim,
                    cfg.intermediate_size)
   g = h // k
+  fused = cfg.family == "phi3"  # q/k/v and gate/up as one tensor each
   one = lambda x: (x,)
   same = lambda x: x
   entries = [
@@ -123,35 +127,93 @@ def _mapping(cfg: ModelConfig) -> list[_Entry]:
   def bias_to_hf(x):
     return x[:, :g].reshape(h * d), x[:, g].reshape(k * d), x[:, g + 1].reshape(k * d)
 
+  def gated(width):
+    """gate_proj, up_proj [F, E] <-> gate_up [E, 2, F] (Phi-3: one gate_up_proj [2F, E])."""
+    if fused:
+      return (lambda s: ((2 * width, e),), lambda w: w.T.reshape(e, 2, width),
+              lambda x: (x.reshape(e, 2 * width).T,))
+    return (lambda s: ((width, e), (width, e)), lambda gw, uw: np.stack([gw.T, uw.T], 1),
+            lambda x: (x[:, 0].T, x[:, 1].T))
+
+  norm_names = {"pre": (("attn_norm", "input_layernorm"), ("mlp_norm", "post_attention_layernorm")),
+                "post": (("attn_post_norm", "post_attention_layernorm"),
+                         ("mlp_post_norm", "post_feedforward_layernorm")),
+                "sandwich": (("attn_norm", "input_layernorm"),
+                             ("attn_post_norm", "post_attention_layernorm"),
+                             ("mlp_norm", "pre_feedforward_layernorm"),
+                             ("mlp_post_norm", "post_feedforward_layernorm"))}[cfg.norm_layout]
   for i in range(cfg.num_layers):
     p, hp = ("layers", i), f"model.layers.{i}."
+    entries += [_Entry(p + (ours, "scale"), (hp + theirs + ".weight",), one, same, one)
+                for ours, theirs in norm_names]
     attn = tuple(hp + f"self_attn.{n}_proj" for n in "qkv")
-    entries += [
-        _Entry(p + ("attn_norm", "scale"), (hp + "input_layernorm.weight",), one, same, one),
-        _Entry(p + ("mlp_norm", "scale"), (hp + "post_attention_layernorm.weight",), one,
-               same, one),
-        _Entry(p + ("attn", "qkv"), tuple(n + ".weight" for n in attn),
-               lambda s: ((h * d, e), (k * d, e), (k * d, e)), qkv_to_ours, qkv_to_hf),
-        _Entry(p + ("attn", "o"), (hp + "self_attn.o_proj.weight",),
-               lambda s: ((e, h * d),), lambda w: w.T.reshape(h, d, e),
-               lambda x: (x.reshape(h * d, e).T,)),
-        # gate_proj, up_proj [F, E] <-> gate_up [E, 2, F].
-        _Entry(p + ("mlp", "gate_up"), (hp + "mlp.gate_proj.weight", hp + "mlp.up_proj.weight"),
-               lambda s: ((f, e), (f, e)), lambda gw, uw: np.stack([gw.T, uw.T], axis=1),
-               lambda x: (x[:, 0].T, x[:, 1].T)),
-        _Entry(p + ("mlp", "down"), (hp + "mlp.down_proj.weight",), lambda s: ((e, f),),
-               lambda w: w.T, lambda x: (x.T,))]
+    if fused:
+      entries.append(_Entry(
+          p + ("attn", "qkv"), (hp + "self_attn.qkv_proj.weight",),
+          lambda s: (((h + 2 * k) * d, e),),
+          lambda w: qkv_to_ours(*np.split(w, [h * d, (h + k) * d])),
+          lambda x: (np.concatenate(qkv_to_hf(x)),)))
+    else:
+      entries.append(_Entry(p + ("attn", "qkv"), tuple(n + ".weight" for n in attn),
+                            lambda s: ((h * d, e), (k * d, e), (k * d, e)), qkv_to_ours,
+                            qkv_to_hf))
+    entries.append(_Entry(p + ("attn", "o"), (hp + "self_attn.o_proj.weight",),
+                          lambda s: ((e, h * d),), lambda w: w.T.reshape(h, d, e),
+                          lambda x: (x.reshape(h * d, e).T,)))
     if cfg.qkv_bias:
       entries.append(_Entry(p + ("attn", "qkv_bias"), tuple(n + ".bias" for n in attn),
                             lambda s: ((h * d,), (k * d,), (k * d,)), bias_to_ours, bias_to_hf))
+    if cfg.qk_norm != "none":
+      entries += [_Entry(p + ("attn", f"{n}_norm", "scale"), (hp + f"self_attn.{n}_norm.weight",),
+                         one, same, one) for n in "qk"]
+    if cfg.is_moe_layer(i):
+      entries += _moe_entries(cfg, p, hp + "mlp.", gated)
+      continue
+    names = ((hp + "mlp.gate_up_proj.weight",) if fused else
+             (hp + "mlp.gate_proj.weight", hp + "mlp.up_proj.weight"))
+    entries += [
+        _Entry(p + ("mlp", "gate_up"), names, *gated(f)),
+        _Entry(p + ("mlp", "down"), (hp + "mlp.down_proj.weight",), lambda s: ((e, f),),
+               lambda w: w.T, lambda x: (x.T,))]
   return _stacked(entries, cfg) if cfg.scan_layers else entries
+
+
+def _moe_entries(cfg: ModelConfig, p: tuple, hp: str, gated) -> list[_Entry]:
+  """A Qwen-MoE layer's router, experts (experts.{j}.{gate,up,down}_proj, [F', E] and
+  [E, F']) stacked as [X, E, 2, F'] and [X, F', E], and its shared expert and gate."""
+  moe, e = cfg.moe, cfg.hidden_size
+  x, f = moe.num_experts, moe.intermediate_size
+  experts = [f"{hp}experts.{j}." for j in range(x)]
+  out = [
+      _Entry(p + ("mlp", "router"), (hp + "gate.weight",), lambda s: ((x, e),),
+             lambda w: w.T, lambda r: (r.T,)),
+      _Entry(p + ("mlp", "experts_gate_up"),
+             tuple(n for ex in experts for n in (ex + "gate_proj.weight", ex + "up_proj.weight")),
+             lambda s: ((f, e),) * (2 * x),
+             lambda *ws: np.stack([np.stack([ws[2 * j].T, ws[2 * j + 1].T], 1)
+                                   for j in range(x)]),
+             lambda a: tuple(w for j in range(x) for w in (a[j, :, 0].T, a[j, :, 1].T))),
+      _Entry(p + ("mlp", "experts_down"), tuple(ex + "down_proj.weight" for ex in experts),
+             lambda s: ((e, f),) * x, lambda *ws: np.stack([w.T for w in ws]),
+             lambda a: tuple(a[j].T for j in range(x)))]
+  if moe.shared_intermediate_size:
+    fs = moe.shared_intermediate_size
+    sp = hp + "shared_expert."
+    out += [
+        _Entry(p + ("mlp", "shared", "gate_up"), (sp + "gate_proj.weight", sp + "up_proj.weight"),
+               *gated(fs)),
+        _Entry(p + ("mlp", "shared", "down"), (sp + "down_proj.weight",), lambda s: ((e, fs),),
+               lambda w: w.T, lambda a: (a.T,)),
+        _Entry(p + ("mlp", "shared_gate"), (hp + "shared_expert_gate.weight",),
+               lambda s: ((1, e),), lambda w: w.T, lambda a: (a.T,))]
+  return out
 
 
 def _stacked(entries: list[_Entry], cfg: ModelConfig) -> list[_Entry]:
   """The per-layer entries of a looped model as the scanned model's: one entry per
   parameter of each stack (rlcode.models.stack: stack j holds layers j, j + p, ...), its
   HF tensors those of its layers in order, converted layer by layer and stacked."""
-  p = stack.period(cfg.layer_kinds)
+  p = stack.period(cfg.block_kinds)
   out, groups = [], {}
   for entry in entries:
     if entry.ours[0] != "layers":

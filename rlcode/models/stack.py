@@ -44,7 +44,7 @@ REMAT_POLICIES = {
 }
 
 
-def period(kinds: tuple[str, ...]) -> int:
+def period(kinds: tuple) -> int:
   """The smallest p dividing len(kinds) with kinds[i] == kinds[i % p]."""
   n = len(kinds)
   return next(p for p in range(1, n + 1)
@@ -54,9 +54,10 @@ def period(kinds: tuple[str, ...]) -> int:
 def make_stacks(cfg, rngs: nnx.Rngs, adapter_rngs: nnx.Rngs | None = None) -> list[Block]:
   """The period's stacks of blocks, initialised exactly as the looped model's layers (the
   same draws in the same order), each parameter with a leading `layers` axis."""
-  kinds = cfg.layer_kinds
+  kinds = cfg.block_kinds
   p = period(kinds)
-  blocks = [Block(cfg, kind, rngs=rngs, adapter_rngs=adapter_rngs) for kind in kinds]
+  blocks = [Block(cfg, kind, rngs=rngs, adapter_rngs=adapter_rngs, moe=moe)
+            for kind, moe in kinds]
   stacks = []
   for j in range(p):
     members = blocks[j::p]
@@ -86,7 +87,7 @@ def _apply(graphdef, state, x, rope, segment_ids, cache_kv, cache_lengths, prefi
 def block_call(cfg, block: Block, x, rope, *, segment_ids=None, cache_kv=None,
                cache_lengths=None, prefix_kv=None):
   """One block, rematerialised under cfg.remat when nothing is cached (a forward to be
-  differentiated); returns (x, kv) as Block does."""
+  differentiated); returns (x, kv, aux) as Block does."""
   policy = REMAT_POLICIES[cfg.remat]
   if policy is None or cache_kv is not None:
     return block(x, rope, segment_ids=segment_ids, cache_kv=cache_kv,
@@ -103,7 +104,8 @@ def block_call(cfg, block: Block, x, rope, *, segment_ids=None, cache_kv=None,
 
 
 def scan_stacks(cfg, stacks: list[Block], x, rope, *, segment_ids=None, prefix=None):
-  """The forward without a cache through scanned stacks: (x, per-layer kvs).
+  """The forward without a cache through scanned stacks: (x, per-layer kvs, per-layer
+  router statistics).
 
   `prefix` is a Prefix (per-layer tuples): each scan step reads its layers' parts,
   stacked once outside the scan. The kvs come back as a per-layer sequence (LayerKVs),
@@ -117,19 +119,23 @@ def scan_stacks(cfg, stacks: list[Block], x, rope, *, segment_ids=None, prefix=N
 
   def body(x, xs):
     states, prefix_m, m = xs
-    kvs = []
+    kvs, auxes = [], []
     for j, (graphdef, _) in enumerate(split):
       prefix_kv = (None if prefix_m is None else
                    (*prefix_m[j], prefix.lengths, prefix.head_major))
       with lora_lib.in_layer(m * p + j):
-        x, kv = block_call(cfg, nnx.merge(graphdef, states[j]), x, rope,
-                           segment_ids=segment_ids, prefix_kv=prefix_kv)
+        x, kv, aux = block_call(cfg, nnx.merge(graphdef, states[j]), x, rope,
+                                segment_ids=segment_ids, prefix_kv=prefix_kv)
       kvs.append(kv)
-    return x, kvs
+      auxes.append(aux)
+    return x, (kvs, auxes)
 
   xs = ([state for _, state in split], prefix_xs, jnp.arange(n, dtype=jnp.int32))
-  x, kvs = jax.lax.scan(body, x, xs)
-  return x, LayerKVs(kvs, cfg.num_layers)
+  x, (kvs, auxes) = jax.lax.scan(body, x, xs)
+  # Each stack's statistics [n, ...] back to one per layer, in layer order.
+  per_layer = [jax.tree.map(lambda a, m=i // p: a[m], auxes[i % p])
+               for i in range(cfg.num_layers)]
+  return x, LayerKVs(kvs, cfg.num_layers), per_layer
 
 
 class LayerKVs(collections.abc.Sequence):

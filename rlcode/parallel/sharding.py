@@ -26,14 +26,16 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from rlcode.errors import BadInput
 
 # The mesh's axes, outermost first: a device's neighbours along `tensor` are the closest
-# (the axis whose collectives run every layer on activations), then `context`.
-MESH_AXES = ("data", "fsdp", "context", "tensor")
+# (the axis whose collectives run every layer on activations), then `context`, then
+# `expert` (a mixture-of-experts layer's gather and reduce-scatter of tokens).
+MESH_AXES = ("data", "fsdp", "expert", "context", "tensor")
 
-# Logical axis name -> mesh axes. Batch-like axes split over data and fsdp; sequences
+# Logical axis name -> mesh axes. Batch-like axes split over data, fsdp and expert (outside
+# its MoE layers an expert-parallel group is data-parallel, as in DeepSpeed-MoE); sequences
 # over context; parameters are fully sharded over fsdp on their embed dimension and split
-# Megatron-style over tensor on heads / mlp / vocab.
+# Megatron-style over tensor on heads / mlp / vocab; routed experts over expert.
 DEFAULT_RULES: dict[str, Any] = {
-    "batch": ("data", "fsdp"),
+    "batch": ("data", "fsdp", "expert"),
     "length": "context",
     "embed": "fsdp",
     "vocab": "tensor",
@@ -43,17 +45,18 @@ DEFAULT_RULES: dict[str, Any] = {
     "mlp": "tensor",
     "layers": None,
     "lora": None,
+    "experts": "expert",
 }
 
 
 def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, context: int = 1,
-              devices: Sequence[jax.Device] | None = None) -> Mesh:
-  """A (data, fsdp, context, tensor) mesh over the first data*fsdp*context*tensor devices.
+              devices: Sequence[jax.Device] | None = None, expert: int = 1) -> Mesh:
+  """A (data, fsdp, expert, context, tensor) mesh over the first product-of-sizes devices.
 
   A size of -1 takes all devices not used by the other axes.
   """
   devices = list(jax.devices() if devices is None else devices)
-  named = {"data": data, "fsdp": fsdp, "context": context, "tensor": tensor}
+  named = {"data": data, "fsdp": fsdp, "expert": expert, "context": context, "tensor": tensor}
   sizes = [named[a] for a in MESH_AXES]
   described = " ".join(f"{a}={named[a]}" for a in MESH_AXES)
   if sizes.count(-1) > 1:
@@ -71,8 +74,12 @@ def make_mesh(data: int = 1, fsdp: int = 1, tensor: int = 1, context: int = 1,
 
 
 def batch_shards(mesh: Mesh | None) -> int:
-  """How many ways a mesh's batch axes (data x fsdp) split the rows; 1 without a mesh."""
-  return 1 if mesh is None else mesh.shape["data"] * mesh.shape["fsdp"]
+  """How many ways a mesh's batch axes (data x fsdp x expert) split the rows; 1 without a
+  mesh."""
+  if mesh is None:
+    return 1
+  shape = dict(mesh.shape)
+  return math.prod(shape.get(a, 1) for a in ("data", "fsdp", "expert"))
 
 
 def mesh_from_config(mesh_cfg) -> Mesh:

@@ -35,7 +35,7 @@ from rlcode.plan import hlo
 
 def model_config(config):
   """The ModelConfig of config.model (from-scratch arch, or a checkpoint's config.json)."""
-  from rlcode.models import build, config as model_cfg_lib
+  from rlcode.models import build, hf_config as model_cfg_lib
   if config.model.hf_path:
     overrides = build.model_overrides(config.model)
     path = os.path.join(config.model.hf_path, "config.json")

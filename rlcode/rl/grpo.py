@@ -28,7 +28,7 @@ from jax.sharding import Mesh, NamedSharding
 
 from rlcode import optim
 from rlcode.errors import BadInput
-from rlcode.models import lora
+from rlcode.models import lora, moe
 from rlcode.parallel import sharding
 from rlcode.rl import objective, sequences
 
@@ -60,15 +60,18 @@ def make_update_step(graphdef, optimizer: optax.GradientTransformation, cfg: obj
   if logprob_fn is None:
     logprob_fn = lambda model, batch: sequences.sequence_logprobs(model, batch, cfg.temperature)
 
-  def loss_fn(params, batch, totals=None, key=None):
-    with sharding.activate(mesh), lora.dropout_key(key):
+  def loss_fn(params, batch, totals=None, key=None, share=1.0):
+    with sharding.activate(mesh), lora.dropout_key(key), moe.collect() as routers:
       model = nnx.merge(graphdef, params)
       logp, entropy = logprob_fn(model, batch)
     loss, metrics = objective.policy_loss(logp, batch.old_logp, batch.adv, batch.mask, cfg,
                                 ref_logp_nt=batch.ref_logp if cfg.uses_reference else None,
                                 weight_nt=batch.weight, totals=totals)
     metrics["entropy"] = objective.masked_mean(entropy, batch.mask, totals)
-    return loss, metrics
+    # MoE layers: router statistics, and the balance loss if the model asks for it.
+    balance, router_metrics = moe.router_terms(model.cfg, routers, share)
+    metrics.update(router_metrics)
+    return loss + balance, metrics
 
   def step(state, batch):
     key = (None if dropout_seed is None
@@ -76,8 +79,9 @@ def make_update_step(graphdef, optimizer: optax.GradientTransformation, cfg: obj
     m = micro_count(batch.mask.shape[0], micro_batch_rows)
     grads_fn = optim.gradients if m == 1 else functools.partial(
         _accumulated, micro_batches=m, mesh=mesh)
-    return optim.finite_step(functools.partial(loss_fn, key=key), optimizer, state, batch,
-                             trainable=trainable, grads_fn=grads_fn, offload=offload)
+    return optim.finite_step(functools.partial(loss_fn, key=key, share=1.0 / m), optimizer,
+                             state, batch, trainable=trainable, grads_fn=grads_fn,
+                             offload=offload)
 
   state_sh = optim.state_shardings(state, mesh)
   return jax.jit(step, in_shardings=(state_sh, optim.batch_shardings(mesh, example_batch)),

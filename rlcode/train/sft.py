@@ -27,7 +27,7 @@ from rlcode.rl import sequences
 from rlcode.data.stream import TaskStream
 from rlcode.data import edits
 from rlcode.errors import BadInput
-from rlcode.models import lora
+from rlcode.models import lora, moe
 
 
 def make_sft_step(graphdef, optimizer: optax.GradientTransformation, mesh: Mesh,
@@ -39,9 +39,11 @@ def make_sft_step(graphdef, optimizer: optax.GradientTransformation, mesh: Mesh,
   adapters)."""
 
   def loss_fn(params, batch):
-    with sharding.activate(mesh):
-      logp, _ = sequences.sequence_logprobs(nnx.merge(graphdef, params), batch, 1.0)
-    return -objective.masked_mean(logp, batch.mask)
+    with sharding.activate(mesh), moe.collect() as routers:
+      model = nnx.merge(graphdef, params)
+      logp, _ = sequences.sequence_logprobs(model, batch, 1.0)
+    balance, _ = moe.router_terms(model.cfg, routers)  # MoE: the balance loss, if asked
+    return -objective.masked_mean(logp, batch.mask) + balance
 
   def step(state, batch):
     train, frozen = optim.split_trainable(state.params, trainable)
