@@ -1,4 +1,4 @@
-"""`rlcode <command> ...`: train, eval, sample, plot, mine, plan, config.
+"""`rlcode <command> ...`: train, eval, sample, plot, mine, plan, config, export.
 
     rlcode train  --config configs/grpo_tiny.py [--config.a.b=value ...]
                   [--coordinator HOST:PORT --num-processes N --process-id I]
@@ -12,6 +12,7 @@
     rlcode mine   data/repos/more-itertools.bundle --out /tmp/tfds [--granularity hunk ...]
     rlcode plan   --config configs/qwen2_7b_plan.py --devices gb200-nvl72 --mesh data=8,fsdp=8
                   [--sampler-mesh data=2,tensor=4] [--hardware h200|gb200] [--prompt-len N]
+    rlcode export workdirs/grpo_tiny --out /tmp/policy [--peft] [--max-shard-gb 5]
 
 Each command is a thin shell around an importable function, so notebooks and
 experiments call the same code.
@@ -88,6 +89,14 @@ def _parse(argv: Sequence[str]):
   show.add_argument("config", help="configs/NAME.py[:arg]; overrides --config.a.b=value after it")
   keys = what.add_parser("keys", help="every key of the schema: type, default, allowed, doc")
   keys.add_argument("--trainer", default=None, help="only the keys this trainer reads")
+  export = commands.add_parser("export", help="a trained policy as a Hugging Face directory "
+                               "(or a PEFT adapter) that transformers loads")
+  export.add_argument("checkpoint", help="a run's workdir or checkpoint directory")
+  export.add_argument("--out", required=True, help="a new directory to write")
+  export.add_argument("--peft", action="store_true", help="a LoRA run's adapters alone, as a "
+                      "PEFT adapter directory (default: merged weights)")
+  export.add_argument("--max-shard-gb", type=float, default=None,
+                      help="split the safetensors into shards of at most this size")
   # `main` hands `mine` to rlcode.data.git.command, which parses its options.
   commands.add_parser("mine", help="mine a git history into diff datasets (rlcode mine -h)")
   args, rest = parser.parse_known_args(argv)
@@ -216,6 +225,10 @@ def _run(parser, args, overrides) -> None:
   elif args.command == "train":
     config = loader.load_config(args.config, overrides)
     _train(config, args)
+  elif args.command == "export":
+    from rlcode.runs import export
+    print(export.export(args.checkpoint, args.out, peft=args.peft,
+                        max_shard_gb=args.max_shard_gb))
   else:
     config = loader.load_config(args.config, overrides)
     if config.trainer != "sample":

@@ -47,7 +47,8 @@ class Model:
   """The policy network (rlcode.models.build).
 
   Attributes:
-    hf_path: a Hugging Face checkpoint directory to load; None builds `arch` from scratch.
+    hf_path: a Hugging Face checkpoint to load: a directory, or a Hub id "org/name[@revision]"
+      fetched into the Hugging Face cache (rlcode.models.hub); None builds `arch` from scratch.
     tokenizer: "bytes" or a tokenizer.json path, optionally ending in "+tools", "+edits" or
       "+digits" (rlcode.models.tokenizer); None: the checkpoint's own with hf_path, else bytes.
     param_dtype: the parameters' storage dtype.

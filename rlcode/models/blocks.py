@@ -260,13 +260,13 @@ class MLP(nnx.Module):
   up as one parameter [E, 2, F] (F: cfg.intermediate_size unless `width` says)."""
 
   def __init__(self, cfg: ModelConfig, *, rngs: nnx.Rngs, adapter_rngs: nnx.Rngs | None = None,
-               width: int | None = None):
+               width: int | None = None, adapters: bool = True):
     e, f, pd = cfg.hidden_size, width or cfg.intermediate_size, cfg.jnp_base_dtype
     self.dtype = cfg.jnp_dtype
     self.act = cfg.mlp_act
     self.gate_up = _param(rngs, (e, 2, f), ("embed", None, "mlp"), pd)
     self.down = _param(rngs, (f, e), ("mlp", "embed"), pd)
-    targets = () if cfg.lora is None else cfg.lora.targets
+    targets = () if cfg.lora is None or not adapters else cfg.lora.targets
     adapter = lambda *shapes: lora_lib.Adapter(cfg.lora, *shapes, cfg.jnp_param_dtype,
                                                rngs=adapter_rngs or rngs)
     for name in ("gate", "up"):
@@ -333,8 +333,9 @@ class Block(nnx.Module):
     if self.layout != "post":
       self.mlp_norm = norm()
     if moe:
-      shared = (MLP(cfg, rngs=rngs, adapter_rngs=adapter_rngs,
-                    width=cfg.moe.shared_intermediate_size)
+      # LoRA adapts attention only in MoE layers: the experts (shared one included) stay
+      # frozen, so a PEFT export holds every adapter there is.
+      shared = (MLP(cfg, rngs=rngs, width=cfg.moe.shared_intermediate_size, adapters=False)
                 if cfg.moe.shared_intermediate_size else None)
       self.mlp = MoE(cfg, rngs=rngs, shared_mlp=shared)
     else:
@@ -376,10 +377,9 @@ class Block(nnx.Module):
     return x + m, kv, aux
 
   def merge_lora(self) -> None:
-    """Folds the block's adapters into its weights, in place (NSA attention and routed
-    experts have none; a shared expert's are folded)."""
+    """Folds the block's adapters into its weights, in place (NSA attention and MoE MLPs
+    have none)."""
     if isinstance(self.attn, Attention):
       self.attn.merge_lora()
-    mlp = self.mlp.shared if isinstance(self.mlp, MoE) else self.mlp
-    if mlp is not None:
-      mlp.merge_lora()
+    if isinstance(self.mlp, MLP):
+      self.mlp.merge_lora()

@@ -1,7 +1,8 @@
 """From the `model` section of a config to a sharded Decoder and its tokenizer.
 
-`config.model.hf_path` set: load that Hugging Face directory, with its own
-tokenizer.json unless `config.model.tokenizer` names one ("bytes" or a path). Otherwise
+`config.model.hf_path` set: load that Hugging Face checkpoint (a directory, or a Hub id
+"org/name[@revision]" fetched into the Hugging Face cache: rlcode.models.hub), with its
+own tokenizer.json unless `config.model.tokenizer` names one ("bytes" or a path). Otherwise
 build `config.model.arch` from scratch with sharded initialisation and the tokenizer
 `config.model.tokenizer` ("" or "bytes": the byte-level one; or a path). Either name may
 end with "+tools" (the tool-calling tags as single tokens) or "+edits" (the edit
@@ -20,6 +21,7 @@ from rlcode.parallel import sharding
 from rlcode.errors import BadInput, MissingInput
 from rlcode.models.config import ModelConfig
 from rlcode.models.decoder import Decoder
+from rlcode.models import hub
 from rlcode.models.hf import load_hf
 from rlcode.models.tokenizer import (Tokenizer, is_byte_tokenizer, load_tokenizer,
                                      split_tokenizer_name)
@@ -51,9 +53,10 @@ def build_model(model_cfg, mesh: Mesh, seed: int) -> tuple[Decoder, Tokenizer]:
   """The policy and its tokenizer of a config's `model` section."""
   named = model_cfg.tokenizer or ""
   if model_cfg.hf_path:
-    model, _ = load_hf(model_cfg.hf_path, mesh=mesh, **model_overrides(model_cfg))
+    path = hub.resolve(model_cfg.hf_path)
+    model, _ = load_hf(path, mesh=mesh, **model_overrides(model_cfg))
     # A checkpoint brings its own tokenizer unless the config names one.
-    tok_path = named or model_cfg.hf_path
+    tok_path = named or path
     base = split_tokenizer_name(tok_path)[0]
     if not is_byte_tokenizer(tok_path) and not (
         os.path.isfile(base) or os.path.isfile(os.path.join(base, "tokenizer.json"))):

@@ -202,7 +202,8 @@ def to_hf_config(cfg: ModelConfig, base: Mapping[str, Any] | None = None) -> dic
     out["hidden_act"] = "silu" if cfg.mlp_act == "silu" else "gelu_pytorch_tanh"
   else:
     out["hidden_activation"] = "gelu_pytorch_tanh" if cfg.mlp_act == "gelu_tanh" else "silu"
-    out["query_pre_attn_scalar"] = cfg.query_scale or cfg.head_dim
+    scalar = cfg.query_scale or cfg.head_dim  # transformers' config types it as an int
+    out["query_pre_attn_scalar"] = int(scalar) if float(scalar).is_integer() else scalar
   if family not in ("qwen2", "qwen2_moe"):
     out["attention_bias"] = cfg.qkv_bias
   rope = {"rope_theta": cfg.rope_theta, "rope_type": "default"}

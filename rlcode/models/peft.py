@@ -63,6 +63,9 @@ def save_peft(model: Decoder, path: str, *, base_model: str = "") -> None:
   """Writes the model's adapters as a PEFT adapter directory (created) for the base
   checkpoint `base_model` (a Hub id or a directory, recorded as PEFT records it)."""
   lora = model.cfg.lora
+  if model.cfg.family == "phi3":
+    raise BadInput("a PEFT adapter names q/k/v and gate/up projections, which Phi-3 fuses; "
+                   "export this run's merged weights instead")
   tensors = adapter_tensors(model)
   os.makedirs(path, exist_ok=True)
   config = {

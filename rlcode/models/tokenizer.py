@@ -111,6 +111,37 @@ class ByteTokenizer:
     return "".join(out)
 
 
+def _byte_chars() -> list[str]:
+  """GPT-2's printable character for each byte (the alphabet of byte-level BPEs)."""
+  kept = [*range(ord("!"), ord("~") + 1), *range(ord("¡"), ord("¬") + 1),
+          *range(ord("®"), ord("ÿ") + 1)]
+  chars, extra = {}, 0
+  for b in range(256):
+    if b in kept:
+      chars[b] = chr(b)
+    else:
+      chars[b] = chr(256 + extra)
+      extra += 1
+  return [chars[b] for b in range(256)]
+
+
+def byte_tokenizer_json(tokenizer: ByteTokenizer, path: str) -> None:
+  """Writes a tokenizer.json (the `tokenizers` library's) that encodes and decodes as
+  `tokenizer` does: a byte-level BPE without merges (byte b is token b), <pad>, <bos>,
+  <eos> and the specials as added tokens, <bos> prepended if the tokenizer prepends it."""
+  from tokenizers import AddedToken, Tokenizer, decoders, models, pre_tokenizers, processors
+  vocab = {c: b for b, c in enumerate(_byte_chars())}
+  tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+  tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+  tok.decoder = decoders.ByteLevel()
+  tok.add_special_tokens(["<pad>", "<bos>", "<eos>"])
+  tok.add_tokens([AddedToken(s, normalized=False) for s in tokenizer.specials])
+  if tokenizer.add_bos:
+    tok.post_processor = processors.TemplateProcessing(
+        single="<bos> $A", pair="<bos> $A $B", special_tokens=[("<bos>", tokenizer.bos_id)])
+  tok.save(path)
+
+
 _EOS_TOKENS = ("<|eos|>", "<eos>", "</s>", "<|endoftext|>")
 _PAD_TOKENS = ("<|pad|>", "<pad>")
 

@@ -35,10 +35,10 @@ from rlcode.plan import hlo
 
 def model_config(config):
   """The ModelConfig of config.model (from-scratch arch, or a checkpoint's config.json)."""
-  from rlcode.models import build, hf_config as model_cfg_lib
+  from rlcode.models import build, hf_config as model_cfg_lib, hub
   if config.model.hf_path:
     overrides = build.model_overrides(config.model)
-    path = os.path.join(config.model.hf_path, "config.json")
+    path = os.path.join(hub.resolve(config.model.hf_path), "config.json")
     return model_cfg_lib.from_hf_config(model_cfg_lib.read_hf_config(path), source=path,
                                         **overrides)
   return build.model_config(config.model)
