@@ -114,7 +114,7 @@ def test_tool_tokenizer_keeps_tags_as_single_tokens_and_round_trips():
 def test_chat_format_needs_the_closing_tag_as_one_token():
   with pytest.raises(BadInput, match="no single token for '</tool_call>'"):
     chat.ChatFormat("compact", ByteTokenizer())
-  with pytest.raises(BadInput, match="known: \\['compact', 'hermes'\\]"):
+  with pytest.raises(BadInput, match="known: \\['compact', 'hermes', 'template'\\]"):
     chat.ChatFormat("chatml", load_tokenizer("bytes+tools"))
 
 

@@ -36,10 +36,17 @@ def tokenizer_json(path: str) -> None:
   tok.save(path)
 
 
-def checkpoint(case: str, tmp) -> str:
-  """A copy of tests/data/hf/`case` with a tokenizer and a chat template."""
-  out = os.path.join(str(tmp), case)
-  shutil.copytree(os.path.join(HERE, case), out)
+def checkpoint(case: str, tmp, max_positions: int | None = None) -> str:
+  """A copy of tests/data/hf/`case` (or of the directory `case` names) with a tokenizer
+  and a chat template; max_positions: the context it declares, if not its own."""
+  src = case if os.path.isdir(case) else os.path.join(HERE, case)
+  out = os.path.join(str(tmp), os.path.basename(src.rstrip("/")))
+  shutil.copytree(src, out)
+  if max_positions is not None:
+    path = os.path.join(out, "config.json")
+    config = json.load(open(path))
+    config["max_position_embeddings"] = max_positions
+    json.dump(config, open(path, "w"))
   tokenizer_json(os.path.join(out, "tokenizer.json"))
   with open(os.path.join(out, "tokenizer_config.json"), "w") as f:
     json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",

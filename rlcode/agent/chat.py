@@ -1,6 +1,12 @@
 """The chat format of a tool-calling episode: how text becomes the tokens the policy sees.
 
-Two formats:
+Three formats:
+  "template": the checkpoint's own chat template (rlcode.models.chat_template): the
+    prompt is its rendering of the task as the user turn with the tools' schemas, and
+    the text around an observation is what the template writes between an assistant
+    turn and the next one's generation prompt, found once by rendering a placeholder
+    conversation (so a template must extend a conversation by appending to it, as the
+    Qwen, Llama and Mistral templates do; one that rewrites earlier turns is refused).
   "hermes": the Qwen2.5 / Hermes tool-calling template, so a chat-tuned checkpoint
     reads its prompts as it was trained to: a system turn listing the tools' JSON
     schemas inside <tools></tools>, the task as the user turn, each call as
@@ -27,7 +33,9 @@ from collections.abc import Sequence
 from rlcode.errors import BadInput
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
-FORMATS = ("compact", "hermes")
+FORMATS = ("compact", "hermes", "template")
+# Stand-ins rendered through a template to find where a turn's text and an observation go.
+_TURN, _OBSERVATION = "\u2063TURN\u2063", "\u2063OBSERVATION\u2063"
 
 _HERMES_SYSTEM = (
     "You are a coding agent working in a sandboxed workspace. You may call one or more "
@@ -72,10 +80,17 @@ class ChatFormat:
   def __post_init__(self):
     if self.name not in FORMATS:
       raise BadInput(f"agent.chat_format={self.name!r}; known: {list(FORMATS)}")
+    if self.name == "template" and self.template is None:
+      raise BadInput("agent.chat_format='template': the tokenizer has no chat template "
+                     "(its tokenizer_config.json or chat_template.jinja); use 'compact'")
     if self.close_id is None:
       raise BadInput(f"the tokenizer has no single token for {CALL_CLOSE!r}, which ends a "
                      "policy turn; use a tokenizer with the tool-calling tags "
                      "(for example 'bytes+tools', or a Qwen2.5 checkpoint's)")
+
+  @property
+  def template(self):
+    return getattr(self.tokenizer, "chat_template", None)
 
   @property
   def close_id(self) -> int | None:
@@ -94,14 +109,21 @@ class ChatFormat:
     return "tools: " + ", ".join(t.name for t in tools)
 
   def prompt_text(self, tools: Sequence, task_text: str) -> str:
+    if self.name == "template":
+      return self.template.render([{"role": "user", "content": task_text}],
+                                  tools=[t.schema() for t in tools], add_generation_prompt=True)
     if self.name == "hermes":
       return (f"<|im_start|>system\n{self.system(tools)}<|im_end|>\n"
               f"<|im_start|>user\n{task_text}<|im_end|>\n<|im_start|>assistant\n")
     return f"{self.system(tools)}\ntask: {task_text}\n"
 
   def prompt_tokens(self, tools: Sequence, task_text: str) -> list[int]:
-    """The episode's prompt (with the tokenizer's BOS, if it adds one)."""
-    return self.tokenizer.encode(self.prompt_text(tools, task_text))
+    """The episode's prompt (with the tokenizer's BOS, if it adds one; a template writes
+    its own)."""
+    text = self.prompt_text(tools, task_text)
+    if self.name == "template":
+      return self.tokenizer.encode(text, add_special_tokens=False)
+    return self.tokenizer.encode(text)
 
   def _bare(self, text: str) -> list[int]:
     """`text` encoded without the BOS the tokenizer may prepend."""
@@ -111,6 +133,8 @@ class ChatFormat:
 
   def observation_parts(self) -> tuple[str, str]:
     """The text around an observation (after the policy's closing tag)."""
+    if self.name == "template":
+      return _template_observation_parts(self.template)
     if self.name == "hermes":
       return ("<|im_end|>\n<|im_start|>user\n<tool_response>\n",
               "\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
@@ -136,3 +160,20 @@ class ChatFormat:
 
   def decode(self, ids: Sequence[int]) -> str:
     return self.tokenizer.decode(ids)
+
+
+def _template_observation_parts(template) -> tuple[str, str]:
+  """(head, tail): what `template` writes after an assistant turn's text and before a
+  tool's result, and after the result up to the next assistant turn's text."""
+  user = {"role": "user", "content": "task"}
+  start = template.render([user], add_generation_prompt=True)
+  full = template.render([user, {"role": "assistant", "content": _TURN},
+                          {"role": "tool", "content": _OBSERVATION}],
+                         add_generation_prompt=True)
+  if not full.startswith(start + _TURN) or full.count(_OBSERVATION) != 1:
+    raise BadInput("agent.chat_format='template': this chat template does not extend a "
+                   "conversation by appending to it (its rendering of the first turn is not "
+                   "a prefix of the longer one), so an episode's tokens cannot be kept "
+                   "across turns; use 'hermes' or 'compact'")
+  head, tail = full[len(start) + len(_TURN):].split(_OBSERVATION)
+  return head, tail

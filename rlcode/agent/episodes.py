@@ -61,7 +61,12 @@ def closing(envs: Sequence[ToolEnv]):
 
 
 def chat_format(config, tokenizer) -> ChatFormat:
-  return ChatFormat(config.agent.chat_format, tokenizer)
+  """The episode's format: config.agent.chat_format, "auto" being the tokenizer's chat
+  template when it has one, else the compact format."""
+  name = config.agent.chat_format
+  if name == "auto":
+    name = "template" if getattr(tokenizer, "chat_template", None) is not None else "compact"
+  return ChatFormat(name, tokenizer)
 
 
 def trained_masks(trajs: Sequence[sampler.Trajectory], mask_cut: bool) -> list[list[int]]:

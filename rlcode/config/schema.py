@@ -51,6 +51,9 @@ class Data:
       `repo`); None: its defaults.
     sources: "sections": documents (files, directories, gs:// paths); () the embedded corpus.
     count_tokens: "sections": the unit of the budgets, "words", "bytes" or a tokenizer.json.
+    prompt_format: code tasks asked through the tokenizer's chat template ("chat"), as
+      bare prompts ("plain"), or the template when there is one ("auto";
+      rlcode.data.chat_prompts).
     options: "sections": how documents become tasks (rlcode.data.sections.SectionOptions);
       None: its defaults.
     held_out_fraction: "choices": the fraction of tasks whose choices are held out.
@@ -70,6 +73,7 @@ class Data:
   mining: MiningConfig | None = key(None)
   sources: tuple[str, ...] = key(())
   count_tokens: str = key("words")
+  prompt_format: str = key("auto", choices=("auto", "chat", "plain"))
   options: SectionOptions | None = key(None)
   held_out_fraction: float = key(0.2, ge=0, le=1, only=("rm",))
   max_train_choices: int | None = key(None, ge=1, only=("rm",))
@@ -266,7 +270,9 @@ class Agent:
 
   Attributes:
     tools: the episode's tools (rlcode.agent.tools), "finish" among them.
-    chat_format: "compact" (our tiny tokenizers') or "hermes" (Qwen-style tags).
+    chat_format: "template" (the checkpoint's chat template), "compact" (our tiny
+      tokenizers'), "hermes" (Qwen-style tags written by hand), or "auto": the template
+      when the tokenizer has one, else compact (rlcode.agent.chat).
     toolset: the expert's tool set: "rich" (editor, search, run_tests) or "terminal" (bash).
     think: the expert's thinking: "none", "start" (a plan first) or "each" (after each call).
     variants: the task families kept (by the tasks' family); (): all.
@@ -288,7 +294,7 @@ class Agent:
   tools: tuple[str, ...] = key(("editor", "search", "run_tests", "finish"),
                                choices=Lazy("rlcode.agent.tools", "TOOLS"),
                                check=lambda t: "finish" in t, allowed="with 'finish'")
-  chat_format: str = key("compact", choices=("compact", "hermes"))
+  chat_format: str = key("auto", choices=("auto", "compact", "hermes", "template"))
   toolset: str = key("rich", choices=("rich", "terminal"))
   think: str = key("none", choices=("none", "start", "each"))
   variants: tuple[str, ...] = key(())

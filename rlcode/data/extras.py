@@ -20,7 +20,7 @@ from typing import Any
 
 from rlcode.errors import BadInput
 
-ASSEMBLE = ("prompt+completion", "completion", "files")
+ASSEMBLE = ("prompt+completion", "completion", "files", "chat")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -29,8 +29,10 @@ class CodeExtra:
 
   Attributes:
     assemble: how a completion becomes the program the tests run: "prompt+completion"
-      (HumanEval's: the prompt is the function's head), "completion" (a whole program)
-      or "files" (an edit of `files`, rlcode.rewards.tests).
+      (HumanEval's: the prompt is the function's head), "completion" (a whole program),
+      "files" (an edit of `files`, rlcode.rewards.tests) or "chat" (a chat model's answer
+      to `code_prompt` asked through its template: its first python block is the whole
+      function, run after code_prompt's imports; rlcode.data.chat_prompts).
     tests_format: how the tests are written: "auto" (detected), "script" or "check"
       (rlcode.sandbox.testplan).
     family: the problem's family (problems of one family share a split).
@@ -40,6 +42,10 @@ class CodeExtra:
       task's own.
     support_files: source files the tests import and the answer does not edit.
     hint: the data set's own description of the task, read only by that data set's code.
+    code_prompt: a "chat" task's function head as plain code (its prompt is the rendered
+      conversation).
+    rendered: the prompt is a conversation rendered by a chat template, special tokens
+      written as text: it is encoded without the tokenizer adding its own.
   """
 
   assemble: str = "prompt+completion"
@@ -50,6 +56,8 @@ class CodeExtra:
   tests_visible: str = ""
   support_files: Mapping[str, str] = dataclasses.field(default_factory=dict)
   hint: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  code_prompt: str = ""
+  rendered: bool = False
 
 
 @dataclasses.dataclass(frozen=True)

@@ -138,7 +138,8 @@ def _restored_with_eval_tasks(config, path: str):
   tasks, _ = rollout.fit_tasks(sources.load_eval(config.data), tokenizer, split="eval",
                                max_seq_len=model.cfg.max_seq_len,
                                max_new_tokens=config.eval.max_new_tokens,
-                               drop_too_long=config.data.drop_too_long)
+                               drop_too_long=config.data.drop_too_long,
+                               prompt_format=config.data.prompt_format)
   return mesh, model, tokenizer, step, directory, tasks
 
 

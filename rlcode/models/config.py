@@ -10,13 +10,11 @@ Hugging Face config.json files to and from it; this module must not touch weight
 from __future__ import annotations
 
 import dataclasses
-import json
 from collections.abc import Mapping
 from typing import Any
 
 import jax.numpy as jnp
 
-from rlcode.errors import BadInput
 from rlcode.kernels.spec import NSAConfig
 from rlcode.models import rope as rope_lib
 from rlcode.models.lora import LoRAConfig

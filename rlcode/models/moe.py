@@ -95,6 +95,9 @@ def tiled_matmul(x_mk: jax.Array, w_gkn: jax.Array, sizes_g: jax.Array, tile: in
   tile_group = jnp.minimum(jnp.searchsorted(padded_end, jnp.arange(tiles) * tile,
                                             side="right"), g - 1)
 
+  # Rematerialised: the backward pass slices a tile's weight again instead of keeping
+  # every tile's [K, N] slice alive (tiles x K x N: more than the experts themselves).
+  @jax.checkpoint
   def one(_, xs):
     x_t, e = xs
     return None, x_t @ w_gkn[e]

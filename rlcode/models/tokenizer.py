@@ -20,7 +20,7 @@ class Tokenizer(Protocol):
   pad_id: int
   eos_ids: tuple[int, ...]
 
-  def encode(self, text: str) -> list[int]: ...
+  def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
   def decode(self, ids: Sequence[int]) -> str: ...
 
@@ -64,6 +64,7 @@ class ByteTokenizer:
   pad_id = 256
   bos_id = 257
   eos_id = 258
+  chat_template = None  # the compact formats of rlcode.agent.chat serve byte tokenizers
 
   def __init__(self, add_bos: bool = True, specials: Sequence[str] = ()):
     self.add_bos = add_bos
@@ -87,8 +88,8 @@ class ByteTokenizer:
     data = text.encode("utf-8")
     return data[0] if len(data) == 1 else None
 
-  def encode(self, text: str) -> list[int]:
-    ids = [self.bos_id] if self.add_bos else []
+  def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    ids = [self.bos_id] if self.add_bos and add_special_tokens else []
     start = 0
     if self._pattern is not None:
       for m in self._pattern.finditer(text):
@@ -195,9 +196,12 @@ class HFTokenizer:
         pad = next((i for i in map(self._tok.token_to_id, _PAD_TOKENS) if i is not None), None)
     self.eos_ids = tuple(eos)
     self.pad_id = pad if pad is not None else (eos[0] if eos else 0)
+    from rlcode.models.chat_template import load_chat_template
+    # The checkpoint's chat template, if its directory has one (None otherwise).
+    self.chat_template = load_chat_template(directory)
 
-  def encode(self, text: str) -> list[int]:
-    return self._tok.encode(text).ids
+  def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
   def decode(self, ids: Sequence[int]) -> str:
     return self._tok.decode([int(i) for i in ids])

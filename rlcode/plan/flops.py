@@ -8,17 +8,27 @@ sees a while loop's body once.
 from __future__ import annotations
 
 
-
 def forward_parts(cfg, tokens: float, attended: float, logits: float) -> dict[str, float]:
   """FLOPs of a forward pass by part: the blocks' matmuls over `tokens` positions, the
   attention of queries that attend `attended` key positions in all (summed over queries),
   and the output layer on `logits` positions."""
-  e, f, h, k, d = (cfg.hidden_size, cfg.intermediate_size, cfg.num_heads, cfg.num_kv_heads,
-                   cfg.head_dim)
-  per_layer = e * (h + 2 * k) * d + h * d * e + 3 * e * f
-  return {"matmul": 2 * cfg.num_layers * per_layer * tokens,
+  e, h, k, d = cfg.hidden_size, cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+  mlp = sum(_mlp_params(cfg, i) for i in range(cfg.num_layers))
+  per_token = cfg.num_layers * (e * (h + 2 * k) * d + h * d * e) + mlp
+  return {"matmul": 2 * per_token * tokens,
           "attention": 4 * cfg.num_layers * h * d * attended,
           "logits": 2 * e * cfg.vocab_size * logits}
+
+
+def _mlp_params(cfg, i: int) -> int:
+  """The MLP weights one token multiplies by in layer i: the SwiGLU's, or in an MoE layer
+  the router's, its top_k experts' and a shared expert's."""
+  e = cfg.hidden_size
+  if not cfg.is_moe_layer(i):
+    return 3 * e * cfg.intermediate_size
+  moe = cfg.moe
+  shared = 3 * e * moe.shared_intermediate_size + e if moe.shared_intermediate_size else 0
+  return e * moe.num_experts + moe.top_k * 3 * e * moe.intermediate_size + shared
 
 
 def forward_flops(cfg, tokens: float, attended: float, logits: float) -> float:

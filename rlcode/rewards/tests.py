@@ -14,6 +14,10 @@ chosen by `task.extra.assemble`:
     code, tests or prints the model appends after the function are dropped) and
     the program is `task.prompt + completion`. The prompt's other top-level
     code (`given_code`: imports, helpers) runs with the tests as trusted context.
+  "chat": a chat model's answer (rlcode.data.chat_prompts): its first python block (as
+    for "completion") is the whole function, run after the imports of the function
+    head it was asked to complete (`extra.code_prompt`), whose other code runs with the
+    tests as trusted context as for "prompt+completion".
   "completion": the completion is the whole program; if it contains a fenced
     block (```python, ```py, ```python3, or an untagged ```), the first python
     block (else the first untagged one) is the program, otherwise all of it.
@@ -48,7 +52,7 @@ from rlcode.data.tasks import Task
 from rlcode.rewards.registry import RewardOutput, register, register_answer_end
 
 HUMANEVAL_STOP = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
-ASSEMBLE_STYLES = ("prompt+completion", "completion", "files")
+ASSEMBLE_STYLES = ("prompt+completion", "completion", "files", "chat")
 TEST_SETS = ("hidden", "visible")
 FORMAT_CHECKS = ("parses", "non_empty", "entry_point", "no_stray_text")
 _PYTHON_TAGS = ("python", "python3", "py")
@@ -176,7 +180,19 @@ def _parts(task: Task, completion: str,
     code, stray = truncate_at_stops(completion, stop_sequences)
     return task.prompt + code, code, stray
   code, stray = extract_code(completion)
+  if _style(task) == "chat":
+    return _imports(task.extra.code_prompt) + code, code, stray
   return code, code, stray
+
+
+def _imports(source: str) -> str:
+  """The top-level import statements of `source`, one a line ("" if it does not parse)."""
+  tree = _parse(source)
+  if tree is None:
+    return ""
+  lines = [ast.get_source_segment(source, s) for s in tree.body
+           if isinstance(s, (ast.Import, ast.ImportFrom))]
+  return "".join(f"{line}\n" for line in lines if line)
 
 
 def assemble_program(task: Task, completion: str, *,
@@ -241,6 +257,9 @@ def given_code(task: Task, tests: str | None = None) -> str:
   whole-program tasks, and when the prompt or the tests do not parse. `tests`: the
   test source that will run (default: the task's hidden tests).
   """
+  if _style(task) == "chat":
+    return _given_code(task.extra.code_prompt, task.entry_point,
+                       task.tests if tests is None else tests)
   if _style(task) != "prompt+completion":
     return ""
   return _given_code(task.prompt, task.entry_point, task.tests if tests is None else tests)

@@ -15,6 +15,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 import numpy as np
 from rlcode import rewards
+from rlcode.data import chat_prompts
 from rlcode.data.tasks import Task
 from rlcode.models.tokenizer import Tokenizer, bos_length
 from rlcode.sampling import Generation, generate
@@ -48,7 +49,7 @@ class Rollout:
 
 
 def encode_prompts(tokenizer: Tokenizer, tasks: Sequence[Task]) -> list[list[int]]:
-  return [tokenizer.encode(t.prompt) for t in tasks]
+  return [chat_prompts.prompt_ids(tokenizer, t) for t in tasks]
 
 
 FIT_REASONS = ("prompt_too_long", "reference_too_long")
@@ -67,7 +68,7 @@ def fit_context(tasks: Sequence[Task], tokenizer: Tokenizer, *, max_seq_len: int
   """
   kept, counts = [], dict.fromkeys(("kept", *FIT_REASONS), 0)
   for task in tasks:
-    n = len(tokenizer.encode(task.prompt))
+    n = len(chat_prompts.prompt_ids(tokenizer, task))
     if n + max_new_tokens > max_seq_len:
       counts["prompt_too_long"] += 1
     elif n + len(tokenizer.encode(task.reference)) - bos_length(tokenizer) + 1 > max_seq_len:
@@ -79,12 +80,16 @@ def fit_context(tasks: Sequence[Task], tokenizer: Tokenizer, *, max_seq_len: int
 
 
 def fit_tasks(tasks: Sequence[Task], tokenizer: Tokenizer, *, split: str, max_seq_len: int,
-              max_new_tokens: int, drop_too_long: bool) -> tuple[list[Task], dict[str, int]]:
+              max_new_tokens: int, drop_too_long: bool,
+              prompt_format: str = "plain") -> tuple[list[Task], dict[str, int]]:
   """`fit_context`, with the policy for tasks that do not fit, and "data/<split>_*" counts.
 
-  Tasks that do not fit are an error unless `drop_too_long`; then they are dropped
-  and counted (the training loop writes the counts into metrics.jsonl at step 0).
+  The tasks are first asked as `prompt_format` says (rlcode.data.chat_prompts: through the
+  tokenizer's chat template, or as they are). Tasks that do not fit are an error unless
+  `drop_too_long`; then they are dropped and counted (the training loop writes the counts
+  into metrics.jsonl at step 0).
   """
+  tasks = chat_prompts.apply(tasks, tokenizer, prompt_format)
   kept, counts = fit_context(tasks, tokenizer, max_seq_len=max_seq_len,
                              max_new_tokens=max_new_tokens)
   dropped = len(tasks) - len(kept)

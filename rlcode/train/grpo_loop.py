@@ -70,7 +70,7 @@ def train(config) -> list[dict]:
   model, tokenizer = build_model(config.model, mesh, init_seed)
   fit = lambda tasks, split, budget: rollout.fit_tasks(
       tasks, tokenizer, split=split, max_seq_len=model.cfg.max_seq_len,
-      max_new_tokens=budget, drop_too_long=data.drop_too_long)
+      max_new_tokens=budget, drop_too_long=data.drop_too_long, prompt_format=data.prompt_format)
   train_tasks, fit_train = fit(train_tasks, "train", rl.max_new_tokens)
   eval_tasks, fit_eval = fit(eval_tasks, "eval", config.eval.max_new_tokens)
   test_tasks, fit_test = (fit(test_tasks, "test", config.eval.max_new_tokens)

@@ -34,7 +34,8 @@ def warm_start_tasks(config, tokenizer, max_seq_len: int, train_tasks):
     return own, {}
   extra, counts = rollout.fit_tasks(
       sources.load(ws.data, ws.data.train_split), tokenizer, split="warmstart",
-      max_seq_len=max_seq_len, max_new_tokens=config.rl.max_new_tokens, drop_too_long=True)
+      max_seq_len=max_seq_len, max_new_tokens=config.rl.max_new_tokens, drop_too_long=True,
+      prompt_format=ws.data.prompt_format)
   return own + extra, counts
 
 
