@@ -1,6 +1,6 @@
 """`rlcode export`: a run's policy out as a Hugging Face directory, and back in.
 
-For each family, a run on a tiny checkpoint (tests/tiny_hf.py: the weights of
+For four families, a run on a tiny checkpoint (tests/tiny_hf.py: the weights of
 tests/data/hf plus a tokenizer and a chat template), its parameters perturbed so that an
 export of the base would not pass, saved as the run's checkpoint; `rlcode export` writes
 it out; transformers (torch) loads the directory and its logits equal rlcode's within
@@ -25,8 +25,9 @@ from rlcode.parallel import sharding
 from rlcode.runs import checkpoint
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
-CASES = ["gemma3", "llama_linear", "mistral", "olmo2", "phi3", "qwen2_moe", "qwen2_sliding",
-         "qwen3", "qwen3_moe", "qwen3_yarn_bf16"]
+# The families whose export differs most from the layout we train in (every family's
+# tensors and config round-trip through transformers in tests/test_model_families.py).
+CASES = ["gemma3", "phi3", "qwen3_moe", "qwen3_yarn_bf16"]
 
 
 def _run(tmp_path, *overrides):

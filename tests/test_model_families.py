@@ -64,8 +64,9 @@ def test_a_bfloat16_checkpoint_keeps_its_dtype_unless_told():
 @pytest.mark.slow
 @pytest.mark.parametrize("case", CASES)
 def test_export_writes_the_checkpoint_back(case, tmp_path):
-  """save_hf of a loaded model: the same tensor names, dtypes and values, and a config that
-  loads to the same ModelConfig (scanned layout too)."""
+  """save_hf of a loaded model: the same tensor names, dtypes and values, a config that
+  loads to the same ModelConfig (scanned layout too), and that transformers loads to the
+  reference logits."""
   src = os.path.join(HERE, case)
   model, cfg = load_hf(src)
   save_hf(model, str(tmp_path), base_config=json.load(open(os.path.join(src, "config.json"))))
@@ -78,6 +79,12 @@ def test_export_writes_the_checkpoint_back(case, tmp_path):
     assert saved[name].dtype == arr.dtype and np.array_equal(saved[name], arr), name
   again, cfg2 = load_hf(str(tmp_path))
   assert cfg2 == cfg
+  torch = pytest.importorskip("torch")  # in the dev extra
+  import transformers
+  theirs = transformers.AutoModelForCausalLM.from_pretrained(str(tmp_path), dtype=torch.float32)
+  with torch.no_grad():
+    logits = theirs(torch.tensor(_refs(case)["input_ids"])).logits.numpy()
+  np.testing.assert_allclose(logits, np.asarray(_refs(case)["logits"]), atol=1e-5, rtol=0)
   f32 = dict(param_dtype="float32", dtype="float32")
   scanned, _ = load_hf(str(tmp_path), scan_layers=True, **f32)
   looped, _ = load_hf(src, **f32)
