@@ -11,7 +11,7 @@ masked: the loop over experts that grouped matmuls replace).
            masked product per expert, so here it costs what the dense loop does)
   dense    the reference
 
-    python -m experiments.speed.moe_layer              # about 2 minutes on 2 cores
+    python -m experiments.speed.moe_layer              # about 3 minutes on 2 quiet cores
     python -m experiments.speed.moe_layer --quick
 
 Writes results/speed/moe_layer[_quick]/result.json (and its manifest).
@@ -52,10 +52,10 @@ def layer_step(impl: str, tokens: int, hidden: int, experts: int, top_k: int, wi
 def main() -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--quick", action="store_true")
-  parser.add_argument("--repeats", type=int, default=5)
+  parser.add_argument("--repeats", type=int, default=3)
   args = parser.parse_args()
-  shapes = (dict(tokens=512, hidden=128, experts=8, top_k=2, width=256) if args.quick else
-            dict(tokens=4096, hidden=256, experts=32, top_k=4, width=512))
+  shapes = (dict(tokens=256, hidden=64, experts=8, top_k=2, width=128) if args.quick else
+            dict(tokens=2048, hidden=128, experts=16, top_k=2, width=256))
   rows = {}
   outputs = {}
   for impl in ("dense", "tiled", "ragged"):
