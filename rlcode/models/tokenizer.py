@@ -20,7 +20,7 @@ class Tokenizer(Protocol):
   pad_id: int
   eos_ids: tuple[int, ...]
 
-  def encode(self, text: str) -> list[int]: ...
+  def encode(self, text: str, add_special_tokens: bool = True) -> list[int]: ...
 
   def decode(self, ids: Sequence[int]) -> str: ...
 
@@ -87,8 +87,8 @@ class ByteTokenizer:
     data = text.encode("utf-8")
     return data[0] if len(data) == 1 else None
 
-  def encode(self, text: str) -> list[int]:
-    ids = [self.bos_id] if self.add_bos else []
+  def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    ids = [self.bos_id] if self.add_bos and add_special_tokens else []
     start = 0
     if self._pattern is not None:
       for m in self._pattern.finditer(text):
@@ -165,8 +165,8 @@ class HFTokenizer:
     self.eos_ids = tuple(eos)
     self.pad_id = pad if pad is not None else (eos[0] if eos else 0)
 
-  def encode(self, text: str) -> list[int]:
-    return self._tok.encode(text).ids
+  def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
+    return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
   def decode(self, ids: Sequence[int]) -> str:
     return self._tok.decode([int(i) for i in ids])
