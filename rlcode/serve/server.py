@@ -36,6 +36,21 @@ def published_dir(config) -> str:
   return os.path.join(config.workdir, PUBLISHED)
 
 
+def initial_policy(config, mesh):
+  """(model, tokenizer, where from) an online run starts from: online.init_from (with its
+  run's recorded config), else config.model as built."""
+  from rlcode.config.record import recorded_config
+  from rlcode.evaluation import policy_eval
+  from rlcode.models.build import build_model
+  init = config.online.init_from
+  if init:
+    model, tokenizer, step, where = policy_eval.restore_policy(
+        recorded_config(init, "online.init_from"), init, mesh)
+    return model, tokenizer, f"{where}@{step}"
+  model, tokenizer = build_model(config.model, mesh, config.seed)
+  return model, tokenizer, "config.model"
+
+
 def load_policy(config, checkpoint: str | None):
   """(model, tokenizer, version, where it came from) of what `rlcode serve` serves."""
   from flax import nnx
@@ -48,23 +63,16 @@ def load_policy(config, checkpoint: str | None):
     saved = recorded_config(checkpoint, "--checkpoint")
     model, tokenizer, step, where = policy_eval.restore_policy(saved, checkpoint, mesh)
     return model, tokenizer, 0, f"{where}@{step}"
-  if config.trainer == "online":
-    init = config.online.init_from
-    if init:
-      model, tokenizer, step, where = policy_eval.restore_policy(
-          recorded_config(init, "online.init_from"), init, mesh)
-      source = f"{where}@{step}"
-    else:
-      model, tokenizer = build_model(config.model, mesh, config.seed)
-      source = "config.model"
-    version = weights.newest(published_dir(config))
-    if version is not None:
-      graphdef, state = nnx.split(model)
-      model = nnx.merge(graphdef, weights.load(published_dir(config), version, state))
-      return model, tokenizer, version, f"{published_dir(config)}@{version}"
-    return model, tokenizer, 0, source
-  model, tokenizer = build_model(config.model, mesh, config.seed)
-  return model, tokenizer, 0, "config.model"
+  if config.trainer != "online":
+    model, tokenizer = build_model(config.model, mesh, config.seed)
+    return model, tokenizer, 0, "config.model"
+  model, tokenizer, source = initial_policy(config, mesh)
+  version = weights.newest(published_dir(config))
+  if version is not None:  # what the learner published last
+    graphdef, state = nnx.split(model)
+    model = nnx.merge(graphdef, weights.load(published_dir(config), version, state))
+    return model, tokenizer, version, f"{published_dir(config)}@{version}"
+  return model, tokenizer, 0, source
 
 
 def template_for(config):
