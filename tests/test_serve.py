@@ -8,6 +8,7 @@ lengths interleave and each still equals its own generate, the log holds what wa
 
 import concurrent.futures
 import json
+import os
 
 import pytest
 
@@ -167,3 +168,27 @@ def test_completions_and_feedback_are_logged(setup):
     assert len(cand["tokens"]) == len(cand["logprobs"]) > 0
     assert cand["policy_version"] == 1 and cand["params"]["seed"] == 1
   assert sum(len(c["tokens"]) for c in row["candidates"]) == r["usage"]["completion_tokens"]
+
+
+def test_simulated_users_choose_and_report(setup):
+  import asyncio
+
+  from rlcode.data import jsonl
+  from rlcode.serve import users as users_lib
+  server, *_ = setup
+  tasks = jsonl.read_jsonl_tasks(os.path.join(serving.ROOT, "data", "tiny_tasks.jsonl"),
+                                 jsonl.JsonlTasks.HELD_OUT_FRACTION)["train"][:20]
+  population = users_lib.Users(tasks=tasks, model=serving.MODEL, k=3, max_tokens=12)
+  done = asyncio.run(users_lib.run(population, server.url, api_key=serving.KEY,
+                                   concurrency=2, count=4, seed=0))
+  assert len(done) == 4 and all(d.policy_version == 1 for d in done)
+  store = log_lib.InteractionLog(log_lib.default_url(server.workdir))
+  try:
+    logged = {r["id"]: r for r in store.feedback_after(0, 10_000)}
+  finally:
+    store.close()
+  for d in done:
+    row = logged[d.completion_id]
+    assert len(row["candidates"]) == 3
+    assert (row["chosen"], row["accepted"]) == ((d.chosen, None) if d.accepted else
+                                                (None, False))
