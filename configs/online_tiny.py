@@ -4,7 +4,7 @@
         --config.train.eval_every=0 --config.workdir=workdirs/online_warm   # the warm start
     rlcode serve --config configs/online_tiny.py --port 8000
     rlcode learn-online --config configs/online_tiny.py
-    python -m experiments.online.users_learn                                # the experiment
+    python -m experiments.online.users_learn                   # the experiment (3 seeds)
 
 The server starts from the warm-started policy (online.init_from), logs every completion
 to workdir/interactions.sqlite and swaps in each version the learner publishes in
@@ -25,8 +25,8 @@ def get_config(arg: str | None = None):
   config.data = ml_collections.ConfigDict(dict(source="jsonl", path="data/tiny_tasks.jsonl"))
   config.rl = ml_collections.ConfigDict(dict(temperature=1.0, clip_eps_high=0.28,
                                              max_importance_weight=2.0))
-  config.optimizer = optimizer(lr=3e-4, warmup=5)
-  config.train = ml_collections.ConfigDict(dict(steps=1000, checkpoint_every=20))
+  config.optimizer = optimizer(lr=1e-3, warmup=5, decay=100_000)
+  config.train = ml_collections.ConfigDict(dict(steps=100_000, checkpoint_every=20))
   config.serve = ml_collections.ConfigDict(dict(slots=16, model_name="rlcode-tiny"))
   config.online = ml_collections.ConfigDict(dict(
       init_from="workdirs/online_warm/warm_start", batch_rows=16, max_tokens=40))
