@@ -121,12 +121,12 @@ def load_chat_template(path: str) -> ChatTemplate | None:
   if not os.path.isdir(path):
     return None
   config_path = os.path.join(path, "tokenizer_config.json")
-  config: dict = {}
+  saved: dict = {}
   if os.path.isfile(config_path):
     with open(config_path, encoding="utf-8") as f:
-      config = json.load(f)
+      saved = json.load(f)
   templates: dict[str, str] = {}
-  raw = config.get("chat_template")
+  raw = saved.get("chat_template")
   if isinstance(raw, str):
     templates["default"] = raw
   elif isinstance(raw, list):
@@ -138,7 +138,7 @@ def load_chat_template(path: str) -> ChatTemplate | None:
       templates["default"] = f.read()
   if not templates:
     return None
-  specials = {k: t for k in SPECIAL_TOKEN_KEYS if (t := _token_text(config.get(k))) is not None}
+  specials = {k: t for k in SPECIAL_TOKEN_KEYS if (t := _token_text(saved.get(k))) is not None}
   return ChatTemplate(templates, specials)
 
 
