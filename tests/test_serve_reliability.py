@@ -214,3 +214,48 @@ def test_sigterm_drains_requests_in_flight(tmp_path):
     assert body["usage"]["completion_tokens"] >= 1 and body["choices"][0]["finish_reason"]
   with pytest.raises(httpx.ConnectError):
     httpx.get(server.url + "/health", timeout=5)
+
+
+def test_new_weights_swap_in_under_load_without_dropping_requests(server):
+  """A version published while requests decode: every request completes, later responses
+  carry the new version, and greedy output is then the new weights' own."""
+  from flax import nnx
+
+  from rlcode.models.build import build_model
+  from rlcode.parallel import sharding
+  from rlcode.sampling import generate
+  from rlcode.serve import weights
+  config = serving.config(server.workdir, "--config.seed=5")
+  model, tokenizer = build_model(config.model, sharding.make_mesh(), 5)
+  _, params = nnx.split(model, nnx.Param)
+  statuses, versions = [], []
+
+  def ask(i):
+    with server.client() as c:
+      r = c.post("/v1/completions", json={"model": serving.MODEL, "prompt": "w" * (1 + i),
+                                          "max_tokens": 120, "temperature": 1.0, "seed": i})
+    statuses.append(r.status_code)
+    versions.append(r.json().get("policy_version"))
+
+  with concurrent.futures.ThreadPoolExecutor(12) as pool:
+    futures = [pool.submit(ask, i) for i in range(12)]
+    with server.client() as c:
+      deadline = time.monotonic() + 60
+      while c.get("/metrics").json()["busy_slots"] < 6 and time.monotonic() < deadline:
+        pass
+      weights.publish(f"{server.workdir}/published", 7, params)
+      while c.get("/health").json()["policy_version"] != 7 and time.monotonic() < deadline + 60:
+        pass
+    for f in futures:
+      f.result(timeout=300)
+  assert statuses == [200] * 12
+  ids = tokenizer.encode("def swapped():\n")
+  with server.client() as c:
+    r = c.post("/v1/completions", json={"model": serving.MODEL, "prompt": ids,
+                                        "max_tokens": 16, "temperature": 0}).json()
+  assert r["policy_version"] == 7
+  want = generate(model, [ids], max_new_tokens=16, temperature=0.0,
+                  stop_tokens=tokenizer.eos_ids, pad_id=tokenizer.pad_id).completions()[0]
+  assert r["choices"][0]["text"] == tokenizer.decode([t for t in want
+                                                      if t not in tokenizer.eos_ids])
+  _ok(server)
