@@ -29,7 +29,13 @@ from rlcode.rm.simulate import Utility, plackett_luce_choice
 
 @dataclasses.dataclass(frozen=True)
 class Users:
-  """A population: its utility, the outside option, what it asks for."""
+  """A population: its utility, the outside option, what it asks for.
+
+  reject_utility: the outside option's utility. 3.5 lies between what the default utility
+  gives the warm-started tiny policy's failing candidates (about 1.7: similarity to the
+  reference less length) and its passing ones (about 5.5), so acceptance follows the
+  pass rate, with noise.
+  """
 
   tasks: Sequence[Task]
   model: str
@@ -37,7 +43,7 @@ class Users:
   max_tokens: int = 40
   temperature: float = 1.0
   utility: Utility = dataclasses.field(default_factory=Utility)
-  reject_utility: float = 2.0
+  reject_utility: float = 3.5
 
 
 @dataclasses.dataclass(frozen=True)
