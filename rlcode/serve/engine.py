@@ -1,9 +1,8 @@
 """Continuous batching: requests join and leave a fixed set of decode slots between steps.
 
     submit(request) ─► waiting queue ─► admitted when n slots are free: one prefill of the
-    prompt, copied into the n lowest free slots (rlcode.serve.step.insert) ─► every step,
-    each busy slot gets one token (the step covers the smallest power of two of slots
-    holding them) ─► a slot whose candidate stopped is freed at once ─► the next request
+    prompt, copied into n slots (rlcode.serve.step.insert) ─► every step, each busy slot
+    gets one token ─► a slot whose candidate stopped is freed at once ─► the next request
 
 One thread (the engine loop) owns the device state: the KV cache, the weights and the
 per-slot arrays. Other threads talk to it through `submit` (a request in), per-request
@@ -114,22 +113,8 @@ class Engine:
     self._cond = threading.Condition()
     self._stopping = False
     self.stats = {"steps": 0, "tokens": 0, "requests": 0, "swaps": 0, "busy_seconds": 0.0}
-    self._compile_steps()
     self._thread = threading.Thread(target=self._loop, name="rlcode-engine", daemon=True)
     self._thread.start()
-
-  def _compile_steps(self) -> None:
-    """Each step width once, every slot free (nothing changes), so no request waits for a
-    compile when the busy slots first reach a width."""
-    w = 1
-    while True:
-      self.cache, *_ = step_lib.step(
-          self.state, self.cache, self.tokens[:w], self.active[:w], self.seed[:w],
-          self.candidate[:w], self.position[:w], self.temperature[:w], self.top_p[:w],
-          graphdef=self.graphdef, width=w)
-      if w >= self.slots:
-        break
-      w = min(2 * w, self.slots)
 
   # ------------------------------------------------------------ outside the loop
   def submit(self, request: Request) -> None:
@@ -224,15 +209,12 @@ class Engine:
       self._fail(request, e)
 
   def _step(self) -> None:
-    # Requests take the lowest free slots, so the busy ones gather at the front.
-    w = min(bucket(int(np.flatnonzero(self.active)[-1]) + 1), self.slots)
     self.cache, tok, lp, top_ids, top_lp = step_lib.step(
-        self.state, self.cache, self.tokens[:w], self.active[:w], self.seed[:w],
-        self.candidate[:w], self.position[:w], self.temperature[:w], self.top_p[:w],
-        graphdef=self.graphdef, width=w)
+        self.state, self.cache, self.tokens, self.active, self.seed, self.candidate,
+        self.position, self.temperature, self.top_p, graphdef=self.graphdef)
     tok, lp, top_ids, top_lp = jax.device_get((tok, lp, top_ids, top_lp))
     self.stats["steps"] += 1
-    for slot in np.flatnonzero(self.active[:w]):
+    for slot in np.flatnonzero(self.active):
       self.position[slot] += 1
       self._emit(int(slot), int(tok[slot]), float(lp[slot]), top_ids[slot], top_lp[slot])
 

@@ -10,10 +10,8 @@ once per shape the server can meet:
   insert(cache, kvs, slot, ...)      copies a prefilled prompt's KV into one slot and
                                      samples the slot's first token from the prompt's
                                      logits; the n candidates of a request read one prefill.
-  step(state, cache, tokens [W], ...) one token for each of the first W slots, W the
-                                     smallest power of two covering the busy ones (free
-                                     slots within compute and are ignored): the decode
-                                     loop's program, one per width.
+  step(state, cache, tokens [S], ...) one token for every slot (free ones compute and are
+                                     ignored): the one program the decode loop runs.
 
 Sampling parameters are per slot arrays (temperature, top-p, seed), not static arguments,
 so requests with different parameters share the one compiled step. A slot's randomness is
@@ -92,24 +90,17 @@ def insert(cache: KVCache, kvs, logits_1v, slot, length, seed, candidate, temper
   return KVCache(k=tuple(ks), v=tuple(vs), lengths=lengths), tok[0], lp[0], top_ids[0], top_lp[0]
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef", "width"), donate_argnames=("cache",))
-def step(state, cache: KVCache, tokens_w, active_w, seed_w, candidate_w, position_w,
-         temperature_w, top_p_w, *, graphdef, width: int):
-  """Feeds each of the first `width` slots its last token and samples the next: (cache,
-  tokens, log-probs, top ids, top log-probs), [width] each. The slots past `width` are all
-  free and cost nothing (the engine steps the smallest power of two covering its busy
-  slots: a 64-slot server with 3 requests runs a 4-slot step). Free slots within it keep
-  length 0: what they compute is never read, and they never write past the cache."""
+@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("cache",))
+def step(state, cache: KVCache, tokens_s, active_s, seed_s, candidate_s, position_s,
+         temperature_s, top_p_s, *, graphdef):
+  """Feeds each slot its last token and samples the next: (cache, tokens, log-probs, top
+  ids, top log-probs). Free slots (active false) keep length 0: what they compute is never
+  read, and they never write past the cache."""
   model: Decoder = nnx.merge(graphdef, state)
-  part = KVCache(k=tuple(k[:width] for k in cache.k), v=tuple(v[:width] for v in cache.v),
-                 lengths=cache.lengths[:width])
-  h, part = model.hidden(tokens_w[:, None], cache=part)
-  tok, lp, top_ids, top_lp = sample_rows(model.logits(h)[:, 0], seed_w, candidate_w,
-                                         position_w, temperature_w, top_p_w)
-  put = lambda full, new: jax.lax.dynamic_update_slice_in_dim(full, new, 0, axis=0)
-  cache = KVCache(k=tuple(put(f, n) for f, n in zip(cache.k, part.k)),
-                  v=tuple(put(f, n) for f, n in zip(cache.v, part.v)),
-                  lengths=put(cache.lengths, jnp.where(active_w, part.lengths, 0)))
+  h, cache = model.hidden(tokens_s[:, None], cache=cache)
+  tok, lp, top_ids, top_lp = sample_rows(model.logits(h)[:, 0], seed_s, candidate_s,
+                                         position_s, temperature_s, top_p_s)
+  cache = KVCache(k=cache.k, v=cache.v, lengths=jnp.where(active_s, cache.lengths, 0))
   return cache, tok, lp, top_ids, top_lp
 
 
