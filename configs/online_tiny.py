@@ -25,16 +25,16 @@ def get_config(arg: str | None = None):
   config.data = ml_collections.ConfigDict(dict(source="jsonl", path="data/tiny_tasks.jsonl"))
   config.rl = ml_collections.ConfigDict(dict(temperature=1.0, clip_eps_high=0.28,
                                              max_importance_weight=2.0))
-  config.optimizer = optimizer(lr=1e-3, warmup=5, decay=100_000)
+  config.optimizer = optimizer(lr=3e-4, warmup=5, decay=100_000)
   config.train = ml_collections.ConfigDict(dict(steps=100_000, checkpoint_every=20))
   config.serve = ml_collections.ConfigDict(dict(slots=16, model_name="rlcode-tiny"))
   config.online = ml_collections.ConfigDict(dict(
-      init_from="workdirs/online_warm/warm_start", batch_rows=16, max_tokens=40))
+      init_from="workdirs/online_warm/warm_start", batch_rows=64, max_tokens=40, max_lag=4))
   if arg == "test":
     config.model.arch.update(hidden_size=32, intermediate_size=64, num_layers=1, num_heads=2,
                              num_kv_heads=2, head_dim=16, max_seq_len=256)
     config.model.tokenizer = "bytes+tools"
-    config.online.init_from = None
+    config.online.update(init_from=None, batch_rows=16)
     config.train.progress_bar = False
   elif arg is not None:
     raise ValueError(f"configs/online_tiny.py:{arg}: the only argument is 'test'")

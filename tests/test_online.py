@@ -104,3 +104,14 @@ def test_learn_online_end_to_end_and_resume(tmp_path):
   (third,) = [r for r in resumed if "loss" in r]
   assert third["version"] == 3 and third["cursor"] == 12 and third["feedback"] == 4
   assert third["lag_mean"] == 0.0 and third["reward_mean"] == 0.0
+
+
+def test_stale_candidates_are_skipped():
+  feedback = {"chosen": 0, "candidates": [
+      {"prompt_tokens": [1], "tokens": [2], "logprobs": [-1.0], "policy_version": v,
+       "params": {"temperature": t}} for v, t in ((3, 1.0), (7, 1.0), (7, 0.0))]}
+  counts = {}
+  rows = online_data.rows_of(feedback, kind="chosen", max_tokens=8, counts=counts,
+                             oldest_version=5)
+  assert [(r.reward, r.policy_version) for r in rows] == [(0.0, 7)]
+  assert counts == {"skipped_stale": 1, "skipped_greedy": 1}

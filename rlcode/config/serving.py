@@ -58,6 +58,9 @@ class Online:
     baseline_decay: the moving average's decay per row.
     batch_rows: candidates per update (a fixed shape: the update compiles once per length).
     max_tokens: candidates' tokens beyond this are left out of the update.
+    max_lag: candidates sampled more than this many versions before the learner's are
+      skipped (counted): when users send feedback faster than the learner trains, it keeps
+      to what recent policies did instead of falling ever further behind; None: keep all.
     poll_seconds: how often the learner looks for new feedback.
   """
 
@@ -67,5 +70,6 @@ class Online:
   baseline_decay: float = key(0.95, ge=0, lt=1)
   batch_rows: int = key(16, ge=1)
   max_tokens: int = key(128, ge=1)
+  max_lag: int | None = key(None, ge=0)
   poll_seconds: float = key(0.5, gt=0)
 

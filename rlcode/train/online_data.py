@@ -7,9 +7,9 @@ completion (`online.reward`):
             without an index rejects every candidate)
   kept      the fraction of the candidate's text still there after a while
   feedback  chosen if given, else accepted/rejected, else kept
-Candidates the feedback says nothing about, or that were sampled greedily (temperature 0:
-the behaviour distribution is a point mass, so no importance weight exists) are skipped
-and counted.
+Candidates the feedback says nothing about, that were sampled greedily (temperature 0:
+the behaviour distribution is a point mass, so no importance weight exists) or by a
+version too old (`online.max_lag`) are skipped and counted.
 
 One sample per prompt has no group to compare against, so the advantage is the reward
 minus a baseline (`online.baseline`): "ema", a moving average of the rewards seen, or
@@ -71,9 +71,11 @@ class Baseline:
     return adv
 
 
-def rows_of(feedback: Mapping, *, kind: str, max_tokens: int, counts: dict) -> list[Row]:
+def rows_of(feedback: Mapping, *, kind: str, max_tokens: int, counts: dict,
+            oldest_version: int = 0) -> list[Row]:
   """The training rows of one feedback row (with its "candidates"), advantages not yet
-  set (`with_advantages`); `counts` gathers the skipped candidates by reason."""
+  set (`with_advantages`); candidates sampled by a version before `oldest_version` are
+  skipped; `counts` gathers the skipped candidates by reason."""
   cands: Sequence[Mapping] = feedback["candidates"]
   rewards = rewards_of(feedback, len(cands), kind)
   if not rewards:
@@ -84,6 +86,9 @@ def rows_of(feedback: Mapping, *, kind: str, max_tokens: int, counts: dict) -> l
     cand = cands[i]
     if cand["params"]["temperature"] <= 0:
       counts["skipped_greedy"] = counts.get("skipped_greedy", 0) + 1
+      continue
+    if cand["policy_version"] < oldest_version:
+      counts["skipped_stale"] = counts.get("skipped_stale", 0) + 1
       continue
     out.append(Row(prompt=list(cand["prompt_tokens"]), tokens=list(cand["tokens"][:max_tokens]),
                    logprobs=list(cand["logprobs"][:max_tokens]), reward=reward, advantage=0.0,

@@ -12,7 +12,9 @@ the loss) -> rewards and advantages (rlcode.train.online_data) -> the decoupled-
 correction of every row (rlcode.rl.grpo.make_proximal_fn: each candidate was sampled by
 some earlier version, whose per-token log-probs the log holds; weights pi_now / pi_behav
 truncated at rl.max_importance_weight, as the async loop's stale rows) -> one clipped
-update -> version step + 1 published to workdir/published -> log, checkpoint.
+update -> version step + 1 published to workdir/published -> log, checkpoint. Feedback on
+candidates more than online.max_lag versions old is skipped, so a learner slower than its
+users keeps to what recent policies did.
 
 Re-running the command resumes from the latest checkpoint: the cursor in its meta says
 which feedback it has trained on, so none is trained twice or skipped.
@@ -91,8 +93,9 @@ def train(config, stop=None) -> list[dict]:
             return run.rows
           time.sleep(on.poll_seconds)
           continue
+        oldest = 0 if on.max_lag is None else step - on.max_lag
         got = online_data.rows_of(pending[0], kind=on.reward, max_tokens=on.max_tokens,
-                                  counts=counts)[:rows]
+                                  counts=counts, oldest_version=oldest)[:rows]
         if len(batch_rows) + len(got) > rows:
           break
         batch_rows += online_data.with_advantages(got, baseline, on.baseline)
