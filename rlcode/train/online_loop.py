@@ -22,6 +22,7 @@ which feedback it has trained on, so none is trained twice or skipped.
 
 from __future__ import annotations
 
+import contextlib
 import time
 
 import jax
@@ -55,7 +56,7 @@ def train(config, stop=None) -> list[dict]:
   store = log_lib.InteractionLog(config.serve.log_url or log_lib.default_url(config.workdir))
   publish_dir = server.published_dir(config)
 
-  with scaffold.Run(config, desc="online") as run:
+  with contextlib.closing(store), scaffold.Run(config, desc="online") as run:
     # ════════════════════════════════════════════════════════════ 2. fresh or resumed
     if run.fresh:
       state, _ = trained.fresh(trained.params)
@@ -130,7 +131,6 @@ def train(config, stop=None) -> list[dict]:
         run.save(step + 1, trained.bundle(state, {}),
                  {"cursor": cursor, "baseline": baseline.value, "seed": config.seed,
                   "step": step + 1})
-  store.close()
   return run.rows
 
 
