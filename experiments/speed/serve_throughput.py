@@ -13,7 +13,8 @@ At each concurrency c, c clients (httpx, loopback) send max(16, 2c) requests of 
 tokens each; throughput is completion tokens per wall-clock second. Then the redeploy
 time: while a client keeps asking, new weights are published to the continuous server's
 workdir/published; the time from the file's rename to the first response carrying the new
-policy version (serve.watch_seconds=0.2 polling included), 5 versions.
+policy version: writing the file, the server's polling (serve.watch_seconds=0.2), loading
+and the swap included; `--redeploy-only` measures that alone (10 versions, redeploy.json).
 
 With --transformers (the `transformers` command of a separate environment with torch,
 `pip install torch transformers[serving]`), the same comparison against `transformers
@@ -123,7 +124,10 @@ def start_transformers(command: str, checkpoint: str, flags, log_path: str):
 
 
 async def redeploy(url: str, workdir: str, versions: int) -> list[float]:
-  """Seconds from a version's publication to the first response that carries it."""
+  """Seconds from the end of an update (the weights in hand, before they are written) to
+  the first response that carries them; each version after a random pause, so the
+  server's polling is not in step with the publications."""
+  import random
   from flax import nnx
 
   from rlcode.config import loader
@@ -137,8 +141,9 @@ async def redeploy(url: str, workdir: str, versions: int) -> list[float]:
   out = []
   async with httpx.AsyncClient(base_url=url, timeout=600) as http:
     for version in range(1, versions + 1):
-      weights.publish(os.path.join(workdir, "published"), version, params)
+      await asyncio.sleep(random.Random(version).uniform(0.0, 0.5))
       published = time.perf_counter()
+      weights.publish(os.path.join(workdir, "published"), version, params)
       while True:
         r = await http.post("/v1/completions", json={"model": MODEL, "prompt": "x",
                                                      "max_tokens": 1})
@@ -153,12 +158,27 @@ def main():
   parser.add_argument("--clients", default="1,4,16,64")
   parser.add_argument("--tokens", type=int, default=32)
   parser.add_argument("--versions", type=int, default=5)
+  parser.add_argument("--redeploy-only", action="store_true")
   parser.add_argument("--transformers", default="",
                       help="the `transformers` command of an environment with torch")
   parser.add_argument("--out", default=os.path.join(ROOT, "experiments", "out", "serve_speed"))
   args = parser.parse_args()
   os.makedirs(args.out, exist_ok=True)
   levels = [int(c) for c in args.clients.split(",")]
+  if args.redeploy_only:
+    workdir = os.path.join(args.out, "redeploy")
+    proc, url = start_server(CONFIG, [f"--config.workdir={workdir}",
+                                      "--config.online.init_from=", *ARMS["continuous"]],
+                             os.path.join(args.out, "redeploy.log"))
+    try:
+      times = asyncio.run(redeploy(url, workdir, 10))
+    finally:
+      proc.stop()
+    print("redeploy seconds", times, "median", statistics.median(times))
+    results.write("speed", "serve_throughput", {"redeploy_seconds": times,
+                                                "redeploy_median_s": statistics.median(times)},
+                  filename="redeploy.json")
+    return
   table, servers = {}, {}  # arm -> (process, url, workdir, model name)
   try:
     for arm, flags in ARMS.items():
