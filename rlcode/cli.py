@@ -1,4 +1,5 @@
-"""`rlcode <command> ...`: train, eval, sample, plot, mine, plan, config, export.
+"""`rlcode <command> ...`: train, eval, sample, serve, learn-online, plot, mine, plan, config,
+export.
 
     rlcode train  --config configs/grpo_tiny.py [--config.a.b=value ...]
                   [--coordinator HOST:PORT --num-processes N --process-id I]
@@ -8,6 +9,9 @@
     rlcode eval   --config configs/grpo_tiny.py --checkpoint workdirs/grpo_tiny
     rlcode eval   ... --select first,majority,rm,oracle --k 1,4,16,64 [--rm workdirs/rm_choices]
     rlcode sample --config configs/sample_tiny.py
+    rlcode serve  --checkpoint WORKDIR | --config configs/online_tiny.py [--host H --port P]
+                  [--api-key-file F]
+    rlcode learn-online --config configs/online_tiny.py
     rlcode plot   workdirs/grpo_tiny
     rlcode mine   data/repos/more-itertools.bundle --out /tmp/tfds [--granularity hunk ...]
     rlcode plan   --config configs/qwen2_7b_plan.py --devices gb200-nvl72 --mesh data=8,fsdp=8
@@ -65,6 +69,17 @@ def _parse(argv: Sequence[str]):
                   "first, majority, rm, oracle (selector@k instead of pass@k)")
   ev.add_argument("--rm", default="", help="the reward model's workdir, for --select rm")
   ev.add_argument("--inputs", default="tests", help="majority vote's inputs: tests or prompt")
+  srv = commands.add_parser("serve", help="an OpenAI-compatible HTTP server of a policy, "
+                            "logging every completion and its users' feedback")
+  srv.add_argument("--config", help=config_help)
+  srv.add_argument("--checkpoint", help="a training workdir (or its warm_start/) to serve")
+  srv.add_argument("--host", default="127.0.0.1", help="the address to listen on")
+  srv.add_argument("--port", type=int, default=8000, help="the port (0: one the OS picks)")
+  srv.add_argument("--api-key-file", default=None,
+                   help="a file holding the API key clients must send (default: none)")
+  online = commands.add_parser("learn-online", help="update the served policy from the "
+                               "feedback in the interaction log, publishing each version")
+  online.add_argument("--config", required=True, help=config_help)
   plot = commands.add_parser("plot", help="PNG curves of a workdir's metrics.jsonl")
   plot.add_argument("workdir")
   plan = commands.add_parser("plan", help="per-device memory, FLOPs, collectives and time of a "
@@ -229,6 +244,15 @@ def _run(parser, args, overrides) -> None:
     from rlcode.runs import export
     print(export.export(args.checkpoint, args.out, peft=args.peft,
                         max_shard_gb=args.max_shard_gb))
+  elif args.command == "serve":
+    _serve(parser, args, overrides)
+  elif args.command == "learn-online":
+    config = loader.load_config(args.config, overrides)
+    if config.trainer != "online":
+      raise BadInput(f"rlcode learn-online runs configs whose trainer is 'online'; "
+                     f"{args.config} has trainer {config.trainer!r}")
+    from rlcode.train import online_loop
+    online_loop.train(config)
   else:
     config = loader.load_config(args.config, overrides)
     if config.trainer != "sample":
@@ -236,6 +260,17 @@ def _run(parser, args, overrides) -> None:
                      f"has trainer {config.trainer!r} (rlcode train runs it)")
     from rlcode.sampling import job
     job.sample(config)
+
+
+def _serve(parser, args, overrides) -> None:
+  if not (args.config or args.checkpoint):
+    parser.error("serve needs --config or --checkpoint")
+  if not 0 <= args.port <= 65535:
+    raise BadInput(f"--port {args.port}: expected 0 (the OS picks) to 65535")
+  config = loader.load_config(args.config, overrides) if args.config else None
+  from rlcode.serve import server
+  server.serve(config, checkpoint=args.checkpoint, host=args.host, port=args.port,
+               api_key_file=args.api_key_file)
 
 
 # What `rlcode train` runs for each config.trainer: (module, function).

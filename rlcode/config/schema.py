@@ -21,11 +21,12 @@ from typing import Any
 
 from rlcode.config.fields import Lazy, key
 from rlcode.config.policy import Mesh, Model
+from rlcode.config.serving import Online, Serve
 from rlcode.data.git.config import MiningConfig
 from rlcode.data.sections.tasks import SectionOptions
 from rlcode.optim.adamw import OptimizerConfig
 
-TRAINERS = ("grpo", "agent", "rm", "sample")
+TRAINERS = ("grpo", "agent", "rm", "sample", "online")
 SOURCES = ("jsonl", "humaneval", "git", "sections", "choices")
 
 
@@ -147,7 +148,7 @@ class RL:
   log_kl: bool = key(False)
   length_multiple: int = key(32, ge=1, only=("grpo",))
   max_staleness: int = key(0, ge=0, only=("grpo",))
-  max_importance_weight: float = key(2.0, ge=1, only=("grpo",))
+  max_importance_weight: float = key(2.0, ge=1, only=("grpo", "online"))
   sample_version: str = key("latest", choices=("latest", "oldest"), only=("grpo",))
   expert_slots: int = key(0, ge=0, only=("agent",))
   exclude_task_ids: str | None = key(None, only=("agent",))
@@ -390,8 +391,8 @@ class Config:
 
   Attributes:
     trainer: what `rlcode train` runs: "grpo" (GRPO on single-turn tasks), "agent" (GRPO
-      over tool-use episodes), "rm" (a reward model on choices) or "sample" (`rlcode
-      sample`).
+      over tool-use episodes), "rm" (a reward model on choices), "sample" (`rlcode
+      sample`) or "online" (`rlcode serve` and `rlcode learn-online`).
     workdir: where the run writes metrics, checkpoints and its config.
     seed: every random draw derives from it.
     mesh: the trainer's device mesh.
@@ -411,6 +412,8 @@ class Config:
     sampling: `rlcode sample`'s sampling.
     prompts: `rlcode sample`'s prompts.
     plan: `rlcode plan`'s shapes.
+    serve: `rlcode serve`'s server.
+    online: `rlcode learn-online`'s learner.
     logging: metrics writers.
   """
 
@@ -433,6 +436,8 @@ class Config:
   sampling: Sampling = key({})
   prompts: tuple[str, ...] = key((), check=lambda p: bool(p), allowed="at least one prompt")
   plan: Plan = key({})
+  serve: Serve = key({})
+  online: Online = key({})
   logging: Logging = key({})
 
 
@@ -443,7 +448,8 @@ TRAINER_SECTIONS = {
     "agent": _COMMON + ("data", "rewards", "reward_options", "rl", "optimizer", "warmstart",
                         "train", "eval", "agent"),
     "rm": _COMMON + ("data", "rm", "optimizer", "train"),
-    "sample": _COMMON + ("sampling", "prompts"),
+    "sample": _COMMON + ("sampling", "prompts", "serve"),
+    "online": _COMMON + ("data", "rl", "optimizer", "train", "serve", "online"),
 }
 
 # Derived keys: (key, the key it follows, the trainers it is derived for).

@@ -1,0 +1,58 @@
+"""Servers and learners in subprocesses, for the serving experiments: their output kept in a
+log file, waits on what they print (never fixed sleeps), SIGTERM then SIGKILL to stop."""
+
+from __future__ import annotations
+
+import queue
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+from experiments.lib import ROOT
+
+
+class Process:
+  """A subprocess whose output is kept; `wait_for(text)` blocks until a line has it."""
+
+  def __init__(self, args, log_path):
+    self.log = open(log_path, "w")
+    self.proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE,
+                                 stderr=subprocess.STDOUT, text=True)
+    self.lines: queue.Queue = queue.Queue()
+    threading.Thread(target=self._read, daemon=True).start()
+
+  def _read(self):
+    for line in self.proc.stdout:
+      self.log.write(line)
+      self.log.flush()
+      self.lines.put(line)
+    self.lines.put(None)
+
+  def wait_for(self, text, timeout=600) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+      line = self.lines.get(timeout=max(deadline - time.monotonic(), 0.01))
+      if line is None:
+        raise RuntimeError(f"the process ended before saying {text!r}; see {self.log.name}")
+      if text in line:
+        return line
+
+  def stop(self):
+    if self.proc.poll() is None:
+      self.proc.send_signal(signal.SIGTERM)
+      try:
+        self.proc.wait(120)
+      except subprocess.TimeoutExpired:
+        self.proc.kill()
+        self.proc.wait()
+
+
+
+def start_server(config: str, flags, log_path: str) -> tuple[Process, str]:
+  """`rlcode serve --config CONFIG FLAGS --port 0`; (the process, its base URL) once it listens."""
+  server = Process([sys.executable, "-m", "rlcode", "serve", "--config", config, *flags,
+                    "--port", "0"], log_path)
+  line = server.wait_for("listening on ")
+  return server, line.split("listening on ")[1].split()[0]

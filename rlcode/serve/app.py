@@ -1,0 +1,399 @@
+"""The HTTP API: OpenAI's completions, chat completions and models, plus feedback, health and
+metrics, on FastAPI (Starlette under uvicorn).
+
+    POST /v1/completions        prompt (text or token ids) -> n candidates
+    POST /v1/chat/completions   messages (+ tools) through the checkpoint's chat template
+    GET  /v1/models             the one model served
+    POST /v1/feedback           what the user did with a completion (idempotent by id)
+    GET  /health                {"status": "ok", "policy_version": ...}; no key needed
+    GET  /metrics               requests, errors, queue depth, busy slots, tokens/s, version
+
+A request's tokens come from the engine thread (rlcode.serve.engine) through the event
+loop; every completion is written to the interaction log before the response (or the
+stream's last event) is sent, so a 2xx means it is stored. Responses carry the policy
+version that sampled them ("policy_version", and the X-Policy-Version header). Refusals are
+OpenAI error objects; the body size limit and the API key are checked before FastAPI
+reads the body.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import dataclasses
+import hmac
+import json
+import logging
+import secrets
+import time
+import uuid
+
+import anyio
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse, StreamingResponse
+from starlette.exceptions import HTTPException
+
+from rlcode.models import chat_template
+from rlcode.serve import engine as engine_lib
+from rlcode.serve import log as log_lib
+from rlcode.serve import protocol, responses, weights
+from rlcode.serve.protocol import APIError
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class Served:
+  """What the app serves: the engine and the policy's text side, the log, the settings."""
+
+  engine: engine_lib.Engine
+  tokenizer: object
+  template: chat_template.ChatTemplate | None
+  name: str
+  log: log_lib.InteractionLog
+  serve: object  # the config's serve section
+  api_key: str | None = None
+  publish_dir: str | None = None
+  stop_ids: tuple[int, ...] = ()
+  chat_stop_ids: tuple[int, ...] = ()
+  counters: dict = dataclasses.field(default_factory=dict)
+  rate: list = dataclasses.field(default_factory=list)
+  started: float = dataclasses.field(default_factory=time.time)
+
+  def count(self, key: str) -> None:
+    self.counters[key] = self.counters.get(key, 0) + 1
+
+
+def _error_response(error: APIError) -> JSONResponse:
+  return JSONResponse(error.body(), status_code=error.status)
+
+
+class Gate:
+  """ASGI middleware: the API key, then the body size (read whole, up to the limit, before
+  the app sees it), each refused with an OpenAI error object."""
+
+  def __init__(self, app, served: Served):
+    self.app, self.served = app, served
+
+  async def __call__(self, scope, receive, send):
+    if scope["type"] != "http":
+      return await self.app(scope, receive, send)
+    headers = dict(scope["headers"])
+    refuse = None
+    if self.served.api_key is not None and scope["path"] != "/health":
+      given = headers.get(b"authorization", b"").decode("latin-1")
+      token = given[7:] if given.startswith("Bearer ") else ""
+      if not hmac.compare_digest(token.encode(), self.served.api_key.encode()):
+        refuse = APIError(401, "a valid API key is needed (Authorization: Bearer KEY)",
+                          type="authentication_error", code="invalid_api_key")
+    limit = self.served.serve.max_body_bytes
+    length = headers.get(b"content-length")
+    if refuse is None and length is not None and (not length.isdigit() or int(length) > limit):
+      refuse = APIError(413, f"the body exceeds {limit} bytes", code="body_too_large")
+    body, more = b"", True
+    while refuse is None and more:
+      message = await receive()
+      if message["type"] == "http.disconnect":
+        return
+      body += message.get("body", b"")
+      more = message.get("more_body", False)
+      if len(body) > limit:
+        refuse = APIError(413, f"the body exceeds {limit} bytes", code="body_too_large")
+    if refuse is not None:
+      self.served.count(f"errors_{refuse.status}")
+      return await _error_response(refuse)(scope, receive, send)
+    replayed = False
+
+    async def replay():
+      nonlocal replayed
+      if not replayed:
+        replayed = True
+        return {"type": "http.request", "body": body, "more_body": False}
+      return await receive()
+    return await self.app(scope, replay, send)
+
+
+def create_app(served: Served) -> FastAPI:
+  @contextlib.asynccontextmanager
+  async def lifespan(app):
+    watcher = asyncio.create_task(_watch(served))
+    try:
+      yield
+    finally:
+      watcher.cancel()
+      await anyio.to_thread.run_sync(served.engine.stop)
+      served.log.close()
+
+  app = FastAPI(lifespan=lifespan, docs_url=None, redoc_url=None, openapi_url=None)
+
+  @app.exception_handler(APIError)
+  async def _api_error(request, exc: APIError):
+    served.count(f"errors_{exc.status}")
+    return _error_response(exc)
+
+  @app.exception_handler(RequestValidationError)
+  async def _invalid(request, exc):
+    return await _api_error(request, protocol.validation_error(exc))
+
+  @app.exception_handler(HTTPException)
+  async def _http(request, exc: HTTPException):
+    return await _api_error(request, APIError(exc.status_code, str(exc.detail),
+                                              code="not_found" if exc.status_code == 404 else None))
+
+  @app.exception_handler(Exception)
+  async def _bug(request, exc):
+    log.exception("a request failed")
+    return await _api_error(request, APIError(500, f"internal error: {type(exc).__name__}",
+                                              type="server_error"))
+
+  @app.get("/health")
+  async def health():
+    return {"status": "ok", "policy_version": served.engine.version}
+
+  @app.get("/metrics")
+  async def metrics():
+    return _metrics(served)
+
+  @app.get("/v1/models")
+  async def models():
+    served.count("requests_models")
+    return {"object": "list", "data": [{"id": served.name, "object": "model",
+                                        "created": int(served.started), "owned_by": "rlcode",
+                                        "policy_version": served.engine.version}]}
+
+  @app.post("/v1/completions")
+  async def completions(body: protocol.CompletionRequest):
+    served.count("requests_completions")
+    prompt = (body.prompt if isinstance(body.prompt, list)
+              else served.tokenizer.encode(body.prompt))
+    return await _generate(served, body, prompt, chat=False)
+
+  @app.post("/v1/chat/completions")
+  async def chat(body: protocol.ChatRequest):
+    served.count("requests_chat")
+    try:
+      messages = body.template_messages()
+    except ValueError as e:
+      raise APIError(400, str(e), param="messages", code="invalid_value") from None
+    if served.template is not None:
+      text = served.template.render(messages, tools=body.tools, add_generation_prompt=True)
+      prompt = chat_template.encode(served.tokenizer, text)
+    else:
+      prompt = served.tokenizer.encode(chat_template.fallback_prompt(messages, body.tools))
+    return await _generate(served, body, prompt, chat=True)
+
+  @app.post("/v1/feedback")
+  async def feedback(body: protocol.FeedbackRequest):
+    served.count("requests_feedback")
+    record = body.model_dump(exclude_none=True)
+    try:
+      new = await anyio.to_thread.run_sync(served.log.feedback, record)
+    except log_lib.UnknownCompletion:
+      raise APIError(404, f"no completion {body.id!r} in the log", param="id",
+                     code="unknown_completion") from None
+    except log_lib.Conflict as e:
+      raise APIError(409, str(e), param="id", code="conflict") from None
+    except ValueError as e:
+      raise APIError(400, str(e), code="invalid_value") from None
+    return {"id": body.id, "object": "feedback", "recorded": new}
+
+  return Gate(app, served)
+
+
+def _check(served: Served, body, prompt: list[int]) -> int:
+  """The request's budget after checking it against the model and the context."""
+  cfg = served.engine.cfg
+  if body.model != served.name:
+    raise APIError(404, f"the model {body.model!r} does not exist; this server serves "
+                   f"{served.name!r}", param="model", code="model_not_found")
+  if not prompt:
+    raise APIError(400, "the prompt is empty", param="prompt", code="invalid_value")
+  if max(prompt) >= cfg.vocab_size:
+    raise APIError(400, f"token ids must be below {cfg.vocab_size}", param="prompt",
+                   code="invalid_value")
+  context = cfg.max_seq_len
+  if len(prompt) >= context:
+    raise APIError(400, f"the prompt has {len(prompt)} tokens; the model's context is "
+                   f"{context} tokens", param="prompt", code="context_length_exceeded")
+  n_max = min(served.serve.max_n, served.engine.slots)
+  if body.n > n_max:
+    raise APIError(400, f"n={body.n}: at most {n_max}", param="n", code="invalid_value")
+  budget = body.max_tokens
+  if budget is None:
+    budget = min(served.serve.default_max_tokens, context - len(prompt))
+  if budget > context:
+    raise APIError(400, f"max_tokens={budget} is out of range (1 to {context})",
+                   param="max_tokens", code="invalid_value")
+  if len(prompt) + budget > context:
+    raise APIError(400, f"the prompt's {len(prompt)} tokens and max_tokens={budget} exceed "
+                   f"the model's context of {context} tokens", param="max_tokens",
+                   code="context_length_exceeded")
+  if served.engine.queue_depth() >= served.serve.max_queue:
+    raise APIError(429, "the server's queue is full; retry later", type="rate_limit_error",
+                   code="queue_full")
+  return budget
+
+
+async def _generate(served: Served, body, prompt: list[int], *, chat: bool):
+  budget = _check(served, body, prompt)
+  stop_ids = served.chat_stop_ids if chat else served.stop_ids
+  text = responses.Text(served.tokenizer, stop_ids, body.stop)
+  seed = body.seed if body.seed is not None else secrets.randbits(32)
+  loop = asyncio.get_running_loop()
+  done: asyncio.Future = loop.create_future()
+  queue: asyncio.Queue | None = asyncio.Queue() if body.stream else None
+
+  def on_done(result):
+    loop.call_soon_threadsafe(lambda: done.done() or done.set_result(result))
+
+  def on_token(c, tok, lp, top):
+    if queue is not None:
+      loop.call_soon_threadsafe(queue.put_nowait, (c, tok))
+
+  request = engine_lib.Request(
+      prompt=prompt, max_tokens=budget, n=body.n, temperature=body.temperature,
+      top_p=body.top_p, seed=seed, stop_tokens=stop_ids,
+      stop_check=(lambda c, toks: text.stopped(toks)) if body.stop else None,
+      on_token=on_token, on_done=on_done)
+  served.engine.submit(request)
+  rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
+  params = {"temperature": body.temperature, "top_p": body.top_p, "seed": seed,
+            "max_tokens": budget, "stop": body.stop, "endpoint": "chat" if chat else "completions"}
+  if body.stream:
+    return StreamingResponse(_stream(served, body, rid, request, text, params, done, queue, chat),
+                             media_type="text/event-stream")
+  result = await done
+  if result.error is not None:
+    raise APIError(500, "generation failed", type="server_error")
+  out = _choices(served, body, result, text, chat)
+  await _record(served, rid, prompt, result, out, text, params)
+  return JSONResponse(
+      {"id": rid, "object": "chat.completion" if chat else "text_completion",
+       "created": int(time.time()), "model": served.name, "choices": out,
+       "usage": responses.usage(len(prompt), result.candidates),
+       "policy_version": result.policy_version},
+      headers={"X-Policy-Version": str(result.policy_version)})
+
+
+def _choices(served, body, result, text, chat: bool) -> list[dict]:
+  out = []
+  for i, cand in enumerate(result.candidates):
+    content = text.final(cand.tokens)
+    reason = cand.finish_reason
+    if not chat:
+      choice = {"index": i, "text": content, "finish_reason": reason, "logprobs": None}
+      if body.logprobs is not None:
+        choice["logprobs"] = responses.completion_logprobs(
+            served.tokenizer, cand.tokens, cand.logprobs, cand.top, body.logprobs)
+      out.append(choice)
+      continue
+    message = {"role": "assistant", "content": content}
+    if body.tools:
+      message["content"], calls = responses.tool_calls(content)
+      if calls:
+        message["tool_calls"] = calls
+        reason = "tool_calls"
+    choice = {"index": i, "message": message, "finish_reason": reason, "logprobs": None}
+    if body.logprobs:
+      choice["logprobs"] = responses.chat_logprobs(served.tokenizer, cand.tokens, cand.logprobs,
+                                                   cand.top, body.top_logprobs or 0)
+    out.append(choice)
+  return out
+
+
+async def _record(served, rid, prompt, result, choices, text, params) -> None:
+  """The candidates in the log (their text as sampled, tool calls unparsed)."""
+  rows = [log_lib.Served(
+      id=rid, index=i, policy_version=result.policy_version, model=served.name,
+      prompt_tokens=prompt, tokens=c.tokens, logprobs=c.logprobs, text=text.final(c.tokens),
+      finish_reason=ch["finish_reason"], params=params, n=len(result.candidates))
+      for i, (c, ch) in enumerate(zip(result.candidates, choices))]
+  await anyio.to_thread.run_sync(served.log.record, rows)
+
+
+async def _stream(served, body, rid, request, text, params, done, queue, chat):
+  """Server-sent events: a chunk per decoded piece of text, the finish reasons, [DONE]."""
+  kind = "chat.completion.chunk" if chat else "text_completion"
+  sent = [""] * request.n
+  tokens = [[] for _ in range(request.n)]
+
+  def chunk(i, piece, reason=None, extra=None):
+    if chat:
+      delta = {"content": piece} if piece else {}
+      delta.update(extra or {})
+      choice = {"index": i, "delta": delta, "finish_reason": reason, "logprobs": None}
+    else:
+      choice = {"index": i, "text": piece, "finish_reason": reason, "logprobs": None}
+    event = {"id": rid, "object": kind, "created": int(time.time()), "model": served.name,
+             "choices": [choice], "policy_version": served.engine.version}
+    return f"data: {json.dumps(event)}\n\n"
+
+  if chat:
+    for i in range(request.n):
+      yield chunk(i, "", extra={"role": "assistant"})
+  while not (done.done() and queue.empty()):
+    getter = asyncio.ensure_future(queue.get())
+    finished, _ = await asyncio.wait({getter, done}, return_when=asyncio.FIRST_COMPLETED)
+    if getter not in finished:
+      getter.cancel()
+      continue
+    c, tok = getter.result()
+    tokens[c].append(tok)
+    # With tools the text may be a call: it is sent whole at the end, parsed.
+    safe = "" if chat and body.tools else text.safe(tokens[c])
+    if len(safe) > len(sent[c]):
+      yield chunk(c, safe[len(sent[c]):])
+      sent[c] = safe
+  result = done.result()
+  if result.error is not None:
+    error = APIError(500, "generation failed", type="server_error").body()
+    yield f"data: {json.dumps(error)}\n\n"
+    return
+  final = _choices(served, body, result, text, chat)
+  for i, choice in enumerate(final):
+    extra = None
+    if chat:
+      content = choice["message"]["content"] or ""
+      if "tool_calls" in choice["message"]:
+        extra = {"tool_calls": [dict(call, index=j)
+                                for j, call in enumerate(choice["message"]["tool_calls"])]}
+    else:
+      content = choice["text"]
+    rest = content[len(sent[i]):] if content.startswith(sent[i]) else ""
+    if rest or extra:
+      yield chunk(i, rest, None, extra)
+    yield chunk(i, "", choice["finish_reason"])
+  await _record(served, rid, request.prompt, result, final, text, params)
+  yield "data: [DONE]\n\n"
+
+
+def _metrics(served: Served) -> dict:
+  eng = served.engine
+  now, tokens = time.time(), eng.stats["tokens"]
+  served.rate.append((now, tokens))
+  served.rate[:] = [(t, n) for t, n in served.rate if now - t <= 60]
+  t0, n0 = served.rate[0]
+  return {"policy_version": eng.version, "queue_depth": eng.queue_depth(),
+          "busy_slots": eng.busy_slots(), "slots": eng.slots, "tokens_total": tokens,
+          "tokens_per_s": (tokens - n0) / (now - t0) if now > t0 else 0.0,
+          "engine_steps": eng.stats["steps"], "weight_swaps": eng.stats["swaps"],
+          "uptime_s": now - served.started, **served.counters}
+
+
+async def _watch(served: Served) -> None:
+  """Swaps in weights newer than the served ones as they are published."""
+  every = served.serve.watch_seconds
+  if not served.publish_dir or every <= 0:
+    return
+  while True:
+    await asyncio.sleep(every)
+    try:
+      version = weights.newest(served.publish_dir)
+      if version is not None and version > served.engine.version:
+        state = await anyio.to_thread.run_sync(weights.load, served.publish_dir, version,
+                                               served.engine.state)
+        served.engine.publish(version, state)
+        log.info("policy version %d published", version)
+    except Exception:  # a bad file must not take the server down; it is tried again
+      log.exception("loading published weights failed")

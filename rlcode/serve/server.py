@@ -1,0 +1,191 @@
+"""`rlcode serve`: the policy of a config or a checkpoint, behind the HTTP API, under uvicorn.
+
+    rlcode serve --checkpoint WORKDIR [--host 127.0.0.1] [--port 8000] [--api-key-file F]
+    rlcode serve --config configs/online_tiny.py [--config.serve.slots=32 ...]
+
+What is served: `--checkpoint` a training workdir's latest policy (or its warm_start/),
+with the run's recorded config; `--config` the config's model as built (model.hf_path, or
+the arch from config.seed), and for an online config (trainer "online") the newest
+version published in workdir/published, else online.init_from. The server listens on one
+socket it binds itself (port 0: the OS chooses) and prints `listening on http://HOST:PORT`
+once it answers; SIGTERM (or Ctrl-C) stops taking connections and lets the requests in
+flight finish (serve.graceful_seconds) before it exits.
+
+Uvicorn under FastAPI (docs/design.md says why). One process, one engine thread, one
+device: the policies served here fit one.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import socket
+
+from rlcode.errors import BadInput, MissingInput
+from rlcode.models import chat_template
+from rlcode.parallel import sharding
+from rlcode.serve import engine as engine_lib
+from rlcode.serve import log as log_lib
+from rlcode.serve import weights
+
+log = logging.getLogger(__name__)
+PUBLISHED = "published"
+
+
+def published_dir(config) -> str:
+  return os.path.join(config.workdir, PUBLISHED)
+
+
+def initial_policy(config, mesh):
+  """(model, tokenizer, where from) an online run starts from: online.init_from (with its
+  run's recorded config), else config.model as built."""
+  from rlcode.config.record import recorded_config
+  from rlcode.evaluation import policy_eval
+  from rlcode.models.build import build_model
+  init = config.online.init_from
+  if init:
+    model, tokenizer, step, where = policy_eval.restore_policy(
+        recorded_config(init, "online.init_from"), init, mesh)
+    return model, tokenizer, f"{where}@{step}"
+  model, tokenizer = build_model(config.model, mesh, config.seed)
+  return model, tokenizer, "config.model"
+
+
+def load_policy(config, checkpoint: str | None):
+  """(model, tokenizer, version, where it came from) of what `rlcode serve` serves."""
+  from flax import nnx
+
+  from rlcode.config.record import recorded_config
+  from rlcode.evaluation import policy_eval
+  from rlcode.models.build import build_model
+  mesh = sharding.make_mesh()  # one device: the engine's programs are single-device
+  if checkpoint:
+    saved = recorded_config(checkpoint, "--checkpoint")
+    model, tokenizer, step, where = policy_eval.restore_policy(saved, checkpoint, mesh)
+    return model, tokenizer, 0, f"{where}@{step}"
+  if config.trainer != "online":
+    model, tokenizer = build_model(config.model, mesh, config.seed)
+    return model, tokenizer, 0, "config.model"
+  model, tokenizer, source = initial_policy(config, mesh)
+  version = weights.newest(published_dir(config))
+  if version is not None:  # what the learner published last
+    graphdef, state = nnx.split(model)
+    model = nnx.merge(graphdef, weights.load(published_dir(config), version, state))
+    return model, tokenizer, version, f"{published_dir(config)}@{version}"
+  return model, tokenizer, 0, source
+
+
+def template_for(config):
+  """The chat template: serve.chat_template, else the checkpoint's or tokenizer's
+  directory's, else None (the compact fallback)."""
+  from rlcode.models.tokenizer import split_tokenizer_name
+  if config is not None and config.serve.chat_template:
+    path = config.serve.chat_template
+    if path.endswith(".jinja") and os.path.isfile(path):
+      with open(path, encoding="utf-8") as f:
+        return chat_template.ChatTemplate({"default": f.read()}, {})
+    found = chat_template.load_chat_template(path)
+    if found is None:
+      raise MissingInput(f"serve.chat_template={path!r}: no chat template there")
+    return found
+  model_cfg = (config.model if config is not None else None)
+  for path in (model_cfg.hf_path if model_cfg else None,
+               split_tokenizer_name(model_cfg.tokenizer)[0] if model_cfg and
+               model_cfg.tokenizer else None):
+    if path and os.path.isdir(path):
+      found = chat_template.load_chat_template(path)
+      if found is not None:
+        return found
+  return None
+
+
+def build(config, checkpoint: str | None = None, api_key: str | None = None):
+  """The app's `Served` (the engine started, warmed up on one request) and the config used."""
+  from rlcode.config.record import recorded_config
+  from rlcode.serve.app import Served
+  if config is None:
+    config = recorded_config(checkpoint, "--checkpoint")
+  serve = config.serve if "serve" in config else _default_serve()
+  model, tokenizer, version, source = load_policy(config, checkpoint)
+  template = template_for(config)
+  eng = engine_lib.Engine(model, slots=serve.slots, version=version, mode=serve.batching)
+  chat_stops = tuple(tokenizer.eos_ids)
+  if template is not None:
+    eos = template.special_tokens.get("eos_token")
+    eos_id = tokenizer.special_id(eos) if eos else None
+    if eos_id is not None and eos_id not in chat_stops:
+      chat_stops += (eos_id,)
+  workdir = config.workdir if not checkpoint else _workdir_of(checkpoint)
+  served = Served(
+      engine=eng, tokenizer=tokenizer, template=template,
+      name=serve.model_name or "rlcode",
+      log=log_lib.InteractionLog(serve.log_url or log_lib.default_url(workdir)), serve=serve,
+      api_key=api_key, publish_dir=published_dir(config) if config.trainer == "online" else None,
+      stop_ids=tuple(tokenizer.eos_ids), chat_stop_ids=chat_stops)
+  warm_up(eng)
+  log.info("serving %s (policy version %d)", source, version)
+  return served
+
+
+def warm_up(eng: engine_lib.Engine) -> None:
+  """One request through the engine, so the first client does not wait for compiles of
+  the step and of the smallest prefill."""
+  import threading
+  done = threading.Event()
+  eng.submit(engine_lib.Request(prompt=[0], max_tokens=2, temperature=0.0,
+                                on_done=lambda r: done.set()))
+  done.wait()
+
+
+def _default_serve():
+  from rlcode.config import loader
+  return loader.resolve({"trainer": "sample", "workdir": ".", "prompts": ("x",)}).serve
+
+
+def _workdir_of(checkpoint: str) -> str:
+  path = os.path.abspath(checkpoint)
+  for where in (path, os.path.dirname(path)):
+    if os.path.isfile(os.path.join(where, "config.json")):
+      return where
+  return path
+
+
+def read_api_key(path: str | None) -> str | None:
+  if not path:
+    return None
+  if not os.path.isfile(path):
+    raise MissingInput(f"--api-key-file {path!r}: no such file")
+  with open(path, encoding="utf-8") as f:
+    key = f.read().strip()
+  if not key:
+    raise BadInput(f"--api-key-file {path!r} is empty")
+  return key
+
+
+def serve(config, *, checkpoint: str | None, host: str, port: int,
+          api_key_file: str | None) -> None:
+  """Runs the server until SIGTERM or SIGINT."""
+  import uvicorn
+
+  from rlcode.serve.app import create_app
+  api_key = read_api_key(api_key_file)
+  sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+  sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+  try:
+    sock.bind((host, port))
+  except OSError as e:
+    raise BadInput(f"--host {host} --port {port}: cannot listen there ({e.strerror})") from None
+  served = build(config, checkpoint, api_key)
+  app = create_app(served)
+
+  class Announcing(uvicorn.Server):
+    async def startup(self, sockets=None):
+      await super().startup(sockets)
+      bound = sock.getsockname()
+      print(f"rlcode serve: listening on http://{bound[0]}:{bound[1]} "
+            f"(policy version {served.engine.version})", flush=True)
+
+  server = Announcing(uvicorn.Config(
+      app, log_level="warning", timeout_graceful_shutdown=int(served.serve.graceful_seconds),
+      access_log=False, lifespan="on"))
+  server.run(sockets=[sock])

@@ -1,0 +1,117 @@
+"""The online learner: rewards of feedback, baselines, and `learn-online` end to end on a
+real interaction log (real samples, their behaviour log-probs), with resume by cursor."""
+
+import os
+
+import numpy as np
+import pytest
+from flax import nnx
+
+import serving
+from rlcode.rl import logprobs as logprobs_lib
+from rlcode.sampling import generate
+from rlcode.serve import log as log_lib
+from rlcode.serve import weights
+from rlcode.train import online_data, online_loop
+
+
+def test_rewards_of_each_kind():
+  assert online_data.rewards_of({"chosen": 1}, 3, "feedback") == {0: 0.0, 1: 1.0, 2: 0.0}
+  assert online_data.rewards_of({"accepted": True}, 1, "feedback") == {0: 1.0}
+  assert online_data.rewards_of({"accepted": False}, 3, "feedback") == {0: 0.0, 1: 0.0, 2: 0.0}
+  assert online_data.rewards_of({"accepted": True, "index": 2}, 3, "feedback") == {2: 1.0}
+  assert online_data.rewards_of({"kept": 0.25, "index": 1}, 2, "feedback") == {1: 0.25}
+  assert online_data.rewards_of({"kept": 0.25}, 1, "chosen") == {}
+  assert online_data.rewards_of({"chosen": 0, "kept": 0.5}, 2, "kept") == {0: 0.5}
+
+
+def test_baselines():
+  base = online_data.Baseline(0.5)
+  assert [base.advantage(r) for r in (1.0, 0.0, 1.0)] == [0.0, -1.0, 0.5]
+  rows = [online_data.Row([1], [2], [-1.0], r, 0.0, 0) for r in (1.0, 0.0, 0.0)]
+  loo = online_data.with_advantages(rows, online_data.Baseline(0.9), "loo")
+  assert [r.advantage for r in loo] == [1.0, -0.5, -0.5]
+
+
+def _serve_into(store, model, tokenizer, prompts, k, seed, version):
+  """Samples k candidates of each prompt as the server would and logs them; returns ids."""
+  gen = generate(model, prompts, max_new_tokens=12, temperature=1.0, group_size=k, seed=seed,
+                 stop_tokens=tokenizer.eos_ids, pad_id=tokenizer.pad_id)
+  ids = []
+  for p, prompt in enumerate(prompts):
+    rid = f"cmpl-{seed}-{p}"
+    rows = []
+    for i in range(k):
+      r = p * k + i
+      n = int(gen.lengths[r])
+      rows.append(log_lib.Served(
+          id=rid, index=i, policy_version=version, model="m", prompt_tokens=prompt,
+          tokens=gen.tokens[r, :n].tolist(), logprobs=gen.logprobs[r, :n].tolist(),
+          text=tokenizer.decode(gen.tokens[r, :n]), finish_reason="length",
+          params={"temperature": 1.0, "top_p": 1.0}, n=k))
+    store.record(rows)
+    ids.append(rid)
+  return ids
+
+
+def _seq_logprob(model, prompt, tokens):
+  seq = np.asarray([prompt + tokens], np.int32)
+  logits = model(seq)[:, len(prompt) - 1:-1]
+  return float(np.asarray(logprobs_lib.token_logprobs(logits, seq[:, len(prompt):], 1.0)).sum())
+
+
+@pytest.mark.slow
+def test_learn_online_end_to_end_and_resume(tmp_path):
+  workdir = str(tmp_path)
+  common = [f"--config.workdir={workdir}", "--config.online.batch_rows=8",
+            "--config.train.checkpoint_every=1", "--config.optimizer.learning_rate=0.01",
+            "--config.optimizer.warmup_steps=0", "--config.mesh.data=1"]
+  config = serving.config(workdir, *common[1:], "--config.train.steps=2")
+  from rlcode.parallel import sharding
+  from rlcode.serve import server
+  model, tokenizer, _ = server.initial_policy(config, sharding.make_mesh())
+  store = log_lib.InteractionLog(log_lib.default_url(workdir))
+  prompts = [tokenizer.encode("def add(a, b):"), tokenizer.encode("# sort a list")]
+  ids = []
+  for seed in range(4):  # 8 requests of 2 candidates: the user chose the first each time
+    ids += _serve_into(store, model, tokenizer, prompts, 2, seed, 0)
+  for rid in ids:
+    assert store.feedback({"id": rid, "chosen": 0})
+  rows = store.feedback_after(0, 100)
+  chosen = [(r["candidates"][0]["prompt_tokens"], r["candidates"][0]["tokens"]) for r in rows]
+  other = [(r["candidates"][1]["prompt_tokens"], r["candidates"][1]["tokens"]) for r in rows]
+  before = [np.mean([_seq_logprob(model, p, t) for p, t in pairs]) for pairs in (chosen, other)]
+
+  out = online_loop.train(config)
+  steps = [r for r in out if "loss" in r]
+  assert [r["version"] for r in steps] == [1, 2]
+  assert [r["rows"] for r in steps] == [8, 8] and steps[-1]["cursor"] == 8
+  # The first update is on-policy: every importance weight is 1 (to float error).
+  assert abs(steps[0]["iw_mean"] - 1.0) < 1e-3 and steps[0]["iw_clip_frac"] == 0.0
+  assert weights.versions(os.path.join(workdir, "published"))[-1] == 2
+  graphdef, state = nnx.split(model)
+  after_model = nnx.merge(graphdef, weights.load(os.path.join(workdir, "published"), 2, state))
+  after = [np.mean([_seq_logprob(after_model, p, t) for p, t in pairs])
+           for pairs in (chosen, other)]
+  assert after[0] - before[0] > after[1] - before[1], (before, after)
+
+  # Resume: new feedback on samples of version 2, a third step that reads only it.
+  more = _serve_into(store, after_model, tokenizer, prompts * 2, 2, 10, 2)
+  for rid in more:
+    store.feedback({"id": rid, "accepted": False})
+  store.close()
+  resumed = online_loop.train(serving.config(workdir, *common[1:], "--config.train.steps=3"))
+  (third,) = [r for r in resumed if "loss" in r]
+  assert third["version"] == 3 and third["cursor"] == 12 and third["feedback"] == 4
+  assert third["lag_mean"] == 0.0 and third["reward_mean"] == 0.0
+
+
+def test_stale_candidates_are_skipped():
+  feedback = {"chosen": 0, "candidates": [
+      {"prompt_tokens": [1], "tokens": [2], "logprobs": [-1.0], "policy_version": v,
+       "params": {"temperature": t}} for v, t in ((3, 1.0), (7, 1.0), (7, 0.0))]}
+  counts = {}
+  rows = online_data.rows_of(feedback, kind="chosen", max_tokens=8, counts=counts,
+                             oldest_version=5)
+  assert [(r.reward, r.policy_version) for r in rows] == [(0.0, 7)]
+  assert counts == {"skipped_stale": 1, "skipped_greedy": 1}
