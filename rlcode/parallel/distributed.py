@@ -114,7 +114,7 @@ def meshes(mesh_sizes: Mapping[str, int], sampler_spec: str) -> tuple[Mesh, Mesh
   of that shape: disjoint device sets, each with its own sharding.
   """
   n = jax.process_count()
-  sizes = {a: mesh_sizes[a] for a in sharding.MESH_AXES}
+  sizes = {a: int(mesh_sizes.get(a, 1)) for a in sharding.MESH_AXES}
   if not sampler_spec:
     trainer = sharding.make_mesh(**sizes)
     return trainer, local_block(trainer)
