@@ -1,0 +1,2 @@
+"""Executable PR tasks (SWE-bench style) from any git history.
+"""

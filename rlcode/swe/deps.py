@@ -1,0 +1,160 @@
+"""What a repository declares its tests need, and how its code is imported, read from its
+files (never run).
+
+`declared_test_deps(files)` collects distribution names from the places Python projects
+declare test requirements:
+- pyproject.toml: [project.optional-dependencies] and [dependency-groups] entries named
+  test, tests, testing or dev (groups' include-group followed);
+- setup.cfg: [options.extras_require] the same names;
+- setup.py: the literal lists of an extras_require entry with those names;
+- requirements files whose name says test or dev (requirements-test.txt,
+  dev-requirements.txt, requirements/tests.txt, ...), with their -r includes;
+- tox.ini: the deps of [testenv].
+Markers are kept out of the names (rlcode.swe.testenv evaluates requirements itself);
+a line that does not parse is skipped.
+
+`python_path(files)`: the workspace directories that make the repository importable
+from its checkout: "src" first when a package lives under src/ (a src layout), then the
+root.
+
+This module must not touch the host environment nor run anything.
+"""
+
+from __future__ import annotations
+
+import configparser
+import posixpath
+import re
+import tomllib
+from collections.abc import Iterable, Mapping
+
+from packaging.requirements import InvalidRequirement, Requirement
+
+TEST_EXTRAS = ("test", "tests", "testing", "dev")
+_REQUIREMENTS = re.compile(r"(^|/)(requirements[-_/.]?)?[^/]*(test|dev)[^/]*\.txt$")
+_SETUP_EXTRA = re.compile(r"""["'](?:test|tests|testing|dev)["']\s*[:=]\s*\[([^\]]*)\]""")
+_QUOTED = re.compile(r"""["']([^"']+)["']""")
+
+
+def _names(lines: Iterable[str]) -> list[str]:
+  out = []
+  for line in lines:
+    line = line.split("#", 1)[0].strip()
+    if not line or line.startswith(("-", ".", "/")) or "://" in line:
+      continue
+    try:
+      out.append(Requirement(line).name)
+    except InvalidRequirement:
+      continue
+  return out
+
+
+def _pyproject(text: str) -> list[str]:
+  try:
+    data = tomllib.loads(text)
+  except (tomllib.TOMLDecodeError, ValueError):
+    return []
+  out = []
+  extras = data.get("project", {}).get("optional-dependencies", {})
+  if isinstance(extras, dict):
+    for name in TEST_EXTRAS:
+      if isinstance(extras.get(name), list):
+        out += _names(e for e in extras[name] if isinstance(e, str))
+  groups = data.get("dependency-groups", {})
+  if isinstance(groups, dict):
+    seen: set[str] = set()
+    todo = [g for g in TEST_EXTRAS if g in groups]
+    while todo:
+      group = todo.pop()
+      if group in seen or not isinstance(groups.get(group), list):
+        continue
+      seen.add(group)
+      for entry in groups[group]:
+        if isinstance(entry, str):
+          out += _names([entry])
+        elif isinstance(entry, dict) and isinstance(entry.get("include-group"), str):
+          todo.append(entry["include-group"])
+  return out
+
+
+def _setup_cfg(text: str) -> list[str]:
+  parser = configparser.ConfigParser(interpolation=None)
+  try:
+    parser.read_string(text)
+  except configparser.Error:
+    return []
+  if not parser.has_section("options.extras_require"):
+    return []
+  out = []
+  for name in TEST_EXTRAS:
+    if parser.has_option("options.extras_require", name):
+      out += _names(parser.get("options.extras_require", name).splitlines())
+  return out
+
+
+def _tox(text: str) -> list[str]:
+  parser = configparser.ConfigParser(interpolation=None, strict=False)
+  try:
+    parser.read_string(text)
+  except configparser.Error:
+    return []
+  if not parser.has_option("testenv", "deps"):
+    return []
+  return _names(re.sub(r"^\s*\w[\w,-]*:\s*", "", line)
+                for line in parser.get("testenv", "deps").splitlines())
+
+
+def _requirements(files: Mapping[str, str], path: str, seen: set[str]) -> list[str]:
+  if path in seen or path not in files:
+    return []
+  seen.add(path)
+  out = []
+  for line in files[path].splitlines():
+    line = line.strip()
+    if line.startswith(("-r ", "--requirement ")):
+      include = posixpath.normpath(posixpath.join(posixpath.dirname(path),
+                                                  line.split(None, 1)[1].strip()))
+      out += _requirements(files, include, seen)
+  return out + _names(files[path].splitlines())
+
+
+def declared_test_deps(files: Mapping[str, str]) -> tuple[str, ...]:
+  """The distribution names a tree declares for its tests (module docstring), sorted."""
+  names: list[str] = []
+  if "pyproject.toml" in files:
+    names += _pyproject(files["pyproject.toml"])
+  if "setup.cfg" in files:
+    names += _setup_cfg(files["setup.cfg"])
+  if "setup.py" in files:
+    for block in _SETUP_EXTRA.findall(files["setup.py"]):
+      names += _names(_QUOTED.findall(block))
+  if "tox.ini" in files:
+    names += _tox(files["tox.ini"])
+  seen: set[str] = set()
+  for path in sorted(files):
+    if path.count("/") <= 1 and _REQUIREMENTS.search(path):
+      names += _requirements(files, path, seen)
+  return tuple(sorted({re.sub(r"[-_.]+", "-", n).lower() for n in names}))
+
+
+def python_path(files: Mapping[str, str]) -> tuple[str, ...]:
+  """("src", ".") for a src layout (a package directly under src/), else (".",)."""
+  src = any(p.startswith("src/") and p.count("/") == 2 and p.endswith("/__init__.py")
+            for p in files)
+  return ("src", ".") if src else (".",)
+
+
+def top_level_names(files: Mapping[str, str]) -> frozenset[str]:
+  """The module names the tree provides at the top of its import path (packages and
+  modules at the root and, for a src layout, under src/)."""
+  out = set()
+  for path in files:
+    for root in ("", "src/"):
+      if not path.startswith(root):
+        continue
+      rest = path[len(root):].split("/")
+      if len(rest) == 1 and rest[0].endswith(".py"):
+        out.add(rest[0][:-3])
+      elif len(rest) == 2 and rest[1] == "__init__.py":
+        out.add(rest[0])
+  return frozenset(out)
