@@ -5,8 +5,8 @@ workspace, no network, rlimits, a wall clock), writes the tree into its workspac
 gzipped tar, unpacked inside), binds the test environment (rlcode.swe.testenv)
 read-only, runs `python3 -m pytest` on the spec's test files from the workspace root with
 the report plugin (rlcode.swe.pytest_plugin), reads the plugin's report back and ends the
-session. `run_many` does that for many specs on a thread pool, each result cached on disk
-under a hash of everything the run depends on (the tree's contents, the test files, the
+session. `Runner` does that with each result cached on disk (and `run_many` for many
+specs on a thread pool), under a hash of everything the run depends on (the tree's contents, the test files, the
 test environment's versions, the limits, and `attempt`, so that a second run meant to
 catch flaky tests is a real run).
 
@@ -37,6 +37,7 @@ import secrets
 import shlex
 import sys
 import tarfile
+import threading
 import time
 from collections.abc import Mapping, Sequence
 
@@ -166,7 +167,7 @@ def parse_report(text: str, nonce: str) -> tuple[dict, dict, int | None]:
 
 def session_limits(spec: RunSpec) -> SessionLimits:
   return SessionLimits(command_seconds=spec.timeout, cpu_seconds=int(spec.timeout) + 1,
-                       memory_bytes=4 << 30, max_processes=64, max_file_bytes=64 << 20,
+                       memory_bytes=4 << 30, max_processes=256, max_file_bytes=64 << 20,
                        max_open_files=256, workdir_bytes=512 << 20,
                        max_output_bytes=8 << 10, output_limit_bytes=16 << 20,
                        max_read_bytes=32 << 20)
@@ -236,6 +237,50 @@ def cache_root(cache_dir: str | None = None) -> str:
   return cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "rlcode", "swe_runs")
 
 
+class Runner:
+  """`run` with a disk cache (module docstring): runs that end "ok", "timeout" or "crash"
+  are kept under `cache_dir` (a sandbox error is not: it says nothing of the tree).
+  Thread-safe; counts the runs it made (`ran`) and found (`cached`)."""
+
+  def __init__(self, cache_dir: str | None = None, use_cache: bool = True):
+    self.root, self.use_cache = cache_root(cache_dir), use_cache
+    if use_cache:
+      os.makedirs(self.root, exist_ok=True)
+    self.ran = self.cached = 0
+    self.seconds = 0.0
+    self._lock = threading.Lock()
+
+  def run(self, spec: RunSpec) -> TestRun:
+    env = environment(spec)
+    path = os.path.join(self.root, cache_key(spec, env) + ".json")
+    if self.use_cache:
+      found = _cached(path)
+      if found is not None:
+        with self._lock:
+          self.cached += 1
+        return found
+    result = run(spec, env)
+    with self._lock:
+      self.ran += 1
+      self.seconds += result.seconds
+    if self.use_cache and result.status != "sandbox_error":
+      _store(path, result)
+    return result
+
+  def run_many(self, specs: Sequence[RunSpec], *, workers: int = 1, progress: bool = False,
+               desc: str = "tests") -> list[TestRun]:
+    """`run` of every spec, `workers` at a time; results in order."""
+    bar = tqdm(total=len(specs), desc=desc, unit="run", file=sys.stderr, leave=False,
+               disable=not progress)
+    with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
+      futures = [pool.submit(self.run, s) for s in specs]
+      for future in concurrent.futures.as_completed(futures):
+        future.result()
+        bar.update()
+    bar.close()
+    return [f.result() for f in futures]
+
+
 def _cached(path: str) -> TestRun | None:
   try:
     with open(path) as f:
@@ -249,41 +294,3 @@ def _store(path: str, result: TestRun) -> None:
   with open(tmp, "w") as f:
     json.dump(result.to_json(), f)
   os.replace(tmp, path)
-
-
-def run_many(specs: Sequence[RunSpec], *, workers: int = 1, cache_dir: str | None = None,
-             use_cache: bool = True, progress: bool = False,
-             desc: str = "tests") -> list[TestRun]:
-  """`run` of every spec, `workers` at a time; results in order. Runs that end "ok",
-  "timeout" or "crash" are cached (a sandbox error is not: it says nothing of the
-  tree); identical specs run once."""
-  envs = [environment(s) for s in specs]
-  root = cache_root(cache_dir)
-  if use_cache:
-    os.makedirs(root, exist_ok=True)
-  keys = [cache_key(s, e) for s, e in zip(specs, envs)]
-  env_of = dict(zip(keys, envs))
-  results: dict[str, TestRun] = {}
-  todo: dict[str, RunSpec] = {}
-  for key, spec in zip(keys, specs):
-    found = _cached(os.path.join(root, key + ".json")) if use_cache else None
-    if found is not None:
-      results[key] = found
-    else:
-      todo[key] = spec
-  bar = tqdm(total=len(todo), desc=desc, unit="run", file=sys.stderr, leave=False,
-             disable=not progress or not todo)
-
-  def one(key: str) -> None:
-    spec = todo[key]
-    result = run(spec, env_of[key])
-    if use_cache and result.status != "sandbox_error":
-      _store(os.path.join(root, key + ".json"), result)
-    results[key] = result
-
-  with concurrent.futures.ThreadPoolExecutor(max(1, workers)) as pool:
-    for future in concurrent.futures.as_completed([pool.submit(one, k) for k in todo]):
-      future.result()
-      bar.update()
-  bar.close()
-  return [results[k] for k in keys]

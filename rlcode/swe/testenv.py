@@ -100,6 +100,14 @@ def extension_suffixes(python: str) -> tuple[str, ...]:
   return tuple(s for s in out.stdout.split() if s)
 
 
+@functools.lru_cache(maxsize=None)
+def python_version(python: str) -> str:
+  """The version of the interpreter `python` ("3.11.2")."""
+  out = subprocess.run([python, "-S", "-c", "import platform; print(platform.python_version())"],
+                       capture_output=True, text=True, check=True, timeout=60)
+  return out.stdout.strip()
+
+
 def _foreign(dist: metadata.Distribution, suffixes: tuple[str, ...]) -> bool:
   """Whether `dist` ships an extension module the interpreter cannot load."""
   return any(str(f).endswith((".so", ".pyd")) and not str(f).endswith(suffixes)
