@@ -91,13 +91,16 @@ def paths(text: str) -> list[str]:
 
 
 def apply(files: Mapping[str, str], text: str) -> dict[str, str | None]:
-  """path -> new text (None: deleted) of every path the diff touches.
+  """path -> new text (None: deleted) of every path the diff touches (none for an empty
+  diff).
 
   Raises:
     edits.FormatError: a hunk does not apply, a deleted file's text is not what the
       diff removes, or a malformed diff.
   """
   out: dict[str, str | None] = {}
+  if not text.strip():
+    return out
   sections = [s for s in _SECTION.split(text) if s.strip()] if _SECTION.search(text) else [text]
   for section in sections:
     lines = section.split("\n")
