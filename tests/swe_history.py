@@ -4,7 +4,8 @@ package, its pytest tests, and PRs of every kind the miner must sort.
 `make_history(path)` returns the repository and a dict naming each PR's commit:
   mul       adds calc.mul and its test (one FAIL_TO_PASS, test_add PASS_TO_PASS)
   two       fixes calc.ops.neg and calc.fmt.show, each with its test (two files: each
-            part checked by its own test), merged from a branch of two commits
+            part checked by its own test; fmt.py's docstring also changes, a hunk no test
+            sees), merged from a branch of two commits
   code      a code change with no test change (no_test_change)
   tests     a test change with no code change (no_code_change)
   hang      a code change whose new test never ends (timeout)
@@ -33,6 +34,9 @@ tests = ["pytest"]
 testpaths = ["tests"]
 """
 
+FMT = ('"""Formatting."""\n\n' + "".join(f"# note {i}\n" for i in range(8))
+       + "\n\ndef show(x):\n  return str(x)\n")
+
 
 def make_history(path: Path, escape_target: Path | None = None) -> tuple[Repo, dict[str, str]]:
   repo = Repo(path)
@@ -41,7 +45,7 @@ def make_history(path: Path, escape_target: Path | None = None) -> tuple[Repo, d
       "pyproject.toml": PYPROJECT,
       "calc/__init__.py": "from calc.ops import add, neg\n",
       "calc/ops.py": "def add(a, b):\n  return a + b\n\n\ndef neg(x):\n  return x\n",
-      "calc/fmt.py": "def show(x):\n  return str(x)\n",
+      "calc/fmt.py": FMT,
       "tests/__init__.py": "",
       "tests/test_ops.py": "import calc\n\n\ndef test_add():\n  assert calc.add(2, 3) == 5\n",
       "README.md": "calc\n"})
@@ -56,7 +60,8 @@ def make_history(path: Path, escape_target: Path | None = None) -> tuple[Repo, d
       "tests/test_ops.py": repo.show("HEAD", "tests/test_ops.py")
                            + "\n\ndef test_neg():\n  assert calc.neg(4) == -4\n"})
   repo.commit("Fix show", {
-      "calc/fmt.py": "def show(x):\n  return f'<{x}>'\n",
+      "calc/fmt.py": FMT.replace('"""Formatting."""', '"""Formatting numbers."""').replace(
+          "return str(x)", "return f'<{x}>'"),
       "tests/test_fmt.py": "from calc.fmt import show\n\n\ndef test_show():\n"
                            "  assert show(1) == '<1>'\n"})
   repo.git("checkout", "-q", "main")

@@ -1,4 +1,5 @@
-"""The tfds builder of executable PR tasks, with the build report beside the dataset.
+"""The tfds builders of executable PR tasks: mined from a history (with the build report
+beside the dataset), or read from a SWE-bench JSON-lines file.
 
 This module must not mine (rlcode.swe.mining): it names, runs and stores.
 """
@@ -19,8 +20,9 @@ from etils import epath
 
 from rlcode.data.git.repo import Git, checkout, is_bundle
 from rlcode.data.tasks import TaskBuilder
+from rlcode.swe import export
 from rlcode.swe.config import SweConfig
-from rlcode.swe.mining import SweResult, mine
+from rlcode.swe.mining import SweResult, mine, split_by_time
 
 REPORT_NAME = "build_report.json"
 
@@ -92,3 +94,38 @@ class SweTasks(TaskBuilder):
     if not path.exists():
       raise FileNotFoundError(f"{path} does not exist: call download_and_prepare() first")
     return json.loads(path.read_text())
+
+
+@dataclasses.dataclass(eq=False)
+class SweBenchFileConfig(tfds.core.BuilderConfig):
+  """A SWE-bench JSON-lines file as a tfds config; the name hashes its bytes, the history
+  it is read with and the split fraction."""
+
+  path: str = ""
+  repo: str | None = None
+  test_fraction: float = 0.1
+
+  @classmethod
+  def create(cls, path: str, repo: str | None, test_fraction: float) -> SweBenchFileConfig:
+    digest = hashlib.sha256(epath.Path(path).read_bytes()).hexdigest()
+    args = {"file": digest, "repo": repo, "test_fraction": test_fraction}
+    name = hashlib.sha256(json.dumps(args, sort_keys=True).encode()).hexdigest()[:12]
+    return cls(name=f"swebench-{name}", version=SweBenchFile.VERSION,
+               description=json.dumps({**args, "path": path}, sort_keys=True), path=path,
+               repo=repo, test_fraction=test_fraction)
+
+
+class SweBenchFile(TaskBuilder):
+  """Executable PR tasks read from a SWE-bench JSON-lines file (rlcode.swe.export), split
+  by PR time as the miner splits them."""
+
+  VERSION = tfds.core.Version("1.0.0")
+
+  def __init__(self, *, data_dir: str, path: str, repo: str | None = None,
+               test_fraction: float = 0.1, **kwargs):
+    super().__init__(data_dir=data_dir,
+                     config=SweBenchFileConfig.create(path, repo, test_fraction), **kwargs)
+
+  def _split_tasks(self) -> Mapping[str, Any]:
+    c = self.builder_config
+    return split_by_time(export.read(c.path, c.repo), c.test_fraction)

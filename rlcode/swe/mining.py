@@ -204,7 +204,9 @@ def _workers(config: SweConfig) -> int:
     return max(1, os.cpu_count() or 1)
 
 
-def _splits(found: list[Task], fraction: float) -> dict[str, list[Task]]:
+def split_by_time(found: list[Task], fraction: float) -> dict[str, list[Task]]:
+  """train and test: the latest `fraction` of the tasks by PR time are test (ties at the
+  cutoff too)."""
   if not found:
     return {"train": [], "test": []}
   times = sorted(t.extra.time for t in found)
@@ -273,7 +275,7 @@ def mine(config: SweConfig, revision: str | None = None, *, cache_dir: str | Non
       verdicts += list(pool.map(one, todo))
   bar.close()
   found = [Task.from_example(v["task"]) for v in verdicts if v.get("validated")]
-  splits = _splits(found, config.test_fraction)
+  splits = split_by_time(found, config.test_fraction)
   env = testenv.build(sorted({d for v in verdicts for d in v.get("test_deps", ())}))
   report = _report(config, head, commits, verdicts, splits, runner, env,
                    time.monotonic() - start)
