@@ -38,7 +38,10 @@ FMT = ('"""Formatting."""\n\n' + "".join(f"# note {i}\n" for i in range(8))
        + "\n\ndef show(x):\n  return str(x)\n")
 
 
-def make_history(path: Path, escape_target: Path | None = None) -> tuple[Repo, dict[str, str]]:
+def make_history(path: Path, escape_target: Path | None = None,
+                 hostile: bool = True) -> tuple[Repo, dict[str, str]]:
+  """The history of the module docstring; hostile=False leaves out the PRs whose tests
+  hang, kill, escape or miss a dependency (and their modules)."""
   repo = Repo(path)
   shas = {}
   repo.commit("Start calc", {
@@ -74,6 +77,9 @@ def make_history(path: Path, escape_target: Path | None = None) -> tuple[Repo, d
   shas["tests"] = repo.commit("More add tests", {
       "tests/test_ops.py": repo.show("HEAD", "tests/test_ops.py")
                            + "\n\ndef test_add_zero():\n  assert calc.add(0, 0) == 0\n"})
+  names = ("__init__.py", "ops.py", "fmt.py")
+  if not hostile:
+    return _moved_and_sub(repo, shas, names)
   shas["hang"] = repo.commit("Add loop", {
       "calc/loop.py": "def spin():\n  return 1\n",
       "tests/test_loop.py": "from calc import loop\n\n\ndef test_spin():\n"
@@ -92,9 +98,11 @@ def make_history(path: Path, escape_target: Path | None = None) -> tuple[Repo, d
       "calc/dep.py": "Z = 3\n",
       "tests/test_dep.py": "import nonexistent_rlcode_dependency\n\n\ndef test_z():\n"
                            "  from calc import dep\n  assert dep.Z == 3\n"})
-  moved = {f"src/calc/{name}": repo.show("HEAD", f"calc/{name}")
-           for name in ("__init__.py", "ops.py", "fmt.py", "loop.py", "kill.py", "esc.py",
-                        "dep.py")}
+  return _moved_and_sub(repo, shas, names + ("loop.py", "kill.py", "esc.py", "dep.py"))
+
+
+def _moved_and_sub(repo: Repo, shas: dict[str, str], names) -> tuple[Repo, dict[str, str]]:
+  moved = {f"src/calc/{name}": repo.show("HEAD", f"calc/{name}") for name in names}
   repo.git("rm", "-q", "-r", "calc")
   repo.commit("Move to src", moved)
   shas["sub"] = repo.commit("Add sub", {
