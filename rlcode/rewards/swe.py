@@ -103,13 +103,15 @@ def _cpus() -> int:
 
 @register("swe_tests")
 def swe_tests_reward(tasks_: Sequence[Task], completions: Sequence[str],
-                     mode: str = "resolved", workers: int = 0) -> RewardOutput:
+                     mode: str = "resolved", workers: int = 0,
+                     cache: bool = False) -> RewardOutput:
   """`mode`'s score per completion (module docstring). Metrics: resolved,
   fail_to_pass (mean fraction), pass_to_pass (share whose PASS_TO_PASS all pass),
   applied (share of answers that apply)."""
   if mode not in MODES:
     raise ValueError(f"swe_tests: mode={mode!r}; expected one of {MODES}")
-  details = evaluate(tasks_, completions, workers=workers)
+  details = evaluate(tasks_, completions, workers=workers,
+                     runner=Runner(use_cache=True) if cache else None)
   scores = np.array([float(d["resolved"]) if mode == "resolved" else d["fail_to_pass"]
                      for d in details], np.float32)
   n = max(len(details), 1)

@@ -195,7 +195,8 @@ def _store(path: str, verdict: dict) -> None:
   os.replace(tmp, path)
 
 
-def _workers(config: SweConfig) -> int:
+def worker_count(config: SweConfig) -> int:
+  """The PRs evaluated at once: config.workers, else the CPUs this process may use."""
   if config.workers:
     return config.workers
   try:
@@ -271,7 +272,7 @@ def mine(config: SweConfig, revision: str | None = None, *, cache_dir: str | Non
         bar.update()
       return verdict
 
-    with concurrent.futures.ThreadPoolExecutor(_workers(config)) as pool:
+    with concurrent.futures.ThreadPoolExecutor(worker_count(config)) as pool:
       verdicts += list(pool.map(one, todo))
   bar.close()
   found = [Task.from_example(v["task"]) for v in verdicts if v.get("validated")]
@@ -311,7 +312,7 @@ def _report(config, head, commits, verdicts, splits, runner, env, seconds) -> di
       "fail_to_pass": sum(v.get("fail_to_pass", 0) for v in verdicts if v["validated"]),
       "pass_to_pass": sum(v.get("pass_to_pass", 0) for v in verdicts if v["validated"]),
       "runs": runner.ran, "runs_cached": runner.cached, "run_seconds": round(runner.seconds, 1),
-      "seconds": round(seconds, 1), "workers": _workers(config),
+      "seconds": round(seconds, 1), "workers": worker_count(config),
       "timeout": config.timeout, "hypothesis_examples": config.hypothesis_examples,
       "python": testenv.python_version(session.interpreter_path()),
       "test_environment": env.versions, "test_deps_missing": list(env.missing),

@@ -234,7 +234,8 @@ def cache_key(spec: RunSpec, env: testenv.TestEnv) -> str:
 
 
 def cache_root(cache_dir: str | None = None) -> str:
-  return cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "rlcode", "swe_runs")
+  """Where runs are cached: `cache_dir`, else ~/.cache/rlcode/swe/runs (the miner's)."""
+  return cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "rlcode", "swe", "runs")
 
 
 class Runner:
