@@ -3,7 +3,6 @@ mining with every skip reason, validation, the cache, the command, the SWE-bench
 trip, the rewards, the agent's workspace with the gold agent, and decomposition."""
 
 import json
-import os
 
 import pytest
 

@@ -3,6 +3,7 @@ report parser, the judgement of runs, extras, the schema and the command's bad i
 
 import os
 import subprocess
+import sys
 
 import pytest
 
@@ -207,3 +208,35 @@ def test_mine_swe_of_a_path_that_is_no_repository(capsys, tmp_path):
                    "--out", str(tmp_path / "o")]) == 2
   err = capsys.readouterr().err
   assert err.count("\n") == 1 and "does not exist" in err
+
+
+def test_session_mounts_and_environment_are_checked_before_anything_starts(tmp_path):
+  from rlcode.sandbox.session import Session
+  for mounts in ({"/usr/lib/x": str(tmp_path)}, {"/opt/python": str(tmp_path)},
+                 {"/opt/a/../b": str(tmp_path)}, {"/opt/env": str(tmp_path / "absent")}):
+    with pytest.raises(ValueError, match="mounts"):
+      Session(mounts=mounts)
+  with pytest.raises(ValueError, match="env"):
+    Session(env={"not a name": "x"})
+
+
+def test_the_test_environment_copies_what_it_is_asked_and_leaves_out_the_rest(tmp_path):
+  from rlcode.swe import testenv
+  env = testenv.build(["pympler", "no-such-distribution-rlcode"], root=str(tmp_path))
+  assert {"pytest", "pluggy", "pympler"} <= set(env.versions)
+  assert env.missing == ("no-such-distribution-rlcode",)
+  assert os.path.isfile(os.path.join(env.path, testenv.PLUGIN_MODULE + ".py"))
+  assert os.path.isdir(os.path.join(env.path, "pympler"))
+  assert oct(os.stat(env.path).st_mode & 0o777) == "0o755"
+  shadowed = testenv.build(["pympler"], root=str(tmp_path), exclude={"pympler"})
+  assert "pympler" not in shadowed.versions and shadowed.path != env.path
+  # A distribution whose extension modules the interpreter cannot load is left out; one
+  # built for it is copied.
+  import importlib.metadata as metadata
+  native = sorted(testenv.canonical(d.metadata["Name"]) for d in metadata.distributions()
+                  if any(str(f).endswith(".so") for f in d.files or ()))[0]
+  found, _, compiled = testenv.resolve([native], suffixes=(".no-such-abi.so",))
+  assert native in compiled and native not in found
+  real = testenv.extension_suffixes(sys.executable)
+  found, _, compiled = testenv.resolve([native], suffixes=real)
+  assert native in found and native not in compiled
