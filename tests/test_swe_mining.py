@@ -39,7 +39,8 @@ def task_of(history, name):
 def test_counts_every_pr_once_with_its_reason(history):
   report = history["result"].report
   assert report["walked"] == 11 and report["with_tests"] == 7
-  assert report["skipped"] == {"no_test_change": 2, "no_code_change": 2, "timeout": 1,
+  assert report["skipped"] == {"root_commit": 1, "no_test_change": 2, "no_code_change": 1,
+                               "timeout": 1,
                                "crash": 1, "missing_dependency": 1, "no_passing_test": 1}
   assert report["runnable"] == report["kept"] == report["validated"] == 3
   assert report["validated"] + sum(report["skipped"].values()) == report["walked"]

@@ -10,11 +10,11 @@ import dataclasses
 from rlcode.data import edits
 
 # Why a first-parent commit (a PR) gives no task, in the order they are decided; a PR
-# counts under the first that applies. The first two mean it does not change both code
-# and tests; the next group, that its files are unusable; then what its runs said; the
-# last two, what validation said.
+# counts under the first that applies. The first three mean it has no base or does not
+# change both code and tests; the next group, that its files are unusable; then what its
+# runs said; the last two, what validation said.
 SKIP_REASONS = (
-    "no_test_change", "no_code_change",
+    "root_commit", "no_test_change", "no_code_change",
     "non_utf8_message", "empty_message", "unusable_file", "too_large", "no_test_module",
     "timeout", "crash", "sandbox_error", "pytest_error", "missing_dependency",
     "python_version", "collection_error", "no_passing_test", "no_fail_to_pass",

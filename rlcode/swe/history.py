@@ -108,8 +108,8 @@ def candidates(git: Git, commits: list[Commit]) -> Iterator[Candidate | Skip]:
   """For each commit (a PR), its Candidate or the Skip that says why it has none."""
   for c in commits:
     base = c.parents[0] if c.parents else None
-    if base is None:  # a root commit adds the first files: nothing to compare with
-      yield Skip("no_code_change")
+    if base is None:  # a root commit adds the first files: there is no before to run
+      yield Skip("root_commit")
       continue
     changes = {}
     for e in git.changes(c.sha, base, renames=False):

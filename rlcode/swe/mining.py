@@ -297,7 +297,8 @@ def _report(config, head, commits, verdicts, splits, runner, env, seconds) -> di
     if "time" in v:
       lo, hi = times.get(reason, (v["time"], v["time"]))
       times[reason] = [min(lo, v["time"]), max(hi, v["time"])]
-  with_tests = len(verdicts) - skipped["no_test_change"] - skipped["no_code_change"]
+  with_tests = (len(verdicts) - skipped["root_commit"] - skipped["no_test_change"]
+                - skipped["no_code_change"])
   return {
       "source": config.source, "branch": config.branch, "head": head,
       "repo_name": repo_name(config),
