@@ -4,12 +4,14 @@ trip, the rewards, the agent's workspace with the gold agent, and decomposition.
 
 import json
 
+import ml_collections
 import pytest
 
 from rlcode import cli, rewards
 from rlcode.agent import env as env_lib
 from rlcode.agent import tools as tools_lib
 from rlcode.agent.chat import CALL_CLOSE, CALL_OPEN
+from rlcode.data import sources
 from rlcode.data.tasks import load_tasks
 from rlcode.swe import decompose, export, mining, tasks, workspace
 from rlcode.swe.builder import SweTasks
@@ -26,7 +28,7 @@ def history(tmp_path_factory):
   root = tmp_path_factory.mktemp("swe")
   escaped = root / "escaped.txt"
   repo, shas = make_history(root / "repo", escape_target=escaped)
-  config = SweConfig(source=str(repo.path), timeout=20.0, workers=2)
+  config = SweConfig(source=str(repo.path), timeout=12.0, workers=2)
   result = mining.mine(config, cache_dir=str(root / "cache"))
   return dict(root=root, repo=repo, shas=shas, config=config, result=result,
               escaped=escaped, by_id={t.id: t for t in result.tasks})
@@ -157,7 +159,7 @@ def test_lint_and_pytest_in_the_episode(history):
 def test_the_command_prints_the_counts_and_writes_both_formats(history, capsys):
   out = history["root"] / "out"
   argv = ["mine", str(history["repo"].path), "--tasks", "swe", "--out", str(out),
-          "--timeout", "20", "--workers", "2", "--cache-dir", str(history["root"] / "cache")]
+          "--timeout", "12", "--workers", "2", "--cache-dir", str(history["root"] / "cache")]
   assert cli.main(argv) == 0
   table = capsys.readouterr().out
   assert "walked (first-parent commits)         11" in table
@@ -168,6 +170,12 @@ def test_the_command_prints_the_counts_and_writes_both_formats(history, capsys):
   builder = SweTasks(data_dir=str(out), swe=history["config"])
   stored = load_tasks(builder, "train") + load_tasks(builder, "test")
   assert sorted(stored, key=lambda t: t.id) == history["result"].tasks
+  # The JSON lines as a config's task source, split as the miner splits.
+  data = ml_collections.ConfigDict(dict(source="swebench", path=str(out / export.FILE_NAME),
+                                        repo=None, data_dir=str(history["root"] / "tfds")))
+  assert sources.load(data, "train") == [t for t in history["result"].tasks
+                                         if t in history["result"].splits["train"]]
+  assert sources.load(data, "test") == history["result"].splits["test"]
 
 
 def test_a_repository_without_tests_gives_no_task(tmp_path, capsys):
