@@ -43,7 +43,7 @@ import tqdm
 
 from rlcode.data import edits
 from rlcode.data.git import filters
-from rlcode.data.git.repo import Git, checkout
+from rlcode.data.git.repo import Git, GitError, checkout
 from rlcode.data.tasks import Task
 from rlcode.sandbox import session
 from rlcode.swe import deps, history, patches, tasks, testenv, validate
@@ -124,6 +124,8 @@ class _Evaluator:
       verdict["reason"] = None
     except history.Skip as s:
       verdict.update(reason=s.reason, detail=s.detail[:300])
+    except GitError as e:  # an object git cannot give: the PR's files are unusable
+      verdict.update(reason="unusable_file", detail=str(e)[:300])
     return verdict
 
   def _evaluate(self, cand: history.Candidate, verdict: dict) -> dict:
