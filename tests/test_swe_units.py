@@ -71,14 +71,16 @@ def test_declared_test_dependencies():
                         'docs = ["sphinx"]\n[dependency-groups]\ndev = [{include-group = '
                         '"lint"}, "Cloud_Pickle; python_version > \'3\'"]\nlint = ["ruff"]\n',
       "setup.cfg": "[options.extras_require]\ntesting =\n  zope.interface\n",
-      "setup.py": 'EXTRAS = {"tests": ["six", "pympler>=1"], "docs": ["furo"]}\n',
+      "setup.py": 'EXTRAS = {"tests-no-zope": [\n  # it doesn\'t break [really]\n  "six",\n'
+                  '  \'pympler>=1; python_implementation == "CPython"\'],\n  "docs": ["furo"]}\n'
+                  'EXTRAS["tests"] = EXTRAS["tests-no-zope"] + ["attrs"]\n',
       "requirements/test.txt": "-r base.txt\nmock==1.0  # pinned\n",
       "requirements/base.txt": "coverage\n",
       "tox.ini": "[testenv]\ndeps =\n  py3: nose\n  -rdev.txt\n",
       "docs/requirements.txt": "furo\n"}
   assert deps.declared_test_deps(files) == (
-      "cloud-pickle", "coverage", "hypothesis", "mock", "nose", "pympler", "pytest", "ruff",
-      "six", "zope-interface")
+      "attrs", "cloud-pickle", "coverage", "hypothesis", "mock", "nose", "pympler", "pytest",
+      "ruff", "six", "zope-interface")
   assert deps.declared_test_deps({"pyproject.toml": "not [toml"}) == ()
 
 

@@ -3,10 +3,13 @@ files (never run).
 
 `declared_test_deps(files)` collects distribution names from the places Python projects
 declare test requirements:
-- pyproject.toml: [project.optional-dependencies] and [dependency-groups] entries named
-  test, tests, testing or dev (groups' include-group followed);
+- pyproject.toml: [project.optional-dependencies] and [dependency-groups] entries whose
+  name holds "test" or is "dev" (tests, testing, tests-no-zope; groups' include-group
+  followed);
 - setup.cfg: [options.extras_require] the same names;
-- setup.py: the literal lists of an extras_require entry with those names;
+- setup.py (parsed, never run): the strings of the list literals in the value of a dict
+  entry or an item assignment whose key is such a name (`"tests_no_zope": [...]`, and
+  "zope.interface" of `EXTRAS["tests"] = EXTRAS["tests_no_zope"] + ["zope.interface"]`);
 - requirements files whose name says test or dev (requirements-test.txt,
   dev-requirements.txt, requirements/tests.txt, ...), with their -r includes;
 - tox.ini: the deps of [testenv].
@@ -22,6 +25,7 @@ This module must not touch the host environment nor run anything.
 
 from __future__ import annotations
 
+import ast
 import configparser
 import posixpath
 import re
@@ -30,10 +34,14 @@ from collections.abc import Iterable, Mapping
 
 from packaging.requirements import InvalidRequirement, Requirement
 
-TEST_EXTRAS = ("test", "tests", "testing", "dev")
+from rlcode import pyast
+
 _REQUIREMENTS = re.compile(r"(^|/)(requirements[-_/.]?)?[^/]*(test|dev)[^/]*\.txt$")
-_SETUP_EXTRA = re.compile(r"""["'](?:test|tests|testing|dev)["']\s*[:=]\s*\[([^\]]*)\]""")
-_QUOTED = re.compile(r"""["']([^"']+)["']""")
+
+
+def is_test_extra(name: str) -> bool:
+  """Whether an extra or dependency group of this name holds test requirements."""
+  return "test" in name.lower() or name.lower() == "dev"
 
 
 def _names(lines: Iterable[str]) -> list[str]:
@@ -57,13 +65,13 @@ def _pyproject(text: str) -> list[str]:
   out = []
   extras = data.get("project", {}).get("optional-dependencies", {})
   if isinstance(extras, dict):
-    for name in TEST_EXTRAS:
-      if isinstance(extras.get(name), list):
-        out += _names(e for e in extras[name] if isinstance(e, str))
+    for name, entries in extras.items():
+      if is_test_extra(name) and isinstance(entries, list):
+        out += _names(e for e in entries if isinstance(e, str))
   groups = data.get("dependency-groups", {})
   if isinstance(groups, dict):
     seen: set[str] = set()
-    todo = [g for g in TEST_EXTRAS if g in groups]
+    todo = [g for g in groups if is_test_extra(g)]
     while todo:
       group = todo.pop()
       if group in seen or not isinstance(groups.get(group), list):
@@ -77,6 +85,28 @@ def _pyproject(text: str) -> list[str]:
   return out
 
 
+def _setup_py(text: str) -> list[str]:
+  try:
+    tree = pyast.parse(text)
+  except (SyntaxError, ValueError, RecursionError):
+    return []
+  values: list[ast.AST] = []
+  for node in ast.walk(tree):
+    if isinstance(node, ast.Dict):
+      values += [v for k, v in zip(node.keys, node.values) if _extra_key(k)]
+    elif isinstance(node, ast.Assign):
+      values += [node.value for t in node.targets
+                 if isinstance(t, ast.Subscript) and _extra_key(t.slice)]
+  return _names(e.value for v in values for n in ast.walk(v)
+                if isinstance(n, (ast.List, ast.Tuple, ast.Set)) for e in n.elts
+                if isinstance(e, ast.Constant) and isinstance(e.value, str))
+
+
+def _extra_key(node) -> bool:
+  return (isinstance(node, ast.Constant) and isinstance(node.value, str)
+          and is_test_extra(node.value))
+
+
 def _setup_cfg(text: str) -> list[str]:
   parser = configparser.ConfigParser(interpolation=None)
   try:
@@ -85,11 +115,8 @@ def _setup_cfg(text: str) -> list[str]:
     return []
   if not parser.has_section("options.extras_require"):
     return []
-  out = []
-  for name in TEST_EXTRAS:
-    if parser.has_option("options.extras_require", name):
-      out += _names(parser.get("options.extras_require", name).splitlines())
-  return out
+  return [n for name, value in parser.items("options.extras_require") if is_test_extra(name)
+          for n in _names(value.splitlines())]
 
 
 def _tox(text: str) -> list[str]:
@@ -126,8 +153,7 @@ def declared_test_deps(files: Mapping[str, str]) -> tuple[str, ...]:
   if "setup.cfg" in files:
     names += _setup_cfg(files["setup.cfg"])
   if "setup.py" in files:
-    for block in _SETUP_EXTRA.findall(files["setup.py"]):
-      names += _names(_QUOTED.findall(block))
+    names += _setup_py(files["setup.py"])
   if "tox.ini" in files:
     names += _tox(files["tox.ini"])
   seen: set[str] = set()

@@ -6,7 +6,9 @@ FAIL_TO_PASS are the tests that pass after the PR (the base with the test and co
 patches) and not before it (the base with the test patch); PASS_TO_PASS pass at both.
 
 `judge` decides from the two runs, raising `Skip` with the first reason that applies:
-timeout, crash or sandbox_error (either run did not finish), pytest_error (pytest itself
+timeout, crash or sandbox_error (either run did not finish; a run that pytest itself ended
+before any test, its conftest.py failing to import or its options refused, is judged by
+what it printed instead: the reasons below, or pytest_error), pytest_error (pytest itself
 failed after the PR: a usage or internal error), then, when no test passes after the PR,
 why: missing_dependency (a module neither the repository nor the test environment has),
 python_version (a syntax error, or a standard-library name this Python lacks),
@@ -57,12 +59,29 @@ def collection_reason(messages: Iterable[str], tree_modules: frozenset[str]) -> 
   return "collection_error", last[:200]
 
 
+def early_failure(run: TestRun, tree_modules: frozenset[str]) -> tuple[str, str] | None:
+  """(reason, detail) of a run that pytest ended before any test (its report never
+  began: a conftest.py that does not import, refused options), from its output; None for
+  any other run."""
+  if run.status != "crash" or run.outcomes or run.collect_errors:
+    return None
+  if "while loading conftest" in run.output:
+    return collection_reason([run.output], tree_modules)
+  if "ERROR: usage:" in run.output or "INTERNALERROR" in run.output:
+    return "pytest_error", run.output.strip().splitlines()[-1][:200]
+  return None
+
+
 def judge(before: TestRun, after: TestRun, tree_modules: frozenset[str]
           ) -> tuple[frozenset[str], frozenset[str]]:
   """(FAIL_TO_PASS, PASS_TO_PASS) of a PR's two runs; raises Skip (module docstring)."""
   for run in (before, after):
     if run.status != "ok":
-      raise Skip(run.status, run.output[-200:])
+      early = early_failure(run, tree_modules)
+      if run is after and early is not None:
+        raise Skip(*early)
+      if early is None:
+        raise Skip(run.status, run.output[-200:])
   if after.exit_status in PYTEST_FAILED:
     raise Skip("pytest_error", f"exit status {after.exit_status}: {after.output[-200:]}")
   passing_after = after.passing()
