@@ -48,6 +48,25 @@ def test_git_applies_the_rendered_patch(tmp_path):
       assert (tmp_path / path).read_text() == text
 
 
+FILLER = "".join(f"x{i} = {i}\n" for i in range(20))
+# A change that, re-diffed hunk by hunk, ends a hunk with added lines and no context
+# after them, which git and GNU patch read as a hunk that must end the file.
+RETURN_TWICE = (
+    FILLER + "\n  return self\n\ndef add_cmp(self):\n  cd = {}\n\n  cd['a'], cd['b'] = (\n"
+    "    f(m)\n    for m in g()\n  )\n\n  return self\n" + FILLER,
+    FILLER + "\n  return self\n\ndef add_eq(self):\n  cd = {}\n\n  cd['a'] = (\n    f(m)\n"
+    "    for m in h()\n  )\n\n  return self\n\ndef add_order(self):\n  cd = {}\n\n"
+    "  cd['b'] = (\n    f(m)\n    for m in k()\n  )\n\n  return self\n" + FILLER)
+
+
+def test_git_applies_a_hunk_whose_lines_could_align_otherwise(tmp_path):
+  old, new = RETURN_TWICE
+  (tmp_path / "m.py").write_text(old)
+  (tmp_path / "p.diff").write_text(patches.render({"m.py": old}, {"m.py": new}))
+  subprocess.run(["git", "apply", "p.diff"], cwd=tmp_path, check=True, capture_output=True)
+  assert (tmp_path / "m.py").read_text() == new
+
+
 def test_a_patch_that_does_not_fit_raises():
   text = patches.render(BEFORE, AFTER)
   with pytest.raises(edits.FormatError):

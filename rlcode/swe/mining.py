@@ -50,7 +50,7 @@ from rlcode.swe import deps, history, patches, tasks, testenv, validate
 from rlcode.swe.config import NOT_RUNNABLE, SKIP_REASONS, SweConfig
 from rlcode.swe.runner import RUNNER_VERSION, Runner, RunSpec
 
-VERDICT_VERSION = "2"  # bump when a change here or in validate or deps changes verdicts
+VERDICT_VERSION = "3"  # bump when a change here or in validate or deps changes verdicts
 _VALIDATION = ("patch_error", "flaky")
 
 

@@ -3,7 +3,8 @@
 A tree is a mapping path -> text. `render(before, after)` writes the diff that takes
 `before` to `after` for the paths of `after` (a value of None deletes the path) as `git
 diff` does: a `diff --git a/P b/P` line, `new file mode` / `deleted file mode` where they
-apply, `---`/`+++` headers and hunks with 3 context lines, so `git apply` and `patch
+apply, `---`/`+++` headers and hunks with 3 context lines (difflib's alignment, not git's,
+so the hunks may differ from git's while meaning the same), so `git apply` and `patch
 -p1` take it (the SWE-bench harness applies patches with them). `apply(files, text)`
 applies such a diff, or any unified diff whose hunks match exactly (rlcode.data.edits
 parses the hunks), and deletes the files whose `+++` is /dev/null.
@@ -17,6 +18,7 @@ This module must not run anything: it computes texts.
 
 from __future__ import annotations
 
+import difflib
 import posixpath
 import re
 from collections.abc import Mapping
@@ -46,19 +48,54 @@ def is_code_path(path: str) -> bool:
   return path.endswith(CODE_SUFFIXES) and not is_test_path(path)
 
 
+def _range(start: int, stop: int) -> str:
+  n = stop - start
+  return f"{start + 1 if n else start},{n}"
+
+
+def _hunks(old: str, new: str) -> list[str]:
+  """The hunk lines taking `old` to `new`, each hunk's lines in its group's order.
+
+  Each hunk is rendered from its own group of opcodes (3 lines of context), so a hunk in
+  the middle of a file has as many context lines after its changes as before them:
+  GNU patch and `git apply` read a hunk with fewer lines of context at its end than at its
+  start as one that ends the file, so re-diffing a hunk's lines (which may align them
+  otherwise) makes patches they refuse."""
+  a, b = edits.split_keepends(old), edits.split_keepends(new)
+  out = []
+
+  def emit(prefix: str, line: str) -> None:
+    out.append(prefix + line[:-1] if line.endswith("\n") else prefix + line)
+    if not line.endswith("\n"):
+      out.append("\\ No newline at end of file")
+
+  matcher = difflib.SequenceMatcher(None, a, b, autojunk=False)
+  for group in matcher.get_grouped_opcodes(3):
+    out.append(f"@@ -{_range(group[0][1], group[-1][2])} "
+               f"+{_range(group[0][3], group[-1][4])} @@")
+    for tag, i1, i2, j1, j2 in group:
+      if tag == "equal":
+        for line in a[i1:i2]:
+          emit(" ", line)
+        continue
+      for line in a[i1:i2]:
+        emit("-", line)
+      for line in b[j1:j2]:
+        emit("+", line)
+  return out
+
+
 def _file_diff(path: str, old: str | None, new: str | None) -> str:
-  body = edits.unified_diff.render_unified_diff(path, old or "", new or "").split("\n")
   head = [f"diff --git a/{path} b/{path}"]
   if old is None:
     head.append("new file mode 100644")
   elif new is None:
     head.append("deleted file mode 100644")
-  # render_unified_diff names an empty old side /dev/null; git does so only for a new file.
-  body[0] = "--- /dev/null" if old is None else f"--- a/{path}"
-  body[1] = "+++ /dev/null" if new is None else f"+++ b/{path}"
-  if len(body) == 2:  # an empty file added or deleted: git writes no ---/+++ lines
+  body = _hunks(old or "", new or "")
+  if not body:  # an empty file added or deleted: git writes no ---/+++ lines
     return "\n".join(head)
-  return "\n".join(head + body)
+  return "\n".join(head + ["--- /dev/null" if old is None else f"--- a/{path}",
+                            "+++ /dev/null" if new is None else f"+++ b/{path}", *body])
 
 
 def render(before: Mapping[str, str], after: Mapping[str, str | None]) -> str:
