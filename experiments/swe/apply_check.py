@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 
 from experiments.lib import results, tables
-from rlcode.data import sources
+from rlcode.data import paths
 from rlcode.data.git.repo import checkout, git_env
 from rlcode.swe import export, patches, tasks
 
@@ -38,7 +38,7 @@ def check_file(path: str) -> dict:
     return out
   with tempfile.TemporaryDirectory() as tmp:
     clone = os.path.join(tmp, "repo")
-    bare = checkout(sources.resolve(found[0].extra.repo))
+    bare = checkout(paths.resolve(found[0].extra.repo))
     subprocess.run(["git", "clone", "-q", "--shared", "--no-checkout", bare, clone],
                    check=True, env=git_env())
     for task in found:

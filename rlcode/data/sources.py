@@ -26,19 +26,12 @@ from __future__ import annotations
 
 import os
 
+from rlcode.data.paths import resolve
 from rlcode.data.tasks import Task, TaskBuilder, load_tasks
 from rlcode.errors import BadInput, MissingInput
 
-PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 SOURCES = ("jsonl", "humaneval", "git", "sections", "swe", "swebench")
 SECTION_COUNTS = ("words", "bytes")
-
-
-def resolve(path: str) -> str:
-  if "://" in path or os.path.isabs(path) or os.path.exists(path):
-    return path
-  candidate = os.path.join(PROJECT_ROOT, path)
-  return candidate if os.path.exists(candidate) else path
 
 
 def utf8_bytes(text: str) -> int:

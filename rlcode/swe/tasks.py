@@ -25,7 +25,7 @@ import posixpath
 import types
 from collections.abc import Mapping
 
-from rlcode.data import edits, sources
+from rlcode.data import edits, paths
 from rlcode.data.git.repo import Git, checkout
 from rlcode.data.tasks import Task
 from rlcode.swe import history, patches
@@ -72,7 +72,7 @@ def make_task(*, instance_id: str, request: str, repo: str, repo_name: str, base
 
 @functools.lru_cache(maxsize=16)
 def _tree(repo: str, commit: str) -> Mapping[str, str]:
-  git = Git(checkout(sources.resolve(repo)))
+  git = Git(checkout(paths.resolve(repo)))
   with git.blobs() as blobs:
     return types.MappingProxyType(history.Reader(git, blobs).tree(commit))
 
