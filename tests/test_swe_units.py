@@ -84,7 +84,7 @@ def test_test_paths(path, test):
   assert patches.is_code_path(path) == (not test and path.endswith(".py"))
 
 
-def test_declared_test_dependencies():
+def test_declared_dependencies():
   files = {
       "pyproject.toml": '[project.optional-dependencies]\ntests = ["hypothesis>=6", "pytest"]\n'
                         'docs = ["sphinx"]\n[dependency-groups]\ndev = [{include-group = '
@@ -92,15 +92,20 @@ def test_declared_test_dependencies():
       "setup.cfg": "[options.extras_require]\ntesting =\n  zope.interface\n",
       "setup.py": 'EXTRAS = {"tests-no-zope": [\n  # it doesn\'t break [really]\n  "six",\n'
                   '  \'pympler>=1; python_implementation == "CPython"\'],\n  "docs": ["furo"]}\n'
-                  'EXTRAS["tests"] = EXTRAS["tests-no-zope"] + ["attrs"]\n',
+                  'EXTRAS["tests"] = EXTRAS["tests-no-zope"] + ["attrs"]\n'
+                  'setup(install_requires=["six-runtime"], tests_require=["nose2"])\n',
       "requirements/test.txt": "-r base.txt\nmock==1.0  # pinned\n",
+      "requirements.txt": "attrs-runtime>=1\n",
       "requirements/base.txt": "coverage\n",
       "tox.ini": "[testenv]\ndeps =\n  py3: nose\n  -rdev.txt\n",
       "docs/requirements.txt": "furo\n"}
-  assert deps.declared_test_deps(files) == (
-      "attrs", "cloud-pickle", "coverage", "hypothesis", "mock", "nose", "pympler", "pytest",
-      "ruff", "six", "zope-interface")
-  assert deps.declared_test_deps({"pyproject.toml": "not [toml"}) == ()
+  assert deps.declared_deps(files) == (
+      "attrs", "attrs-runtime", "cloud-pickle", "coverage", "hypothesis", "mock", "nose",
+      "nose2", "pympler", "pytest", "ruff", "six", "six-runtime", "zope-interface")
+  assert deps.declared_deps({"pyproject.toml": "not [toml"}) == ()
+  assert deps.declared_deps({"pyproject.toml": '[project]\ndependencies = ["packaging"]\n',
+                             "setup.cfg": "[options]\ninstall_requires =\n  idna\n"}) == (
+      "idna", "packaging")
 
 
 def test_import_path_and_top_level_names():

@@ -38,7 +38,7 @@ class SweConfig:
     hypothesis_examples: examples per hypothesis test (derandomized in every case;
       rlcode.swe.pytest_plugin); 0: the tests' own setting.
     extra_test_deps: distributions made available besides the ones the repository
-      declares (rlcode.swe.deps).
+      declares for its code and tests (rlcode.swe.deps).
     workers: PRs evaluated at once (each runs its sandboxes one after another); 0: the
       CPUs this process may use.
     test_fraction: the latest fraction of tasks (by PR time) that form the test split.

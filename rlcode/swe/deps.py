@@ -1,17 +1,21 @@
-"""What a repository declares its tests need, and how its code is imported, read from its
-files (never run).
+"""What a repository declares its code and tests need, and how its code is imported, read
+from its files (never run).
 
-`declared_test_deps(files)` collects distribution names from the places Python projects
-declare test requirements:
-- pyproject.toml: [project.optional-dependencies] and [dependency-groups] entries whose
-  name holds "test" or is "dev" (tests, testing, tests-no-zope; groups' include-group
-  followed);
-- setup.cfg: [options.extras_require] the same names;
-- setup.py (parsed, never run): the strings of the list literals in the value of a dict
-  entry or an item assignment whose key is such a name (`"tests_no_zope": [...]`, and
-  "zope.interface" of `EXTRAS["tests"] = EXTRAS["tests_no_zope"] + ["zope.interface"]`);
-- requirements files whose name says test or dev (requirements-test.txt,
-  dev-requirements.txt, requirements/tests.txt, ...), with their -r includes;
+`declared_deps(files)` collects distribution names from the places Python projects
+declare what they require to run (the package's own requirements: its tests import it)
+and what their tests require:
+- pyproject.toml: [project] dependencies; [project.optional-dependencies] and
+  [dependency-groups] entries whose name holds "test" or is "dev" (tests, testing,
+  tests-no-zope; groups' include-group followed);
+- setup.cfg: [options] install_requires and tests_require; [options.extras_require] the
+  test names;
+- setup.py (parsed, never run): the strings of the list literals of the install_requires
+  and tests_require arguments, and in the value of a dict entry or an item assignment
+  whose key is a test name (`"tests_no_zope": [...]`, and "zope.interface" of
+  `EXTRAS["tests"] = EXTRAS["tests_no_zope"] + ["zope.interface"]`);
+- the root's requirements.txt, and requirements files whose name says test or dev
+  (requirements-test.txt, dev-requirements.txt, requirements/tests.txt, ...), with their
+  -r includes;
 - tox.ini: the deps of [testenv].
 Markers are kept out of the names (rlcode.swe.testenv evaluates requirements itself);
 a line that does not parse is skipped.
@@ -37,6 +41,7 @@ from packaging.requirements import InvalidRequirement, Requirement
 from rlcode import pyast
 
 _REQUIREMENTS = re.compile(r"(^|/)(requirements[-_/.]?)?[^/]*(test|dev)[^/]*\.txt$")
+_SETUP_KEYWORDS = ("install_requires", "tests_require")
 
 
 def is_test_extra(name: str) -> bool:
@@ -63,7 +68,10 @@ def _pyproject(text: str) -> list[str]:
   except (tomllib.TOMLDecodeError, ValueError):
     return []
   out = []
-  extras = data.get("project", {}).get("optional-dependencies", {})
+  project = data.get("project", {})
+  if isinstance(project, dict) and isinstance(project.get("dependencies"), list):
+    out += _names(e for e in project["dependencies"] if isinstance(e, str))
+  extras = project.get("optional-dependencies", {}) if isinstance(project, dict) else {}
   if isinstance(extras, dict):
     for name, entries in extras.items():
       if is_test_extra(name) and isinstance(entries, list):
@@ -97,6 +105,8 @@ def _setup_py(text: str) -> list[str]:
     elif isinstance(node, ast.Assign):
       values += [node.value for t in node.targets
                  if isinstance(t, ast.Subscript) and _extra_key(t.slice)]
+    elif isinstance(node, ast.Call):
+      values += [k.value for k in node.keywords if k.arg in _SETUP_KEYWORDS]
   return _names(e.value for v in values for n in ast.walk(v)
                 if isinstance(n, (ast.List, ast.Tuple, ast.Set)) for e in n.elts
                 if isinstance(e, ast.Constant) and isinstance(e.value, str))
@@ -113,10 +123,12 @@ def _setup_cfg(text: str) -> list[str]:
     parser.read_string(text)
   except configparser.Error:
     return []
-  if not parser.has_section("options.extras_require"):
-    return []
-  return [n for name, value in parser.items("options.extras_require") if is_test_extra(name)
-          for n in _names(value.splitlines())]
+  out = [n for key in _SETUP_KEYWORDS if parser.has_option("options", key)
+         for n in _names(parser.get("options", key).splitlines())]
+  if parser.has_section("options.extras_require"):
+    out += [n for name, value in parser.items("options.extras_require") if is_test_extra(name)
+            for n in _names(value.splitlines())]
+  return out
 
 
 def _tox(text: str) -> list[str]:
@@ -145,8 +157,9 @@ def _requirements(files: Mapping[str, str], path: str, seen: set[str]) -> list[s
   return out + _names(files[path].splitlines())
 
 
-def declared_test_deps(files: Mapping[str, str]) -> tuple[str, ...]:
-  """The distribution names a tree declares for its tests (module docstring), sorted."""
+def declared_deps(files: Mapping[str, str]) -> tuple[str, ...]:
+  """The distribution names a tree declares for its code and tests (module docstring),
+  sorted."""
   names: list[str] = []
   if "pyproject.toml" in files:
     names += _pyproject(files["pyproject.toml"])
@@ -158,7 +171,7 @@ def declared_test_deps(files: Mapping[str, str]) -> tuple[str, ...]:
     names += _tox(files["tox.ini"])
   seen: set[str] = set()
   for path in sorted(files):
-    if path.count("/") <= 1 and _REQUIREMENTS.search(path):
+    if path == "requirements.txt" or path.count("/") <= 1 and _REQUIREMENTS.search(path):
       names += _requirements(files, path, seen)
   return tuple(sorted({re.sub(r"[-_.]+", "-", n).lower() for n in names}))
 

@@ -12,7 +12,7 @@ dependencies, import path, hypothesis budget, timeout, time and edit format.
 texts of the files the patch touches), so write then read gives the same tasks. A line
 without "rlcode" (an instance from elsewhere) needs `repo`, the history to read; its test
 files are the test modules its test patch leaves, and its dependencies and import path
-are read from the repository (rlcode.swe.deps).
+are read from the repository after the patches (rlcode.swe.deps).
 
 This module must not mine or run tests.
 """
@@ -111,7 +111,7 @@ def from_row(row: dict, where: str = "row", repo: str | None = None) -> Task:
       fail_to_pass=_node_ids(row["FAIL_TO_PASS"], where, "FAIL_TO_PASS"),
       pass_to_pass=_node_ids(row["PASS_TO_PASS"], where, "PASS_TO_PASS"),
       test_files=test_files,
-      test_deps=ours.get("test_deps", deps.declared_test_deps(after)),
+      test_deps=ours.get("test_deps", deps.declared_deps(after)),
       python_path=ours.get("python_path", deps.python_path(after)),
       hypothesis_examples=int(ours.get("hypothesis_examples", 0)),
       timeout=float(ours.get("timeout", 120.0)),

@@ -50,7 +50,7 @@ from rlcode.swe import deps, history, patches, tasks, testenv, validate
 from rlcode.swe.config import NOT_RUNNABLE, SKIP_REASONS, SweConfig
 from rlcode.swe.runner import RUNNER_VERSION, Runner, RunSpec
 
-VERDICT_VERSION = "3"  # bump when a change here or in validate or deps changes verdicts
+VERDICT_VERSION = "4"  # bump when a change here or in validate or deps changes verdicts
 _VALIDATION = ("patch_error", "flaky")
 
 
@@ -139,7 +139,12 @@ class _Evaluator:
     if not test_files:
       raise history.Skip("no_test_module")
     before_tree, after_tree = trees.before, trees.after
-    test_deps = sorted(set(deps.declared_test_deps(after_tree)) | set(config.extra_test_deps))
+    # The PR's own configuration files are in neither tree (neither patch holds them), so
+    # what its commit declares counts too: a PR that moves its requirements from setup.py
+    # to pyproject.toml declares them in one or the other.
+    test_deps = sorted(set(deps.declared_deps(after_tree))
+                       | set(deps.declared_deps(self.reader.tree(cand.sha)))
+                       | set(config.extra_test_deps))
     verdict["test_deps"] = test_deps
     verdict["test_env"] = _env_of(test_deps, deps.top_level_names(after_tree))
     python_path = deps.python_path(after_tree)

@@ -67,7 +67,8 @@ def early_failure(run: TestRun, tree_modules: frozenset[str]) -> tuple[str, str]
     return None
   if "while loading conftest" in run.output:
     return collection_reason([run.output], tree_modules)
-  if "ERROR: usage:" in run.output or "INTERNALERROR" in run.output:
+  if ("ERROR: usage:" in run.output or "INTERNALERROR" in run.output
+      or "/_pytest/" in run.output and "Failed: " in run.output):
     return "pytest_error", run.output.strip().splitlines()[-1][:200]
   return None
 
