@@ -14,6 +14,7 @@ from rlcode.train import sft
 from rlcode.train.warm_start import warm_start_trainable
 from rlcode import optim
 from rlcode.agent import expert, episodes, sampler
+from rlcode.agent.workspace import workspace_for
 from rlcode.errors import BadInput
 
 
@@ -28,10 +29,15 @@ def expert_episodes(config, tasks, envs, chat, budgets, guess_fraction: float = 
   tasks with a decoy line (expert.copies_decoy, by the run's seed) the episode copies
   the decoy's value. note_trust > 0: on that fraction of the tasks with a stale note
   (expert.trusts_note, by the run's seed) the episode writes the note's value at once
-  (expert.note_calls)."""
+  (expert.note_calls). A task whose workspace scripts its own agent (rlcode.agent.workspace:
+  a real repository's gold patch) gets that agent's episode."""
   agent = config.agent
   jobs = []
   for i, task in enumerate(tasks):
+    scripted = workspace_for(task).scripted_calls(task)
+    if scripted is not None:
+      jobs.append((i, task, scripted))
+      continue
     try:
       calls = expert.expert_calls(
           task, agent.toolset, agent.think,
@@ -74,7 +80,7 @@ def demonstrations(config, tasks, envs, chat, budgets) -> list[sampler.Trajector
   with a decoy line the decoy's value copied, and on `warmstart.note_trust` of the tasks
   with a stale note the note believed without a look."""
   ws = config.warmstart
-  if ws.note_trust > 0 and not any("note" in t.extra.hint for t in tasks):
+  if ws.note_trust > 0 and not any("note" in t.extra.hint for t in tasks if t.kind == "code"):
     raise BadInput("warmstart.note_trust > 0 but no training task has a stale note: "
                    "use data/agent_tasks_notes.jsonl (python data/make_agent_tasks.py --notes)")
   return expert_trajectories(config, tasks, envs, chat, budgets, ws.guess_fraction,

@@ -1,16 +1,18 @@
 """The tool-use environment: `reset(task) -> observation`, `step(turn) -> observation,
 reward, done`.
 
-An episode's state is a working copy of the task's files (`task.extra.files`) in
-one sandbox session (rlcode.sandbox.session) that lives from `reset` to the end of
-the episode, so files written in turn 3 are there in turn 7. Each step parses the
+An episode's state is a working copy of the task's files in one sandbox session
+(rlcode.sandbox.session) that lives from `reset` to the end of the episode, so files
+written in turn 3 are there in turn 7. What the files are, what the episode's answer is
+and how its visible tests run are the task's workspace's (rlcode.agent.workspace, by
+the task's kind: a few files and a solution file, or a real repository). Each step parses the
 policy's turn (rlcode.agent.calls), runs the named tool in that session, and
 returns its text; a malformed call, an unknown tool or wrong arguments is an error
 observation. The episode ends at `finish`, at a turn that is a final answer (ended
 by end-of-sequence), at `max_turns`, when its tools have spent `episode_seconds`
 of wall clock (the policy's own sampling time does not count), when its session dies, or when the caller `abort`s
 it (a token budget). Its reward is then the configured rewards (rlcode.rewards) of
-the solution file the workspace holds, scored as a whole program; earlier steps
+the workspace's answer (the solution file, or the repository's diff); earlier steps
 return reward 0 and per-turn signals in `info`.
 
 This module works on text; tokens, budgets on tokens and batching live in
@@ -29,9 +31,9 @@ from typing import Any
 from rlcode import rewards, sandbox
 from rlcode.agent import calls
 from rlcode.agent.memory import Memory
-from rlcode.agent.tools import Context, Tool, ToolResult, solution_path
+from rlcode.agent.tools import Context, Tool, ToolResult
+from rlcode.agent.workspace import workspace_for
 from rlcode.data.tasks import Task
-from rlcode.rewards.tests import job_for
 from rlcode.sandbox.session import Session, SessionError, SessionLimits
 
 log = logging.getLogger(__name__)
@@ -75,13 +77,12 @@ class Scorer:
     return value
 
   def run_tests(self, task: Task, program: str) -> sandbox.Result:
-    """The visible tests (`extra.tests_visible`, else the task's tests)."""
+    """The visible tests of the task's workspace on `program` (its answer)."""
     key = (task.id, program)
     with self._lock:
       if key in self._tests:
         return self._tests[key]
-    test_set = "visible" if task.extra.tests_visible else "hidden"
-    result = self._box.run(job_for(task, program, test_set=test_set))
+    result = workspace_for(task).run_tests(task, program, self._box)
     with self._lock:
       self._tests[key] = result
     return result
@@ -100,7 +101,8 @@ class ToolEnv:
     bash_seconds: wall clock of one bash command.
     episode_seconds: wall clock the episode's tool calls may spend together (status
       timeout).
-    open_session: makes the session (default: rlcode.sandbox.session.Session).
+    open_session: makes the session from its limits and the workspace's options
+      (default: rlcode.sandbox.session.Session).
   """
 
   def __init__(self, tools: Sequence[Tool], scorer: Scorer, *, max_turns: int,
@@ -114,28 +116,31 @@ class ToolEnv:
     self.scorer, self.max_turns, self.memory, self.embed = scorer, max_turns, memory, embed
     self.session_limits, self.bash_seconds = session_limits, bash_seconds
     self.episode_seconds = episode_seconds
-    self.open_session = open_session or (lambda limits: Session(limits))
+    self.open_session = open_session or (lambda limits, **options: Session(limits, **options))
     self.session: Session | None = None
     self.task: Task | None = None
     self.done = True
 
   def reset(self, task: Task) -> str:
-    """Starts an episode of `task`: a fresh session holding its files. Returns the first
-    observation, the task's statement."""
+    """Starts an episode of `task`: a fresh session holding its workspace's files. Returns
+    the first observation, the task's statement."""
     self.close()
     self.task, self.turns, self.done, self.status = task, 0, False, ""
     self.tool_seconds = 0.0
-    self.session = self.open_session(self.session_limits)
-    for path, text in task.extra.files.items():
+    self.workspace = workspace_for(task)
+    self.session = self.open_session(self.session_limits,
+                                     **self.workspace.session_options(task))
+    for path, text in self.workspace.files(task).items():
       self.session.write(path, text)
     self.notes = self.memory.episode() if self.memory is not None else None
     self.ctx = Context(session=self.session, task=task, run_tests=self.scorer.run_tests,
-                       memory=self.notes, embed=self.embed, bash_seconds=self.bash_seconds)
+                       memory=self.notes, embed=self.embed, bash_seconds=self.bash_seconds,
+                       workspace=self.workspace)
     self.failure: str | None = None
     self.fixes: list[tuple[str, str]] = []
     self.final_reward = 0.0
     self.final_program = ""
-    return task.prompt
+    return self.workspace.statement(task)
 
   def step(self, text: str, ended: str) -> Step:
     """One policy turn (its decoded text and how it ended: calls.ENDINGS)."""
@@ -201,7 +206,7 @@ class ToolEnv:
     program = ""
     if self.session is not None and self.session.alive:
       try:
-        program = self.session.read(solution_path(self.task))
+        program = self.workspace.answer(self.session, self.task)
       except SessionError:
         program = ""
     reward, details = self.scorer.reward(self.task, program)

@@ -202,8 +202,10 @@ def hint_metrics(trajs) -> dict:
   (data/agent_tasks_decoy.jsonl), the share whose scored solution ends in the live
   constant ("decoy/live") and in the decoy's ("decoy/decoy"; `written_constant`); over
   the episodes of tasks with a stale note (data/agent_tasks_notes.jsonl), the share whose
-  scored solution uses the note's constant or name ("note/believed"; `uses_note`)."""
+  scored solution uses the note's constant or name ("note/believed"; `uses_note`).
+  Episodes of tasks of other kinds (no hint) are left out."""
   out = {}
+  trajs = [t for t in trajs if t.task.kind == "code"]
   decoys = [t for t in trajs if "decoy" in t.task.extra.hint]
   if decoys:
     written = [written_constant(t.program) for t in decoys]

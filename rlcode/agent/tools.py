@@ -10,8 +10,10 @@ policy: a missing file, an ambiguous replacement or a failing command is an
 observation.
 
 Tools: bash, editor (view, create, str_replace, insert), search (text, or
-semantic with the MiniLM encoder), run_tests, think (no effect), memory (store,
-retrieve; persists across the episodes of a run), finish.
+semantic with the MiniLM encoder), run_tests, lint (ruff's error rules over the files
+the workspace says changed: rlcode.agent.lint), think (no effect), memory (store,
+retrieve; persists across the episodes of a run), finish. What the answer, the tests and
+the linted files are is the task's workspace's (rlcode.agent.workspace).
 
 This module must not know about tokens, sampling or training.
 """
@@ -24,6 +26,8 @@ from typing import Any, ClassVar
 
 import numpy as np
 
+from rlcode.agent import lint
+from rlcode.agent.workspace import workspace_for
 from rlcode.data.tasks import Task
 from rlcode.errors import UnknownKey
 from rlcode.sandbox.session import Session, SessionError
@@ -42,11 +46,12 @@ class Context:
 
   Attributes:
     session: the episode's workspace.
-    task: the task (tool code reads `extra.solution`, the file run_tests runs).
-    run_tests: (task, program) -> rlcode.sandbox.Result of the task's visible tests.
+    task: the task.
+    run_tests: (task, answer) -> rlcode.sandbox.Result of the task's visible tests.
     memory: the run's memory (rlcode.agent.memory.Memory), or None.
     embed: texts -> L2-normalised embeddings [N, D] (semantic search), or None.
     bash_seconds: wall clock of one bash command.
+    workspace: the task's workspace (rlcode.agent.workspace); None: its kind's.
   """
 
   session: Session
@@ -55,10 +60,11 @@ class Context:
   memory: Any = None
   embed: Callable[[Sequence[str]], np.ndarray] | None = None
   bash_seconds: float = 5.0
+  workspace: Any = None
 
-
-def solution_path(task: Task) -> str:
-  return task.extra.solution
+  def __post_init__(self):
+    if self.workspace is None:
+      self.workspace = workspace_for(self.task)
 
 
 class Tool:
@@ -223,13 +229,12 @@ class Search(Tool):
 
 class RunTests(Tool):
   name = "run_tests"
-  description = "Run the task's tests against the solution file; reports the first failure."
+  description = "Run the task's visible tests against the workspace; reports the first failure."
   parameters = _object()
 
   def __call__(self, ctx, args):
-    path = solution_path(ctx.task)
     try:
-      program = ctx.session.read(path)
+      program = ctx.workspace.answer(ctx.session, ctx.task)
     except SessionError as e:
       return ToolResult(f"error: {e}", info={"tests_passed": False, "error": True})
     r = ctx.run_tests(ctx.task, program)
@@ -241,6 +246,34 @@ class RunTests(Tool):
       text = f"{r.status}: {r.error}"
     return ToolResult(text, info={"tests_passed": bool(r.passed), "fraction": r.fraction,
                                   "report": text, "program": program})
+
+
+class Lint(Tool):
+  name = "lint"
+  description = ("Lint the Python files you changed (or the file `path`) with ruff's error "
+                 "rules: syntax errors, undefined names, unused imports.")
+  parameters = _object(path=_STR)
+  MAX_MESSAGES = 30
+
+  def __call__(self, ctx, args):
+    try:
+      if "path" in args:
+        files = {args["path"]: ctx.session.read(args["path"])}
+      else:
+        files = ctx.workspace.lint_files(ctx.session, ctx.task)
+    except SessionError as e:
+      return ToolResult(f"error: {e}", info={"error": True})
+    files = {p: t for p, t in files.items() if p.endswith((".py", ".pyi"))}
+    if not files:
+      return ToolResult("no Python file to lint", info={"lint_messages": 0})
+    try:
+      messages = lint.check(files)
+    except lint.LintUnavailable as e:
+      return ToolResult(f"error: {e}", info={"error": True})
+    more = len(messages) - self.MAX_MESSAGES
+    text = "\n".join(messages[:self.MAX_MESSAGES]) or f"no problems in {len(files)} files"
+    return ToolResult(text + (f"\n[{more} more messages]" if more > 0 else ""),
+                      info={"lint_messages": len(messages)})
 
 
 class Think(Tool):
@@ -281,7 +314,7 @@ class Finish(Tool):
 
 
 TOOLS: dict[str, type[Tool]] = {t.name: t for t in (
-    Bash, Editor, Search, RunTests, Think, MemoryTool, Finish)}
+    Bash, Editor, Search, RunTests, Lint, Think, MemoryTool, Finish)}
 
 
 def make_tools(names: Sequence[str]) -> list[Tool]:

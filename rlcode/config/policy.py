@@ -9,6 +9,7 @@ import dataclasses
 
 from rlcode.config.fields import Lazy, key
 from rlcode.data.git.config import MiningConfig
+from rlcode.swe.config import SweConfig
 from rlcode.models.config import ModelConfig
 from rlcode.models.lora import LoRAConfig
 
@@ -84,4 +85,5 @@ ARCH_EXCLUDED = {"param_dtype": "float32", "dtype": "float32", "attn_impl": "aut
                  "remat": "none", "scan_layers": False, "logits_chunk": None, "lora": None}
 # MiningConfig's source is config.data.repo; this stands in for it while checking.
 MINING_EXCLUDED = {"source": "<config.data.repo>"}
-EXCLUDED = {ModelConfig: ARCH_EXCLUDED, MiningConfig: MINING_EXCLUDED}
+EXCLUDED = {ModelConfig: ARCH_EXCLUDED, MiningConfig: MINING_EXCLUDED,
+            SweConfig: MINING_EXCLUDED}

@@ -25,9 +25,10 @@ from rlcode.config.serving import Online, Serve
 from rlcode.data.git.config import MiningConfig
 from rlcode.data.sections.tasks import SectionOptions
 from rlcode.optim.adamw import OptimizerConfig
+from rlcode.swe.config import SweConfig
 
 TRAINERS = ("grpo", "agent", "rm", "sample", "online")
-SOURCES = ("jsonl", "humaneval", "git", "sections", "choices")
+SOURCES = ("jsonl", "humaneval", "git", "sections", "choices", "swe", "swebench")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,10 +37,14 @@ class Data:
 
   Attributes:
     source: "jsonl" (a problems file, `path`), "humaneval" (the 164 problems), "git"
-      (mined PRs of `repo`), "sections" (documents of `sources`) or "choices" (user
-      choices among candidates, `path`; the reward model's data).
-    path: the JSON-lines file of "jsonl" and "choices".
-    repo: the repository or bundle "git" mines, or a tuple of them mined alike.
+      (mined PRs of `repo`), "sections" (documents of `sources`), "choices" (user
+      choices among candidates, `path`; the reward model's data), "swe" (executable PR
+      tasks mined from `repo`) or "swebench" (executable PR tasks from a SWE-bench
+      JSON-lines file, `path`).
+    path: the JSON-lines file of "jsonl", "choices" and "swebench".
+    repo: the repository or bundle "git" and "swe" mine, or a tuple of them mined alike;
+      "swebench": the history its instances' files are read from (None: the history
+      each instance names).
     data_dir: where prepared datasets are cached; None: $TFDS_DATA_DIR, else
       ~/.cache/rlcode/tfds.
     train_split: the split trained on.
@@ -49,6 +54,8 @@ class Data:
     max_eval_tasks: evaluate only the first this many tasks (by id); None: all.
     drop_too_long: drop and count the tasks that do not fit the context (else an error).
     mining: how "git" mines PRs into tasks (rlcode.data.git.MiningConfig; its source is
+      `repo`); None: its defaults.
+    swe: how "swe" mines executable PR tasks (rlcode.swe.config.SweConfig; its source is
       `repo`); None: its defaults.
     sources: "sections": documents (files, directories, gs:// paths); () the embedded corpus.
     count_tokens: "sections": the unit of the budgets, "words", "bytes" or a tokenizer.json.
@@ -72,6 +79,7 @@ class Data:
   max_eval_tasks: int | None = key(None, ge=1)
   drop_too_long: bool = key(False)
   mining: MiningConfig | None = key(None)
+  swe: SweConfig | None = key(None)
   sources: tuple[str, ...] = key(())
   count_tokens: str = key("words")
   prompt_format: str = key("auto", choices=("auto", "chat", "plain"))
@@ -81,11 +89,14 @@ class Data:
   subset_seed: int = key(0, only=("rm",))
 
   def __post_init__(self):
-    need = {"jsonl": "path", "choices": "path", "git": "repo"}.get(self.source)
+    need = {"jsonl": "path", "choices": "path", "git": "repo", "swe": "repo",
+            "swebench": "path"}.get(self.source)
     if need and not getattr(self, need):
       raise ValueError(f"data.{need} must be set for source {self.source!r}")
     if self.mining is not None and self.source != "git":
       raise ValueError(f"data.mining is for source 'git', not {self.source!r}")
+    if self.swe is not None and self.source != "swe":
+      raise ValueError(f"data.swe is for source 'swe', not {self.source!r}")
     if self.options is not None and self.source != "sections":
       raise ValueError(f"data.options is for source 'sections', not {self.source!r}")
 

@@ -1,6 +1,6 @@
 """What each kind of task carries beyond its prompt, reference and tests: typed extras.
 
-A `Task`'s `extra` is one of these, chosen by its kind ("code", "diff", "section"), so
+A `Task`'s `extra` is one of these, chosen by its kind ("code", "diff", "section", "swe"), so
 every field a reward, a tool or a builder reads is declared here with its default and
 its meaning. Data sets give them as mappings (a JSON-lines row's "extra" object, a
 builder's dict): `extra_for(kind, mapping)` checks the keys (an unknown one is an error
@@ -117,8 +117,52 @@ class SectionExtra:
   context_truncated: bool = False
 
 
-EXTRAS: dict[str, type] = {"code": CodeExtra, "diff": DiffExtra, "section": SectionExtra}
-Extra = CodeExtra | DiffExtra | SectionExtra
+@dataclasses.dataclass(frozen=True)
+class SweExtra:
+  """A change to a real repository, checked by the repository's own tests (kind "swe",
+  rlcode.swe; SWE-bench's fields). The workspace is the repository at `base_commit`, read
+  from `repo` when needed, never stored with the task.
+
+  Attributes:
+    repo: the history (a repository or git bundle; a relative path is tried against the
+      working directory, then the project root).
+    repo_name: the repository's name (SWE-bench's `repo`).
+    base_commit: the commit the change applies to (the PR's first parent).
+    commit: the PR's commit.
+    patch: the gold code patch (a git diff; SWE-bench's `patch`).
+    test_patch: the PR's changes to its tests (withheld from the workspace, applied
+      before the tests run).
+    fail_to_pass: pytest node ids that fail before the change and pass after it.
+    pass_to_pass: node ids that pass before and after.
+    test_files: the test files the tests run (with the test patch applied).
+    test_deps: distributions the tests need besides pytest (rlcode.swe.testenv).
+    python_path: workspace directories on sys.path ("src" of a src layout, ".").
+    hypothesis_examples: examples per hypothesis test (0: the tests' own).
+    timeout: wall clock of one test run, seconds.
+    time: the PR's commit time (Unix seconds).
+    edit_format: the answer format (rlcode.data.edits) a completion is written in.
+  """
+
+  repo: str = ""
+  repo_name: str = ""
+  base_commit: str = ""
+  commit: str = ""
+  patch: str = ""
+  test_patch: str = ""
+  fail_to_pass: tuple[str, ...] = ()
+  pass_to_pass: tuple[str, ...] = ()
+  test_files: tuple[str, ...] = ()
+  test_deps: tuple[str, ...] = ()
+  python_path: tuple[str, ...] = (".",)
+  hypothesis_examples: int = 0
+  timeout: float = 120.0
+  time: int = 0
+  edit_format: str = "unified_diff"
+
+
+EXTRAS: dict[str, type] = {"code": CodeExtra, "diff": DiffExtra, "section": SectionExtra,
+                           "swe": SweExtra}
+Extra = CodeExtra | DiffExtra | SectionExtra | SweExtra
 
 
 def extra_for(kind: str, value: Mapping | Extra | None, where: str = "task") -> Extra:
@@ -137,8 +181,9 @@ def extra_for(kind: str, value: Mapping | Extra | None, where: str = "task") -> 
   if unknown:
     raise BadInput(f"{where}: extra has no field {unknown[0]!r} for a {kind!r} task; "
                    f"fields: {sorted(names)}")
-  if "new_files" in value:
-    value["new_files"] = tuple(value["new_files"])
+  for f in dataclasses.fields(cls):  # JSON gives lists where the field holds a tuple
+    if isinstance(f.default, tuple) and isinstance(value.get(f.name), list):
+      value[f.name] = tuple(value[f.name])
   return cls(**value)
 
 

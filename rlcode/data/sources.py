@@ -6,6 +6,10 @@
                                        #   with config.data.mining: MiningConfig's other fields;
                                        #   a tuple of repositories mines each alike
     config.data.source = "sections"    # config.data.sources: documents (rlcode.data.sections)
+    config.data.source = "swe"         # config.data.repo: executable PR tasks (rlcode.swe)
+                                       #   with config.data.swe: SweConfig's other fields;
+                                       #   a tuple of repositories mines each alike
+    config.data.source = "swebench"    # config.data.path: SWE-bench JSON lines (rlcode.swe.export)
 
 For "sections", config.data.count_tokens (default "words") is the unit of the
 SectionOptions budgets: "words" counts whitespace-separated words, "bytes" counts
@@ -22,19 +26,12 @@ from __future__ import annotations
 
 import os
 
+from rlcode.data.paths import resolve
 from rlcode.data.tasks import Task, TaskBuilder, load_tasks
 from rlcode.errors import BadInput, MissingInput
 
-PROJECT_ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-SOURCES = ("jsonl", "humaneval", "git", "sections")
+SOURCES = ("jsonl", "humaneval", "git", "sections", "swe", "swebench")
 SECTION_COUNTS = ("words", "bytes")
-
-
-def resolve(path: str) -> str:
-  if "://" in path or os.path.isabs(path) or os.path.exists(path):
-    return path
-  candidate = os.path.join(PROJECT_ROOT, path)
-  return candidate if os.path.exists(candidate) else path
 
 
 def utf8_bytes(text: str) -> int:
@@ -69,10 +66,10 @@ def data_dir(data_cfg) -> str:
 
 
 def builders(data_cfg) -> list[TaskBuilder]:
-  """The builders a data section reads: one, or one per repository of a "git" source
-  whose config.data.repo is a tuple."""
+  """The builders a data section reads: one, or one per repository of a "git" or "swe"
+  source whose config.data.repo is a tuple."""
   repo = data_cfg.repo
-  if data_cfg.source == "git" and isinstance(repo, (tuple, list)):
+  if data_cfg.source in ("git", "swe") and isinstance(repo, (tuple, list)):
     if not repo:
       raise BadInput("config.data.repo is an empty tuple: name at least one repository")
     import ml_collections
@@ -100,6 +97,20 @@ def builder(data_cfg) -> TaskBuilder:
     fields["source"] = resolve(data_cfg.repo)
     mining = MiningConfig(**fields)
     return GitDiffs(data_dir=root, mining=mining)
+  if source == "swe":
+    from rlcode.swe.builder import SweTasks
+    from rlcode.swe.config import SweConfig
+    options = data_cfg.swe.to_dict() if data_cfg.swe is not None else {}
+    fields = {k: (tuple(v) if isinstance(v, list) else v) for k, v in options.items()}
+    fields["source"] = resolve(data_cfg.repo)
+    return SweTasks(data_dir=root, swe=SweConfig(**fields))
+  if source == "swebench":
+    from rlcode.swe.builder import SweBenchFile
+    path = resolve(data_cfg.path)
+    if not os.path.isfile(path):
+      raise MissingInput(f"config.data.path={data_cfg.path!r}: no such file")
+    return SweBenchFile(data_dir=root, path=path,
+                        repo=resolve(data_cfg.repo) if data_cfg.repo else None)
   if source == "sections":
     from rlcode.data.sections import SectionOptions, SectionTasks
     counter = _section_counter(data_cfg.count_tokens)

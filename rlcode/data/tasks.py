@@ -27,12 +27,13 @@ class Task:
   Attributes:
     id: stable, unique within its dataset.
     prompt: the text the policy is conditioned on.
-    kind: what rewards understand it: "code" (tests), "diff" (SWE-RL), "section".
+    kind: what rewards understand it: "code" (tests), "diff" (SWE-RL), "section", "swe"
+      (a real repository checked by its own tests).
     reference: a reference answer (solution, oracle section); may be empty.
     tests: test code for "code" tasks, run in the sandbox against the completion.
     entry_point: the function the tests call, for "code" tasks.
     extra: what the kind carries besides (rlcode.data.extras: CodeExtra, DiffExtra,
-      SectionExtra); given as a mapping, it is checked and made the kind's extra.
+      SectionExtra, SweExtra); given as a mapping, it is checked and made the kind's extra.
   """
 
   id: str

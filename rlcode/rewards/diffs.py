@@ -25,12 +25,18 @@ change), "edit_format" and, for line edits that may leave the path out,
 "open_file", and for line edits whose ranges count the shown lines, "shown_lines".
 A diff task may also carry `tests`; mixing in the
 tests reward is the registry's weighted sum, nothing here.
+
+Tasks of other kinds are scored when their kind registers a view (`register_view`): a
+function (task, completion) -> (files, oracle, predicted) or FormatError, imported on
+first use from `_VIEW_MODULES` ("swe": rlcode.rewards.swe, a real repository's PR). This
+module reads no field of theirs.
 """
 
 from __future__ import annotations
 
 import difflib
-from collections.abc import Mapping, Sequence
+import importlib
+from collections.abc import Callable, Mapping, Sequence
 from typing import Any
 
 import numpy as np
@@ -42,6 +48,25 @@ from rlcode.rewards.registry import RewardOutput, register
 FORMAT_ERROR_SCORE = -1.0
 # A completion whose similarity reaches this counts as a success in metrics.
 SUCCESS_THRESHOLD = 0.9
+
+# kind -> fn(task, completion) -> (files, oracle, predicted); raises edits.FormatError.
+ViewFn = Callable[[Task, str], tuple[Mapping[str, str], Mapping[str, str], Mapping[str, str]]]
+_VIEWS: dict[str, ViewFn] = {}
+_VIEW_MODULES = {"swe": "rlcode.rewards.swe"}
+
+
+def register_view(kind: str) -> Callable[[ViewFn], ViewFn]:
+  """Declares how the diff reward sees a task of `kind` (module docstring)."""
+  def wrap(fn: ViewFn) -> ViewFn:
+    _VIEWS[kind] = fn
+    return fn
+  return wrap
+
+
+def _view(kind: str) -> ViewFn | None:
+  if kind not in _VIEWS and kind in _VIEW_MODULES:
+    importlib.import_module(_VIEW_MODULES[kind])
+  return _VIEWS.get(kind)
 
 
 def _patches(files: Mapping[str, str], new: Mapping[str, str]) -> dict[str, str]:
@@ -105,6 +130,15 @@ def score(completion: str, files: Mapping[str, str], oracle: Mapping[str, str],
   return score_details(completion, files, oracle, edit_format)[0]
 
 
+def _viewed_score(view: ViewFn, task: Task, completion: str) -> tuple[float, dict[str, Any]]:
+  try:
+    files, oracle, predicted = view(task, completion)
+  except edits.FormatError as e:
+    return FORMAT_ERROR_SCORE, {"error": e.code, "message": str(e)}
+  sims, exact = compare(files, oracle, predicted)
+  return sum(sims.values()) / len(sims), {"similarities": sims, "exact": exact}
+
+
 @register("diff")
 def diff_reward(tasks: Sequence[Task], completions: Sequence[str]) -> RewardOutput:
   """`score` for each (task, completion) of a batch of diff tasks.
@@ -120,9 +154,15 @@ def diff_reward(tasks: Sequence[Task], completions: Sequence[str]) -> RewardOutp
   scores = np.zeros(len(completions), np.float32)
   details = []
   for i, (task, completion) in enumerate(zip(tasks, completions)):
+    view = _view(task.kind) if task.kind != "diff" else None
+    if view is not None:
+      s, detail = _viewed_score(view, task, completion)
+      scores[i] = s
+      details.append(detail)
+      continue
     if task.kind != "diff":
-      raise ValueError(f"task {task.id!r} has kind {task.kind!r}; the diff "
-                       "reward needs kind 'diff'")
+      raise ValueError(f"task {task.id!r} has kind {task.kind!r}; the diff reward needs "
+                       f"kind 'diff' or one of {sorted(set(_VIEWS) | set(_VIEW_MODULES))}")
     if not task.extra.oracle:
       raise ValueError(f"task {task.id!r}: extra.oracle is empty (no real change to score by)")
     s, detail = score_details(completion, task.extra.files, task.extra.oracle,

@@ -37,6 +37,7 @@ _MODULES = {
     "tests": "rlcode.rewards.tests",
     "format": "rlcode.rewards.tests",
     "diff": "rlcode.rewards.diffs",
+    "swe_tests": "rlcode.rewards.swe",
     "semantic": "rlcode.rewards.semantic",
     "rm": "rlcode.rm.reward",
 }

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 
 _SANDBOX_UID = 65534
 _WORKDIR = "/sandbox"
-_PYTHON_MOUNT = "/opt/python"
+PYTHON_MOUNT = "/opt/python"
 # The codec's functions first: the harness's entry point binds them with its own.
 _HARNESS_SOURCE = (Path(__file__).with_name("harness_codec.py").read_text() + "\n\n"
                    + Path(__file__).with_name("harness.py").read_text())
@@ -82,7 +82,7 @@ def interpreter(python: str | None) -> Interpreter:
   if prefix == "/usr" or prefix.startswith("/usr/"):
     mount, inside = None, lambda p: p
   else:
-    mount = _PYTHON_MOUNT
+    mount = PYTHON_MOUNT
     inside = lambda p: mount + p[len(prefix):]
   if not (exe == prefix or exe.startswith(prefix + "/")):
     raise SandboxUnavailableError(f"interpreter {exe} lies outside its prefix {prefix}")
@@ -210,9 +210,10 @@ class Bwrap:
 
 
   def session(self, workdir_bytes: int, request_fd: int, response_fd: int,
-              server: str) -> Launch:
+              server: str, mounts: tuple[tuple[str, str], ...] = ()) -> Launch:
     """The command line of a long-lived session (rlcode.sandbox.session) running the
-    server `server` (source text) with the two fds of its request pipes.
+    server `server` (source text) with the two fds of its request pipes, and the host
+    directories of `mounts` ((host path, sandbox path) pairs) bound read-only.
 
     Its commands must create processes, so bwrap's fork-allowing filter is the only
     one, and process creation is bounded by RLIMIT_NPROC instead, which the kernel
@@ -232,8 +233,9 @@ class Bwrap:
     fds, argv = [request_fd, response_fd], [*prefix, *self.static]
     self._pass_outer_filter(argv, fds)
     size = str(workdir_bytes)
+    binds = [arg for host, inside in mounts for arg in ("--ro-bind", host, inside)]
     argv += ["--size", size, "--tmpfs", _WORKDIR, "--size", size, "--tmpfs", "/tmp",
-             "--remount-ro", "/", "--chdir", _WORKDIR,
+             *binds, "--remount-ro", "/", "--chdir", _WORKDIR,
              self.interp.exe, "-S", "-s", "-B", "-c", server, str(request_fd),
              str(response_fd)]
     return Launch(argv, {}, None, tuple(fds), tuple(fds), None)

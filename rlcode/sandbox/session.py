@@ -10,7 +10,10 @@ data (strings, numbers) of bounded size.
 Isolation is the package's bubblewrap setup (see `rlcode.sandbox`; the command
 line is `launch.Bwrap.session`): new user, pid, net, ipc and uts namespaces, the
 read-only minimal root, no host files beyond the system and interpreter trees, a
-scrubbed environment. Sessions never run under the `unshare` backend. Unlike a
+scrubbed environment. Sessions never run under the `unshare` backend. A session may be
+given host directories bound read-only at fixed paths (`mounts`: a test environment, a
+repository's dependencies) and extra variables for its commands' environment (`env`:
+PYTHONPATH to them); nothing else of the host is added. Unlike a
 single-turn job, a session must create processes (bash runs commands), so its
 seccomp filter is the package's `allow_fork` one: fork and clone are allowed;
 ptrace, process_vm_*, mount, unshare, setns, bpf, keyrings, io_uring and the
@@ -52,12 +55,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import select
 import struct
 import subprocess
 import threading
 import time
 import weakref
+from collections.abc import Mapping
 from pathlib import Path
 
 from rlcode.sandbox import jobs, launch, supervise
@@ -148,21 +153,27 @@ class Session:
     python: the interpreter inside the session (the server's, and `python3` on the
       commands' PATH). Default: this process's base interpreter, unless the host is
       root and uid 65534 cannot reach it (a pyenv under /root); then /usr/bin/python3.
+    mounts: sandbox path -> host directory, bound read-only; sandbox paths lie under
+      /opt or /mnt (never over the workspace, /tmp or the system trees).
+    env: variables added to the commands' environment (names of capitals, digits and _).
 
   Raises:
     SandboxUnavailableError: bubblewrap cannot start (sessions never fall back to a
       launcher without filesystem isolation), or the host is root and has no setpriv.
   """
 
-  def __init__(self, limits: SessionLimits | None = None, *, python: str | None = None):
+  def __init__(self, limits: SessionLimits | None = None, *, python: str | None = None,
+               mounts: Mapping[str, str] | None = None, env: Mapping[str, str] | None = None):
     self.limits = limits or SessionLimits()
     self._lock = threading.Lock()
     self._proc = None
+    binds = _checked_mounts(mounts or {})
+    extra_env = _checked_env(env or {})
     bwrap = launch.choose("bwrap", _server_python(python))
     req_r, self._req = os.pipe()
     self._resp, resp_w = os.pipe()
     try:
-      spec = bwrap.session(self.limits.workdir_bytes, req_r, resp_w, _SERVER_SOURCE)
+      spec = bwrap.session(self.limits.workdir_bytes, req_r, resp_w, _SERVER_SOURCE, binds)
     except SandboxUnavailableError:
       for fd in (req_r, self._req, self._resp, resp_w):
         os.close(fd)
@@ -183,7 +194,7 @@ class Session:
     # the Session is collected or at exit (before modules are torn down, unlike __del__).
     self._finalizer = weakref.finalize(self, _stop, self._proc, [self._req, self._resp])
     self._alive = True
-    config = {"rlimits": self.limits.rlimits(), "env": bwrap.command_env(),
+    config = {"rlimits": self.limits.rlimits(), "env": {**bwrap.command_env(), **extra_env},
               "max_output_bytes": self.limits.max_output_bytes,
               "output_limit_bytes": self.limits.output_limit_bytes,
               "max_read_bytes": self.limits.max_read_bytes, "max_files": self.limits.max_files}
@@ -271,13 +282,51 @@ class Session:
     return out
 
 
+_MOUNT_ROOTS = ("/opt/", "/mnt/")
+_ENV_NAME = re.compile(r"[A-Z_][A-Z0-9_]*")
+
+
+def _checked_mounts(mounts: Mapping[str, str]) -> tuple[tuple[str, str], ...]:
+  """(host, sandbox) pairs of `mounts` (sandbox -> host), checked; ValueError names the
+  bad one. A root host runs the session as uid 65534, which must reach the directory."""
+  out = []
+  for inside, host in sorted(mounts.items()):
+    norm = os.path.normpath(inside)
+    if norm != inside or not inside.startswith(_MOUNT_ROOTS) or inside.startswith(
+        launch.PYTHON_MOUNT):
+      raise ValueError(f"mounts: {inside!r} must be a normalised path under "
+                       f"{' or '.join(_MOUNT_ROOTS)} (not {launch.PYTHON_MOUNT})")
+    if not os.path.isdir(host):
+      raise ValueError(f"mounts: {host!r} (for {inside!r}) is not a directory")
+    if os.geteuid() == 0 and not _world_reachable(host):
+      raise ValueError(f"mounts: {host!r} is not readable by uid 65534, whom a root "
+                       "host runs the session as")
+    out.append((os.path.realpath(host), inside))
+  return tuple(out)
+
+
+def _checked_env(env: Mapping[str, str]) -> dict[str, str]:
+  for name, value in env.items():
+    if not isinstance(name, str) or not _ENV_NAME.fullmatch(name) or not isinstance(
+        value, str) or "\0" in value:
+      raise ValueError(f"env: {name!r}={value!r:.80} is not a variable name and a string")
+  return dict(env)
+
+
 def _world_reachable(path: str) -> bool:
-  """Whether a user with no special rights can traverse to `path` and execute it."""
+  """Whether a user with no special rights can traverse to `path` and execute it (a
+  directory: list and enter it)."""
   parts = Path(os.path.realpath(path)).parts
   for i in range(1, len(parts)):
     if not os.stat(os.path.join(*parts[:i])).st_mode & 0o001:
       return False
   return bool(os.stat(path).st_mode & 0o005 == 0o005)
+
+
+def interpreter_path(python: str | None = None) -> str:
+  """The host path of the interpreter a `Session(python=python)` runs."""
+  chosen = _server_python(python)
+  return launch.interpreter(chosen).host_exe
 
 
 def _server_python(python: str | None) -> str | None:

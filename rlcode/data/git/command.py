@@ -1,5 +1,8 @@
 """`rlcode mine SOURCE[@BRANCH] --out DIR [--granularity G ...]`: mine, store, count.
 
+With `--tasks swe` the history is mined into executable PR tasks instead
+(rlcode.swe.command: PRs whose own tests go from failing to passing).
+
 Mines the history once (a progress bar on stderr while it walks), writes one
 tfds dataset (GitDiffs) per granularity under DIR, and prints the counts:
 first-parent commits walked, PRs kept and skipped by reason, units per
@@ -29,6 +32,9 @@ from rlcode.data.git.builder import GitDiffs
 from rlcode.data.git.config import GRANULARITIES, MiningConfig
 from rlcode.data.git.mining import mine
 from rlcode.errors import BadInput
+from rlcode.swe import command as swe_command
+
+TASK_KINDS = ("diffs", "swe")
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -36,6 +42,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                       help="a repository, or a git bundle (local or gs://); @BRANCH picks the "
                            "branch, tag or commit (default HEAD)")
   parser.add_argument("--out", required=True, help="tfds data_dir the datasets are written to")
+  parser.add_argument("--tasks", choices=TASK_KINDS, default="diffs",
+                      help="diffs: diff tasks scored against the real change (default); swe: "
+                           "executable PR tasks checked by the repository's own tests")
   parser.add_argument("--granularity", action="append", choices=GRANULARITIES,
                       help="a dataset per granularity given (repeat; default: all four)")
   parser.add_argument("--languages", action="append", default=[],
@@ -49,9 +58,11 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                            "validation split (default 0: none)")
   parser.add_argument("--context-lines", type=int, default=0,
                       help="prompts show the lines within N of each change (default: whole)")
-  parser.add_argument("--edit-format", choices=edits.EDIT_FORMATS, default="search_replace",
+  parser.add_argument("--edit-format", choices=edits.EDIT_FORMATS, default=None,
                       help="the answer format prompts ask for and references use "
-                           "(default search_replace; rlcode.data.edits)")
+                           "(default search_replace; unified_diff with --tasks swe; "
+                           "rlcode.data.edits)")
+  swe_command.add_arguments(parser)
 
 
 def split_source(spec: str) -> tuple[str, str]:
@@ -85,6 +96,11 @@ def format_table(report: dict, datasets: dict[str, str]) -> str:
   return "\n".join(lines)
 
 
+# Options of diff mining that executable PR tasks do not read, with their defaults.
+_DIFFS_ONLY = {"granularity": None, "languages": [], "validation_fraction": 0.0,
+               "context_lines": 0}
+
+
 def run(args: argparse.Namespace) -> int:
   """Mines, writes the datasets and prints the table.
 
@@ -93,6 +109,19 @@ def run(args: argparse.Namespace) -> int:
   options MiningConfig refuses.
   """
   source, branch = split_source(args.source)
+  if args.tasks == "swe":
+    given = [k for k, default in _DIFFS_ONLY.items() if getattr(args, k) != default]
+    if given:
+      raise BadInput(f"--{given[0].replace('_', '-')} is for --tasks diffs; --tasks swe "
+                     "mines whole PRs")
+    args.edit_format = args.edit_format or "unified_diff"
+    return swe_command.run(args, source, branch)
+  args.edit_format = args.edit_format or "search_replace"
+  given = [k for k in ("workers", "hypothesis_examples", "cache_dir")
+           if getattr(args, k) != swe_command.DEFAULTS[k]]
+  if given or args.timeout != swe_command.DEFAULTS["timeout"]:
+    name = (given or ["timeout"])[0].replace("_", "-")
+    raise BadInput(f"--{name} is for --tasks swe")
   granularities = list(dict.fromkeys(args.granularity or GRANULARITIES))
   try:
     config = MiningConfig(source=source, branch=branch, granularity=granularities[0],

@@ -240,11 +240,12 @@ class Git:
           time=int(fields[2]), message=fields[3]))
     return commits[::-1]
 
-  def changes(self, sha: str, base: str | None = None) -> list[Entry]:
-    """What `sha` changes against `base` (default: its only parent, or nothing for a root)."""
+  def changes(self, sha: str, base: str | None = None, renames: bool = True) -> list[Entry]:
+    """What `sha` changes against `base` (default: its only parent, or nothing for a root);
+    renames=False reports a renamed file as a deletion and an addition."""
     revisions = [base, sha] if base else ["--root", sha]
-    out = self.run("diff-tree", "-r", "-z", "--no-commit-id", "--raw", "-M",
-                   "--no-ext-diff", *revisions)
+    out = self.run("diff-tree", "-r", "-z", "--no-commit-id", "--raw",
+                   "-M" if renames else "--no-renames", "--no-ext-diff", *revisions)
     tokens = out.split(b"\0")
     entries, i = [], 0
     while i < len(tokens):
@@ -255,7 +256,7 @@ class Git:
       if not token.startswith(b":"):
         raise GitError(f"unexpected git diff-tree output {token[:100]!r}")
       old_mode, new_mode, old_sha, new_sha, status = token[1:].decode().split()
-      # -M without -C: added, modified, deleted, renamed or type-changed.
+      # -M (or --no-renames) without -C: added, modified, deleted, renamed or type-changed.
       if status[0] not in "AMDRT":
         raise GitError(f"unexpected git diff-tree status {status!r}")
       if status[0] == "R":

@@ -1,0 +1,1 @@
+"""Executable PR tasks: decomposition checked by tests, the agent on real repositories."""

@@ -1,0 +1,230 @@
+"""Executable PR tasks end to end on a history made at test time (tests/swe_history.py):
+mining with every skip reason, validation, the cache, the command, the SWE-bench round
+trip, the rewards, the agent's workspace with the gold agent, and decomposition."""
+
+import json
+
+import ml_collections
+import pytest
+
+from rlcode import cli, rewards
+from rlcode.agent import env as env_lib
+from rlcode.agent import tools as tools_lib
+from rlcode.agent.chat import CALL_CLOSE, CALL_OPEN
+from rlcode.data import sources
+from rlcode.data.tasks import load_tasks
+from rlcode.swe import decompose, export, mining, tasks, workspace
+from rlcode.swe.builder import SweTasks
+from rlcode.swe.config import SweConfig
+from rlcode.swe.runner import Runner
+
+from swe_history import make_history, make_untested
+
+pytestmark = pytest.mark.slow
+
+
+@pytest.fixture(scope="module")
+def history(tmp_path_factory):
+  root = tmp_path_factory.mktemp("swe")
+  escaped = root / "escaped.txt"
+  repo, shas = make_history(root / "repo", escape_target=escaped)
+  config = SweConfig(source=str(repo.path), timeout=12.0, workers=2)
+  result = mining.mine(config, cache_dir=str(root / "cache"))
+  return dict(root=root, repo=repo, shas=shas, config=config, result=result,
+              escaped=escaped, by_id={t.id: t for t in result.tasks})
+
+
+def task_of(history, name):
+  return history["by_id"][f"repo-{history['shas'][name][:12]}"]
+
+
+def test_counts_every_pr_once_with_its_reason(history):
+  report = history["result"].report
+  assert report["walked"] == 11 and report["with_tests"] == 7
+  assert report["skipped"] == {"root_commit": 1, "no_test_change": 2, "no_code_change": 1,
+                               "timeout": 1,
+                               "crash": 1, "missing_dependency": 1, "no_passing_test": 1}
+  assert report["runnable"] == report["kept"] == report["validated"] == 3
+  assert report["validated"] + sum(report["skipped"].values()) == report["walked"]
+  assert report["skip_details"]["missing_dependency"] == ["nonexistent_rlcode_dependency"]
+  assert report["tasks"] == {"train": 2, "test": 1}
+  verdicts = {v.get("sha"): v["reason"] for v in history["result"].verdicts}
+  shas = history["shas"]
+  assert [verdicts[shas[k]] for k in ("hang", "kill", "escape", "missing")] == [
+      "timeout", "crash", "no_passing_test", "missing_dependency"]
+
+
+def test_the_escaping_test_wrote_nothing_outside(history):
+  assert not history["escaped"].exists()
+
+
+def test_fail_to_pass_and_pass_to_pass(history):
+  mul, two, sub = (task_of(history, k) for k in ("mul", "two", "sub"))
+  assert mul.extra.fail_to_pass == ("tests/test_ops.py::test_mul",)
+  assert mul.extra.pass_to_pass == ("tests/test_ops.py::test_add",)
+  assert two.extra.fail_to_pass == ("tests/test_fmt.py::test_show", "tests/test_ops.py::test_neg")
+  assert two.extra.pass_to_pass == ("tests/test_ops.py::test_add", "tests/test_ops.py::test_mul")
+  assert two.extra.test_files == ("tests/test_fmt.py", "tests/test_ops.py")
+  assert sub.extra.python_path == ("src", ".") and mul.extra.python_path == (".",)
+  assert tasks.request_of(two) == "Fix neg and show\n\nFix neg\n\nFix show"
+  assert two.extra.base_commit == history["repo"].git("rev-parse", f"{history['shas']['two']}^1")
+  # The test patch is withheld from the workspace: the base has no test_fmt.py.
+  assert "tests/test_fmt.py" not in tasks.base_files(two)
+  assert "tests/test_fmt.py" in tasks.evaluation_tree(tasks.base_files(two),
+                                                      two.extra.test_patch, {})
+
+
+def test_every_task_validates_through_the_reward(history):
+  """Gold resolves; the empty change fails every FAIL_TO_PASS test (run here again,
+  outside the miner, through the reward's own path)."""
+  found = history["result"].tasks
+  gold = [workspace.gold_answer(t) for t in found]
+  out = rewards.compute({"swe_tests": 1.0}, found, gold)
+  assert out.scores.tolist() == [1.0] * len(found)
+  runner = Runner(use_cache=False)
+  for t in found:
+    empty = runner.run(tasks.run_spec(t, tasks.evaluation_tree(
+        tasks.base_files(t), t.extra.test_patch, {})))
+    assert not set(t.extra.fail_to_pass) & empty.passing()
+
+
+def test_a_cached_rerun_runs_nothing(history):
+  again = mining.mine(history["config"], cache_dir=str(history["root"] / "cache"))
+  assert again.report["runs"] == 0
+  assert [t.id for t in again.tasks] == [t.id for t in history["result"].tasks]
+  assert again.tasks == history["result"].tasks
+
+
+def test_rewards_weigh_tests_and_diff(history):
+  mul = task_of(history, "mul")
+  gold = workspace.gold_answer(mul)
+  wrong = gold.replace("return a * b", "return a + b")
+  cheat = ("<think>\nx\n</think>\n<solution>\n```diff\n--- a/tests/test_ops.py\n"
+           "+++ b/tests/test_ops.py\n@@ -1,1 +1,1 @@\n-import calc\n+import calc, os\n"
+           "```\n</solution>")
+  out = rewards.compute({"swe_tests": 1.0, "diff": 0.5}, [mul] * 4,
+                        [gold, wrong, cheat, "no answer"])
+  assert out.scores[0] == pytest.approx(1.5)  # resolved, and the gold's own diff
+  assert 0 < out.scores[1] < 0.5  # not resolved; close to the gold diff
+  # An answer that edits only the tests changes nothing the tests run on.
+  assert out.details[2]["swe_tests"]["resolved"] is False
+  assert out.details[3]["swe_tests"]["error"] == "tag_count"
+  assert out.scores[3] == pytest.approx(-0.5)
+  frac = rewards.compute({"swe_tests": 1.0}, [mul], [wrong],
+                         {"swe_tests": {"mode": "fail_to_pass"}})
+  assert frac.scores.tolist() == [0.0] and frac.metrics["swe_tests/applied"] == 1.0
+
+
+def _call(name, arguments):
+  return f"{CALL_OPEN}{json.dumps({'name': name, 'arguments': arguments})}{CALL_CLOSE}"
+
+
+def test_the_gold_agent_resolves_every_task_through_the_editor(history):
+  scorer = env_lib.Scorer({"swe_tests": 1.0})
+  env = env_lib.ToolEnv(tools_lib.make_tools(["bash", "editor", "run_tests", "lint", "finish"]),
+                        scorer, max_turns=40)
+  try:
+    for task in history["result"].tasks:
+      assert "--- BEGIN REQUEST ---" in env.reset(task)
+      step = env.step(_call("run_tests", {}), "call")
+      assert step.observation.startswith("passed ")  # the visible tests, at the base
+      calls = workspace.gold_calls(task)
+      assert all(name in ("editor", "finish") for name, _ in calls)
+      for name, arguments in calls:
+        step = env.step(_call(name, arguments), "call")
+      assert step.done and step.info["status"] == "finished"
+      assert step.reward == 1.0, (task.id, step.info)
+  finally:
+    env.close()
+
+
+def test_lint_and_pytest_in_the_episode(history):
+  env = env_lib.ToolEnv(tools_lib.make_tools(["bash", "editor", "lint", "finish"]),
+                        env_lib.Scorer({"swe_tests": 1.0}), max_turns=10, bash_seconds=30)
+  try:
+    env.reset(task_of(history, "mul"))
+    env.step(_call("editor", {"command": "create", "path": "calc/extra.py",
+                              "file_text": "import os\n\ndef f():\n  return undefined\n"}), "call")
+    step = env.step(_call("lint", {}), "call")
+    assert "calc/extra.py:1:8: F401" in step.observation and "F821" in step.observation
+    step = env.step(_call("bash", {"command": "python3 -m pytest -q -p no:cacheprovider "
+                                              "tests/test_ops.py"}), "call")
+    assert "1 passed" in step.observation, step.observation
+    step = env.step(_call("finish", {}), "call")
+    assert step.reward == 0.0 and not step.info["reward_details"]["swe_tests"]["resolved"]
+  finally:
+    env.close()
+
+
+def test_the_command_prints_the_counts_and_writes_both_formats(history, capsys):
+  out = history["root"] / "out"
+  argv = ["mine", str(history["repo"].path), "--tasks", "swe", "--out", str(out),
+          "--timeout", "12", "--workers", "2", "--cache-dir", str(history["root"] / "cache")]
+  assert cli.main(argv) == 0
+  table = capsys.readouterr().out
+  assert "walked (first-parent commits)         11" in table
+  assert "  missing_dependency                  1" in table
+  assert table.rstrip().endswith("swe tasks: 3")
+  read = export.read(str(out / export.FILE_NAME))
+  assert read == history["result"].tasks  # the round trip: same tasks
+  builder = SweTasks(data_dir=str(out), swe=history["config"])
+  stored = load_tasks(builder, "train") + load_tasks(builder, "test")
+  assert sorted(stored, key=lambda t: t.id) == history["result"].tasks
+  # The JSON lines as a config's task source, split as the miner splits.
+  data = ml_collections.ConfigDict(dict(source="swebench", path=str(out / export.FILE_NAME),
+                                        repo=None, data_dir=str(history["root"] / "tfds")))
+  assert sources.load(data, "train") == [t for t in history["result"].tasks
+                                         if t in history["result"].splits["train"]]
+  assert sources.load(data, "test") == history["result"].splits["test"]
+
+
+def test_a_repository_without_tests_gives_no_task(tmp_path, capsys):
+  repo = make_untested(tmp_path / "repo")
+  assert cli.main(["mine", str(repo.path), "--tasks", "swe", "--out", str(tmp_path / "out"),
+                   "--cache-dir", str(tmp_path / "cache")]) == 0
+  table = capsys.readouterr().out
+  assert "no_test_change" in table and table.rstrip().endswith("swe tasks: 0")
+  assert (tmp_path / "out" / export.FILE_NAME).read_text() == ""
+
+
+def test_the_swebench_package_reads_the_file_and_grades_as_we_do(history):
+  pytest.importorskip("swebench", reason="the swebench package is not installed")
+  from swebench.harness.constants import ResolvedStatus
+  from swebench.harness.grading import get_eval_tests_report, get_resolution_status
+  from swebench.harness.utils import load_swebench_dataset
+  from swebench.types import SWEbenchInstance
+  path = history["root"] / "export.jsonl"
+  export.write(str(path), history["result"].tasks)
+  loaded = load_swebench_dataset(str(path), instance_ids=[t.id for t in
+                                                          history["result"].tasks])
+  assert len(loaded) == 3
+  runner = Runner(use_cache=False)
+  for row, task in zip(sorted(loaded, key=lambda r: r["instance_id"]), history["result"].tasks):
+    assert set(SWEbenchInstance.__annotations__) <= set(row)
+    assert row["FAIL_TO_PASS"] == list(task.extra.fail_to_pass)
+    gold_runs = {"FAIL_TO_PASS": row["FAIL_TO_PASS"], "PASS_TO_PASS": row["PASS_TO_PASS"]}
+    base = tasks.base_files(task)
+    for changes, want in [(tasks.gold_changes(task, base), ResolvedStatus.FULL.value),
+                          ({}, ResolvedStatus.NO.value)]:
+      run = runner.run(tasks.run_spec(task, tasks.evaluation_tree(base, row["test_patch"],
+                                                                   changes)))
+      status_map = {t: {"passed": "PASSED", "xfailed": "XFAIL", "skipped": "SKIPPED",
+                        "error": "ERROR"}.get(o, "FAILED") for t, o in run.outcomes.items()}
+      report = get_eval_tests_report(status_map, gold_runs)
+      assert get_resolution_status(report) == want
+
+
+def test_decomposition_finds_the_part_no_test_sees(history):
+  two = task_of(history, "two")
+  runner = Runner(str(history["root"] / "cache" / "runs"))
+  files = decompose.check(history["result"].tasks, "file", runner, workers=2)
+  hunks = decompose.check(history["result"].tasks, "hunk", runner, workers=2)
+  by_part = {c.part: c.makes_pass for c in files + hunks}
+  assert by_part[f"{two.id}:calc/fmt.py"] == ("tests/test_fmt.py::test_show",)
+  assert by_part[f"{two.id}:calc/ops.py"] == ("tests/test_ops.py::test_neg",)
+  assert by_part[f"{two.id}:calc/fmt.py#1"] == ()  # the docstring: no test sees it
+  assert by_part[f"{two.id}:calc/fmt.py#2"] == ("tests/test_fmt.py::test_show",)
+  summary = decompose.summary(hunks)
+  assert summary["tasks"] == 3 and summary["parts"] == 6 and summary["checked"] == 5
+  assert summary["parts_per_pr"] == {"1": 1, "2": 1, "3-4": 1, "5-8": 0, "9+": 0}
+  assert decompose.summary(files)["checked"] == decompose.summary(files)["parts"] == 5
