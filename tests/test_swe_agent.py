@@ -27,6 +27,12 @@ SMALL = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+  """Caches that default to ~/.cache (the reward's runner, tfds) stay in the test's folder."""
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
 @pytest.mark.slow
 def test_agent_swe_trains_two_steps_on_a_tiny_history(tmp_path):
   repo, _ = make_history(tmp_path / "repo", hostile=False)

@@ -23,6 +23,12 @@ from swe_history import make_history, make_untested
 pytestmark = pytest.mark.slow
 
 
+@pytest.fixture(autouse=True)
+def _home(tmp_path, monkeypatch):
+  """Caches that default to ~/.cache (the reward's runner, tfds) stay in the test's folder."""
+  monkeypatch.setenv("HOME", str(tmp_path / "home"))
+
+
 @pytest.fixture(scope="module")
 def history(tmp_path_factory):
   root = tmp_path_factory.mktemp("swe")

@@ -137,6 +137,23 @@ def test_resume_with_another_config_is_one_line_and_exit_2(uninterrupted, capsys
                            "--config.train.eval_every=4"), str(uninterrupted))
 
 
+
+def test_a_key_added_since_the_run_started_resumes_at_its_default(uninterrupted, tmp_path):
+  """A run recorded before a key existed resumes when the key keeps its default, and not
+  when it is set to something else."""
+  import json
+  from rlcode.config import record
+  from rlcode.errors import BadInput
+  recorded = json.loads((uninterrupted / "config.json").read_text())
+  assert recorded["data"].pop("swe", "absent") is None  # a key at its default (None)
+  assert recorded["rl"].pop("micro_batch_rows") is None
+  old = tmp_path / "old"
+  old.mkdir()
+  (old / "config.json").write_text(json.dumps(recorded))
+  record.check_resume(_config(uninterrupted), str(old))
+  with pytest.raises(BadInput, match="rl.micro_batch_rows"):
+    record.check_resume(_config(uninterrupted, "--config.rl.micro_batch_rows=8"), str(old))
+
 def test_fresh_run_never_truncates_old_metrics(uninterrupted, tmp_path, capsys):
   from rlcode import cli
   workdir = tmp_path / "old"

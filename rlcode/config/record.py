@@ -4,7 +4,8 @@ A run writes the config it was resolved to; resuming with different values outsi
 `RESUMABLE_KEYS` (where it writes, how long it runs, how often it evaluates and saves,
 where prepared datasets are cached, whether a bar is drawn) is one line listing the keys.
 A derived key follows its resumable source: a run resumed for more steps stretches a
-decay derived from train.steps.
+decay derived from train.steps. A key added to the schema after the run started counts as
+its default.
 """
 
 from __future__ import annotations
@@ -68,8 +69,18 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
   if not os.path.isfile(path):
     raise MissingInput(f"{path} does not exist: {workdir!r} holds a checkpoint but not the "
                        "config it was written with, so a resume cannot be checked")
-  before = flat(_read_json(path))
+  recorded = _read_json(path)
+  before = flat(recorded)
   now = flat(plain(config))
+  # A key rlcode gained since the run started is absent from its record: the recorded
+  # config resolved by today's schema holds its default, which is what the run used.
+  from rlcode.config import loader
+  try:
+    resolved = flat(plain(loader.resolve(recorded)))
+  except BadInput:
+    resolved = {}
+  for k, value in resolved.items():
+    before.setdefault(k, value)
   resumable = set(RESUMABLE_KEYS)
   # A derived key that follows a resumable one (decay steps from train.steps) follows it.
   from rlcode.config.schema import DERIVED
