@@ -66,3 +66,27 @@ def practice_data(mining: ml_collections.ConfigDict) -> ml_collections.ConfigDic
   data.mining.update(test_fraction=0.0, validation_fraction=0.0, tests_hidden=(),
                      tests_visible=(), tests_support=())
   return data
+
+
+def plan_job(name: str, arch: dict, mesh: dict, prompt_len: int,
+             max_new_tokens: int) -> ml_collections.ConfigDict:
+  """A GRPO step of a real model's shape, for `rlcode plan` only (nothing is allocated):
+  bfloat16, each block rematerialised, the layers scanned, log-probs 128 positions at a
+  time (what makes it fit: docs/results.md, "fitting real models"); 8 prompts x 8 samples
+  with the prompt computed once per group."""
+  config = ml_collections.ConfigDict()
+  config.trainer = "grpo"
+  config.workdir = f"workdirs/{name}"
+  config.mesh = ml_collections.ConfigDict(mesh)
+  config.model = ml_collections.ConfigDict(dict(param_dtype="bfloat16", dtype="bfloat16",
+                                                remat="full", scan_layers=True,
+                                                logits_chunk=128))
+  config.model.arch = ml_collections.ConfigDict(dict(
+      head_dim=128, rope_theta=1000000.0, rms_norm_eps=1e-6, tie_embeddings=False, **arch))
+  config.data = ml_collections.ConfigDict(dict(source="humaneval"))
+  config.rewards = ml_collections.ConfigDict({"tests": 1.0})
+  config.rl = ml_collections.ConfigDict(dict(
+      group_size=8, prompts_per_step=8, max_new_tokens=max_new_tokens, max_staleness=1))
+  config.optimizer = optimizer(lr=1e-6, warmup=10, decay=1000)
+  config.plan = ml_collections.ConfigDict(dict(prompt_len=prompt_len))
+  return config

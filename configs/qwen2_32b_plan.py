@@ -11,27 +11,11 @@ computed once per group and split over the context axis.
 Result: docs/results.md, "rlcode plan: fitting real models and long contexts".
 """
 
-import ml_collections
-
-from common import optimizer
+from common import plan_job
 
 
 def get_config():
-  config = ml_collections.ConfigDict()
-  config.trainer = "grpo"
-  config.workdir = "workdirs/qwen2_32b_plan"
-  config.mesh = ml_collections.ConfigDict(dict(fsdp=8, context=8))
-  config.model = ml_collections.ConfigDict(dict(param_dtype="bfloat16", dtype="bfloat16",
-                                                remat="full", scan_layers=True,
-                                                logits_chunk=128))
-  config.model.arch = ml_collections.ConfigDict(dict(
-      vocab_size=152064, hidden_size=5120, intermediate_size=27648, num_layers=64,
-      num_heads=40, num_kv_heads=8, head_dim=128, rope_theta=1000000.0, rms_norm_eps=1e-6,
-      qkv_bias=True, tie_embeddings=False, max_seq_len=139264))
-  config.data = ml_collections.ConfigDict(dict(source="humaneval"))
-  config.rewards = ml_collections.ConfigDict({"tests": 1.0})
-  config.rl = ml_collections.ConfigDict(dict(
-      group_size=8, prompts_per_step=8, max_new_tokens=4096, max_staleness=1))
-  config.optimizer = optimizer(lr=1e-6, warmup=10, decay=1000)
-  config.plan = ml_collections.ConfigDict(dict(prompt_len=131072))
-  return config
+  return plan_job(
+      "qwen2_32b_plan", mesh=dict(fsdp=8, context=8), prompt_len=131072, max_new_tokens=4096,
+      arch=dict(vocab_size=152064, hidden_size=5120, intermediate_size=27648, num_layers=64,
+                num_heads=40, num_kv_heads=8, qkv_bias=True, max_seq_len=139264))

@@ -14,29 +14,11 @@ without remat, scanning and chunked log-probs); on a GB200 NVL72 rack 18.1 GB an
 estimated 0.64 s a step.
 """
 
-import ml_collections
-
-from common import optimizer
+from common import plan_job
 
 
 def get_config():
-  config = ml_collections.ConfigDict()
-  config.trainer = "grpo"
-  config.workdir = "workdirs/qwen2_7b_plan"
-  config.mesh = ml_collections.ConfigDict(dict(fsdp=8))
-  # What makes the update fit (docs/results.md, "fit"): each block rematerialised, the
-  # layers scanned, log-probs 128 positions at a time.
-  config.model = ml_collections.ConfigDict(dict(param_dtype="bfloat16", dtype="bfloat16",
-                                                remat="full", scan_layers=True,
-                                                logits_chunk=128))
-  config.model.arch = ml_collections.ConfigDict(dict(
-      vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28,
-      num_heads=28, num_kv_heads=4, head_dim=128, rope_theta=1000000.0, rms_norm_eps=1e-6,
-      qkv_bias=True, tie_embeddings=False, max_seq_len=32768))
-  config.data = ml_collections.ConfigDict(dict(source="humaneval"))
-  config.rewards = ml_collections.ConfigDict({"tests": 1.0})
-  config.rl = ml_collections.ConfigDict(dict(
-      group_size=8, prompts_per_step=8, max_new_tokens=1024, max_staleness=1))
-  config.optimizer = optimizer(lr=1e-6, warmup=10, decay=1000)
-  config.plan = ml_collections.ConfigDict(dict(prompt_len=1024))
-  return config
+  return plan_job(
+      "qwen2_7b_plan", mesh=dict(fsdp=8), prompt_len=1024, max_new_tokens=1024,
+      arch=dict(vocab_size=152064, hidden_size=3584, intermediate_size=18944, num_layers=28,
+                num_heads=28, num_kv_heads=4, qkv_bias=True, max_seq_len=32768))

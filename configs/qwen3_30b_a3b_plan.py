@@ -11,31 +11,16 @@ A GRPO batch of 8 prompts x 8 samples, 1,024 + 1,024 tokens, the prompt once per
 Result: docs/results.md, "rlcode plan: MoE and Qwen3".
 """
 
-import ml_collections
-
-from common import optimizer
+from common import plan_job
 
 
 def get_config():
-  config = ml_collections.ConfigDict()
-  config.trainer = "grpo"
-  config.workdir = "workdirs/qwen3_30b_a3b_plan"
-  config.mesh = ml_collections.ConfigDict(dict(fsdp=2, expert=4))
-  config.model = ml_collections.ConfigDict(dict(param_dtype="bfloat16", dtype="bfloat16",
-                                                remat="full", scan_layers=True,
-                                                logits_chunk=128))
   # The grouped matmul planned is the tiled one: its memory is a grouped GEMM's (rows
   # padded to tiles); ragged_dot lowers on fake CPU devices to a masked dense product.
-  config.model.arch = ml_collections.ConfigDict(dict(
-      vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_layers=48,
-      num_heads=32, num_kv_heads=4, head_dim=128, rope_theta=1000000.0, rms_norm_eps=1e-6,
-      qk_norm="head", tie_embeddings=False, max_seq_len=40960, family="qwen3_moe",
-      moe=dict(num_experts=128, top_k=8, intermediate_size=768, norm_topk_prob=True,
-               impl="tiled", tile=128)))
-  config.data = ml_collections.ConfigDict(dict(source="humaneval"))
-  config.rewards = ml_collections.ConfigDict({"tests": 1.0})
-  config.rl = ml_collections.ConfigDict(dict(
-      group_size=8, prompts_per_step=8, max_new_tokens=1024, max_staleness=1))
-  config.optimizer = optimizer(lr=1e-6, warmup=10, decay=1000)
-  config.plan = ml_collections.ConfigDict(dict(prompt_len=1024))
-  return config
+  return plan_job(
+      "qwen3_30b_a3b_plan", mesh=dict(fsdp=2, expert=4), prompt_len=1024, max_new_tokens=1024,
+      arch=dict(vocab_size=151936, hidden_size=2048, intermediate_size=6144, num_layers=48,
+                num_heads=32, num_kv_heads=4, qk_norm="head", max_seq_len=40960,
+                family="qwen3_moe",
+                moe=dict(num_experts=128, top_k=8, intermediate_size=768, norm_topk_prob=True,
+                         impl="tiled", tile=128)))
