@@ -16,6 +16,10 @@ For each seed:
         [--out experiments/out/grpo_tiny_seeds] [--name grpo_tiny_seeds]
         [--config.a.b=value ...]
 
+    python -m experiments.grpo.tiny_seeds --combine OUT1/grpo_tiny_seeds.json ... --name N
+
+--combine makes one result of seeds that ran as separate processes side by side (each with
+one --seeds and its own --out): their runs are read, nothing is run again.
 --no-held-out with --arms grpo is the tuning mode (validation only). Prints a table
 with mean and standard error over seeds. The runs and grpo_tiny_seeds.json (rewritten
 as seeds finish) stay under --out; the result (the same JSON and grpo_tiny_seeds.png,
@@ -26,6 +30,7 @@ Extra --config.a.b=value arguments go to every run.
 from __future__ import annotations
 
 import argparse
+import json
 import os
 
 from flax import nnx
@@ -75,6 +80,19 @@ def control_arm(config, workdir, seconds, mesh):
   return nnx.merge(graphdef, params), tokenizer, stats_
 
 
+def _combined(paths):
+  """(runs, overrides) of several progress files; their overrides must agree."""
+  runs_, overrides = [], None
+  for path in paths:
+    with open(path) as f:
+      part = json.load(f)
+    if overrides is not None and part["overrides"] != overrides:
+      raise SystemExit(f"{path}: overrides {part['overrides']} differ from {overrides}")
+    overrides = part["overrides"]
+    runs_ += part["runs"]
+  return sorted(runs_, key=lambda r: r["seed"]), overrides
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
@@ -84,11 +102,18 @@ def main():
   parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/grpo_tiny_seeds"))
   parser.add_argument("--name", default="grpo_tiny_seeds",
                       help="the result's name under results/grpo/")
+  parser.add_argument("--combine", nargs="+", default=[], metavar="JSON",
+                      help="the grpo_tiny_seeds.json of runs made apart: one result of them")
   args, overrides = parser.parse_known_args()
   os.makedirs(args.out, exist_ok=True)
   progress = os.path.join(args.out, "grpo_tiny_seeds.json")
   found = []
-  for seed in args.seeds:
+  if args.combine:
+    found, overrides = _combined(args.combine)
+    args.seeds = [r["seed"] for r in found]
+    args.arms = ["grpo", "ce"] if all("ce" in r for r in found) else ["grpo"]
+    args.no_held_out = not all("held_out" in r for r in found)
+  for seed in [] if args.combine else args.seeds:
     workdir = os.path.join(args.out, f"seed{seed}")
     run = {"seed": seed, **grpo_arm(seed, workdir, overrides)}
     config = load(seed, overrides)
