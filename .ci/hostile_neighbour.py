@@ -1,6 +1,6 @@
 """Hostile sandbox and session cases in a loop, to run beside the suite on the same cores.
 
-    python .ci/hostile_neighbour.py --minutes 20     # or until interrupted
+    python .ci/hostile_neighbour.py --minutes 20     # or until SIGINT / SIGTERM
 
 Each round runs, with the sandbox's default limits, programs that fork without end, write
 2 GB, allocate without end, print without end and spin; and in an agent session (the
@@ -18,6 +18,7 @@ import concurrent.futures
 import glob
 import os
 import shutil
+import signal
 import sys
 import tempfile
 import time
@@ -92,6 +93,13 @@ def main() -> int:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--minutes", type=float, default=None, help="stop after this long")
   args = parser.parse_args()
+  # Stopped by SIGINT or SIGTERM, it ends its round's bookkeeping and says what it saw. A
+  # shell starts a background job with SIGINT ignored (so Python never installs its
+  # handler): both are set here.
+  def stop(signum, frame):
+    raise KeyboardInterrupt
+  signal.signal(signal.SIGINT, stop)
+  signal.signal(signal.SIGTERM, stop)
   # A temporary directory of its own, so that what is left there is this loop's (the suite
   # beside it makes sandbox directories of its own in the system's).
   tempfile.tempdir = os.environ["TMPDIR"] = tempfile.mkdtemp(prefix="rlcode-neighbour-")
