@@ -187,6 +187,13 @@ def test_sigkill_under_load_keeps_every_acknowledged_feedback(tmp_path):
     assert len(row["candidates"]) == 1 and row["candidates"][0]["tokens"]
 
 
+def _wait_for_busy_slots(client, n, seconds=60.0):
+  """Polls /metrics until n decode slots are busy (or `seconds` pass)."""
+  deadline = time.monotonic() + seconds
+  while client.get("/metrics").json()["busy_slots"] < n and time.monotonic() < deadline:
+    time.sleep(0.01)
+
+
 def test_sigterm_drains_requests_in_flight(tmp_path):
   server = serving.Server(str(tmp_path))
   results = {}
@@ -200,9 +207,7 @@ def test_sigterm_drains_requests_in_flight(tmp_path):
   with concurrent.futures.ThreadPoolExecutor(4) as pool:
     futures = [pool.submit(long_request, i) for i in range(4)]
     with server.client() as c:
-      deadline = time.monotonic() + 60
-      while c.get("/metrics").json()["busy_slots"] < 4 and time.monotonic() < deadline:
-        pass
+      _wait_for_busy_slots(c, 4)
     server.signal(signal.SIGTERM)
     for f in futures:
       f.result(timeout=120)
@@ -240,12 +245,11 @@ def test_new_weights_swap_in_under_load_without_dropping_requests(server):
   with concurrent.futures.ThreadPoolExecutor(12) as pool:
     futures = [pool.submit(ask, i) for i in range(12)]
     with server.client() as c:
-      deadline = time.monotonic() + 60
-      while c.get("/metrics").json()["busy_slots"] < 6 and time.monotonic() < deadline:
-        pass
+      _wait_for_busy_slots(c, 6)
       weights.publish(f"{server.workdir}/published", 7, params)
-      while c.get("/health").json()["policy_version"] != 7 and time.monotonic() < deadline + 60:
-        pass
+      deadline = time.monotonic() + 60
+      while c.get("/health").json()["policy_version"] != 7 and time.monotonic() < deadline:
+        time.sleep(0.01)
     for f in futures:
       f.result(timeout=300)
   assert statuses == [200] * 12
