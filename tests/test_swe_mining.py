@@ -194,7 +194,6 @@ def test_a_repository_without_tests_gives_no_task(tmp_path, capsys):
 
 
 def test_the_swebench_package_reads_the_file_and_grades_as_we_do(history):
-  pytest.importorskip("swebench", reason="the swebench package is not installed")
   from swebench.harness.constants import ResolvedStatus
   from swebench.harness.grading import get_eval_tests_report, get_resolution_status
   from swebench.harness.utils import load_swebench_dataset
