@@ -14,7 +14,8 @@ Command (from the repository root):
   python -m experiments.swe.decomposition --repos data/repos/attrs.bundle --workers 2
 
 Prints a table; writes results/swe/NAME (default decomposition): result.json (the
-summaries and every part's tests) and its manifest.
+summaries, and every part with the number of FAIL_TO_PASS tests that fail without it)
+and its manifest.
 """
 
 from __future__ import annotations
@@ -53,8 +54,11 @@ def main(argv=None) -> None:
       checked = decompose.check(found, granularity, runner, workers=workers, progress=True)
       summary = decompose.summary(checked)
       summary["seconds"] = round(time.monotonic() - start, 1)
+      # A part's row keeps how many FAIL_TO_PASS tests fail without it, not their ids (the
+      # ids are the task's, in its SWE-bench file; a rerun reads the runs from the cache).
       payload["repos"][repo][granularity] = {
-          "summary": summary, "parts": [dataclasses.asdict(c) for c in checked]}
+          "summary": summary,
+          "parts": [{**dataclasses.asdict(c), "makes_pass": len(c.makes_pass)} for c in checked]}
       bins = summary["parts_per_pr"]
       rows.append([os.path.basename(repo), granularity, summary["tasks"], summary["parts"],
                    f"{summary['checked']} ({summary['checked_share']:.0%})",
