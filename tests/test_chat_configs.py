@@ -49,7 +49,7 @@ def test_chat_tasks_render_as_transformers_does(tmp_path):
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("name", sorted(STAND_INS))
+@pytest.mark.parametrize("name", ["qwen3-1.7b"])  # the Qwen2 stand-in's family: test_model_families
 def test_two_grpo_steps_on_a_stand_in(name, tmp_path):
   base = tiny_hf.checkpoint(STAND_INS[name], tmp_path, max_positions=2048)
   workdir = str(tmp_path / "run")

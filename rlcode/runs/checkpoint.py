@@ -19,6 +19,7 @@ import logging
 import os
 import re
 import sys
+import traceback
 from typing import Any
 
 import jax
@@ -205,6 +206,18 @@ def _quiet_reads_after_a_failed_restore() -> None:
 
   hook._rlcode_quiet = True
   sys.unraisablehook = hook
+
+  # tensorstore reports a read that cannot hand its result to the closed loop with
+  # PyErr_Print, which goes through sys.excepthook: drop exactly that traceback.
+  previous_excepthook = sys.excepthook
+
+  def excepthook(kind, value, tb):
+    frames = traceback.extract_tb(tb) if tb is not None else []
+    if not (isinstance(value, RuntimeError) and str(value) == "Event loop is closed"
+            and any(f.name == "call_soon_threadsafe" for f in frames)):
+      previous_excepthook(kind, value, tb)
+
+  sys.excepthook = excepthook
   # The failed reads' tasks, collected with their exceptions unread, are logged by asyncio.
   logging.getLogger("asyncio").addFilter(
       lambda record: not (record.getMessage().startswith("Task exception was never retrieved")
