@@ -15,6 +15,7 @@ from rlcode.data.tasks import load_tasks
 from rlcode.errors import BadInput, UnknownKey
 
 FIXTURE = Path(__file__).parent / "data" / "tiny_tasks.jsonl"
+DEFAULT_JOB_TASKS = Path(__file__).parent.parent / "data" / "tiny_tasks.jsonl"
 
 
 def _expected_held_out(fraction):
@@ -112,3 +113,42 @@ def test_references_pass_in_the_sandbox(tmp_path):
                           for t in tasks))
   report = scoring.evaluate_completions_file(tasks, path, out_dir=tmp_path, workers=2)
   assert report["pass_at_k"] == {"pass@1": 1.0}, report
+
+
+def test_reference_share_makes_tests_only_training_tasks(tmp_path):
+  import dataclasses as dc
+  import ml_collections
+
+  from rlcode.data import sources
+  from rlcode.train import warm_start
+
+  def data(share):
+    return ml_collections.ConfigDict(dict(
+        source="jsonl", path=str(DEFAULT_JOB_TASKS), data_dir=str(tmp_path),
+        train_split="train", eval_split="held_out", max_eval_tasks=None, reference_share=share, repo=None,
+        mining=None, swe=None))
+
+  full = sources.load(data(1.0), "train")
+  assert all(t.reference for t in full)
+  kept = {}
+  for share in (0.3, 0.6):
+    tasks = sources.load(data(share), "train")
+    assert [t.id for t in tasks] == [t.id for t in full]  # every task still trains (its tests)
+    assert all(t.tests == f.tests for t, f in zip(tasks, full))
+    kept[share] = {t.id for t in tasks if t.reference}
+    # The hash decides, the same in every call; the references left are the real ones.
+    assert kept[share] == {t.id for t in full if sources.keeps_reference(t.id, share)}
+    assert all(t.reference == f.reference for t, f in zip(tasks, full) if t.reference)
+    assert 0 < len(kept[share]) < len(full)
+  assert kept[0.3] <= kept[0.6]  # a larger share keeps a superset
+  # Held-out splits keep theirs (nothing trains on them).
+  assert all(t.reference for t in sources.load(data(0.3), "held_out"))
+  # The warm start trains on the references alone; a task without tests keeps its reference.
+  config = ml_collections.ConfigDict(dict(
+      warmstart=dict(train_repeats=2, data=None), data=dict(reference_share=0.3)))
+  tasks = sources.load(data(0.3), "train")
+  no_tests = dc.replace(tasks[0], reference="", tests="")
+  own, _ = warm_start.warm_start_tasks(config, None, 64, tasks + [no_tests])
+  assert sorted(t.id for t in own) == sorted(2 * [*kept[0.3], no_tests.id])
+  with pytest.raises(BadInput, match="no reference solution"):
+    warm_start.warm_start_tasks(config, None, 64, [t for t in tasks if not t.reference])

@@ -32,6 +32,9 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import time
+
+import jax
 
 from flax import nnx
 
@@ -53,14 +56,20 @@ def load(seed, overrides, split=None):
 
 
 def grpo_arm(seed, workdir, overrides):
-  """The GRPO run in a fresh process: its minutes, training seconds and validation curve."""
+  """The GRPO run in a fresh process: its minutes, training seconds, validation curve and
+  checkpoints (every one kept: the held-out curve reads them)."""
   run = runs.train_process(CONFIG, [f"--config.seed={seed}", f"--config.workdir={workdir}",
-                                    "--config.train.progress_bar=false", *overrides], workdir)
+                                    "--config.train.progress_bar=false",
+                                    "--config.train.keep_checkpoints=1000", *overrides], workdir)
   evals = runs.eval_rows(run["rows"], "eval/pass@1")
   steps = runs.step_rows(run["rows"])
   rewards = [r["reward_mean"] for r in steps]
+  every = load(seed, overrides).train.checkpoint_every
   return {"minutes": run["minutes"],
           "train_seconds": runs.train_seconds(steps),
+          # The training seconds spent up to each checkpoint (its step: the key).
+          "checkpoint_seconds": {r["step"]: runs.train_seconds(steps[:i + 1])
+                                 for i, r in enumerate(steps) if r["step"] % every == 0},
           # The rollouts' mean reward over the first and the last ten steps.
           "reward_first10": sum(rewards[:10]) / len(rewards[:10]),
           "reward_last10": sum(rewards[-10:]) / len(rewards[-10:]),
@@ -68,16 +77,31 @@ def grpo_arm(seed, workdir, overrides):
           "val_pass@1": [r["eval/pass@1"] for r in evals]}
 
 
-def control_arm(config, workdir, seconds, mesh):
-  """Cross-entropy from the run's warm start for `seconds` of training: (policy, stats)."""
+def control_arm(config, workdir, seconds, mesh, marks=()):
+  """Cross-entropy from the run's warm start on the training references (all it can use:
+  the tests-only tasks have none) for `seconds` of training: (policy, tokenizer, stats,
+  {mark: params at the first step that reached `mark` seconds}), the clock started
+  before the optimiser is built, as the budget's is."""
   model, tokenizer, _, _ = policy_eval.restore_policy(config, os.path.join(workdir, "warm_start"),
                                                       mesh)
   graphdef, params = nnx.split(model, nnx.Param)
-  params, stats_ = sft.run(graphdef, params, sources.load(config.data, config.data.train_split),
+  references = sources.with_references(sources.load(config.data, config.data.train_split))
+  at, start = {}, time.perf_counter()
+
+  def keep(step, params, loss):
+    now = time.perf_counter() - start
+    for mark in marks:
+      if mark not in at and now >= mark:
+        at[mark] = jax.tree.map(lambda x: x.copy(), params)
+
+  params, stats_ = sft.run(graphdef, params, references,
                            tokenizer, mesh, optimizer=runs.constant_lr(config.optimizer),
                            batch_size=config.warmstart.batch_size, seed=config.seed + 2,
-                           seconds=seconds)
-  return nnx.merge(graphdef, params), tokenizer, stats_
+                           seconds=seconds, on_step=keep)
+  for mark in marks:  # a mark the budget ended before: the last params
+    at.setdefault(mark, params)
+  return (nnx.merge(graphdef, params), tokenizer, stats_,
+          {m: nnx.merge(graphdef, p) for m, p in at.items()})
 
 
 def _combined(paths):
@@ -118,19 +142,30 @@ def main():
     run = {"seed": seed, **grpo_arm(seed, workdir, overrides)}
     config = load(seed, overrides)
     mesh = sharding.mesh_from_config(config.mesh)
+    marks = sorted(run["checkpoint_seconds"].items())  # (step, training seconds)
     if not args.no_held_out:
       held = load(seed, overrides, "held_out")
-      held_tasks = sources.load_eval(held.data)  # read once for the run's three policies
+      held_tasks = sources.load_eval(held.data)  # read once for the run's policies
       run["held_out"] = {
           "warm_start": runs.restored_pass_at_1(held, os.path.join(workdir, "warm_start"),
                                                 held_tasks, mesh),
           "grpo": runs.restored_pass_at_1(held, workdir, held_tasks, mesh)}
+      # Over training time: GRPO's checkpoints and the control at the same seconds.
+      run["held_out_curve"] = {"seconds": [0.0] + [sec for _, sec in marks],
+                               "grpo": [run["held_out"]["warm_start"]] + [
+                                   runs.restored_pass_at_1(held, workdir, held_tasks, mesh,
+                                                           step=step)
+                                   for step, _ in marks]}
     if "ce" in args.arms:
-      policy, tokenizer, ce = control_arm(config, workdir, run["train_seconds"], mesh)
+      seconds = [sec for _, sec in marks] if not args.no_held_out else []
+      policy, tokenizer, ce, at = control_arm(config, workdir, run["train_seconds"], mesh,
+                                              seconds)
       ce["val_pass@1"] = runs.pass_at_1(config, policy, tokenizer,
                                         sources.load_eval(config.data), mesh)
       if not args.no_held_out:
         run["held_out"]["ce"] = runs.pass_at_1(held, policy, tokenizer, held_tasks, mesh)
+        run["held_out_curve"]["ce"] = [run["held_out"]["warm_start"]] + [
+            runs.pass_at_1(held, at[sec], tokenizer, held_tasks, mesh) for sec in seconds]
       run["ce"] = ce
     found.append(run)
     results.write_json({"runs": found, "overrides": overrides}, progress)
@@ -175,8 +210,36 @@ def main():
   fig.tight_layout()
   png = os.path.join(results.folder("grpo", args.name), "grpo_tiny_seeds.png")
   fig.savefig(png, dpi=110)
+  files = [png]
+  if all("held_out_curve" in r and "ce" in r["held_out_curve"] for r in found):
+    files.append(held_out_plot(found, results.folder("grpo", args.name)))
   print("wrote", results.write("grpo", args.name, payload,
-                               config=load(args.seeds[0], overrides), files=[png]))
+                               config=load(args.seeds[0], overrides), files=files))
+
+
+def held_out_plot(found, folder):
+  """Held-out pass@1 against training seconds after the warm start, both arms: the mean
+  over seeds at each GRPO checkpoint (x: the seeds' mean seconds), ± one standard error."""
+  import matplotlib.pyplot as plt
+  fig, ax = plt.subplots(figsize=(6, 4))
+  points = min(len(r["held_out_curve"]["seconds"]) for r in found)
+  x = [stats.mean_se([r["held_out_curve"]["seconds"][i] for r in found])[0] / 60
+       for i in range(points)]
+  for arm, label in (("grpo", "GRPO on every task's tests"),
+                     ("ce", "cross-entropy on the references (control)")):
+    mean_se = [stats.mean_se([r["held_out_curve"][arm][i] for r in found])
+               for i in range(points)]
+    ax.errorbar(x, [m for m, _ in mean_se], yerr=[se for _, se in mean_se], marker="o",
+                capsize=3, label=label)
+  ax.set_xlabel("training minutes after the warm start")
+  ax.set_ylabel("held-out pass@1")
+  ax.set_title(f"grpo_tiny: held out, mean ± SE over {len(found)} seeds")
+  ax.grid(alpha=0.3)
+  ax.legend()
+  fig.tight_layout()
+  png = os.path.join(folder, "grpo_tiny_held_out.png")
+  fig.savefig(png, dpi=110)
+  return png
 
 
 if __name__ == "__main__":

@@ -90,9 +90,10 @@ def pass_at_1(config, policy, tokenizer, tasks, mesh) -> float:
   return policy_eval.held_out_eval(config, policy, tokenizer, tasks, mesh, ks=(1,))["pass@1"]
 
 
-def restored_pass_at_1(config, directory: str, tasks, mesh) -> float:
-  """pass_at_1 of the policy saved in `directory` (a workdir or a checkpoint)."""
-  model, tokenizer, _, _ = policy_eval.restore_policy(config, directory, mesh)
+def restored_pass_at_1(config, directory: str, tasks, mesh, step: int | None = None) -> float:
+  """pass_at_1 of the policy saved in `directory` (a workdir or a checkpoint) at `step`
+  (None: the latest)."""
+  model, tokenizer, _, _ = policy_eval.restore_policy(config, directory, mesh, step)
   return pass_at_1(config, model, tokenizer, tasks, mesh)
 
 

@@ -67,6 +67,11 @@ class Data:
     held_out_fraction: "choices": the fraction of tasks whose choices are held out.
     max_train_choices: "choices": train on a seeded subset of this many; None: all.
     subset_seed: "choices": the seed of that subset.
+    reference_share: the share of the training split's tasks with tests that keep their
+      reference solution (chosen by a hash of the task id: the same tasks in every run);
+      the others have tests and no reference, as most real functions do. Supervised training (a
+      warm start, a cross-entropy control) uses the references; RL from tests trains on
+      every task.
   """
 
   source: str = key("jsonl", choices=SOURCES)
@@ -87,6 +92,7 @@ class Data:
   held_out_fraction: float = key(0.2, ge=0, le=1, only=("rm",))
   max_train_choices: int | None = key(None, ge=1, only=("rm",))
   subset_seed: int = key(0, only=("rm",))
+  reference_share: float = key(1.0, gt=0, le=1)
 
   def __post_init__(self):
     need = {"jsonl": "path", "choices": "path", "git": "repo", "swe": "repo",

@@ -24,6 +24,8 @@ then the project root.
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import os
 
 from rlcode.data.paths import resolve
@@ -126,7 +128,26 @@ def load(data_cfg, split: str) -> list[Task]:
   import tensorflow_datasets as tfds
   tfds.disable_progress_bar()
   tasks = [t for b in builders(data_cfg) for t in load_tasks(b, split)]
+  share = getattr(data_cfg, "reference_share", 1.0)
+  if split == data_cfg.train_split and share < 1.0:
+    # Only a task with tests can lose its reference: a diff's or a section's reward is it.
+    tasks = [dataclasses.replace(t, reference="")
+             if t.tests and not keeps_reference(t.id, share) else t for t in tasks]
   return sorted(tasks, key=lambda t: t.id)
+
+
+def keeps_reference(task_id: str, share: float) -> bool:
+  """Whether a training task keeps its reference under `data.reference_share`: a hash of
+  its id below the share, so the same tasks in every run, seed and process, and a larger
+  share keeps a superset of a smaller one's."""
+  digest = hashlib.sha256(task_id.encode()).digest()
+  return int.from_bytes(digest[:8], "big") / 2.0 ** 64 < share
+
+
+def with_references(tasks) -> list[Task]:
+  """What supervised training can use: every task but those with tests and no reference
+  (a tests-only task, data.reference_share)."""
+  return [t for t in tasks if t.reference or not t.tests]
 
 
 def load_eval(data_cfg) -> list[Task]:

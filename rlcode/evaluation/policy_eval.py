@@ -105,8 +105,9 @@ def held_out_eval(config, model, tokenizer, tasks: Sequence[Task], mesh, ks=None
                           options=options, **common)
 
 
-def restore_policy(config, path: str, mesh):
-  """(model, tokenizer, step, checkpoint directory) of the latest checkpoint under `path`.
+def restore_policy(config, path: str, mesh, step: int | None = None):
+  """(model, tokenizer, step, checkpoint directory) of the checkpoint at `step` (None:
+  the latest) under `path`.
 
   `path` is a workdir, its checkpoints/ directory, or another checkpoint directory
   (a workdir's warm_start/ holds the policy right after its warm start, as does an
@@ -115,9 +116,11 @@ def restore_policy(config, path: str, mesh):
   nested = os.path.join(path, "checkpoints")
   directory = nested if os.path.isdir(nested) else path
   with checkpoint.Checkpointer(directory, create=False) as ckpt:
-    step = ckpt.latest_step()
+    step = ckpt.latest_step() if step is None else step
     if step is None:
       raise MissingInput(f"no checkpoint under {directory}")
+    if step not in ckpt.all_steps():
+      raise MissingInput(f"no checkpoint at step {step} under {directory}")
     model, tokenizer = build_model(config.model, mesh, config.seed)
     graphdef, params = nnx.split(model, nnx.Param)
     if ckpt.saved_shapes(step) == checkpoint.saved_shapes_of(params):

@@ -131,13 +131,13 @@ def run(graphdef, params, tasks, tokenizer, mesh: Mesh, *, optimizer: optim.Opti
         batch_size: int, seed: int, steps: int | None = None, seconds: float | None = None,
         multiple: int = sequences.LENGTH_MULTIPLE, bucket: int = 1, progress: bool = False,
         desc: str = "sft", augment: Callable[[list, np.random.Generator], list] | None = None,
-        ema: float = 0.0, trainable=None) -> tuple[nnx.State, dict]:
+        ema: float = 0.0, trainable=None, on_step=None) -> tuple[nnx.State, dict]:
   """`train_on_batches` on the tasks' reference solutions: batches from a TaskStream
   seeded with `seed`, lengths padded to multiples of `multiple`
   (rlcode.rollout.sft_batch). bucket > 1: batches of similar lengths
   (`LengthBuckets`), so that less of each batch is padding. augment(tasks, rng), when
   given, rewrites each batch's tasks before they are tokenised (`renumber`), with a
-  generator seeded from `seed`. ema, trainable: as in `train_on_batches`."""
+  generator seeded from `seed`. ema, trainable, on_step: as in `train_on_batches`."""
   if bucket > 1:
     stream = LengthBuckets(tasks, tokenizer, batch_size, seed, bucket)
   else:
@@ -147,7 +147,7 @@ def run(graphdef, params, tasks, tokenizer, mesh: Mesh, *, optimizer: optim.Opti
   return train_on_batches(
       graphdef, params, lambda: sequences.sft_batch(tokenizer, draw(), multiple), mesh,
       optimizer=optimizer, batch_size=batch_size, steps=steps, seconds=seconds,
-      progress=progress, desc=desc, ema=ema, trainable=trainable)
+      progress=progress, desc=desc, ema=ema, trainable=trainable, on_step=on_step)
 
 
 def renumber(max_offset: int) -> Callable[[list, np.random.Generator], list]:

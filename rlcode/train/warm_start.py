@@ -16,6 +16,7 @@ from etils import epath
 from flax import nnx
 
 from rlcode import optim
+from rlcode.errors import BadInput
 from rlcode.models import lora
 from rlcode.data import sources
 from rlcode.rl import rollout
@@ -24,12 +25,16 @@ from rlcode.train import sft
 
 
 def warm_start_tasks(config, tokenizer, max_seq_len: int, train_tasks):
-  """The warm start's tasks: the training tasks (each `warmstart.train_repeats` times: the
+  """The warm start's tasks: the training tasks but the tests-only ones
+  (rlcode.data.sources.with_references), each `warmstart.train_repeats` times (the
   training split's weight against the extra section's), and the train split of
   `warmstart.data` when it is set, fitted to the context as the training tasks are
   (dropped and counted, "data/warmstart_*"). Returns (tasks, counts)."""
   ws = config.warmstart
-  own = list(train_tasks) * ws.train_repeats
+  own = sources.with_references(train_tasks) * ws.train_repeats
+  if not own and ws.data is None:
+    raise BadInput(f"the warm start has no reference solution to train on (data.reference_share"
+                   f"={config.data.reference_share} left none of {len(train_tasks)} tasks)")
   if ws.data is None:
     return own, {}
   extra, counts = rollout.fit_tasks(
