@@ -14,7 +14,7 @@ import grpo_tiny
 
 
 def get_config():
-  config = grpo_tiny.get_config()
+  config = grpo_tiny.get_config("references")  # the policy its reward model was made for
   config.workdir = "workdirs/grpo_rm"
   config.rewards = ml_collections.ConfigDict({"rm": 1.0})
   config.reward_options = ml_collections.ConfigDict({"rm": {"checkpoint": "workdirs/rm_choices"}})

@@ -1,6 +1,6 @@
 """Serving the default job's tiny policy and learning online from its simulated users.
 
-    rlcode train --config configs/grpo_tiny.py --config.train.steps=0 \
+    rlcode train --config configs/grpo_tiny.py:references --config.train.steps=0 \
         --config.train.eval_every=0 --config.workdir=workdirs/online_warm   # the warm start
     rlcode serve --config configs/online_tiny.py --port 8000
     rlcode learn-online --config configs/online_tiny.py

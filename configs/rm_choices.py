@@ -1,6 +1,6 @@
 """A reward model trained on simulated user choices among the tiny policy's candidates.
 
-    rlcode train --config configs/grpo_tiny.py          # the policy whose decoder it starts from
+    rlcode train --config configs/grpo_tiny.py:references   # the policy whose decoder it starts from
     rlcode train --config configs/rm_choices.py
     rlcode train --config configs/rm_choices.py --config.rm.features="('tests_fraction','passed')"
 

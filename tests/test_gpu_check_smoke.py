@@ -9,6 +9,7 @@ numbers themselves mean nothing at these sizes.
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import sys
@@ -65,7 +66,9 @@ def test_roofline_update_and_offload_rows(smoke):
   assert roof["bytes_per_step"]["weights"] > 0 and roof["bound_ms"] > 0
   (profile,) = _load(out, "decode_profile")["rows"]
   assert profile["variant"] == "default" and "error" not in profile, profile
-  assert profile["step_ms"] > 0
+  # (generate's time less the prompt's, over the steps: at these sizes, on a loaded CPU,
+  # the difference can come out below zero; the GPU sizes are where it means something)
+  assert math.isfinite(profile["step_ms"])
   # A CPU has no device plane: nothing traced, and the row says its kernel columns are void.
   assert profile["kernel_ms_per_step"] == 0 and profile["kernels_traced"] is False
   update = _load(out, "shared_prefix_update")["rows"][0]

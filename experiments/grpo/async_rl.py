@@ -37,7 +37,7 @@ from rlcode.config import loader
 from rlcode.data import sources
 from rlcode.parallel import sharding
 
-CONFIG = os.path.join(ROOT, "configs", "grpo_tiny.py")
+CONFIG = os.path.join(ROOT, "configs", "grpo_tiny.py:references")
 PARTS = ("rollout_seconds", "reward_seconds", "update_seconds", "proximal_seconds",
          "sync_seconds", "trainer_idle_seconds", "sampler_idle_seconds")
 SKIP = 2  # steps that compile

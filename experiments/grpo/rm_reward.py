@@ -27,7 +27,7 @@ from rlcode.config import loader
 from rlcode.data import sources
 from rlcode.parallel import sharding
 
-CONFIGS = {"tests": "configs/grpo_tiny.py", "rm": "configs/grpo_rm.py"}
+CONFIGS = {"tests": "configs/grpo_tiny.py:references", "rm": "configs/grpo_rm.py"}
 NAN = float("nan")
 
 

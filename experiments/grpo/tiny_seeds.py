@@ -5,16 +5,19 @@ For each seed:
    workdir (a fresh process). Its periodic eval rows are on the validation split
    (the one hyperparameters were tuned on).
 2. Cross-entropy control: from the same warm-started policy (WORKDIR/warm_start),
-   supervised steps on the training split's reference solutions for as much
-   training time as the GRPO phase spent (rollout + reward + update seconds), at
-   the GRPO optimizer's learning rate held constant.
-3. The held-out split, read once: pass@1 of the warm-started policy, of the GRPO
-   policy and of the control (config.eval: EVAL_SAMPLES samples per problem at the
-   rollout temperature, unbiased pass@1).
+   supervised steps on the training split's reference solutions (every one the
+   warm start had: the tests-only tasks have none) for as much training time as the
+   GRPO phase spent (rollout + reward + update seconds), at the GRPO optimizer's
+   learning rate held constant.
+3. The held-out split, read once the design was fixed: pass@1 of the warm-started
+   policy, of the GRPO policy and of the control (config.eval: its samples per problem
+   at the rollout temperature, unbiased pass@1), and over training time: GRPO's
+   checkpoints and the control's parameters at the same training seconds
+   (grpo_tiny_held_out.png).
 
     python -m experiments.grpo.tiny_seeds [--seeds 0 1 2] [--arms grpo ce] [--no-held-out]
         [--out experiments/out/grpo_tiny_seeds] [--name grpo_tiny_seeds]
-        [--config.a.b=value ...]
+        [--variant references] [--config.a.b=value ...]
 
     python -m experiments.grpo.tiny_seeds --combine OUT1/grpo_tiny_seeds.json ... --name N
 
@@ -126,9 +129,15 @@ def main():
   parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/grpo_tiny_seeds"))
   parser.add_argument("--name", default="grpo_tiny_seeds",
                       help="the result's name under results/grpo/")
+  parser.add_argument("--variant", default=None,
+                      help="configs/grpo_tiny.py's argument (references: the job before "
+                           "2026-12-05, which the LoRA result ran)")
   parser.add_argument("--combine", nargs="+", default=[], metavar="JSON",
                       help="the grpo_tiny_seeds.json of runs made apart: one result of them")
   args, overrides = parser.parse_known_args()
+  global CONFIG
+  if args.variant:
+    CONFIG = f"{CONFIG}:{args.variant}"
   os.makedirs(args.out, exist_ok=True)
   progress = os.path.join(args.out, "grpo_tiny_seeds.json")
   found = []

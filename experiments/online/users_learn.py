@@ -39,7 +39,8 @@ def warm_start(out: str) -> str:
   path = os.path.join(workdir, "warm_start")
   if not os.path.isdir(path):
     subprocess.run([sys.executable, "-m", "rlcode", "train", "--config",
-                    os.path.join(ROOT, "configs", "grpo_tiny.py"), f"--config.workdir={workdir}",
+                    os.path.join(ROOT, "configs", "grpo_tiny.py:references"),
+                    f"--config.workdir={workdir}",
                     "--config.train.steps=0", "--config.train.eval_every=0",
                     "--config.warmstart.seed=0", "--config.train.progress_bar=false"],
                    cwd=ROOT, check=True)

@@ -128,8 +128,9 @@ def load(data_cfg, split: str) -> list[Task]:
   import tensorflow_datasets as tfds
   tfds.disable_progress_bar()
   tasks = [t for b in builders(data_cfg) for t in load_tasks(b, split)]
+  # (a config's data section; the miner's CLI passes a section without these keys)
   share = getattr(data_cfg, "reference_share", 1.0)
-  if split == data_cfg.train_split and share < 1.0:
+  if share < 1.0 and split == data_cfg.train_split:
     # Only a task with tests can lose its reference: a diff's or a section's reward is it.
     tasks = [dataclasses.replace(t, reference="")
              if t.tests and not keeps_reference(t.id, share) else t for t in tasks]
