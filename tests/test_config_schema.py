@@ -164,4 +164,5 @@ def test_keys_lists_every_key_with_its_doc_and_show_every_value(capsys):
   assert "rm.pooling" in out and "agent.tools" not in out
   assert cli.main(["config", "show", GRPO, "--config.rl.group_size=4"]) == 0
   out = capsys.readouterr().out
-  assert "rl.group_size = 4\n" in out and "optimizer.decay_steps = 120\n" in out
+  # decay_steps, unset in the file, derived from train.steps (the default job's 90)
+  assert "rl.group_size = 4\n" in out and "optimizer.decay_steps = 90\n" in out
