@@ -13,7 +13,9 @@ plateau (1000 steps; experiments.grpo.plateau), then trained by GRPO on the test
 pass@1 on the 77 validation problems every 30 steps). The control continues the
 supervised training on every reference for the same training time.
 
-Result: RESULT_LINE
+Result (3 seeds, docs/results.md): held-out pass@1 0.488 after the warm start, 0.555 after
+GRPO (+0.067 ± 0.009), 0.492 for the control (GRPO minus control +0.063 ± 0.006); the run
+takes 22-28 minutes on 2 shared CPU cores (target 15: a miss).
 """
 
 import ml_collections
