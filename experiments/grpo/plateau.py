@@ -28,8 +28,7 @@ from rlcode.data import sources
 from rlcode.evaluation import policy_eval
 from rlcode.models.build import build_model
 from rlcode.parallel import sharding
-from rlcode.rl import rollout, sequences
-from rlcode.data.stream import TaskStream
+from rlcode.rl import rollout
 from rlcode.train import sft, warm_start
 
 CONFIG = os.path.join(ROOT, "configs", "grpo_tiny.py")
@@ -70,13 +69,11 @@ def main():
                         "curve": curve}, path)
     spent[1] = time.perf_counter()
 
-  ws = config.warmstart
-  stream = TaskStream(tasks, ws.batch_size, warm_start.warm_start_seed(config) + 1)
-  sft.train_on_batches(
-      graphdef, params,
-      lambda: sequences.sft_batch(tokenizer, stream.next(), config.rl.length_multiple), mesh,
-      optimizer=optim.OptimizerConfig.from_config(ws.optimizer), batch_size=ws.batch_size,
-      steps=args.steps, on_step=on_step)
+  ws = config.warmstart  # the warm start's own batches (rlcode.train.warm_start)
+  sft.run(graphdef, params, tasks, tokenizer, mesh,
+          optimizer=optim.OptimizerConfig.from_config(ws.optimizer), batch_size=ws.batch_size,
+          seed=warm_start.warm_start_seed(config) + 1, steps=args.steps,
+          multiple=config.rl.length_multiple, on_step=on_step)
   print(json.dumps(curve[-1]))
 
 

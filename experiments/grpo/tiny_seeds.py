@@ -38,7 +38,6 @@ import os
 import time
 
 import jax
-
 from flax import nnx
 
 from experiments.lib import ROOT, results, runs, stats
@@ -160,8 +159,10 @@ def main():
                                                 held_tasks, mesh),
           "grpo": runs.restored_pass_at_1(held, workdir, held_tasks, mesh)}
       # Over training time: GRPO's checkpoints and the control at the same seconds.
+      last = max(step for step, _ in marks)  # the latest checkpoint: "grpo" above
       run["held_out_curve"] = {"seconds": [0.0] + [sec for _, sec in marks],
                                "grpo": [run["held_out"]["warm_start"]] + [
+                                   run["held_out"]["grpo"] if step == last else
                                    runs.restored_pass_at_1(held, workdir, held_tasks, mesh,
                                                            step=step)
                                    for step, _ in marks]}
