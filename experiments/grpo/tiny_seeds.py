@@ -159,7 +159,7 @@ def main():
                                                 held_tasks, mesh),
           "grpo": runs.restored_pass_at_1(held, workdir, held_tasks, mesh)}
       # Over training time: GRPO's checkpoints and the control at the same seconds.
-      last = max(step for step, _ in marks)  # the latest checkpoint: "grpo" above
+      last = max((step for step, _ in marks), default=None)  # the latest: "grpo" above
       run["held_out_curve"] = {"seconds": [0.0] + [sec for _, sec in marks],
                                "grpo": [run["held_out"]["warm_start"]] + [
                                    run["held_out"]["grpo"] if step == last else
