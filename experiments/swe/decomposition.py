@@ -12,6 +12,7 @@ Command (from the repository root):
 
   python -m experiments.swe.decomposition
   python -m experiments.swe.decomposition --repos data/repos/attrs.bundle --workers 2
+  python -m experiments.swe.decomposition --granularities file    # one granularity
 
 Prints a table; writes results/swe/NAME (default decomposition): result.json (the
 summaries, and every part with the number of FAIL_TO_PASS tests that fail without it)
@@ -39,6 +40,8 @@ def main(argv=None) -> None:
   parser.add_argument("--workers", type=int, default=0, help="runs at once (default: CPUs)")
   parser.add_argument("--cache-dir", default=None,
                       help="the miner's cache (default ~/.cache/rlcode/swe)")
+  parser.add_argument("--granularities", nargs="+", choices=decompose.GRANULARITIES,
+                      default=list(decompose.GRANULARITIES))
   parser.add_argument("--name", default="decomposition")
   args = parser.parse_args(argv)
   cache = args.cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "rlcode", "swe")
@@ -49,7 +52,7 @@ def main(argv=None) -> None:
     found = mining.mine(config, cache_dir=args.cache_dir, progress=True).tasks
     workers = mining.worker_count(config)
     payload["repos"][repo] = {}
-    for granularity in decompose.GRANULARITIES:
+    for granularity in args.granularities:
       start = time.monotonic()
       checked = decompose.check(found, granularity, runner, workers=workers, progress=True)
       summary = decompose.summary(checked)
