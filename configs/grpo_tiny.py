@@ -15,7 +15,7 @@ supervised training on every reference for the same training time.
 
 Result (3 seeds, docs/results.md): held-out pass@1 0.488 after the warm start, 0.555 after
 GRPO (+0.067 ± 0.009), 0.492 for the control (GRPO minus control +0.063 ± 0.006); the run
-takes 12 min 53 s on 2 quiet CPU cores.
+takes 13-14 minutes on 2 quiet CPU cores (12:53 and 14:14 timed).
 """
 
 import ml_collections
