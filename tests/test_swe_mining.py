@@ -2,6 +2,7 @@
 mining with every skip reason, validation, the cache, the command, the SWE-bench round
 trip, the rewards, the agent's workspace with the gold agent, and decomposition."""
 
+import dataclasses
 import json
 
 import ml_collections
@@ -92,6 +93,48 @@ def test_every_task_validates_through_the_reward(history):
     empty = runner.run(tasks.run_spec(t, tasks.evaluation_tree(
         tasks.base_files(t), t.extra.test_patch, {})))
     assert not set(t.extra.fail_to_pass) & empty.passing()
+
+
+class _FlakyRunner(Runner):
+  """Runs for real, then (when `flip` is set) turns the named tests of second attempts
+  on trees holding `marker` into failures or passes: a flaky test, on demand."""
+
+  def __init__(self, cache_dir, flip, marker):
+    super().__init__(cache_dir)
+    self.flip, self.marker, self.specs = flip, marker, []
+
+  def run(self, spec):
+    self.specs.append(spec)
+    result = super().run(spec)
+    if spec.attempt != 1 or not any(self.marker in t for t in spec.files.values()):
+      return result
+    outcomes = dict(result.outcomes)
+    outcomes.update({t: o for t, o in self.flip.items() if t in outcomes})
+    return dataclasses.replace(result, outcomes=outcomes)
+
+
+@pytest.mark.parametrize("flip,marker,reason", [
+    ({}, "", None),
+    ({"tests/test_ops.py::test_mul": "failed"}, "return a * b", "flaky"),  # gold, 2nd run
+    ({"tests/test_ops.py::test_mul": "passed"}, "test_mul", "flaky"),  # empty, 2nd run
+])
+def test_validation_runs_the_fail_to_pass_tests_again_and_drops_a_flaky_one(
+    history, tmp_path, flip, marker, reason):
+  from rlcode.data.git.repo import Git
+  from rlcode.swe import history as history_lib
+  runner = _FlakyRunner(str(tmp_path / "runs"), flip, marker)
+  git = Git(str(history["repo"].path))
+  sha = history["shas"]["mul"]
+  with git.blobs() as blobs:
+    candidate = next(c for c in history_lib.candidates(git, git.first_parent_log(sha, 1))
+                     if isinstance(c, history_lib.Candidate))
+    verdict = mining._Evaluator(history["config"], history_lib.Reader(git, blobs),
+                                runner)(candidate)
+  assert verdict["reason"] == reason and verdict["validated"] is (reason is None)
+  # before and after on the whole test file; the second runs on test_mul alone.
+  assert [(s.tests, s.attempt) for s in runner.specs] == [
+      (("tests/test_ops.py",), 0), (("tests/test_ops.py",), 0),
+      (("tests/test_ops.py::test_mul",), 1), (("tests/test_ops.py::test_mul",), 1)]
 
 
 def test_a_cached_rerun_runs_nothing(history):

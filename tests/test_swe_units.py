@@ -4,6 +4,7 @@ report parser, the judgement of runs, extras, the schema and the command's bad i
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -176,12 +177,16 @@ def test_a_module_of_the_tree_is_not_a_missing_dependency():
 
 def test_validation_drops_what_changes_between_runs():
   f2p, p2p = frozenset({"t::b"}), frozenset({"t::a"})
-  validate.validation(f2p, p2p, run({"t::a": "passed", "t::b": "passed"}),
-                      run({"t::b": "failed"}))
-  for gold, empty in [(run({"t::a": "failed", "t::b": "passed"}), run()),
-                      (run({"t::a": "passed", "t::b": "passed"}), run({"t::b": "passed"}))]:
+  after = run({"t::a": "passed", "t::b": "passed"})
+  # The second gold run is of the FAIL_TO_PASS tests alone.
+  validate.validation(f2p, p2p, after, run({"t::b": "passed"}), run({"t::b": "failed"}))
+  for first, gold, empty in [
+      (run({"t::a": "failed", "t::b": "passed"}), run({"t::b": "passed"}), run()),
+      (after, run({"t::b": "failed"}), run()),
+      (after, run(), run()),
+      (after, run({"t::b": "passed"}), run({"t::b": "passed"}))]:
     with pytest.raises(Skip) as e:
-      validate.validation(f2p, p2p, gold, empty)
+      validate.validation(f2p, p2p, first, gold, empty)
     assert e.value.reason == "flaky"
   assert validate.functions(["f.py::C::t[a::b]", "f.py::C::t[2]", "f.py::u"]) == (
       "f.py::C::t", "f.py::u")
@@ -254,6 +259,16 @@ def test_the_test_environment_copies_what_it_is_asked_and_leaves_out_the_rest(tm
   assert os.path.isfile(os.path.join(env.path, testenv.PLUGIN_MODULE + ".py"))
   assert os.path.isdir(os.path.join(env.path, "pympler"))
   assert oct(os.stat(env.path).st_mode & 0o777) == "0o755"
+  # Compiled as it is built: the sessions' interpreter reads pytest from its .pyc (the
+  # mount is read-only, so it could not write one), and the modules of a distribution
+  # with a pytest plugin have pytest's rewritten .pyc.
+  from rlcode.sandbox.session import Session
+  plugin = testenv.build(["hypothesis"], root=str(tmp_path))
+  assert list(Path(plugin.path, "hypothesis", "__pycache__").glob("core.*-pytest-*.pyc"))
+  # (in the default root, which the sessions' user can reach; tmp_path is private)
+  with Session(mounts={testenv.MOUNT: testenv.build([]).path}) as session:
+    out = session.exec(f"PYTHONPATH={testenv.MOUNT} python3 -S -v -c 'import pytest' 2>&1").output
+  assert f"code object from '{testenv.MOUNT}/pytest/__pycache__/__init__." in out
   shadowed = testenv.build(["pympler"], root=str(tmp_path), exclude={"pympler"})
   assert "pympler" not in shadowed.versions and shadowed.path != env.path
   # A distribution whose extension modules the interpreter cannot load is left out; one

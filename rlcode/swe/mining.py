@@ -5,7 +5,8 @@ read its trees; run the test modules it changes (those that exist after it) with
 in the sandbox, on the base with its test patch and on the base with its test and code
 patches (rlcode.swe.runner); judge the two runs (FAIL_TO_PASS, PASS_TO_PASS, or why not:
 rlcode.swe.validate); validate the kept ones with a second run of the gold and empty
-patches through the reward's path; make the task (rlcode.swe.tasks). Each PR gives one
+patches through the reward's path, on their FAIL_TO_PASS tests; make the task
+(rlcode.swe.tasks). Each PR gives one
 verdict: a task, or the first skip reason (rlcode.swe.config.SKIP_REASONS), so
 tasks + skipped = PRs walked.
 
@@ -50,7 +51,7 @@ from rlcode.swe import deps, history, patches, tasks, testenv, validate
 from rlcode.swe.config import NOT_RUNNABLE, SKIP_REASONS, SweConfig
 from rlcode.swe.runner import RUNNER_VERSION, Runner, RunSpec
 
-VERDICT_VERSION = "4"  # bump when a change here or in validate or deps changes verdicts
+VERDICT_VERSION = "5"  # bump when a change here or in validate or deps changes verdicts
 _VALIDATION = ("patch_error", "flaky")
 
 
@@ -116,6 +117,14 @@ class _Evaluator:
     return RunSpec(tree, tuple(test_files), tuple(test_deps), tuple(python_path),
                    self.config.timeout, self.config.hypothesis_examples, attempt)
 
+  def _second_run(self, full: RunSpec, fail_to_pass: frozenset[str]):
+    """`full` on the FAIL_TO_PASS tests' functions, or on the whole files when pytest
+    cannot select them."""
+    run = self.runner.run(dataclasses.replace(full, tests=validate.functions(fail_to_pass)))
+    if run.exit_status in validate.PYTEST_FAILED:
+      run = self.runner.run(full)
+    return run
+
   def __call__(self, cand: history.Candidate) -> dict[str, Any]:
     verdict: dict[str, Any] = {"sha": cand.sha, "time": cand.commit.time, "runnable": False,
                                "kept": False, "validated": False}
@@ -164,14 +173,12 @@ class _Evaluator:
       raise history.Skip("patch_error", str(e)) from None
     if gold_tree != after_tree or empty_tree != before_tree:
       raise history.Skip("patch_error", "the patches do not rebuild the PR's trees")
-    gold = self.runner.run(spec(gold_tree, attempt=1))
-    # The empty patch is checked on the FAIL_TO_PASS tests' functions alone (a fraction of
-    # a run), or on the whole files when pytest cannot select them.
-    empty = self.runner.run(dataclasses.replace(
-        spec(empty_tree, attempt=1), tests=validate.functions(f2p)))
-    if empty.exit_status in validate.PYTEST_FAILED:
-      empty = self.runner.run(spec(empty_tree, attempt=1))
-    validate.validation(f2p, p2p, gold, empty)
+    # The after run is the reward's own run of the gold patch (the same tree and spec, so
+    # the same cached run); the second runs, of the gold and the empty patch, are of the
+    # FAIL_TO_PASS tests' functions alone (rlcode.swe.validate.validation).
+    gold, empty = (self._second_run(spec(tree, attempt=1), f2p)
+                   for tree in (gold_tree, empty_tree))
+    validate.validation(f2p, p2p, after, gold, empty)
     try:
       task = tasks.make_task(
           instance_id=f"{self.name}-{cand.sha[:12]}", request=cand.request,
