@@ -36,7 +36,7 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
   """The options only --tasks swe reads (rlcode.data.git.command adds the shared ones)."""
   swe = parser.add_argument_group("--tasks swe")
   swe.add_argument("--workers", type=int, default=DEFAULTS["workers"],
-                   help="PRs evaluated at once (default: the CPUs)")
+                   help="PRs evaluated at once (default: the CPUs plus one)")
   swe.add_argument("--timeout", type=float, default=DEFAULTS["timeout"],
                    help="wall clock of one pytest run, seconds (default 120)")
   swe.add_argument("--hypothesis-examples", type=int, default=DEFAULTS["hypothesis_examples"],

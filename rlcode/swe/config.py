@@ -39,8 +39,8 @@ class SweConfig:
       rlcode.swe.pytest_plugin); 0: the tests' own setting.
     extra_test_deps: distributions made available besides the ones the repository
       declares for its code and tests (rlcode.swe.deps).
-    workers: PRs evaluated at once (each runs its sandboxes one after another); 0: the
-      CPUs this process may use.
+    workers: PRs evaluated at once (each runs its sandboxes one after another); 0: one
+      more than the CPUs this process may use.
     test_fraction: the latest fraction of tasks (by PR time) that form the test split.
     edit_format: the answer format a task's prompt asks for (rlcode.data.edits); agent
       episodes answer with their workspace's diff rendered in it.
