@@ -213,7 +213,7 @@ def worker_count(config: SweConfig) -> int:
   """The PRs evaluated at once: config.workers, else one more than the CPUs this process
   may use (a PR's runs leave a CPU idle while a session starts, a report is read back or
   a test sleeps; one PR more fills those gaps: more-itertools' pass went from 178% to
-  N% of 2 CPUs)."""
+  194% of 2 CPUs, with the order below)."""
   if config.workers:
     return config.workers
   try:
