@@ -6,9 +6,9 @@ in the sandbox, on the base with its test patch and on the base with its test an
 patches (rlcode.swe.runner); judge the two runs (FAIL_TO_PASS, PASS_TO_PASS, or why not:
 rlcode.swe.validate); validate the kept ones with a second run of the gold and empty
 patches through the reward's path, on their FAIL_TO_PASS tests; make the task
-(rlcode.swe.tasks). Each PR gives one
-verdict: a task, or the first skip reason (rlcode.swe.config.SKIP_REASONS), so
-tasks + skipped = PRs walked.
+(rlcode.swe.tasks). Each PR gives one verdict: a task, or the first skip reason
+(rlcode.swe.config.SKIP_REASONS), so tasks + skipped = PRs walked. The PRs with the
+largest test modules start first.
 
 Caching by commit: a PR's verdict is stored under a hash of its commit, the config
 fields that decide it, the runner's and plugin's versions and the sessions'

@@ -19,16 +19,18 @@ module to a hash-checked .pyc, and the modules pytest rewrites (those of every
 distribution with a pytest plugin, such as hypothesis) to pytest's own cached .pyc, by a
 pytest session that imports them (`_precompile`). A session binds the directory
 read-only, so neither Python nor pytest could write these caches there: without them
-every run compiled pytest and re-rewrote hypothesis, about 0.65 s a run (a measured third
-of a short run). Both kinds of cache are checked against their source's hash when read,
-so a stale or missing one is only slower, never different.
+every run compiled pytest and re-rewrote hypothesis (measured: a 3-test attrs run took
+1.1 s, and takes 0.45 s with them). Both kinds of cache are checked against their
+source's hash when read, so a stale or missing one is only slower, never different.
 
 The directory is cached under a hash of what it holds (names, versions, the plugin's
 text, the build's format), made in a temporary directory beside it and renamed into
-place, world-readable (a root host runs sessions as uid 65534). Its location: $RLCODE_TESTENV_DIR, else
-~/.cache/rlcode/testenv when uid 65534 can reach it, else <tmp>/rlcode-testenv-<uid>.
+place, world-readable (a root host runs sessions as uid 65534). Its location:
+$RLCODE_TESTENV_DIR, else ~/.cache/rlcode/testenv when uid 65534 can reach it, else
+<tmp>/rlcode-testenv-<uid>.
 
-This module must not run tests nor read repositories: it assembles a directory.
+This module must not run a repository's tests nor read repositories: it assembles a
+directory (its one pytest session imports the directory's own modules).
 """
 
 from __future__ import annotations
