@@ -1,5 +1,6 @@
-"""Executable PR tasks, the parts that run nothing: patches, declared dependencies, the
-report parser, the judgement of runs, extras, the schema and the command's bad input."""
+"""Executable PR tasks, the parts that run no repository's tests: patches, declared
+dependencies, the test environment (one session reads it), the report parser, the
+judgement of runs, extras, the schema and the command's bad input."""
 
 import os
 import subprocess
