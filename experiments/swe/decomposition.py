@@ -37,7 +37,8 @@ REPOS = ("data/repos/attrs.bundle", "data/repos/more-itertools.bundle")
 def main(argv=None) -> None:
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--repos", nargs="+", default=list(REPOS))
-  parser.add_argument("--workers", type=int, default=0, help="runs at once (default: the CPUs plus one)")
+  parser.add_argument("--workers", type=int, default=0,
+                      help="runs at once (default: the CPUs plus one)")
   parser.add_argument("--cache-dir", default=None,
                       help="the miner's cache (default ~/.cache/rlcode/swe)")
   parser.add_argument("--granularities", nargs="+", choices=decompose.GRANULARITIES,
