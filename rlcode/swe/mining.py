@@ -49,7 +49,7 @@ from rlcode.data.tasks import Task
 from rlcode.sandbox import session
 from rlcode.swe import deps, history, patches, tasks, testenv, validate
 from rlcode.swe.config import NOT_RUNNABLE, SKIP_REASONS, SweConfig
-from rlcode.swe.runner import RUNNER_VERSION, Runner, RunSpec
+from rlcode.swe.runner import RUNNER_VERSION, Runner, RunSpec, TestRun
 
 VERDICT_VERSION = "5"  # bump when a change here or in validate or deps changes verdicts
 _VALIDATION = ("patch_error", "flaky")
@@ -117,7 +117,7 @@ class _Evaluator:
     return RunSpec(tree, tuple(test_files), tuple(test_deps), tuple(python_path),
                    self.config.timeout, self.config.hypothesis_examples, attempt)
 
-  def _second_run(self, full: RunSpec, fail_to_pass: frozenset[str]):
+  def _second_run(self, full: RunSpec, fail_to_pass: frozenset[str]) -> TestRun:
     """`full` on the FAIL_TO_PASS tests' functions, or on the whole files when pytest
     cannot select them."""
     run = self.runner.run(dataclasses.replace(full, tests=validate.functions(fail_to_pass)))
@@ -178,7 +178,7 @@ class _Evaluator:
     # FAIL_TO_PASS tests' functions alone (rlcode.swe.validate.validation).
     gold, empty = (self._second_run(spec(tree, attempt=1), f2p)
                    for tree in (gold_tree, empty_tree))
-    validate.validation(f2p, p2p, after, gold, empty)
+    validate.validation(f2p, gold, empty)
     try:
       task = tasks.make_task(
           instance_id=f"{self.name}-{cand.sha[:12]}", request=cand.request,
