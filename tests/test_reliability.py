@@ -102,7 +102,7 @@ def _steps(rows):
 
 
 # A failed restore's other reads finish into the event loop orbax closed; rlcode drops
-# those late errors (checkpoint._quiet_reads_after_a_failed_restore), but pytest swaps
+# those late errors (checkpoint._quiet_late_reads_of_a_failed_restore), but pytest swaps
 # in its own unraisable hook for each test and reports them as warnings.
 _late_reads = pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 
@@ -158,6 +158,30 @@ def test_eval_of_a_corrupt_checkpoint_prints_one_line_and_nothing_after(trained,
                         capture_output=True, text=True, timeout=300)
   err = [line for line in done.stderr.splitlines() if not line.startswith("WARNING:absl")]
   assert done.returncode == 2 and len(err) == 1 and "is corrupt" in err[0], done.stderr[-4000:]
+
+
+def test_a_failed_restores_unread_futures_are_not_logged_and_others_are(tmp_path, caplog):
+  # The late reads of a failed restore can leave asyncio futures whose exception names
+  # the step directory; asyncio logs them when they are collected. Those are dropped,
+  # and a future's error about anything else still reaches the log.
+  import asyncio
+  import gc
+
+  from rlcode.runs import checkpoint
+  step_dir = tmp_path / "checkpoints" / "3"
+  checkpoint._quiet_late_reads_of_a_failed_restore(step_dir)
+  loop = asyncio.new_event_loop()
+  try:
+    for where in (step_dir / "state", tmp_path / "elsewhere"):
+      future = loop.create_future()
+      future.set_exception(ValueError(f'OUT_OF_RANGE: Error reading "x" at local file '
+                                      f'"{where}/"'))
+      del future
+      gc.collect()
+  finally:
+    loop.close()
+  logged = [r.getMessage() for r in caplog.records if r.name == "asyncio"]
+  assert len(logged) == 1 and "elsewhere" in logged[0], logged
 
 
 def test_a_recorded_config_cut_mid_write_is_one_line(trained, tmp_path, capsys):

@@ -79,11 +79,13 @@ class Checkpointer:
       raise MissingInput(f"no checkpoint in {self.directory}")
     self._check_manifests(step)
     self._check_shapes(step, abstract_state)
+    # Installed before the restore: a failed read's siblings can report into the closed
+    # loop while the first failure still unwinds.
+    _quiet_late_reads_of_a_failed_restore(self.directory / str(step))
     try:
       restored = self._manager.restore(step, args=ocp.args.Composite(
           state=ocp.args.StandardRestore(abstract_state), meta=ocp.args.JsonRestore()))
     except Exception as e:  # noqa: BLE001 (orbax wraps tensorstore's errors in Exception)
-      _quiet_reads_after_a_failed_restore()
       corrupt = self._corruption(step, e)
       if corrupt:
         raise CorruptCheckpoint(f"the checkpoint at step {step} in {self.directory} is "
@@ -179,16 +181,17 @@ class Checkpointer:
     self.close()
 
 
-def _quiet_reads_after_a_failed_restore() -> None:
+def _quiet_late_reads_of_a_failed_restore(step_dir: epath.Path) -> None:
   """Drop the late errors of a failed restore's other reads, and nothing else.
 
   Orbax runs a restore's reads on an event loop it closes as soon as one read fails; the
   reads still in flight then finish into the closed loop (tensorstore reports each as an
   unraisable "Event loop is closed"), and their coroutines, collected unfinished, raise
   as they are closed: tracebacks on stderr after the one line that names the corrupt
-  file; asyncio logs the collected tasks' unread exceptions too. Every other unraisable
-  goes to the hook there was, every other asyncio record to its handlers.
+  file; asyncio logs the collected tasks' and futures' unread exceptions too. Every other
+  unraisable goes to the hook there was, every other asyncio record to its handlers.
   """
+  _RESTORED_STEP_DIRS.add(str(step_dir).rstrip("/") + "/")
   previous = sys.unraisablehook
   if getattr(previous, "_rlcode_quiet", False):
     return
@@ -218,10 +221,25 @@ def _quiet_reads_after_a_failed_restore() -> None:
       previous_excepthook(kind, value, tb)
 
   sys.excepthook = excepthook
-  # The failed reads' tasks, collected with their exceptions unread, are logged by asyncio.
-  logging.getLogger("asyncio").addFilter(
-      lambda record: not (record.getMessage().startswith("Task exception was never retrieved")
-                          and f"{os.sep}orbax{os.sep}" in record.getMessage()))
+  # The failed reads' tasks and futures, collected with their exceptions unread, are
+  # logged by asyncio.
+  logging.getLogger("asyncio").addFilter(lambda record: not _late_read_record(record))
+
+
+# The step directories restored in this process: the late errors of their reads, should
+# a restore fail, are dropped.
+_RESTORED_STEP_DIRS: set[str] = set()
+
+
+def _late_read_record(record: logging.LogRecord) -> bool:
+  """Whether an asyncio record is the unread exception of a failed restore's other read:
+  a task in orbax's code, or a future whose error names a step directory being restored."""
+  message = record.getMessage()
+  if not message.startswith(("Task exception was never retrieved",
+                             "Future exception was never retrieved")):
+    return False
+  return (f"{os.sep}orbax{os.sep}" in message
+          or any(step_dir in message for step_dir in _RESTORED_STEP_DIRS))
 
 
 # The JSON files orbax writes into a step directory (local or gs://).
