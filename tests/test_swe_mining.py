@@ -276,3 +276,46 @@ def test_decomposition_finds_the_part_no_test_sees(history):
   assert summary["tasks"] == 3 and summary["parts"] == 6 and summary["checked"] == 5
   assert summary["parts_per_pr"] == {"1": 1, "2": 1, "3-4": 1, "5-8": 0, "9+": 0}
   assert decompose.summary(files)["checked"] == decompose.summary(files)["parts"] == 5
+
+
+def test_a_run_reads_hypothesis_tables_equal_to_those_it_would_compute(tmp_path):
+  # The test environment carries hypothesis's Unicode tables and each run's workspace
+  # gets a copy (rlcode.swe.testenv.HYPOTHESIS_DATA): the run reads them instead of
+  # encoding every code point, and they are what hypothesis computes itself.
+  from rlcode.swe.runner import RunSpec
+  test = '''\
+import os, unicodedata
+from hypothesis import given, strategies as st
+from hypothesis.internal import charmap
+
+TABLES = os.path.join(".hypothesis", "unicode_data", unicodedata.unidata_version)
+
+
+def test_the_tables_are_there_before_hypothesis_reads_them():
+  assert {"charmap.json.gz", "codec-v2-utf-8.json.gz"} <= set(os.listdir(TABLES))
+
+
+def test_the_tables_equal_what_hypothesis_computes():
+  seeded_codec = charmap.intervals_from_codec("utf-8")
+  seeded_map = charmap.charmap()
+  for name in ("codec-v2-utf-8.json.gz", "charmap.json.gz"):
+    os.remove(os.path.join(TABLES, name))
+  charmap.intervals_from_codec.cache_clear()
+  charmap._charmap = None
+  fresh_codec = charmap.intervals_from_codec("utf-8")
+  assert [s.intervals for s in seeded_codec] == [s.intervals for s in fresh_codec]
+  assert charmap.charmap() == seeded_map
+
+
+@given(st.text(max_size=3))
+def test_text_draws(s):
+  assert isinstance(s, str)
+'''
+  spec = RunSpec({"tests/test_tables.py": test}, ("tests/test_tables.py",), deps=("hypothesis",),
+                 timeout=60.0)
+  run = Runner(str(tmp_path / "runs")).run(spec)
+  assert run.status == "ok", run.output
+  assert run.outcomes == {
+      "tests/test_tables.py::test_the_tables_are_there_before_hypothesis_reads_them": "passed",
+      "tests/test_tables.py::test_the_tables_equal_what_hypothesis_computes": "passed",
+      "tests/test_tables.py::test_text_draws": "passed"}, run.output

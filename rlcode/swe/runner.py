@@ -2,8 +2,9 @@
 
 `run(spec)` starts one sandbox session (rlcode.sandbox.session: bubblewrap, a private
 workspace, no network, rlimits, a wall clock), writes the tree into its workspace (one
-gzipped tar, unpacked inside), binds the test environment (rlcode.swe.testenv)
-read-only, runs `python3 -m pytest` on the spec's test files from the workspace root with
+gzipped tar, unpacked inside, with the test environment's hypothesis tables copied to
+.hypothesis/unicode_data unless the tree has its own), binds the test environment
+(rlcode.swe.testenv) read-only, runs `python3 -m pytest` on the spec's test files from the workspace root with
 the report plugin (rlcode.swe.pytest_plugin), reads the plugin's report back and ends the
 session. `Runner` does that with each result cached on disk (and `run_many` for many
 specs on a thread pool), under a hash of everything the run depends on (the tree's contents, the test files, the
@@ -49,15 +50,23 @@ from rlcode.swe import deps, testenv
 OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
 PASSING = ("passed", "xfailed")  # SWE-bench's PASSED and XFAIL
 STATUSES = ("ok", "timeout", "crash", "sandbox_error")
-RUNNER_VERSION = "1"  # bump when a change here changes results (it keys the cache)
+RUNNER_VERSION = "2"  # bump when a change here changes results (it keys the cache)
 _REPORT = ".rlcode_report.jsonl"
 _ARGS = ".rlcode_args"
 _TREE = ".rlcode_tree.b64"
 _MAX_ID = 2000
 _MAX_TESTS = 100_000
-_UNPACK = ("import base64, io, os, tarfile; "
+# Unpacks the tree, then gives it hypothesis's Unicode tables from the test environment
+# (testenv.HYPOTHESIS_DATA) unless the tree has its own .hypothesis/unicode_data.
+_UNPACK = ("import base64, io, os, shutil, tarfile; "
            f"data = base64.b64decode(open({_TREE!r}).read()); os.remove({_TREE!r}); "
-           "tarfile.open(fileobj=io.BytesIO(data), mode='r:gz').extractall('.')")
+           "tarfile.open(fileobj=io.BytesIO(data), mode='r:gz').extractall('.')\n"
+           f"tables = {testenv.MOUNT + '/' + testenv.HYPOTHESIS_DATA!r}\n"
+           "try:\n"
+           "  if os.path.isdir(tables) and not os.path.lexists('.hypothesis/unicode_data'):\n"
+           "    shutil.copytree(tables, '.hypothesis/unicode_data')\n"
+           "except OSError:\n"
+           "  pass")
 
 
 @dataclasses.dataclass(frozen=True)

@@ -23,6 +23,16 @@ every run compiled pytest and re-rewrote hypothesis (measured: a 3-test attrs ru
 1.1 s, and takes 0.45 s with them). Both kinds of cache are checked against their
 source's hash when read, so a stale or missing one is only slower, never different.
 
+When hypothesis is in it, the directory also holds hypothesis's Unicode tables
+(`HYPOTHESIS_DATA`), computed by hypothesis itself for the sessions' interpreter: the
+character categories and the characters each common codec encodes. Hypothesis keeps them
+in its storage directory, .hypothesis/ in the workspace, which every run starts without,
+so every run that drew from st.text() (whose alphabet is the utf-8 codec's) recomputed
+them by encoding every code point: about 1 s a run (measured: an attrs run of
+tests/test_make.py took 4.8 s, 3.8 s with the tables in place). A run copies them into
+its workspace (rlcode.swe.runner), and hypothesis reads them instead; they are the
+tables it would have computed, so no test sees a difference.
+
 The directory is cached under a hash of what it holds (names, versions, the plugin's
 text, the build's format), made in a temporary directory beside it and renamed into
 place, world-readable (a root host runs sessions as uid 65534). Its location:
@@ -58,7 +68,19 @@ ENV_VAR = "RLCODE_TESTENV_DIR"
 MOUNT = "/opt/testenv"
 PLUGIN_MODULE = "rlcode_pytest_report"
 PLUGIN_SOURCE = Path(__file__).with_name("pytest_plugin.py").read_text()
-_FORMAT = "2"  # bump when a change here changes what a built directory holds
+_FORMAT = "3"  # bump when a change here changes what a built directory holds
+# Hypothesis's Unicode tables, computed for the sessions' interpreter (`_hypothesis_data`):
+# a run copies this directory to .hypothesis/unicode_data in its workspace.
+HYPOTHESIS_DATA = "hypothesis-unicode-data"
+# The codecs whose tables are computed: st.text()'s default alphabet is utf-8.
+_CODECS = ("utf-8", "ascii", "iso8859-1")
+_HYPOTHESIS_TABLES = """\
+import sys
+from hypothesis.internal import charmap
+charmap.charmap()
+for codec in sys.argv[1:]:
+  charmap.intervals_from_codec(codec)
+"""
 _WARM_SECONDS = 600
 # Imports every submodule of the modules named in $RLCODE_WARM, under pytest's
 # assertion rewriting (a module that does not import is passed over: an optional
@@ -254,6 +276,39 @@ def _precompile(path: str, dists: Iterable[metadata.Distribution]) -> None:
         pass
 
 
+def _hypothesis_data(path: str, root: str, version: str) -> None:
+  """Hypothesis's Unicode tables, computed by the environment's own hypothesis (of
+  `version`) for the sessions' interpreter, into `path`/HYPOTHESIS_DATA (module
+  docstring). They depend on nothing else, so they are computed once per hypothesis
+  version under `root` and copied into each environment. Best effort: a table that could
+  not be computed is computed by the runs that need it, as before."""
+  python = session.interpreter_path()
+  key = hashlib.sha256(repr((python, python_version(python), version, _CODECS)).encode()
+                       ).hexdigest()[:16]
+  shared = os.path.join(root, f"hypothesis-tables-{key}")
+  if not os.path.isdir(shared):
+    with tempfile.TemporaryDirectory(prefix="tables-", dir=root) as work:
+      store = os.path.join(work, "store")
+      env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "PYTHONPATH": path,
+             "HYPOTHESIS_STORAGE_DIRECTORY": store}
+      try:
+        subprocess.run([python, "-S", "-c", _HYPOTHESIS_TABLES, *_CODECS], cwd=work,
+                       env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                       timeout=_WARM_SECONDS, check=False)
+      except (OSError, subprocess.SubprocessError):
+        return
+      tables = os.path.join(store, "unicode_data")
+      if not os.path.isdir(tables):
+        return
+      _readable(tables)
+      try:
+        os.rename(tables, shared)
+      except OSError:
+        if not os.path.isdir(shared):  # not another process's identical tables
+          raise
+  shutil.copytree(shared, os.path.join(path, HYPOTHESIS_DATA))
+
+
 def _modules(dist: metadata.Distribution) -> set[str]:
   """The top-level module names a distribution installs."""
   out = set()
@@ -293,6 +348,8 @@ def _build(names: tuple[str, ...], root: str, exclude: frozenset[str]) -> TestEn
         with open(os.path.join(tmp, PLUGIN_MODULE + ".py"), "w") as f:
           f.write(PLUGIN_SOURCE)
         _precompile(tmp, found.values())
+        if "hypothesis" in found:
+          _hypothesis_data(tmp, root, found["hypothesis"].version)
         _readable(tmp)
         try:
           os.rename(tmp, target)
