@@ -234,6 +234,17 @@ def _readable(path: str) -> None:
   os.chmod(path, 0o755)
 
 
+def _publish(made: str, target: str) -> None:
+  """The directory `made` world-readable and renamed to `target`, unless another process
+  already put its identical directory there (both are named by what they hold)."""
+  _readable(made)
+  try:
+    os.rename(made, target)
+  except OSError:
+    if not os.path.isdir(target):
+      raise
+
+
 def _safe_root(root: str) -> None:
   """Makes the cache root, refusing one another user could write into."""
   os.makedirs(root, mode=0o755, exist_ok=True)
@@ -300,12 +311,7 @@ def _hypothesis_data(path: str, root: str, version: str) -> None:
       tables = os.path.join(store, "unicode_data")
       if not os.path.isdir(tables):
         return
-      _readable(tables)
-      try:
-        os.rename(tables, shared)
-      except OSError:
-        if not os.path.isdir(shared):  # not another process's identical tables
-          raise
+      _publish(tables, shared)
   shutil.copytree(shared, os.path.join(path, HYPOTHESIS_DATA))
 
 
@@ -350,12 +356,7 @@ def _build(names: tuple[str, ...], root: str, exclude: frozenset[str]) -> TestEn
         _precompile(tmp, found.values())
         if "hypothesis" in found:
           _hypothesis_data(tmp, root, found["hypothesis"].version)
-        _readable(tmp)
-        try:
-          os.rename(tmp, target)
-        except OSError:
-          if not os.path.isdir(target):  # not another process's identical build
-            raise
+        _publish(tmp, target)
       finally:
         if os.path.isdir(tmp):
           shutil.rmtree(tmp)
