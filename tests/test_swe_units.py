@@ -1,5 +1,5 @@
 """Executable PR tasks, the parts that run no repository's tests: patches, declared
-dependencies, the test environment (one session reads it), the report parser, the
+dependencies, the test environment (one sandbox reads it), the report parser, the
 judgement of runs, extras, the schema and the command's bad input."""
 
 import os
@@ -256,7 +256,7 @@ def test_the_test_environment_copies_what_it_is_asked_and_leaves_out_the_rest(tm
   assert os.path.isfile(os.path.join(env.path, testenv.PLUGIN_MODULE + ".py"))
   assert os.path.isdir(os.path.join(env.path, "pympler"))
   assert oct(os.stat(env.path).st_mode & 0o777) == "0o755"
-  # Compiled as it is built: the sessions' interpreter reads pytest from its .pyc (the
+  # Compiled as it is built: the sandbox's interpreter reads pytest from its .pyc (the
   # mount is read-only, so it could not write one), and the modules of a distribution
   # with a pytest plugin have pytest's rewritten .pyc.
   from rlcode.sandbox.session import Session

@@ -211,7 +211,7 @@ def _store(path: str, verdict: dict) -> None:
 
 def worker_count(config: SweConfig) -> int:
   """The PRs evaluated at once: config.workers, else one more than the CPUs this process
-  may use (a PR's runs leave a CPU idle while a session starts, a report is read back or
+  may use (a PR's runs leave a CPU idle while a sandbox starts, a report is read back or
   a test sleeps; one PR more fills those gaps: more-itertools' pass went from 178% to
   194% of 2 CPUs, with the order below)."""
   if config.workers:

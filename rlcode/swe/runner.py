@@ -1,15 +1,15 @@
-"""Running a repository's pytest tests over a tree of files in a sandbox session.
+"""Running a repository's pytest tests over a tree of files in a sandbox.
 
-`run(spec)` starts one sandbox session (rlcode.sandbox.session: bubblewrap, a private
-workspace, no network, rlimits, a wall clock), writes the tree into its workspace (one
-gzipped tar, unpacked inside, with the test environment's hypothesis tables copied to
+`run(spec)` starts one sandbox (rlcode.sandbox.session: bubblewrap, a private workspace,
+no network, rlimits, a wall clock), writes the tree into its workspace (one gzipped tar,
+unpacked inside, with the test environment's hypothesis tables copied to
 .hypothesis/unicode_data unless the tree has its own), binds the test environment
-(rlcode.swe.testenv) read-only, runs `python3 -m pytest` on the spec's test files from the workspace root with
-the report plugin (rlcode.swe.pytest_plugin), reads the plugin's report back and ends the
-session. `Runner` does that with each result cached on disk (and `run_many` for many
-specs on a thread pool), under a hash of everything the run depends on (the tree's contents, the test files, the
-test environment's versions, the limits, and `attempt`, so that a second run meant to
-catch flaky tests is a real run).
+(rlcode.swe.testenv) read-only, runs `python3 -m pytest` on the spec's test files from
+the workspace root with the report plugin (rlcode.swe.pytest_plugin), reads the plugin's
+report back and ends the sandbox. `Runner` does that with each result cached on disk (and
+`run_many` for many specs on a thread pool), under a hash of everything the run depends
+on (the tree's contents, the test files, the test environment's versions, the limits,
+and `attempt`, so that a second run meant to catch flaky tests is a real run).
 
 What is trusted. The tests and the code under test run in one interpreter, which is the
 sandbox's to contain: whatever they do (hang, exit, kill the interpreter, fill the disk,

@@ -1,6 +1,6 @@
 """The read-only test environment a repository's tests run with: pytest, the repository's
 declared pure-Python test dependencies, and our report plugin, copied from this host's
-Python environment into one directory that sandbox sessions bind at `MOUNT`.
+Python environment into one directory that sandboxes bind at `MOUNT`.
 
 Distributions are found by name in the host's environment (importlib.metadata), with
 their requirements followed (markers evaluated for the host's Python, extras not taken);
@@ -14,17 +14,17 @@ does not have is left out too; both are reported (`TestEnv.missing`,
 `TestEnv.compiled`), and a test that imports one fails to collect, which the miner
 counts as a missing dependency.
 
-The directory is compiled once, as it is built, for the sessions' interpreter: every
+The directory is compiled once, as it is built, for the sandbox's interpreter: every
 module to a hash-checked .pyc, and the modules pytest rewrites (those of every
 distribution with a pytest plugin, such as hypothesis) to pytest's own cached .pyc, by a
-pytest session that imports them (`_precompile`). A session binds the directory
+pytest run that imports them (`_precompile`). A sandbox binds the directory
 read-only, so neither Python nor pytest could write these caches there: without them
 every run compiled pytest and re-rewrote hypothesis (measured: a 3-test attrs run took
 1.1 s, and takes 0.45 s with them). Both kinds of cache are checked against their
 source's hash when read, so a stale or missing one is only slower, never different.
 
 When hypothesis is in it, the directory also holds hypothesis's Unicode tables
-(`HYPOTHESIS_DATA`), computed by hypothesis itself for the sessions' interpreter: the
+(`HYPOTHESIS_DATA`), computed by hypothesis itself for the sandbox's interpreter: the
 character categories and the characters each common codec encodes. Hypothesis keeps them
 in its storage directory, .hypothesis/ in the workspace, which every run starts without,
 so every run that drew from st.text() (whose alphabet is the utf-8 codec's) recomputed
@@ -40,7 +40,7 @@ $RLCODE_TESTENV_DIR, else ~/.cache/rlcode/testenv when uid 65534 can reach it, e
 <tmp>/rlcode-testenv-<uid>.
 
 This module must not run a repository's tests nor read repositories: it assembles a
-directory (its one pytest session imports the directory's own modules).
+directory (its one pytest run imports the directory's own modules).
 """
 
 from __future__ import annotations
@@ -69,7 +69,7 @@ MOUNT = "/opt/testenv"
 PLUGIN_MODULE = "rlcode_pytest_report"
 PLUGIN_SOURCE = Path(__file__).with_name("pytest_plugin.py").read_text()
 _FORMAT = "3"  # bump when a change here changes what a built directory holds
-# Hypothesis's Unicode tables, computed for the sessions' interpreter (`_hypothesis_data`):
+# Hypothesis's Unicode tables, computed for the sandbox's interpreter (`_hypothesis_data`):
 # a run copies this directory to .hypothesis/unicode_data in its workspace.
 HYPOTHESIS_DATA = "hypothesis-unicode-data"
 # The codecs whose tables are computed: st.text()'s default alphabet is utf-8.
@@ -289,7 +289,7 @@ def _precompile(path: str, dists: Iterable[metadata.Distribution]) -> None:
 
 def _hypothesis_data(path: str, root: str, version: str) -> None:
   """Hypothesis's Unicode tables, computed by the environment's own hypothesis (of
-  `version`) for the sessions' interpreter, into `path`/HYPOTHESIS_DATA (module
+  `version`) for the sandbox's interpreter, into `path`/HYPOTHESIS_DATA (module
   docstring). They depend on nothing else, so they are computed once per hypothesis
   version under `root` and copied into each environment. Best effort: a table that could
   not be computed is computed by the runs that need it, as before."""
@@ -328,7 +328,7 @@ def _modules(dist: metadata.Distribution) -> set[str]:
 
 def build(names: Iterable[str], root: str | None = None,
           exclude: Iterable[str] = ()) -> TestEnv:
-  """The test environment of pytest plus `names` for the sessions' interpreter (built
+  """The test environment of pytest plus `names` for the sandbox's interpreter (built
   once, then reused). `exclude`: module names the repository provides itself; a
   distribution installing one is left out, so that it cannot shadow the repository's
   own code (the environment comes first on sys.path)."""
