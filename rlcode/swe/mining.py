@@ -11,7 +11,7 @@ patches through the reward's path, on their FAIL_TO_PASS tests; make the task
 largest test modules start first.
 
 Caching by commit: a PR's verdict is stored under a hash of its commit, the config
-fields that decide it, the runner's and plugin's versions and the sessions'
+fields that decide it, the runner's and plugin's versions and the sandbox's
 interpreter, with the versions of the test environment its runs used; a rerun reads the
 verdicts whose test environment would be the same today and runs nothing for them (a
 changed dependency reruns its PRs); each pytest run is cached as well
