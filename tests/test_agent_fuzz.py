@@ -3,8 +3,8 @@
 Every byte a policy produces is untrusted. A seeded generator drives `ToolEnv.step` with
 random text, broken JSON, calls with adversarial arguments (huge integers, lone
 surrogates, NUL bytes, paths out of the workspace, megabytes of output, wrong types,
-unknown tools) and turns that end in every way; each step must return an observation
-the chat layer can tokenise, and the episode must go on (or end) normally.
+unknown tools) and turns that end in every way; each step must return an observation,
+bounded by the tools before any budget, that the chat layer can tokenise, and the episode must go on (or end) normally.
 """
 
 from __future__ import annotations
@@ -128,6 +128,9 @@ def test_no_policy_output_escapes_the_environment():
       text, ended = _turn(rng, env)
       step = env.step(text, ended)
       assert isinstance(step, env_lib.Step) and isinstance(step.observation, str)
+      # Bounded at the source, before the byte and token budgets below: a view's
+      # MAX_LINES lines of MAX_LINE_CHARS characters is the largest a tool returns.
+      assert len(step.observation) < tools.MAX_LINES * (tools.MAX_LINE_CHARS + 60)
       ids, _ = chat.observation_tokens(step.observation, 96, 16384)
       assert all(isinstance(i, int) for i in ids)
       failures += "tool_failure" in step.info

@@ -46,7 +46,8 @@ def test_bash_runs_in_the_workspace_with_limits(ctx):
   r = T["bash"](ctx, {"command": "sleep 20"})
   assert "[killed after 2 s]" in r.text
   r = T["bash"](ctx, {"command": "yes | head -c 100000"})
-  assert r.text.endswith("[output truncated]") and len(r.text) < 2100
+  assert r.text.endswith("[output truncated: the first 2,048 bytes are shown]")
+  assert len(r.text) < 2100
 
 
 def test_hostile_bash_calls_are_contained(ctx):
@@ -58,7 +59,8 @@ def test_hostile_bash_calls_are_contained(ctx):
   r = T["bash"](ctx, {"command": "ls /proc | grep -c '^[0-9]'"})
   assert int(r.text) <= 4
   r = T["bash"](ctx, {"command": "cat /dev/urandom"})
-  assert "[output truncated]" in r.text
+  assert "[output truncated: the first 2,048 bytes are shown]" in r.text
+  assert len(r.text.encode("utf-8", "surrogatepass")) < 2048 * 3 + 100
   assert T["bash"](ctx, {"command": "echo still here"}).text == "still here\n"
 
 
@@ -132,3 +134,54 @@ def test_think_memory_finish(ctx):
   r = T["memory"](ctx, {"action": "retrieve", "text": "what is K"})
   assert r.text == "- K is 7 in notes"
   assert T["finish"](ctx, {}).done
+
+
+def test_a_view_of_a_million_lines_is_cut_at_the_source(ctx):
+  ctx.session.write("big.txt", "\n" * 1_000_000)
+  r = T["editor"](ctx, {"command": "view", "path": "big.txt"})
+  lines = r.text.splitlines()
+  assert len(lines) == tools.MAX_LINES + 1 and lines[-2] == f"{tools.MAX_LINES:4d} "
+  assert lines[-1] == ("[... 999,800 more lines not shown; view a range with "
+                       "view_range=[201, 400]]")
+  r = T["editor"](ctx, {"command": "view", "path": "big.txt",
+                        "view_range": [999_990, 1_000_000]})
+  assert r.text.splitlines()[-1] == "1000000 " and "not shown" not in r.text
+  ctx.session.write("wide.py", "x = '" + "y" * 500_000 + "'\n")
+  r = T["editor"](ctx, {"command": "view", "path": "wide.py"})
+  assert len(r.text) < 400 and r.text.endswith(" [... 499,706 more characters]")
+
+
+def test_search_hits_on_megabyte_lines_are_cut_around_the_match(ctx):
+  for i in range(5):
+    ctx.session.write(f"h{i}.txt", "y" * 999_000 + "NEEDLE" + "y" * 994 + "\n")
+  r = T["search"](ctx, {"query": "NEEDLE"})
+  hits = r.text.splitlines()
+  assert len(hits) == 5 and len(r.text) < 5 * 400
+  assert all("NEEDLE" in h and h.startswith(f"h{i}.txt:1: [... 998,925 characters] ")
+             for i, h in enumerate(hits))
+  r = T["search"](ctx, {"query": "NEEDLE", "mode": "semantic"})
+  assert len(r.text) < 5 * 400
+
+
+def test_memory_refuses_a_note_over_its_limit(ctx):
+  from rlcode.agent.memory import MAX_NOTE_CHARS
+  r = T["memory"](ctx, {"action": "store", "text": "n " * (2 << 20)})
+  assert r.text == (f"error: a note holds at most {MAX_NOTE_CHARS:,} characters; this one "
+                    "has 4,194,304, and was not stored") and r.info["error"]
+  assert T["memory"](ctx, {"action": "store", "text": "n" * MAX_NOTE_CHARS}).text == "Noted."
+  assert ctx.memory.proposed == ["n" * MAX_NOTE_CHARS]
+  ctx.memory.memory.notes.append("error: e -> fix: " + "z" * 100_000)
+  r = T["memory"](ctx, {"action": "retrieve", "text": "e fix"})
+  assert len(r.text) < MAX_NOTE_CHARS + 100 and r.text.endswith("more characters]")
+
+
+def test_listings_lint_messages_and_echoed_paths_are_cut(ctx):
+  ctx.session.exec("for i in $(seq 500); do : > f$i.txt; done")
+  r = T["editor"](ctx, {"command": "view", "path": "."})
+  assert len(r.text.splitlines()) == tools.MAX_LINES + 1
+  assert r.text.endswith("\n[... 300 more files not shown]")
+  r = T["editor"](ctx, {"command": "view", "path": "z" * 100_000})
+  assert r.info["error"] and len(r.text) < 400 and r.text.endswith("more characters]")
+  ctx.session.write("lint.py", "x" * 500_000 + "\n")
+  r = T["lint"](ctx, {"path": "lint.py"})
+  assert "F821" in r.text and len(r.text) < 400

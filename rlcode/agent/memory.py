@@ -22,6 +22,9 @@ against 0.490 with never, 2 seeds; its tiebreak on context tokens picks all, by 
 tokens per episode). DEFAULT_RULE is dedupe: the same success with a quarter of the
 notes. The capped rules (last_n, success_dedupe; 16 notes there) lose what they forget.
 
+A note the policy stores holds at most MAX_NOTE_CHARS characters (the memory tool refuses
+a longer one): notes come back into later prompts, three at a time.
+
 Retrieval ranks notes by cosine similarity of MiniLM embeddings when an `embed`
 function is given, else by word overlap (Jaccard). Thread-safe: a GRPO step runs
 its episodes at once. This module must not know about sandboxes or tokens.
@@ -40,6 +43,7 @@ from rlcode.errors import UnknownKey
 
 RULES = ("never", "all", "after_success", "error_fix", "last_n", "dedupe", "success_dedupe")
 DEFAULT_RULE = "dedupe"
+MAX_NOTE_CHARS = 2000
 
 
 @dataclasses.dataclass

@@ -9,6 +9,14 @@ the session refuses the rest. A tool never raises on a bad request from the
 policy: a missing file, an ambiguous replacement or a failing command is an
 observation.
 
+A tool bounds what it returns before the text leaves it, and says what it cut: a view
+shows at most MAX_LINES lines, a listing MAX_LINES paths, a line (of a view, a search hit,
+a passage, a lint message) at most MAX_LINE_CHARS characters, a test report
+MAX_REPORT_CHARS, bash the session's `max_output_bytes`; a memory note over
+rlcode.agent.memory.MAX_NOTE_CHARS is refused. The sampler's observation budget cuts again
+on tokens, but only after the text has been decoded, logged and held: a file of a million
+empty lines would otherwise be an observation of 7.9 million characters.
+
 Tools: bash, editor (view, create, str_replace, insert), search (text, or
 semantic with the MiniLM encoder), run_tests, lint (ruff's error rules over the files
 the workspace says changed: rlcode.agent.lint), think (no effect), memory (store,
@@ -27,6 +35,7 @@ from typing import Any, ClassVar
 import numpy as np
 
 from rlcode.agent import lint
+from rlcode.agent.memory import MAX_NOTE_CHARS
 from rlcode.agent.workspace import workspace_for
 from rlcode.data.tasks import Task
 from rlcode.errors import UnknownKey
@@ -90,6 +99,27 @@ def _object(required: Sequence[str] = (), **properties) -> dict[str, Any]:
 
 _STR = {"type": "string"}
 
+MAX_LINES = 200
+MAX_LINE_CHARS = 300
+MAX_REPORT_CHARS = 2000
+
+
+def clip(text: str, limit: int = MAX_LINE_CHARS, at: int = 0) -> str:
+  """At most `limit` characters of `text`, from a little before `at` (a match to keep in
+  view), each cut side marked with how many characters it dropped."""
+  if len(text) <= limit:
+    return text
+  start = max(0, min(at - limit // 4, len(text) - limit))
+  head = f"[... {start:,} characters] " if start else ""
+  rest = len(text) - start - limit
+  return head + text[start:start + limit] + (f" [... {rest:,} more characters]" if rest else "")
+
+
+def _error(message: Any) -> ToolResult:
+  """An error observation; its message may echo what the policy sent (a path), so it is
+  clipped like a line."""
+  return ToolResult(f"error: {clip(str(message))}", info={"error": True})
+
 
 class Bash(Tool):
   name = "bash"
@@ -103,7 +133,8 @@ class Bash(Tool):
     if r.timed_out:
       notes.append(f"[killed after {ctx.bash_seconds:g} s]")
     if r.truncated:
-      notes.append("[output truncated]")
+      notes.append(f"[output truncated: the first {ctx.session.limits.max_output_bytes:,} "
+                   "bytes are shown]")
     if r.exit_code not in (0, None):
       notes.append(f"[exit code {r.exit_code}]")
     text = r.output + ("\n" if r.output and notes and not r.output.endswith("\n") else "")
@@ -128,50 +159,57 @@ class Editor(Tool):
             "insert": ["insert_line", "new_str"]}.get(command, [])
     missing = [k for k in need if k not in args]
     if missing:
-      return ToolResult(f"error: editor {command} needs {missing}", info={"error": True})
+      return _error(f"editor {command} needs {missing}")
     try:
       return getattr(self, "_" + command)(ctx.session, path, args)
     except SessionError as e:
-      return ToolResult(f"error: {e}", info={"error": True})
+      return _error(e)
 
   def _view(self, session, path, args):
     if path in ("", ".", "/"):
-      return ToolResult("\n".join(session.files()) or "(no files)")
+      paths = session.files()
+      more = len(paths) - MAX_LINES
+      shown = "\n".join(clip(p) for p in paths[:MAX_LINES]) or "(no files)"
+      return ToolResult(shown + (f"\n[... {more:,} more files not shown]" if more > 0 else ""))
     lines = session.read(path).splitlines()
     start, end = 1, len(lines)
     if "view_range" in args:
       r = args["view_range"]
       if len(r) != 2 or not 1 <= r[0] <= max(r[1], 1) or r[1] > len(lines):
-        return ToolResult(f"error: view_range must be [start, end] within 1..{len(lines)}",
-                          info={"error": True})
+        return _error(f"view_range must be [start, end] within 1..{len(lines)}")
       start, end = r
-    return ToolResult("\n".join(f"{i:4d} {lines[i - 1]}" for i in range(start, end + 1)))
+    last = min(end, start + MAX_LINES - 1)
+    text = "\n".join(f"{i:4d} {clip(lines[i - 1])}" for i in range(start, last + 1))
+    if last < end:
+      text += (f"\n[... {end - last:,} more lines not shown; view a range with "
+               f"view_range=[{last + 1}, {min(end, last + MAX_LINES)}]]")
+    return ToolResult(text)
 
   def _create(self, session, path, args):
     text = args["file_text"]
     session.write(path, text)
-    return ToolResult(f"Wrote {path} ({len(text.splitlines())} lines).", info={"wrote": path})
+    return ToolResult(f"Wrote {clip(path)} ({len(text.splitlines())} lines).",
+                      info={"wrote": path})
 
   def _str_replace(self, session, path, args):
     text = session.read(path)
     old, new = args["old_str"], args.get("new_str", "")
     count = text.count(old) if old else 0
     if count != 1:
-      return ToolResult(f"error: old_str occurs {count} times in {path}; it must occur once",
-                        info={"error": True})
+      return _error(f"old_str occurs {count} times in {path}; it must occur once")
     session.write(path, text.replace(old, new, 1))
-    return ToolResult(f"Replaced in {path}.", info={"wrote": path})
+    return ToolResult(f"Replaced in {clip(path)}.", info={"wrote": path})
 
   def _insert(self, session, path, args):
     lines = session.read(path).splitlines(keepends=True)
     at = args["insert_line"]
     if not 0 <= at <= len(lines):
-      return ToolResult(f"error: insert_line must be in 0..{len(lines)}", info={"error": True})
+      return _error(f"insert_line must be in 0..{len(lines)}")
     new = args["new_str"] if args["new_str"].endswith("\n") else args["new_str"] + "\n"
     if at and not lines[at - 1].endswith("\n"):
       lines[at - 1] += "\n"
     session.write(path, "".join(lines[:at]) + new + "".join(lines[at:]))
-    return ToolResult(f"Inserted after line {at} of {path}.", info={"wrote": path})
+    return ToolResult(f"Inserted after line {at} of {clip(path)}.", info={"wrote": path})
 
 
 class Search(Tool):
@@ -188,11 +226,11 @@ class Search(Tool):
   def __call__(self, ctx, args):
     query, mode = args["query"], args.get("mode", "text")
     if not query.strip():
-      return ToolResult("error: empty query", info={"error": True})
+      return _error("empty query")
     try:
       paths = ctx.session.files()[:self.MAX_FILES]
     except SessionError as e:
-      return ToolResult(f"error: {e}", info={"error": True})
+      return _error(e)
     files, unread = {}, 0
     for p in paths:  # a file too large (or named in no text) is skipped, not fatal
       try:
@@ -201,15 +239,15 @@ class Search(Tool):
         unread += 1
     skipped = f"\n[{unread} files not searched: unreadable or too large]" if unread else ""
     if mode == "text":
-      hits = [f"{p}:{i}: {line}" for p, text in files.items()
+      hits = [(p, i, line) for p, text in files.items()
               for i, line in enumerate(text.splitlines(), 1) if query in line]
       more = len(hits) - self.MAX_HITS
-      text = "\n".join(hits[:self.MAX_HITS]) or "no matches"
+      text = "\n".join(f"{clip(p)}:{i}: {clip(line, at=line.index(query))}"
+                       for p, i, line in hits[:self.MAX_HITS]) or "no matches"
       return ToolResult(text + (f"\n[{more} more matches]" if more > 0 else "") + skipped,
                         info={"hits": len(hits)})
     if ctx.embed is None:
-      return ToolResult("error: semantic search is not available in this run",
-                        info={"error": True})
+      return _error("semantic search is not available in this run")
     passages = []
     for p, text in files.items():
       lines = text.splitlines()
@@ -222,8 +260,8 @@ class Search(Tool):
     vecs = ctx.embed([query] + [c for *_, c in passages])
     scores = vecs[1:] @ vecs[0]
     best = np.argsort(-scores, kind="stable")[:self.TOP_PASSAGES]
-    out = [f"{passages[i][0]}:{passages[i][1]}-{passages[i][2]} (score {scores[i]:.2f})\n"
-           f"{passages[i][3]}" for i in best]
+    out = [f"{clip(passages[i][0])}:{passages[i][1]}-{passages[i][2]} (score {scores[i]:.2f})\n"
+           + "\n".join(clip(line) for line in passages[i][3].split("\n")) for i in best]
     return ToolResult("\n".join(out), info={"hits": len(best)})
 
 
@@ -236,14 +274,14 @@ class RunTests(Tool):
     try:
       program = ctx.workspace.answer(ctx.session, ctx.task)
     except SessionError as e:
-      return ToolResult(f"error: {e}", info={"tests_passed": False, "error": True})
+      return ToolResult(f"error: {clip(str(e))}", info={"tests_passed": False, "error": True})
     r = ctx.run_tests(ctx.task, program)
     if r.passed:
       text = f"passed {r.tests_passed}/{r.tests_total} tests"
     elif r.status == "failed":
-      text = f"failed: {r.tests_passed}/{r.tests_total} passed; {r.error}"
+      text = f"failed: {r.tests_passed}/{r.tests_total} passed; {clip(r.error, MAX_REPORT_CHARS)}"
     else:
-      text = f"{r.status}: {r.error}"
+      text = f"{r.status}: {clip(r.error, MAX_REPORT_CHARS)}"
     return ToolResult(text, info={"tests_passed": bool(r.passed), "fraction": r.fraction,
                                   "report": text, "program": program})
 
@@ -262,16 +300,16 @@ class Lint(Tool):
       else:
         files = ctx.workspace.lint_files(ctx.session, ctx.task)
     except SessionError as e:
-      return ToolResult(f"error: {e}", info={"error": True})
+      return _error(e)
     files = {p: t for p, t in files.items() if p.endswith((".py", ".pyi"))}
     if not files:
       return ToolResult("no Python file to lint", info={"lint_messages": 0})
     try:
       messages = lint.check(files)
     except lint.LintUnavailable as e:
-      return ToolResult(f"error: {e}", info={"error": True})
+      return _error(e)
     more = len(messages) - self.MAX_MESSAGES
-    text = "\n".join(messages[:self.MAX_MESSAGES]) or f"no problems in {len(files)} files"
+    text = "\n".join(clip(m) for m in messages[:self.MAX_MESSAGES]) or f"no problems in {len(files)} files"
     return ToolResult(text + (f"\n[{more} more messages]" if more > 0 else ""),
                       info={"lint_messages": len(messages)})
 
@@ -295,12 +333,19 @@ class MemoryTool(Tool):
 
   def __call__(self, ctx, args):
     if ctx.memory is None:
-      return ToolResult("error: memory is not available in this run", info={"error": True})
+      return _error("memory is not available in this run")
+    text = args["text"]
     if args["action"] == "store":
-      ctx.memory.propose(args["text"])
-      return ToolResult("Noted.", info={"stored": args["text"]})
-    found = ctx.memory.retrieve(args["text"], self.TOP)
-    return ToolResult("\n".join(f"- {e}" for e in found) or "no notes",
+      # Refused rather than cut: a note cut short can say the opposite of what was meant,
+      # and the policy can store a shorter one.
+      if len(text) > MAX_NOTE_CHARS:
+        return _error(f"a note holds at most {MAX_NOTE_CHARS:,} characters; this one has "
+                      f"{len(text):,}, and was not stored")
+      ctx.memory.propose(text)
+      return ToolResult("Noted.", info={"stored": text})
+    found = ctx.memory.retrieve(text, self.TOP)
+    # error_fix notes carry a whole program, which no store limit bounded.
+    return ToolResult("\n".join(f"- {clip(e, MAX_NOTE_CHARS)}" for e in found) or "no notes",
                       info={"retrieved": list(found)})
 
 
