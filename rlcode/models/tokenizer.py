@@ -245,4 +245,5 @@ def load_tokenizer(path: str | None) -> Tokenizer:
   base, specials, digits = split_tokenizer_name(path)
   if base == "bytes":
     return ByteTokenizer(specials=specials)
-  return HFTokenizer(base, specials=specials, digits=digits)
+  from rlcode.data import paths  # a name relative to the repository, from any directory
+  return HFTokenizer(paths.resolve(base), specials=specials, digits=digits)

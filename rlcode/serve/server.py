@@ -3,13 +3,15 @@
     rlcode serve --checkpoint WORKDIR [--host 127.0.0.1] [--port 8000] [--api-key-file F]
     rlcode serve --config configs/online_tiny.py [--config.serve.slots=32 ...]
 
-What is served: `--checkpoint` a training workdir's latest policy (or its warm_start/),
-with the run's recorded config; `--config` the config's model as built (model.hf_path, or
-the arch from config.seed), and for an online config (trainer "online") the newest
-version published in workdir/published, else online.init_from. The server listens on one
-socket it binds itself (port 0: the OS chooses) and prints `listening on http://HOST:PORT`
-once it answers; SIGTERM (or Ctrl-C) stops taking connections and lets the requests in
-flight finish (serve.graceful_seconds) before it exits.
+What is served: `--checkpoint` the latest policy of a grpo, agent or online run's workdir
+(or its warm_start/), built by the run's recorded config, with the schema's serve defaults
+where that config has no serve section (a reward model's workdir is refused); `--config`
+the config's model as built (model.hf_path, or the arch from config.seed). An online run
+(trainer "online") starts from the newest version published in its workdir/published,
+else online.init_from, and swaps in each version its learner publishes. The server listens
+on one socket it binds itself (port 0: the OS chooses) and prints `listening on
+http://HOST:PORT` once it answers; SIGTERM (or Ctrl-C) stops taking connections and lets
+the requests in flight finish (serve.graceful_seconds) before it exits.
 
 Uvicorn under FastAPI (docs/design.md says why). One process, one engine thread, one
 device: the policies served here fit one.
@@ -17,10 +19,15 @@ device: the policies served here fit one.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import socket
+from typing import Any
 
+import ml_collections
+
+from rlcode.config import serving
 from rlcode.errors import BadInput, MissingInput
 from rlcode.models import chat_template
 from rlcode.parallel import sharding
@@ -51,36 +58,83 @@ def initial_policy(config, mesh):
   return model, tokenizer, "config.model"
 
 
-def load_policy(config, checkpoint: str | None):
-  """(model, tokenizer, version, where it came from) of what `rlcode serve` serves."""
+def serve_section(config):
+  """config.serve, or the schema's defaults when the config's trainer reads no serve section
+  (the recorded config of a grpo or agent run)."""
+  if "serve" in config:
+    return config.serve
+  return ml_collections.ConfigDict(dataclasses.asdict(serving.Serve()))
+
+
+def checkpoint_config(checkpoint: str):
+  """The recorded config of the run `--checkpoint` names; a run that trained no policy
+  (a reward model's) is refused."""
+  from rlcode.config.record import recorded_config
+  saved = recorded_config(checkpoint, "--checkpoint")
+  if saved.trainer == "rm":
+    raise BadInput(f"--checkpoint {checkpoint!r} is a reward model's run (trainer 'rm'): it "
+                   "scores completions and writes none; serve a policy's workdir (a grpo, "
+                   "agent or online run)")
+  return saved
+
+
+@dataclasses.dataclass
+class Loaded:
+  """What `rlcode serve` serves, before its engine starts: the policy and where it came
+  from, the serve section, the chat template, and the workdir its log and published
+  versions live in."""
+
+  model: Any
+  tokenizer: Any
+  version: int
+  source: str
+  serve: Any
+  template: chat_template.ChatTemplate | None
+  workdir: str
+  publish_dir: str | None
+
+
+def load(config, checkpoint: str | None = None) -> Loaded:
+  """The policy of `checkpoint` (a workdir of any policy trainer, or its warm_start/; with
+  its recorded config) or else of `config`, and how to serve it: `config`'s serve section
+  when given, else the run's, else the schema's defaults."""
   from flax import nnx
 
-  from rlcode.config.record import recorded_config
   from rlcode.evaluation import policy_eval
   from rlcode.models.build import build_model
   mesh = sharding.make_mesh()  # one device: the engine's programs are single-device
   if checkpoint:
-    saved = recorded_config(checkpoint, "--checkpoint")
-    model, tokenizer, step, where = policy_eval.restore_policy(saved, checkpoint, mesh)
-    return model, tokenizer, 0, f"{where}@{step}"
-  if config.trainer != "online":
-    model, tokenizer = build_model(config.model, mesh, config.seed)
-    return model, tokenizer, 0, "config.model"
-  model, tokenizer, source = initial_policy(config, mesh)
-  version = weights.newest(published_dir(config))
-  if version is not None:  # what the learner published last
+    policy_cfg = checkpoint_config(checkpoint)
+    workdir = _workdir_of(checkpoint)
+    model, tokenizer, step, where = policy_eval.restore_policy(policy_cfg, checkpoint, mesh)
+    version, source = 0, f"{where}@{step}"
+  else:
+    policy_cfg, workdir = config, config.workdir
+    if config.trainer == "online":
+      model, tokenizer, source = initial_policy(config, mesh)
+    else:
+      model, tokenizer = build_model(config.model, mesh, config.seed)
+      source = "config.model"
+    version = 0
+  # An online run's server swaps in what its learner publishes, from the start.
+  publish_dir = os.path.join(workdir, PUBLISHED) if policy_cfg.trainer == "online" else None
+  newest = weights.newest(publish_dir) if publish_dir else None
+  if newest is not None:
     graphdef, state = nnx.split(model)
-    model = nnx.merge(graphdef, weights.load(published_dir(config), version, state))
-    return model, tokenizer, version, f"{published_dir(config)}@{version}"
-  return model, tokenizer, 0, source
+    model = nnx.merge(graphdef, weights.load(publish_dir, newest, state))
+    version, source = newest, f"{publish_dir}@{newest}"
+  serve = serve_section(config if config is not None else policy_cfg)
+  return Loaded(model=model, tokenizer=tokenizer, version=version, source=source,
+                serve=serve, template=template_for(serve, policy_cfg.model),
+                workdir=workdir, publish_dir=publish_dir)
 
 
-def template_for(config):
+def template_for(serve, model_cfg):
   """The chat template: serve.chat_template, else the checkpoint's or tokenizer's
-  directory's, else None (the compact fallback)."""
+  directory's (model.hf_path, model.tokenizer), else None (the compact fallback)."""
   from rlcode.models.tokenizer import split_tokenizer_name
-  if config is not None and config.serve.chat_template:
-    path = config.serve.chat_template
+  if serve.chat_template:
+    path = serve.chat_template
     if path.endswith(".jinja") and os.path.isfile(path):
       with open(path, encoding="utf-8") as f:
         return chat_template.ChatTemplate({"default": f.read()}, {})
@@ -88,10 +142,8 @@ def template_for(config):
     if found is None:
       raise MissingInput(f"serve.chat_template={path!r}: no chat template there")
     return found
-  model_cfg = (config.model if config is not None else None)
-  for path in (model_cfg.hf_path if model_cfg else None,
-               split_tokenizer_name(model_cfg.tokenizer)[0] if model_cfg and
-               model_cfg.tokenizer else None):
+  for path in (model_cfg.hf_path,
+               split_tokenizer_name(model_cfg.tokenizer)[0] if model_cfg.tokenizer else None):
     if path and os.path.isdir(path):
       found = chat_template.load_chat_template(path)
       if found is not None:
@@ -100,30 +152,27 @@ def template_for(config):
 
 
 def build(config, checkpoint: str | None = None, api_key: str | None = None):
-  """The app's `Served` (the engine started, warmed up on one request) and the config used."""
-  from rlcode.config.record import recorded_config
+  """The app's `Served`: what `load` finds, its engine started and warmed up on one
+  request."""
   from rlcode.serve.app import Served
-  if config is None:
-    config = recorded_config(checkpoint, "--checkpoint")
-  serve = config.serve if "serve" in config else _default_serve()
-  model, tokenizer, version, source = load_policy(config, checkpoint)
-  template = template_for(config)
-  eng = engine_lib.Engine(model, slots=serve.slots, version=version, mode=serve.batching)
+  got = load(config, checkpoint)
+  serve, tokenizer, template = got.serve, got.tokenizer, got.template
+  eng = engine_lib.Engine(got.model, slots=serve.slots, version=got.version,
+                          mode=serve.batching)
   chat_stops = tuple(tokenizer.eos_ids)
   if template is not None:
     eos = template.special_tokens.get("eos_token")
     eos_id = tokenizer.special_id(eos) if eos else None
     if eos_id is not None and eos_id not in chat_stops:
       chat_stops += (eos_id,)
-  workdir = config.workdir if not checkpoint else _workdir_of(checkpoint)
   served = Served(
       engine=eng, tokenizer=tokenizer, template=template,
       name=serve.model_name or "rlcode",
-      log=log_lib.InteractionLog(serve.log_url or log_lib.default_url(workdir)), serve=serve,
-      api_key=api_key, publish_dir=published_dir(config) if config.trainer == "online" else None,
+      log=log_lib.InteractionLog(serve.log_url or log_lib.default_url(got.workdir)),
+      serve=serve, api_key=api_key, publish_dir=got.publish_dir,
       stop_ids=tuple(tokenizer.eos_ids), chat_stop_ids=chat_stops)
   warm_up(eng)
-  log.info("serving %s (policy version %d)", source, version)
+  log.info("serving %s (policy version %d)", got.source, got.version)
   return served
 
 
@@ -135,11 +184,6 @@ def warm_up(eng: engine_lib.Engine) -> None:
   eng.submit(engine_lib.Request(prompt=[0], max_tokens=2, temperature=0.0,
                                 on_done=lambda r: done.set()))
   done.wait()
-
-
-def _default_serve():
-  from rlcode.config import loader
-  return loader.resolve({"trainer": "sample", "workdir": ".", "prompts": ("x",)}).serve
 
 
 def _workdir_of(checkpoint: str) -> str:
