@@ -8,7 +8,9 @@ to passing; an episode's workspace is the repository at the PR's base commit (th
 patch withheld), its tools bash, editor, search, run_tests (the visible tests), lint
 (ruff) and finish, and its reward the task's tests on the workspace's diff (resolved:
 every FAIL_TO_PASS and PASS_TO_PASS test passes) plus a fifth of the SWE-RL similarity of
-the diff to the gold patch. The policy is agent_tiny's decoder, untrained: the run
+the diff to the gold patch. The loop evaluates on the validation split: the latest tenth of
+each history's tasks by PR time before its test tenth (rlcode.swe.mining), so the test
+split stays unread. The policy is agent_tiny's decoder, untrained: the run
 measures the path (tool calls, tokens and seconds per episode), not a skill.
 
 Result (docs/results.md, "Executable PR tasks: mining, decomposition and the agent"):
@@ -32,7 +34,8 @@ def get_config():
   config.model.arch.max_seq_len = 2048
   config.model.arch.num_kv_heads = 4
   config.data = ml_collections.ConfigDict(dict(
-      source="swe", repo=PR_REPOS, train_split="train", eval_split="test", max_eval_tasks=8))
+      source="swe", repo=PR_REPOS, train_split="train", eval_split="validation",
+      max_eval_tasks=8, swe=ml_collections.ConfigDict(dict(validation_fraction=0.1))))
   config.rewards = ml_collections.ConfigDict({"swe_tests": 1.0, "diff": 0.2})
   config.agent = ml_collections.ConfigDict(dict(
       tools=("bash", "editor", "search", "run_tests", "lint", "finish"), max_turns=6,

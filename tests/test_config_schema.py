@@ -166,3 +166,28 @@ def test_keys_lists_every_key_with_its_doc_and_show_every_value(capsys):
   out = capsys.readouterr().out
   # decay_steps, unset in the file, derived from train.steps (the default job's 90)
   assert "rl.group_size = 4\n" in out and "optimizer.decay_steps = 90\n" in out
+
+
+@pytest.mark.parametrize("config, flag", [
+    ("grpo_tiny.py", "--config.data.eval_split=held_out"),
+    ("grpo_diffs.py", "--config.data.eval_split=test"),
+    ("agent_tiny.py", "--config.data.eval_split=held_out"),
+    ("agent_swe.py", "--config.data.eval_split=test"),
+])
+def test_a_training_loop_may_not_evaluate_on_a_held_out_split(capsys, config, flag):
+  assert cli.main(["config", "show", os.path.join(ROOT, "configs", config), flag]) == 2
+  err = capsys.readouterr().err
+  split = flag.rsplit("=", 1)[1]
+  assert err.count("\n") == 1 and "Traceback" not in err, err
+  assert f"config.data: eval_split={split!r} is a held-out split" in err, err
+
+
+def test_held_out_splits_stay_readable_where_they_belong():
+  # Positive controls: the held-out split as data.test_split, and a reward model's choices.
+  config = loader.load_config(GRPO, ["--config.data.test_split=held_out"])
+  assert (config.data.eval_split, config.data.test_split) == ("validation", "held_out")
+  rm = loader.load_config(os.path.join(ROOT, "configs", "rm_choices.py"),
+                          ["--config.data.eval_split=held_out"])
+  assert rm.data.eval_split == "held_out"
+  swe = loader.load_config(os.path.join(ROOT, "configs", "agent_swe.py"))
+  assert swe.data.eval_split == "validation" and swe.data.swe.validation_fraction > 0

@@ -39,10 +39,12 @@ def test_agent_swe_trains_two_steps_on_a_tiny_history(tmp_path):
   workdir = str(tmp_path / "run")
   argv = ["train", "--config", CONFIG, *SMALL, f"--config.workdir={workdir}",
           f"--config.data.repo={repo.path}", f"--config.data.data_dir={tmp_path / 'tfds'}",
-          "--config.data.swe.workers=2"]
+          "--config.data.swe.workers=2",
+          # Three tasks: the latest is test, the one before it validation, one left to train.
+          "--config.data.swe.validation_fraction=0.34"]
   assert cli.main(argv) == 0
   rows = read_metrics(workdir)
-  assert rows[0]["expert_success"] == 1.0 and rows[0]["expert_episodes"] == 2
+  assert rows[0]["expert_success"] == 1.0 and rows[0]["expert_episodes"] == 1
   steps = [r for r in rows if "loss" in r]
   assert [r["step"] for r in steps] == [1, 2]
   for row in steps:

@@ -23,10 +23,9 @@ import argparse
 import collections
 import re
 
-from experiments.lib.agent import CONFIG
-from rlcode.agent import episodes, sampler, step_groups
+from experiments.lib.agent import CONFIG, split_tasks
+from rlcode.agent import episodes, sampler
 from rlcode.config import loader
-from rlcode.data import sources
 from rlcode.evaluation import policy_eval
 from rlcode.parallel import sharding
 
@@ -46,8 +45,7 @@ def main():
   mesh = sharding.mesh_from_config(config.mesh)
   model, tokenizer, _, _ = policy_eval.restore_policy(config, args.policy, mesh)
   pattern = re.compile(args.tasks)
-  tasks = [t for t in step_groups.select_variants(config, sources.load(config.data, args.split))
-           if pattern.search(t.id)][:args.max_tasks]
+  tasks = [t for t in split_tasks(config, args.split) if pattern.search(t.id)][:args.max_tasks]
   if not tasks:
     raise SystemExit(f"--tasks {args.tasks!r}: no task of the {args.split} split matches")
   chat = episodes.chat_format(config, tokenizer)

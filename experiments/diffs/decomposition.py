@@ -50,7 +50,7 @@ import time
 
 import numpy as np
 
-from experiments.lib import ROOT, results, tables
+from experiments.lib import ROOT, heldout, results, tables
 from experiments.lib.stats import group_stats, rate
 from rlcode.config import loader
 from rlcode.data import sources
@@ -72,7 +72,7 @@ def measure(config, model, tokenizer, mesh, repo: str, granularity: str, split: 
     del data["repo"]
     data.repo = repo
     data.mining.granularity = granularity
-  tasks = sources.load(data, split)
+  tasks = heldout.tasks(config, split, data)
   ev = config.eval
   kept, counts = rollout.fit_context(tasks, tokenizer, max_seq_len=model.cfg.max_seq_len,
                                      max_new_tokens=ev.max_new_tokens)

@@ -22,9 +22,8 @@ import collections
 import os
 import re
 
-from experiments.lib import ROOT
+from experiments.lib import ROOT, heldout
 from rlcode.config import loader
-from rlcode.data import sources
 from rlcode.evaluation import policy_eval
 from rlcode.parallel import sharding
 from rlcode.rewards import diffs
@@ -68,7 +67,7 @@ def main():
   config = loader.load_config(CONFIG, extra + ["--config.train.progress_bar=false"])
   mesh = sharding.mesh_from_config(config.mesh)
   model, tokenizer, step, directory = policy_eval.restore_policy(config, args.policy, mesh)
-  tasks, _ = rollout.fit_tasks(sources.load(config.data, args.split), tokenizer, split=args.split,
+  tasks, _ = rollout.fit_tasks(heldout.tasks(config, args.split), tokenizer, split=args.split,
                                max_seq_len=model.cfg.max_seq_len,
                                max_new_tokens=config.eval.max_new_tokens,
                                drop_too_long=bool(config.data.drop_too_long))

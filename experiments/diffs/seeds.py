@@ -32,7 +32,7 @@ import argparse
 import os
 import time
 
-from experiments.lib import ROOT, results, runs, stats, tables
+from experiments.lib import ROOT, heldout, results, runs, stats, tables
 from rlcode.config import loader
 from rlcode.runs.metrics import read_metrics
 from rlcode.train import grpo_loop
@@ -49,11 +49,13 @@ def run_seed(seed: int, out: str, overrides: list[str], control: bool = True,
              held_out: bool = True) -> dict:
   """One seed: GRPO with its evaluations, then the cross-entropy control (module docstring)."""
   workdir = os.path.join(out, f"seed{seed}")
-  config = loader.load_config(CONFIG, overrides + [
+  tuning = overrides + [
       f"--config.seed={seed}", f"--config.workdir={workdir}",
-      f"--config.data.test_split={'test' if held_out else 'None'}",
       f"--config.warmstart.cache_dir={os.path.join(out, 'warm_start')}",
-      "--config.train.progress_bar=false"])
+      "--config.train.progress_bar=false"]
+  config = loader.load_config(CONFIG, tuning)
+  if held_out:  # the loop evaluates the test split at its first and last evaluation
+    config = loader.load_config(CONFIG, tuning + [heldout.through_loop(config, "test")])
   if os.path.exists(os.path.join(workdir, "checkpoints")):
     raise FileExistsError(f"{workdir} holds a previous run; remove it or pass another --out")
   load_before, wall, cpu = os.getloadavg()[0], time.time(), time.process_time()

@@ -41,10 +41,9 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from experiments.lib import ROOT, results, runs, stats, tables
+from experiments.lib import ROOT, heldout, results, runs, stats, tables
 from rlcode import rewards
 from rlcode.config import loader
-from rlcode.data import sources
 from rlcode.evaluation import policy_eval
 from rlcode.parallel import sharding
 from rlcode.rl import rollout
@@ -120,7 +119,7 @@ def run_seed(seed: int, out: str, overrides: list[str]) -> dict:
 
 def test_tasks(config, tokenizer):
   """The test split's tasks that fit the context."""
-  tasks, _ = rollout.fit_tasks(sources.load(config.data, "test"), tokenizer, split="test",
+  tasks, _ = rollout.fit_tasks(heldout.read(config, "test"), tokenizer, split="test",
                                max_seq_len=config.model.arch.max_seq_len,
                                max_new_tokens=config.eval.max_new_tokens,
                                drop_too_long=bool(config.data.drop_too_long))

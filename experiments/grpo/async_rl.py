@@ -32,9 +32,8 @@ import os
 import shutil
 import statistics
 
-from experiments.lib import ROOT, results, runs, stats
+from experiments.lib import ROOT, heldout, results, runs, stats
 from rlcode.config import loader
-from rlcode.data import sources
 from rlcode.parallel import sharding
 
 CONFIG = os.path.join(ROOT, "configs", "grpo_tiny.py:references")
@@ -72,10 +71,10 @@ def arm(seed, eta, steps, workdir, overrides, cache):
 
 def held_out(seed, workdir, overrides):
   """The final policy's pass@1 on the held-out split."""
-  config = loader.load_config(CONFIG, [f"--config.seed={seed}", *overrides,
-                                       "--config.data.eval_split=held_out"])
+  config = loader.load_config(CONFIG, [f"--config.seed={seed}", *overrides])
   mesh = sharding.mesh_from_config(config.mesh)
-  return runs.restored_pass_at_1(config, workdir, sources.load_eval(config.data), mesh)
+  tasks = heldout.read(config, "held_out")[:config.data.max_eval_tasks]
+  return runs.restored_pass_at_1(config, workdir, tasks, mesh)
 
 
 def main():

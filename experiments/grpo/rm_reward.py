@@ -22,9 +22,8 @@ from __future__ import annotations
 import argparse
 import os
 
-from experiments.lib import ROOT, results, runs, stats
+from experiments.lib import ROOT, heldout, results, runs, stats
 from rlcode.config import loader
-from rlcode.data import sources
 from rlcode.parallel import sharding
 
 CONFIGS = {"tests": "configs/grpo_tiny.py:references", "rm": "configs/grpo_rm.py"}
@@ -37,11 +36,10 @@ def arm_args(arm, seed, workdir, rm, overrides):
   return [f"--config.seed={seed}", f"--config.workdir={workdir}", *extra, *overrides]
 
 
-def held_out_config(arm, seed, rm, overrides, workdir):
-  """The arm's config with the held-out split as its eval split."""
+def arm_config(arm, seed, rm, overrides, workdir):
+  """The arm's config."""
   return loader.load_config(os.path.join(ROOT, CONFIGS[arm]),
-                            [*arm_args(arm, seed, workdir, rm, overrides),
-                             "--config.data.eval_split=held_out"])
+                            arm_args(arm, seed, workdir, rm, overrides))
 
 
 def main():
@@ -61,10 +59,11 @@ def main():
                                               *arm_args(arm, seed, workdir, args.rm, overrides)],
                                workdir)
       evals = runs.eval_rows(run["rows"], "eval/pass@1")
-      config = held_out_config(arm, seed, args.rm, overrides, workdir)
+      config = arm_config(arm, seed, args.rm, overrides, workdir)
       first = config if first is None else first
       mesh = sharding.mesh_from_config(config.mesh)
-      tasks = sources.load_eval(config.data)  # read once for the arm's two policies
+      # read once for the arm's two policies
+      tasks = heldout.read(config, "held_out")[:config.data.max_eval_tasks]
       found.append({
           "seed": seed, "arm": arm, "minutes_this_call": run["minutes"],
           "train_minutes": runs.train_seconds(runs.step_rows(run["rows"])) / 60,

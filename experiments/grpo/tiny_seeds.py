@@ -40,7 +40,7 @@ import time
 import jax
 from flax import nnx
 
-from experiments.lib import ROOT, results, runs, stats
+from experiments.lib import ROOT, heldout, results, runs, stats
 from rlcode.config import loader
 from rlcode.data import sources
 from rlcode.evaluation import policy_eval
@@ -51,10 +51,9 @@ CONFIG = os.path.join(ROOT, "configs", "grpo_tiny.py")
 NAN = float("nan")
 
 
-def load(seed, overrides, split=None):
-  """configs/grpo_tiny.py with the seed and overrides (and another eval split)."""
-  extra = [] if split is None else [f"--config.data.eval_split={split}"]
-  return loader.load_config(CONFIG, [f"--config.seed={seed}", *overrides, *extra])
+def load(seed, overrides):
+  """configs/grpo_tiny.py with the seed and overrides."""
+  return loader.load_config(CONFIG, [f"--config.seed={seed}", *overrides])
 
 
 def grpo_arm(seed, workdir, overrides):
@@ -152,18 +151,18 @@ def main():
     mesh = sharding.mesh_from_config(config.mesh)
     marks = sorted(run["checkpoint_seconds"].items())  # (step, training seconds)
     if not args.no_held_out:
-      held = load(seed, overrides, "held_out")
-      held_tasks = sources.load_eval(held.data)  # read once for the run's policies
+      # read once for the run's policies
+      held_tasks = heldout.read(config, "held_out")[:config.data.max_eval_tasks]
       run["held_out"] = {
-          "warm_start": runs.restored_pass_at_1(held, os.path.join(workdir, "warm_start"),
+          "warm_start": runs.restored_pass_at_1(config, os.path.join(workdir, "warm_start"),
                                                 held_tasks, mesh),
-          "grpo": runs.restored_pass_at_1(held, workdir, held_tasks, mesh)}
+          "grpo": runs.restored_pass_at_1(config, workdir, held_tasks, mesh)}
       # Over training time: GRPO's checkpoints and the control at the same seconds.
       last = max((step for step, _ in marks), default=None)  # the latest: "grpo" above
       run["held_out_curve"] = {"seconds": [0.0] + [sec for _, sec in marks],
                                "grpo": [run["held_out"]["warm_start"]] + [
                                    run["held_out"]["grpo"] if step == last else
-                                   runs.restored_pass_at_1(held, workdir, held_tasks, mesh,
+                                   runs.restored_pass_at_1(config, workdir, held_tasks, mesh,
                                                            step=step)
                                    for step, _ in marks]}
     if "ce" in args.arms:
@@ -173,9 +172,9 @@ def main():
       ce["val_pass@1"] = runs.pass_at_1(config, policy, tokenizer,
                                         sources.load_eval(config.data), mesh)
       if not args.no_held_out:
-        run["held_out"]["ce"] = runs.pass_at_1(held, policy, tokenizer, held_tasks, mesh)
+        run["held_out"]["ce"] = runs.pass_at_1(config, policy, tokenizer, held_tasks, mesh)
         run["held_out_curve"]["ce"] = [run["held_out"]["warm_start"]] + [
-            runs.pass_at_1(held, at[sec], tokenizer, held_tasks, mesh) for sec in seconds]
+            runs.pass_at_1(config, at[sec], tokenizer, held_tasks, mesh) for sec in seconds]
       run["ce"] = ce
     found.append(run)
     results.write_json({"runs": found, "overrides": overrides}, progress)

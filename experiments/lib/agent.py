@@ -9,10 +9,9 @@ import argparse
 import os
 import shutil
 
-from experiments.lib import ROOT, results, runs, stats, tables
+from experiments.lib import ROOT, heldout, results, runs, stats, tables
 from rlcode.agent import episodes, evaluate, step_groups
 from rlcode.config import loader, record
-from rlcode.data import sources
 from rlcode.evaluation import policy_eval
 from rlcode.parallel import sharding
 
@@ -63,8 +62,9 @@ def run_arm(seed, workdir, overrides, warm_start_from=None):
 
 def split_tasks(config, split: str):
   """The tasks of a split of config.data of the families config.agent.variants names,
-  read once to score every policy of a run on them."""
-  return step_groups.select_variants(config, sources.load(config.data, split))
+  read once to score every policy of a run on them (a held-out split through
+  experiments.lib.heldout, which records the read)."""
+  return step_groups.select_variants(config, heldout.tasks(config, split))
 
 
 def evaluate_on(config, model, tokenizer, tasks, mesh) -> dict:

@@ -7,7 +7,10 @@ writes results/grpo/grpo_tiny_seeds/result.json and manifest.json:
     {"commit": HEAD's sha, "dirty": whether tracked files outside results/ differ from it,
      "date": UTC ISO date, "command": the command line, "config": the resolved config (when
      given), "machine": {cpu, cores, memory_gib, load_average, jax, backend, devices},
-     "files": the folder's files the manifest covers}
+     "files": the folder's files the manifest covers,
+     "held_out_reads": every held-out read made for this result, earlier runs' first
+     (experiments.lib.heldout), "held_out_after_change": one line per read of a design
+     that the result's earlier reads did not have (absent when none)}
 
 A run's work folders (checkpoints, samples, the progress file a script resumes from) stay
 under its --out (experiments/out/..., not tracked); only what a table is made of comes here.
@@ -28,6 +31,9 @@ from experiments.lib import ROOT
 
 RESULTS = os.path.join(ROOT, "results")
 MANIFEST = "manifest.json"
+# This process's held-out reads (experiments.lib.heldout.record appends), written into the
+# manifest of every result the process writes.
+HELD_OUT_READS: list[dict] = []
 
 
 def folder(topic: str, name: str) -> str:
@@ -67,12 +73,38 @@ def write(topic: str, name: str, payload, *, config=None, command: str | None = 
     if os.path.abspath(path) != os.path.abspath(target):
       shutil.copyfile(path, target)
     names.append(os.path.basename(path))
-  old = os.path.join(where, MANIFEST)
-  if os.path.exists(old):
-    with open(old) as f:
-      names = sorted(set(json.load(f).get("files", [])) | set(names))
-  write_json({**manifest(config=config, command=command), "files": names}, old)
+  path, before = os.path.join(where, MANIFEST), {}
+  if os.path.exists(path):
+    with open(path) as f:
+      before = json.load(f)
+    names = sorted(set(before.get("files", [])) | set(names))
+  write_json({**manifest(config=config, command=command), "files": names,
+              **held_out_reads(before, os.path.relpath(where, ROOT))}, path)
   return where
+
+
+def held_out_reads(before: dict, where: str) -> dict:
+  """The held-out keys of a result's manifest (module docstring): the reads of `before`
+  (its manifest until now) and this process's others; each read of a design none of the
+  earlier reads had is flagged in one line, printed."""
+  earlier = before.get("held_out_reads", [])
+  seen = {r["id"] for r in earlier}
+  new = [r for r in HELD_OUT_READS if r["id"] not in seen]
+  if not earlier and not new:
+    return {}
+  flags = list(before.get("held_out_after_change", []))
+  designs = sorted({r["design"] for r in earlier})
+  # A result's first reads have nothing to differ from.
+  fresh = {r["design"] for r in new} - set(designs) if earlier else set()
+  for design in sorted(fresh):
+    read = next(r for r in new if r["design"] == design)
+    line = (f"held-out read after a change: {where} read {read['split']!r} of design "
+            f"{design} at {read['commit'][:12]}; its {len(earlier)} earlier read(s), the "
+            f"first {earlier[0]['date']} at {earlier[0]['commit'][:12]}, were of design(s) "
+            f"{', '.join(designs)}: not a first look at this split")
+    print(line, flush=True)
+    flags.append(line)
+  return {"held_out_reads": earlier + new, **({"held_out_after_change": flags} if flags else {})}
 
 
 def manifest(*, config=None, command: str | None = None) -> dict:

@@ -25,7 +25,7 @@ import time
 import jax
 from flax import nnx
 
-from experiments.lib import ROOT
+from experiments.lib import ROOT, heldout
 from rlcode import optim
 from rlcode.data import sources
 from rlcode.data.stream import TaskStream
@@ -99,12 +99,13 @@ def restored_pass_at_1(config, directory: str, tasks, mesh, step: int | None = N
 
 def eval_splits(config, graphdef, params, tokenizer, mesh, keys) -> dict:
   """held_out_eval of params on the eval split ("eval") and, when set, the test split
-  ("test"), each cut to the tasks that fit; {"eval": {key: value}, "test": ...}."""
+  ("test", read through experiments.lib.heldout), each cut to the tasks that fit;
+  {"eval": {key: value}, "test": ...}."""
   out = {}
   for name, split in (("eval", config.data.eval_split), ("test", config.data.test_split)):
     if not split:
       continue
-    tasks, _ = rollout.fit_tasks(sources.load(config.data, split), tokenizer, split=name,
+    tasks, _ = rollout.fit_tasks(heldout.tasks(config, split), tokenizer, split=name,
                                  max_seq_len=config.model.arch.max_seq_len,
                                  max_new_tokens=config.eval.max_new_tokens,
                                  drop_too_long=bool(config.data.drop_too_long))

@@ -30,7 +30,7 @@ import argparse
 import math
 import os
 
-from experiments.lib import ROOT, results, runs, stats
+from experiments.lib import ROOT, heldout, results, runs, stats
 from rlcode.config import loader
 from rlcode.data.choices import read_choices
 from rlcode.rm.simulate import choice_probabilities
@@ -78,8 +78,10 @@ def flags(seed, arm, args, overrides, batch, steps, eval_steps):
 def run(seed, arm, args, overrides, batch, steps, eval_steps):
   """One reward-model run in a fresh process: its accuracy curve."""
   workdir = os.path.join(args.out, f"{arm}_seed{seed}")
-  done = runs.train_process(CONFIG, flags(seed, arm, args, overrides, batch, steps, eval_steps),
-                            workdir)
+  run_flags = flags(seed, arm, args, overrides, batch, steps, eval_steps)
+  if heldout.is_held_out(args.split):  # the loop's evaluation reads it: recorded
+    heldout.record(loader.load_config(CONFIG, run_flags), args.split, None)
+  done = runs.train_process(CONFIG, run_flags, workdir)
   evals = runs.eval_rows(done["rows"], "eval/accuracy")
   return {"seed": seed, "arm": arm, "minutes": done["minutes"],
           "choices_seen": [r["choices_seen"] for r in evals],

@@ -27,9 +27,8 @@ import json
 import os
 import time
 
-from experiments.lib import ROOT, results
+from experiments.lib import ROOT, heldout, results
 from rlcode.config.record import recorded_config
-from rlcode.data import sources
 from rlcode.data.humaneval import humaneval_tasks
 from rlcode.evaluation import policy_eval, selection, selection_eval
 from rlcode.parallel import sharding
@@ -40,7 +39,7 @@ SELECTORS = ["majority", "rm"]
 def task_set(name, config):
   """The tasks of a set: "tiny" (the config's held-out split) or "humaneval"."""
   if name == "tiny":
-    return sources.load(config.data, "held_out")
+    return heldout.read(config, "held_out")
   return humaneval_tasks()
 
 

@@ -41,10 +41,9 @@ import time
 
 from flax import nnx
 
-from experiments.lib import ROOT, results, runs, stats, tables
+from experiments.lib import ROOT, heldout, results, runs, stats, tables
 from experiments.lib.runs import continue_cross_entropy, warm_started
 from rlcode.config import loader
-from rlcode.data import sources
 from rlcode.data.stream import TaskStream
 from rlcode.evaluation import policy_eval
 from rlcode.train import grpo_loop
@@ -80,8 +79,9 @@ def run_seed(seed: int, out: str, overrides: list[str]) -> dict:
   base = overrides + [f"--config.seed={seed}", "--config.train.progress_bar=false",
                       f"--config.warmstart.cache_dir={os.path.join(out, 'warm_start')}"]
   workdir = os.path.join(out, f"seed{seed}", "grpo")
-  config = loader.load_config(CONFIG, base + [f"--config.workdir={workdir}",
-                                                  "--config.data.test_split=test"])
+  tuning = base + [f"--config.workdir={workdir}"]
+  config = loader.load_config(
+      CONFIG, tuning + [heldout.through_loop(loader.load_config(CONFIG, tuning), "test")])
   greedy = loader.load_config(CONFIG, base + [f"--config.workdir={workdir}", *GREEDY])
   if os.path.exists(os.path.join(workdir, "checkpoints")):
     raise FileExistsError(f"{workdir} holds a previous run; remove it or pass another --out")
@@ -100,7 +100,7 @@ def run_seed(seed: int, out: str, overrides: list[str]) -> dict:
       config, os.path.join(out, f"seed{seed}", "cross_entropy"))
   prefilled = prefill_tokens(config, tokenizer, train_tasks, len(steps))
   equal_positions = update_positions + (sampled + prefilled) // 3
-  test_tasks = sources.load(config.data, "test")
+  test_tasks = heldout.read(config, "test")
   policy = lambda p: nnx.merge(graphdef, p)
   model, _, _, _ = policy_eval.restore_policy(config, workdir, mesh)
   ce = continue_cross_entropy(config, graphdef, params, train_tasks, tokenizer, mesh,

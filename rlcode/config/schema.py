@@ -29,6 +29,11 @@ from rlcode.swe.config import SweConfig
 
 TRAINERS = ("grpo", "agent", "rm", "sample", "online")
 SOURCES = ("jsonl", "humaneval", "git", "sections", "choices", "swe", "swebench")
+# The held-out splits' names across the sources ("test": git, swe, humaneval; "held_out":
+# jsonl, choices). A policy loop's periodic evaluation is what a run is tuned on, so it may
+# not be one of them; a held-out read is data.test_split's, or an experiment's
+# (experiments.lib.heldout, which records it).
+HELD_OUT_SPLITS = ("test", "held_out")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,7 +53,9 @@ class Data:
     data_dir: where prepared datasets are cached; None: $TFDS_DATA_DIR, else
       ~/.cache/rlcode/tfds.
     train_split: the split trained on.
-    eval_split: the split evaluated during training (the one to tune on).
+    eval_split: the split evaluated during training (the one to tune on); never a held-out
+      split (HELD_OUT_SPLITS), but for "choices": a reward model's held-out accuracy curve
+      (experiments/rm/saturation.py) is its loop's evaluation.
     test_split: a held-out split also evaluated at the first and the last evaluation;
       None while tuning.
     max_eval_tasks: evaluate only the first this many tasks (by id); None: all.
@@ -105,6 +112,10 @@ class Data:
       raise ValueError(f"data.swe is for source 'swe', not {self.source!r}")
     if self.options is not None and self.source != "sections":
       raise ValueError(f"data.options is for source 'sections', not {self.source!r}")
+    if self.eval_split in HELD_OUT_SPLITS and self.source != "choices":
+      raise ValueError(f"eval_split={self.eval_split!r} is a held-out split: a training "
+                       "loop evaluates on a split to tune on (validation); read a held-out "
+                       "one through data.test_split")
 
 
 @dataclasses.dataclass(frozen=True)

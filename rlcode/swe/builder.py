@@ -38,7 +38,9 @@ class SweTasksConfig(tfds.core.BuilderConfig):
   @classmethod
   def create(cls, swe: SweConfig) -> SweTasksConfig:
     head = Git(checkout(swe.source)).resolve(swe.branch)
-    args = {k: v for k, v in dataclasses.asdict(swe).items() if k != "workers"}
+    # No validation split leaves the name of the datasets made before there was one.
+    args = {k: v for k, v in dataclasses.asdict(swe).items()
+            if k != "workers" and not (k == "validation_fraction" and not v)}
     args["head"] = head
     if not is_bundle(swe.source):
       args["source"] = os.path.realpath(swe.source)

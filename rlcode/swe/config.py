@@ -42,6 +42,8 @@ class SweConfig:
     workers: PRs evaluated at once (each runs its sandboxes one after another); 0: one
       more than the CPUs this process may use.
     test_fraction: the latest fraction of tasks (by PR time) that form the test split.
+    validation_fraction: the latest fraction of tasks before the test split's that form a
+      "validation" split (to tune on); 0: none.
     edit_format: the answer format a task's prompt asks for (rlcode.data.edits); agent
       episodes answer with their workspace's diff rendered in it.
     repo_name: the repository's name in task ids and the export ("" : the source's
@@ -57,6 +59,7 @@ class SweConfig:
   extra_test_deps: tuple[str, ...] = ()
   workers: int = 0
   test_fraction: float = 0.1
+  validation_fraction: float = 0.0
   edit_format: str = "unified_diff"
   repo_name: str = ""
 
@@ -75,6 +78,9 @@ class SweConfig:
         raise ValueError(f"SweConfig.{name}={getattr(self, name)} must be > 0")
     if not 0 <= self.test_fraction < 1:
       raise ValueError(f"SweConfig.test_fraction={self.test_fraction} is not in [0, 1)")
+    if not 0 <= self.validation_fraction < 1 - self.test_fraction:
+      raise ValueError(f"SweConfig.validation_fraction={self.validation_fraction} is not in "
+                       f"[0, 1 - test_fraction={self.test_fraction})")
     if self.edit_format not in edits.EDIT_FORMATS:
       raise ValueError(f"SweConfig.edit_format={self.edit_format!r}; expected one of "
                        f"{edits.EDIT_FORMATS}")

@@ -18,7 +18,8 @@ changed dependency reruns its PRs); each pytest run is cached as well
 (rlcode.swe.runner).
 
 Splits: the latest `test_fraction` of the tasks by PR time are "test" (ties at the
-cutoff go to test), the rest "train".
+cutoff go to test), the latest `validation_fraction` before them "validation" (to tune
+on, so that test is read once), the rest "train".
 
 This module must not score answers (rlcode.rewards.swe) nor print (rlcode.swe.command).
 """
@@ -85,7 +86,8 @@ def _interpreter() -> tuple[str, tuple[str, ...]]:
 
 def _verdict_key(config: SweConfig, sha: str) -> str:
   decides = {k: v for k, v in dataclasses.asdict(config).items()
-             if k not in ("branch", "max_commits", "workers", "test_fraction")}
+             if k not in ("branch", "max_commits", "workers", "test_fraction",
+                          "validation_fraction")}
   what = [VERDICT_VERSION, RUNNER_VERSION, sha, decides, _interpreter(),
           hashlib.sha256(testenv.PLUGIN_SOURCE.encode()).hexdigest()]
   return hashlib.sha256(json.dumps(what, sort_keys=True).encode()).hexdigest()[:32]
@@ -234,16 +236,25 @@ def _largest_first(todo: list[history.Candidate], blobs) -> list[int]:
   return sorted(range(len(todo)), key=lambda i: -sizes[i])
 
 
-def split_by_time(found: list[Task], fraction: float) -> dict[str, list[Task]]:
+def split_by_time(found: list[Task], fraction: float,
+                  validation_fraction: float = 0.0) -> dict[str, list[Task]]:
   """train and test: the latest `fraction` of the tasks by PR time are test (ties at the
-  cutoff too)."""
+  cutoff too); with `validation_fraction`, the latest that fraction of all tasks before
+  test form "validation" (ties at its cutoff too, short of test's)."""
+  names = ("train", "validation", "test") if validation_fraction else ("train", "test")
+  out: dict[str, list[Task]] = {name: [] for name in names}
   if not found:
-    return {"train": [], "test": []}
+    return out
   times = sorted(t.extra.time for t in found)
-  cutoff = times[len(times) - math.ceil(fraction * len(times))] if fraction else None
-  out: dict[str, list[Task]] = {"train": [], "test": []}
+  cut = lambda share: times[len(times) - math.ceil(share * len(times))] if share else None
+  test, validation = cut(fraction), cut(fraction + validation_fraction)
   for t in sorted(found, key=lambda t: t.id):
-    out["test" if cutoff is not None and t.extra.time >= cutoff else "train"].append(t)
+    if test is not None and t.extra.time >= test:
+      out["test"].append(t)
+    elif validation_fraction and t.extra.time >= validation:
+      out["validation"].append(t)
+    else:
+      out["train"].append(t)
   return out
 
 
@@ -307,7 +318,7 @@ def mine(config: SweConfig, revision: str | None = None, *, cache_dir: str | Non
       verdicts += [futures[i].result() for i in range(len(todo))]
   bar.close()
   found = [Task.from_example(v["task"]) for v in verdicts if v.get("validated")]
-  splits = split_by_time(found, config.test_fraction)
+  splits = split_by_time(found, config.test_fraction, config.validation_fraction)
   env = testenv.build(sorted({d for v in verdicts for d in v.get("test_deps", ())}))
   report = _report(config, head, commits, verdicts, splits, runner, env,
                    time.monotonic() - start)
