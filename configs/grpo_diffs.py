@@ -12,6 +12,16 @@ answers' eight markers as single tokens gets a 350-step warm start on the traini
 references and a practice history's 1,301 (warm start only), then 80 GRPO steps; eval
 rows (16 answers a task) carry eval/diff/format_valid, reward_mean and exact.
 
+Why the practice history, on validation only (3 seeds each, the config of 2026-12-02: a
+300-step warm start, files named, A+N ranges, 40 GRPO steps at 3e-4;
+results/diffs/grpo_diffs_practice_seeds against grpo_diffs_line_counts_seeds): after the
+warm start, format_valid 0.781 ± 0.031 against 0.685 ± 0.023 and reward 0.337 ± 0.046
+against 0.226 ± 0.031 without it (every seed up on both), exact 0.000 against 0.034;
+after GRPO, reward 0.374 ± 0.050 against 0.400 ± 0.016 (by seed +0.017, -0.144, +0.050). It
+is kept for the warm start's validity, which the format_valid >= 0.9 target is about,
+not for the final reward, which it did not raise; it has not been compared on validation
+in the present config (about 16 minutes a seed and arm on 2 cores).
+
 Result (3 seeds, docs/results.md): validation format_valid 0.928 ± 0.005 after the warm
 start; held-out diff reward +0.057 ± 0.002 after GRPO (0.763 -> 0.820), an equal-time
 cross-entropy control 0.551 ± 0.028.
