@@ -10,7 +10,7 @@ export.
     rlcode eval   ... --select first,majority,rm,oracle --k 1,4,16,64 [--rm workdirs/rm_choices]
     rlcode sample --config configs/sample_tiny.py
     rlcode serve  --checkpoint WORKDIR | --config configs/online_tiny.py [--host H --port P]
-                  [--api-key-file F]
+                  [--api-key-file F] [--move-log-aside]
     rlcode learn-online --config configs/online_tiny.py
     rlcode plot   workdirs/grpo_tiny
     rlcode mine   data/repos/more-itertools.bundle --out /tmp/tfds [--granularity hunk ...]
@@ -77,6 +77,9 @@ def _parse(argv: Sequence[str]):
   srv.add_argument("--port", type=int, default=8000, help="the port (0: one the OS picks)")
   srv.add_argument("--api-key-file", default=None,
                    help="a file holding the API key clients must send (default: none)")
+  srv.add_argument("--move-log-aside", action="store_true",
+                   help="when the interaction log is refused (damaged, another model's or "
+                        "another schema version's), rename it aside and begin a new one")
   online = commands.add_parser("learn-online", help="update the served policy from the "
                                "feedback in the interaction log, publishing each version")
   online.add_argument("--config", required=True, help=config_help)
@@ -270,7 +273,7 @@ def _serve(parser, args, overrides) -> None:
   config = loader.load_config(args.config, overrides) if args.config else None
   from rlcode.serve import server
   server.serve(config, checkpoint=args.checkpoint, host=args.host, port=args.port,
-               api_key_file=args.api_key_file)
+               api_key_file=args.api_key_file, move_log_aside=args.move_log_aside)
 
 
 # What `rlcode train` runs for each config.trainer: (module, function).

@@ -83,8 +83,9 @@ def test_checkpoint_of_each_policy_run_loads(kind, tmp_path, monkeypatch):
   workdir, params = _workdir(tmp_path, kind)
   monkeypatch.chdir(tmp_path)  # served from elsewhere than the repository
   got = server.load(None, workdir)
+  got.log.close()
   assert got.source == f"{os.path.join(workdir, 'checkpoints')}@3" and got.version == 0
-  assert got.workdir == workdir
+  assert got.log.url == "sqlite:///" + os.path.join(workdir, "interactions.sqlite")
   assert got.publish_dir == (os.path.join(workdir, "published") if kind == "online" else None)
   for ours, saved in zip(jax.tree.leaves(nnx.split(got.model, nnx.Param)[1]),
                          jax.tree.leaves(params)):
@@ -101,6 +102,19 @@ def test_checkpoint_of_a_reward_model_run_is_refused(tmp_path, capsys):
   assert cli.main(["serve", "--checkpoint", workdir, "--port", "0"]) == 2
   err = capsys.readouterr().err.strip()
   assert "reward model's run" in err and workdir in err and "\n" not in err
+
+
+def test_a_damaged_log_is_refused_before_the_policy_is_restored(tmp_path, capsys,
+                                                                monkeypatch):
+  from rlcode.evaluation import policy_eval
+  workdir, _ = _workdir(tmp_path, "grpo")
+  log_path = os.path.join(workdir, "interactions.sqlite")
+  with open(log_path, "wb") as f:
+    f.write(b"\0" * 4096)
+  monkeypatch.setattr(policy_eval, "restore_policy", None)  # reached: a TypeError
+  assert cli.main(["serve", "--checkpoint", workdir, "--port", "0"]) == 2
+  err = capsys.readouterr().err.strip()
+  assert log_path in err and "--move-log-aside" in err and "\n" not in err
 
 
 def test_serve_checkpoint_of_a_grpo_run_answers(tmp_path):

@@ -1,11 +1,15 @@
 """The interaction log: whole rows, idempotent feedback, conflicts, the learner's cursor; on
-SQLite (the default) and on a real PostgreSQL server started by the test."""
+SQLite (the default) and on a real PostgreSQL server started by the test. A damaged log, or
+one of another model or schema version, is refused in one line and left as it was; moved
+aside only when asked."""
 
 import glob
 import os
 import pwd
+import re
 import shutil
 import socket
+import sqlite3
 import subprocess
 import tempfile
 import threading
@@ -134,8 +138,8 @@ def postgres():
 
 @pytest.mark.slow
 def test_postgresql(postgres):
-  store = log_lib.InteractionLog(postgres)
-  other = log_lib.InteractionLog(postgres)
+  store = log_lib.InteractionLog(postgres, MODEL)
+  other = log_lib.InteractionLog(postgres, MODEL)
   try:
     assert store.engine.dialect.name == "postgresql"
     _exercise(store)
@@ -143,3 +147,132 @@ def test_postgresql(postgres):
   finally:
     store.close()
     other.close()
+  with pytest.raises(log_lib.LogRefused, match="another model's completions"):
+    log_lib.InteractionLog(postgres, {**MODEL, "seed": 1})
+
+
+# ---------------------------------------------------------------- a log's integrity at start
+
+MODEL = {"name": "m", "arch": {"hidden_size": 32}, "seed": 0}
+
+
+@pytest.fixture(scope="module")
+def good_log(tmp_path_factory):
+  """The bytes of a healthy log of MODEL: 240 completions of 4 candidates, with feedback
+  (about 170 KB, its WAL folded in at close)."""
+  url = log_lib.default_url(str(tmp_path_factory.mktemp("good")))
+  store = log_lib.InteractionLog(url, MODEL)
+  for i in range(240):
+    store.record(_served(f"c{i}", n=4))
+    store.feedback({"id": f"c{i}", "chosen": i % 4})
+  store.close()
+  with open(log_lib.sqlite_path(url), "rb") as f:
+    good = f.read()
+  assert len(good) > 2 * 65536  # room for 64 KB of garbage mid-file, with pages either side
+  return good
+
+
+def _garbage_mid_file(good):
+  mid = len(good) // 2
+  return good[:mid - 32768] + bytes(range(256)) * 256 + good[mid + 32768:]
+
+
+DAMAGE = {
+    "emptied": (lambda good: b"", "is empty (0 bytes)"),
+    "garbage_mid_file": (_garbage_mid_file, "is damaged"),
+    "cut_in_half": (lambda good: good[:len(good) // 2], "is damaged"),
+    "header_overwritten": (lambda good: b"\xff" * 100 + good[100:], "SQLite's header"),
+}
+
+
+@pytest.mark.parametrize("damage", sorted(DAMAGE))
+def test_a_damaged_log_is_refused_and_left_as_it_was(damage, good_log, tmp_path):
+  make, says = DAMAGE[damage]
+  url = log_lib.default_url(str(tmp_path))
+  path = log_lib.sqlite_path(url)
+  damaged = make(good_log)
+  with open(path, "wb") as f:
+    f.write(damaged)
+  with pytest.raises(log_lib.LogRefused) as refused:
+    log_lib.InteractionLog(url, MODEL)
+  message = refused.value.message
+  assert says in message and path in message and "--move-log-aside" in message
+  assert "\n" not in message
+  with open(path, "rb") as f:
+    assert f.read() == damaged
+
+
+def test_the_healthy_log_opens_with_its_rows(good_log, tmp_path):
+  url = log_lib.default_url(str(tmp_path))
+  with open(log_lib.sqlite_path(url), "wb") as f:
+    f.write(good_log)
+  store = log_lib.InteractionLog(url, MODEL)
+  try:
+    assert store.counts() == {"completions": 240, "candidates": 960, "feedback": 240}
+  finally:
+    store.close()
+
+
+def _edited(good_log, tmp_path, *statements):
+  """A copy of the healthy log after `statements`; its URL."""
+  url = log_lib.default_url(str(tmp_path))
+  with open(log_lib.sqlite_path(url), "wb") as f:
+    f.write(good_log)
+  with sqlite3.connect(log_lib.sqlite_path(url)) as conn:
+    for statement in statements:
+      conn.execute(statement)
+  return url
+
+
+@pytest.mark.parametrize("statements,model,says", [
+    ((), {**MODEL, "seed": 1}, "another model's completions (seed: 0 there, 1 here)"),
+    (("UPDATE rlcode_log SET value = '2' WHERE key = 'schema_version'",), MODEL,
+     "schema version 2"),
+    (("DROP TABLE feedback",), MODEL, "lacks its feedback table"),
+    (("ALTER TABLE feedback ADD COLUMN extra TEXT",), MODEL, "its feedback table has columns"),
+    (("DROP TABLE feedback", "DROP TABLE completions", "DROP TABLE rlcode_log",
+      "CREATE TABLE users (name TEXT)"), MODEL, "holds other tables (users)"),
+], ids=["another_model", "another_schema_version", "a_table_missing", "other_columns",
+        "not_a_log"])
+def test_a_log_that_is_not_this_ones_is_refused(statements, model, says, good_log, tmp_path):
+  url = _edited(good_log, tmp_path, *statements)
+  with pytest.raises(log_lib.LogRefused, match=r"interaction log .*" + re.escape(says)):
+    log_lib.InteractionLog(url, model)
+
+
+def test_a_log_from_before_the_version_table_is_adopted(good_log, tmp_path):
+  url = _edited(good_log, tmp_path, "DROP TABLE rlcode_log")
+  store = log_lib.InteractionLog(url, MODEL)
+  try:
+    assert store.counts()["feedback"] == 240
+  finally:
+    store.close()
+  with pytest.raises(log_lib.LogRefused, match="another model's"):  # stamped with MODEL
+    log_lib.InteractionLog(url, {**MODEL, "name": "other"})
+
+
+def test_a_refused_log_is_moved_aside_only_when_asked(good_log, tmp_path, capsys):
+  from rlcode.serve import server
+  url = log_lib.default_url(str(tmp_path))
+  path = log_lib.sqlite_path(url)
+  damaged = _garbage_mid_file(good_log)
+  with open(path, "wb") as f:
+    f.write(damaged)
+  with pytest.raises(log_lib.LogRefused):
+    server.open_log(url, MODEL)
+  store = server.open_log(url, MODEL, move_aside=True)
+  try:
+    assert store.counts() == {"completions": 0, "candidates": 0, "feedback": 0}
+    store.record(_served("new", n=1))
+    assert store.feedback({"id": "new", "accepted": True})
+  finally:
+    store.close()
+  err = capsys.readouterr().err
+  aside = err.split("moved aside to ")[1].split(";")[0]
+  assert os.path.dirname(aside) == str(tmp_path) and path in err and "is damaged" in err
+  with open(aside, "rb") as f:
+    assert f.read() == damaged
+  healthy = server.open_log(url, MODEL, move_aside=True)  # nothing refused: nothing moved
+  healthy.close()
+  assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(aside),
+                                                 os.path.basename(path)])

@@ -13,8 +13,18 @@ Each write is one transaction committed before the caller answers (SQLite in WAL
 with synchronous=FULL: a reply sent means the row survives a crash). Feedback is
 idempotent by id: the same body again is a no-op, a different body for an id already
 recorded is refused (`Conflict`). The learner (rlcode.train.online_loop) reads feedback
-rows after a cursor (`seq`) with their completions. This module must not know about HTTP
-or training.
+rows after a cursor (`seq`) with their completions.
+
+A third table, `rlcode_log`, holds what the log is: its schema version, a random id made
+with it (a learner's cursor belongs to one log), and the model whose completions it holds.
+Opening a log checks, before anything is written: for SQLite, that the file is not empty,
+begins with SQLite's header and passes `PRAGMA quick_check` (PostgreSQL checks its own
+pages; there quick_check does not apply); for both, that the tables present are the
+log's, with its columns, of this schema version and of the same model. A log that fails is
+refused (`LogRefused`, one line naming it and what to do), never replaced: `move_aside`
+renames a SQLite log (with its WAL files) so that a new one can start beside it. A log
+written before the version table existed, with today's columns, is adopted as version 1.
+This module must not know about HTTP or training.
 """
 
 from __future__ import annotations
@@ -23,12 +33,24 @@ import dataclasses
 import json
 import os
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 import sqlalchemy as sa
 
+from rlcode.errors import BadInput
+
+# The layout of the tables below; a log of another version is refused, not migrated.
+SCHEMA_VERSION = 1
+SQLITE_HEADER = b"SQLite format 3\x00"
+MOVE_ASIDE_FLAG = "--move-log-aside"
 METADATA = sa.MetaData()
+META = sa.Table(
+    "rlcode_log", METADATA,
+    sa.Column("key", sa.String(64), primary_key=True),
+    sa.Column("value", sa.Text, nullable=False),
+)
 COMPLETIONS = sa.Table(
     "completions", METADATA,
     sa.Column("id", sa.String(64), primary_key=True),
@@ -56,6 +78,11 @@ FEEDBACK = sa.Table(
     sa.Column("final_text", sa.Text, nullable=True),
     sa.Column("body", sa.Text, nullable=False),
 )
+
+
+class LogRefused(BadInput):
+  """An interaction log that is damaged, of another schema version or of another model:
+  nothing is written to it."""
 
 
 class UnknownCompletion(KeyError):
@@ -87,6 +114,30 @@ def default_url(workdir: str) -> str:
   return "sqlite:///" + os.path.abspath(os.path.join(workdir, "interactions.sqlite"))
 
 
+def sqlite_path(url: str) -> str | None:
+  """The file of a SQLite URL; None for another database or an in-memory one."""
+  if not url.startswith("sqlite:///") or url in ("sqlite:///", "sqlite:///:memory:"):
+    return None
+  return url[len("sqlite:///"):].split("?")[0]
+
+
+def move_aside(url: str) -> str:
+  """Renames a SQLite log (and its -wal and -shm files) to PATH.aside-TIME; returns the
+  new path of the log file."""
+  path = sqlite_path(url)
+  if path is None:
+    raise BadInput(f"{MOVE_ASIDE_FLAG}: {url!r} is not a SQLite file; a PostgreSQL log is "
+                   "set aside in the database (drop or rename its completions, feedback and "
+                   "rlcode_log tables)")
+  aside = f"{path}.aside-{time.strftime('%Y%m%d-%H%M%S')}"
+  while os.path.exists(aside):
+    aside += "x"
+  for suffix in ("-wal", "-shm", ""):  # the log file last: a crash midway leaves it found
+    if os.path.exists(path + suffix):
+      os.replace(path + suffix, aside + suffix)
+  return aside
+
+
 def _sqlite_pragmas(dbapi_connection, _record):
   cursor = dbapi_connection.cursor()
   cursor.execute("PRAGMA journal_mode=WAL")
@@ -95,17 +146,115 @@ def _sqlite_pragmas(dbapi_connection, _record):
   cursor.close()
 
 
-class InteractionLog:
-  """The log at a SQLAlchemy URL; tables are created when missing."""
+def _refuse(where: str, what: str) -> LogRefused:
+  return LogRefused(f"interaction log {where}: {what}; nothing was written to it: restore it "
+                    f"from a copy, point serve.log_url elsewhere, or run `rlcode serve "
+                    f"{MOVE_ASIDE_FLAG}` to rename it aside (kept, its new path printed) and "
+                    "begin a new log")
 
-  def __init__(self, url: str):
+
+def _check_sqlite_file(path: str) -> None:
+  """Refuses a file that SQLite would read as an empty database or not read at all."""
+  if not os.path.exists(path):
+    return
+  if not os.path.isfile(path):
+    raise _refuse(path, "is not a file")
+  with open(path, "rb") as f:
+    head = f.read(len(SQLITE_HEADER))
+  if not head and not os.path.exists(path + "-wal"):
+    raise _refuse(path, "is empty (0 bytes): its rows are gone")
+  if head and head != SQLITE_HEADER:
+    raise _refuse(path, f"does not begin with SQLite's header (found {head[:16]!r})")
+
+
+class InteractionLog:
+  """The log at a SQLAlchemy URL: checked as the module docstring says, its tables created
+  when the database holds none. `model`: what identifies the policy whose completions it
+  holds (stored in a new log, compared with an existing one's); None: not checked (a
+  reader such as a test or an analysis)."""
+
+  def __init__(self, url: str, model: Mapping[str, Any] | None = None):
     self.url = url
-    if url.startswith("sqlite:///"):
-      os.makedirs(os.path.dirname(os.path.abspath(url[len("sqlite:///"):])) or ".", exist_ok=True)
+    path = sqlite_path(url)
+    self.where = path or sa.engine.make_url(url).render_as_string(hide_password=True)
+    if path is not None:
+      _check_sqlite_file(path)
+      os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
     self.engine = sa.create_engine(url, pool_pre_ping=True)
     if self.engine.dialect.name == "sqlite":
       sa.event.listen(self.engine, "connect", _sqlite_pragmas)
-    METADATA.create_all(self.engine)
+    try:
+      self._check(model)
+    except BaseException:
+      self.engine.dispose()
+      raise
+
+  def _check(self, model: Mapping[str, Any] | None) -> None:
+    try:
+      if self.engine.dialect.name == "sqlite":
+        with self.engine.connect() as conn:
+          found = [r[0] for r in conn.exec_driver_sql("PRAGMA quick_check").fetchall()]
+        if found != ["ok"]:
+          raise _refuse(self.where, f"fails SQLite's quick_check ({'; '.join(found[:2])})")
+      tables = set(sa.inspect(self.engine).get_table_names())
+      ours = {t.name for t in METADATA.sorted_tables}
+      if not tables & ours:
+        others = sorted(tables)
+        if others and self.engine.dialect.name == "sqlite":
+          raise _refuse(self.where, f"holds other tables ({', '.join(others[:5])}), not an "
+                        "interaction log")
+        METADATA.create_all(self.engine)
+      self._check_tables(tables & ours)
+      self.log_id = self._check_meta(model)
+    except sa.exc.DatabaseError as e:  # pages SQLite cannot read, in quick_check or before
+      raise _refuse(self.where, f"is damaged (SQLite: {' '.join(str(e.orig).split())})") from None
+
+  def _check_tables(self, present: set[str]) -> None:
+    """Every table of the log with exactly its columns (a partial log is refused)."""
+    if not present:
+      return
+    inspector = sa.inspect(self.engine)
+    data = {"completions", "feedback"}
+    for table in METADATA.sorted_tables:
+      if table.name not in present:
+        if table is META and data <= present:
+          continue  # a log from before the version table: adopted below if its columns fit
+        raise _refuse(self.where, f"lacks its {table.name} table (it has "
+                      f"{', '.join(sorted(present))})")
+      columns = {c["name"] for c in inspector.get_columns(table.name)}
+      if columns != {c.name for c in table.columns}:
+        raise _refuse(self.where, f"its {table.name} table has columns {sorted(columns)}, "
+                      f"schema version {SCHEMA_VERSION}'s are {sorted(table.c.keys())}")
+    META.create(self.engine, checkfirst=True)
+
+  def _check_meta(self, model: Mapping[str, Any] | None) -> str:
+    """The log's id, after its version and model are checked (and stamped where absent)."""
+    want = {"schema_version": str(SCHEMA_VERSION), "log_id": uuid.uuid4().hex}
+    if model is not None:
+      want["model"] = json.dumps(dict(model), sort_keys=True)
+    have = self._meta()
+    missing = [{"key": k, "value": v} for k, v in want.items() if k not in have]
+    if missing:
+      try:
+        with self.engine.begin() as conn:
+          conn.execute(META.insert(), missing)
+      except sa.exc.IntegrityError:  # another server stamped it first: theirs stands
+        pass
+      have = self._meta()
+    if have["schema_version"] != str(SCHEMA_VERSION):
+      raise _refuse(self.where, f"is of schema version {have['schema_version']}, this rlcode "
+                    f"writes version {SCHEMA_VERSION}")
+    if model is not None and have["model"] != want["model"]:
+      theirs, ours = json.loads(have["model"]), json.loads(want["model"])
+      differ = sorted(k for k in set(theirs) | set(ours) if theirs.get(k) != ours.get(k))
+      shown = "; ".join(f"{k}: {theirs.get(k)!r} there, {ours.get(k)!r} here"
+                        for k in differ[:2])
+      raise _refuse(self.where, f"holds another model's completions ({shown})")
+    return have["log_id"]
+
+  def _meta(self) -> dict[str, str]:
+    with self.engine.connect() as conn:
+      return dict(conn.execute(sa.select(META.c.key, META.c.value)).all())
 
   def close(self) -> None:
     self.engine.dispose()

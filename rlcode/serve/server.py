@@ -23,11 +23,12 @@ import dataclasses
 import logging
 import os
 import socket
+import sys
 from typing import Any
 
 import ml_collections
 
-from rlcode.config import serving
+from rlcode.config import record, serving
 from rlcode.errors import BadInput, MissingInput
 from rlcode.models import chat_template
 from rlcode.parallel import sharding
@@ -46,13 +47,12 @@ def published_dir(config) -> str:
 def initial_policy(config, mesh):
   """(model, tokenizer, where from) an online run starts from: online.init_from (with its
   run's recorded config), else config.model as built."""
-  from rlcode.config.record import recorded_config
   from rlcode.evaluation import policy_eval
   from rlcode.models.build import build_model
   init = config.online.init_from
   if init:
     model, tokenizer, step, where = policy_eval.restore_policy(
-        recorded_config(init, "online.init_from"), init, mesh)
+        record.recorded_config(init, "online.init_from"), init, mesh)
     return model, tokenizer, f"{where}@{step}"
   model, tokenizer = build_model(config.model, mesh, config.seed)
   return model, tokenizer, "config.model"
@@ -69,8 +69,7 @@ def serve_section(config):
 def checkpoint_config(checkpoint: str):
   """The recorded config of the run `--checkpoint` names; a run that trained no policy
   (a reward model's) is refused."""
-  from rlcode.config.record import recorded_config
-  saved = recorded_config(checkpoint, "--checkpoint")
+  saved = record.recorded_config(checkpoint, "--checkpoint")
   if saved.trainer == "rm":
     raise BadInput(f"--checkpoint {checkpoint!r} is a reward model's run (trainer 'rm'): it "
                    "scores completions and writes none; serve a policy's workdir (a grpo, "
@@ -81,8 +80,8 @@ def checkpoint_config(checkpoint: str):
 @dataclasses.dataclass
 class Loaded:
   """What `rlcode serve` serves, before its engine starts: the policy and where it came
-  from, the serve section, the chat template, and the workdir its log and published
-  versions live in."""
+  from, the serve section, the chat template, the interaction log (checked and open) and
+  the directory of published versions."""
 
   model: Any
   tokenizer: Any
@@ -90,43 +89,81 @@ class Loaded:
   source: str
   serve: Any
   template: chat_template.ChatTemplate | None
-  workdir: str
+  log: log_lib.InteractionLog
   publish_dir: str | None
 
 
-def load(config, checkpoint: str | None = None) -> Loaded:
+def model_identity(name: str, policy_cfg) -> dict[str, Any]:
+  """What the interaction log records as its model, so that one log never mixes two
+  policies' completions: the served name, the model section's architecture, weights,
+  tokenizer, adapters and dtype, the seed of weights built from scratch, and an online
+  run's starting point. A checkpoint's step is not part of it: a run's later checkpoint
+  is the same policy, trained further."""
+  model = record.plain(policy_cfg)["model"]
+  ident = {"name": name, **{k: model[k] for k in ("arch", "hf_path", "tokenizer", "lora",
+                                                  "param_dtype")}}
+  if not model["hf_path"]:
+    ident["seed"] = policy_cfg.seed
+  if policy_cfg.trainer == "online":
+    ident["init_from"] = policy_cfg.online.init_from
+  return ident
+
+
+def open_log(url: str, model: dict[str, Any], move_aside: bool = False):
+  """The interaction log at `url`, checked (rlcode.serve.log); a refused one is renamed
+  aside (its new path printed) and a new one begun only when `move_aside`."""
+  try:
+    return log_lib.InteractionLog(url, model)
+  except log_lib.LogRefused as e:
+    if not move_aside:
+      raise
+    refused = e.message.split(";")[0]
+  aside = log_lib.move_aside(url)
+  print(f"rlcode serve: {refused}: moved aside to {aside}; a new log begins", file=sys.stderr,
+        flush=True)
+  return log_lib.InteractionLog(url, model)
+
+
+def load(config, checkpoint: str | None = None, move_log_aside: bool = False) -> Loaded:
   """The policy of `checkpoint` (a workdir of any policy trainer, or its warm_start/; with
   its recorded config) or else of `config`, and how to serve it: `config`'s serve section
-  when given, else the run's, else the schema's defaults."""
+  when given, else the run's, else the schema's defaults. The interaction log is checked
+  before the policy is restored."""
   from flax import nnx
 
   from rlcode.evaluation import policy_eval
   from rlcode.models.build import build_model
-  mesh = sharding.make_mesh()  # one device: the engine's programs are single-device
   if checkpoint:
-    policy_cfg = checkpoint_config(checkpoint)
-    workdir = _workdir_of(checkpoint)
-    model, tokenizer, step, where = policy_eval.restore_policy(policy_cfg, checkpoint, mesh)
-    version, source = 0, f"{where}@{step}"
+    policy_cfg, workdir = checkpoint_config(checkpoint), _workdir_of(checkpoint)
   else:
     policy_cfg, workdir = config, config.workdir
-    if config.trainer == "online":
+  serve = serve_section(config if config is not None else policy_cfg)
+  store = open_log(serve.log_url or log_lib.default_url(workdir),
+                   model_identity(serve.model_name or "rlcode", policy_cfg), move_log_aside)
+  try:
+    mesh = sharding.make_mesh()  # one device: the engine's programs are single-device
+    if checkpoint:
+      model, tokenizer, step, where = policy_eval.restore_policy(policy_cfg, checkpoint, mesh)
+      source = f"{where}@{step}"
+    elif config.trainer == "online":
       model, tokenizer, source = initial_policy(config, mesh)
     else:
       model, tokenizer = build_model(config.model, mesh, config.seed)
       source = "config.model"
     version = 0
-  # An online run's server swaps in what its learner publishes, from the start.
-  publish_dir = os.path.join(workdir, PUBLISHED) if policy_cfg.trainer == "online" else None
-  newest = weights.newest(publish_dir) if publish_dir else None
-  if newest is not None:
-    graphdef, state = nnx.split(model)
-    model = nnx.merge(graphdef, weights.load(publish_dir, newest, state))
-    version, source = newest, f"{publish_dir}@{newest}"
-  serve = serve_section(config if config is not None else policy_cfg)
+    # An online run's server swaps in what its learner publishes, from the start.
+    publish_dir = os.path.join(workdir, PUBLISHED) if policy_cfg.trainer == "online" else None
+    newest = weights.newest(publish_dir) if publish_dir else None
+    if newest is not None:
+      graphdef, state = nnx.split(model)
+      model = nnx.merge(graphdef, weights.load(publish_dir, newest, state))
+      version, source = newest, f"{publish_dir}@{newest}"
+    template = template_for(serve, policy_cfg.model)
+  except BaseException:
+    store.close()
+    raise
   return Loaded(model=model, tokenizer=tokenizer, version=version, source=source,
-                serve=serve, template=template_for(serve, policy_cfg.model),
-                workdir=workdir, publish_dir=publish_dir)
+                serve=serve, template=template, log=store, publish_dir=publish_dir)
 
 
 def template_for(serve, model_cfg):
@@ -151,11 +188,12 @@ def template_for(serve, model_cfg):
   return None
 
 
-def build(config, checkpoint: str | None = None, api_key: str | None = None):
+def build(config, checkpoint: str | None = None, api_key: str | None = None,
+          move_log_aside: bool = False):
   """The app's `Served`: what `load` finds, its engine started and warmed up on one
   request."""
   from rlcode.serve.app import Served
-  got = load(config, checkpoint)
+  got = load(config, checkpoint, move_log_aside)
   serve, tokenizer, template = got.serve, got.tokenizer, got.template
   eng = engine_lib.Engine(got.model, slots=serve.slots, version=got.version,
                           mode=serve.batching)
@@ -168,7 +206,7 @@ def build(config, checkpoint: str | None = None, api_key: str | None = None):
   served = Served(
       engine=eng, tokenizer=tokenizer, template=template,
       name=serve.model_name or "rlcode",
-      log=log_lib.InteractionLog(serve.log_url or log_lib.default_url(got.workdir)),
+      log=got.log,
       serve=serve, api_key=api_key, publish_dir=got.publish_dir,
       stop_ids=tuple(tokenizer.eos_ids), chat_stop_ids=chat_stops)
   warm_up(eng)
@@ -207,8 +245,9 @@ def read_api_key(path: str | None) -> str | None:
 
 
 def serve(config, *, checkpoint: str | None, host: str, port: int,
-          api_key_file: str | None) -> None:
-  """Runs the server until SIGTERM or SIGINT."""
+          api_key_file: str | None, move_log_aside: bool = False) -> None:
+  """Runs the server until SIGTERM or SIGINT; `move_log_aside`: a refused interaction log
+  is renamed aside and a new one begun (`open_log`)."""
   import uvicorn
 
   from rlcode.serve.app import create_app
@@ -219,7 +258,7 @@ def serve(config, *, checkpoint: str | None, host: str, port: int,
     sock.bind((host, port))
   except OSError as e:
     raise BadInput(f"--host {host} --port {port}: cannot listen there ({e.strerror})") from None
-  served = build(config, checkpoint, api_key)
+  served = build(config, checkpoint, api_key, move_log_aside)
   app = create_app(served)
 
   class Announcing(uvicorn.Server):
