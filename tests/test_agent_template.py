@@ -80,3 +80,67 @@ def test_a_template_that_rewrites_earlier_turns_is_refused():
   tok = types.SimpleNamespace(chat_template=rewriting, special_id=lambda t: 1, eos_ids=(2,))
   with pytest.raises(BadInput, match="does not extend a conversation"):
     ChatFormat("template", tok).observation_parts()
+
+
+GENERATION_CHATML = (
+    "{% for message in messages %}{{ '<|im_start|>' + message['role'] + '\\n' }}"
+    "{% if message['role'] == 'assistant' %}{% generation %}"
+    "{{ message['content'] + '<|im_end|>' }}{% endgeneration %}{{ '\\n' }}"
+    "{% else %}{{ message['content'] + '<|im_end|>\\n' }}{% endif %}{% endfor %}"
+    "{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}")
+
+
+def _tokenizer_dir(path, template):
+  import json
+  tiny_hf.tokenizer_json(str(path / "tokenizer.json"))
+  with open(path / "tokenizer_config.json", "w") as f:
+    json.dump({"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<|im_end|>",
+               "pad_token": "<|endoftext|>", "bos_token": None, "chat_template": template}, f)
+  return str(path)
+
+
+def test_a_demonstrations_mask_is_the_templates_generation_spans(tmp_path):
+  from transformers import AutoTokenizer
+  directory = _tokenizer_dir(tmp_path, GENERATION_CHATML)
+  tok = load_tokenizer(directory)
+  chat = ChatFormat("template", tok)
+  env = _env()
+  calls = [("editor", {"command": "view", "path": "notes.txt"}),
+           ("editor", {"command": "create", "path": "solution.py", "file_text": "x = 1\n"}),
+           ("finish", {})]
+  traj = expert.expert_trajectory(env, chat, TASK, calls, BUDGETS)
+  replay = _env()
+  messages = [{"role": "user", "content": replay.reset(TASK)}]
+  for name, arguments in calls:
+    messages.append({"role": "assistant", "content": expert.call_text(name, arguments)})
+    step = replay.step(expert.call_text(name, arguments), "call")
+    if not step.done:
+      messages.append({"role": "tool", "content": step.observation})
+  hf = AutoTokenizer.from_pretrained(directory)
+  want = hf.apply_chat_template(messages, tools=[t.schema() for t in env.tools.values()],
+                                tokenize=True, return_dict=True,
+                                return_assistant_tokens_mask=True)
+  n = len(traj.prompt) + len(traj.tokens)  # the last turn's end-of-turn is never written
+  assert list(want["input_ids"])[:n] == traj.prompt + traj.tokens
+  assert list(want["assistant_masks"])[:n] == [0] * len(traj.prompt) + traj.mask
+  # The end-of-turn token after each call is the assistant's; the observations are not.
+  assert sum(traj.mask) == sum(len(tok.encode(expert.call_text(*c))) for c in calls) + 2
+  (tmp_path / "plain").mkdir()
+  plain = load_tokenizer(_tokenizer_dir(tmp_path / "plain", tiny_hf.CHATML))
+  assert ChatFormat("template", plain).observation_mask(5) == [0] * 5
+
+
+@pytest.mark.parametrize("template, message", [
+    ("{% for m in messages %}{% if m['role'] != 'assistant' %}<{{ m['role'] }}>{% endif %}"
+     "{{ m['content'] }}{% if m['role'] == 'assistant' %}{% generation %}<end>"
+     "{% endgeneration %}{% endif %}{% endfor %}",
+     "no {% generation %} block holds the assistant's turn"),
+    ("{% for m in messages %}{% if m['role'] != 'assistant' %}<{{ m['role'] }}>{% endif %}"
+     "{% generation %}{{ m['content'] }}{% endgeneration %}{% endfor %}",
+     "holds a tool's result"),
+])
+def test_generation_spans_that_miss_the_turn_or_hold_a_result_are_refused(template, message):
+  tok = types.SimpleNamespace(chat_template=ChatTemplate({"default": template}, {}),
+                              special_id=lambda t: 1, eos_ids=(2,))
+  with pytest.raises(BadInput, match=message):
+    ChatFormat("template", tok).observation_mask(3)

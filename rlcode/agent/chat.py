@@ -16,6 +16,16 @@ Three formats:
     (no schemas), for byte-level policies trained from scratch: their context is
     short, and they learn the calls' arguments from their warm start's examples.
 
+The assistant-token mask: a turn's own tokens are the assistant's. Where the template marks
+the assistant's text with `{% generation %}` (a training template), the text it writes
+around an observation is the assistant's where a generation block covers it (the
+end-of-turn token after a call, typically): `observation_mask` gives those tokens 1, as
+transformers' `return_assistant_tokens_mask` does on the rendered conversation. A
+demonstration (rlcode.agent.expert) is trained so; the sampler keeps such tokens at 0,
+since the policy did not sample them and they have no behaviour log-probability for the
+clipped ratio. A template whose generation blocks miss the assistant's turn, or cover a
+tool's result, is refused.
+
 A turn of the policy ends at the closing call tag or at an end-of-sequence token,
 so the closing tag must be one token of the tokenizer (it is in Qwen2.5's
 vocabulary, and in the "bytes+tools" tokenizer). Observations are encoded alone and
@@ -31,6 +41,7 @@ import json
 from collections.abc import Sequence
 
 from rlcode.errors import BadInput
+from rlcode.models import chat_template as chat_template_lib
 
 CALL_OPEN, CALL_CLOSE = "<tool_call>", "</tool_call>"
 FORMATS = ("compact", "hermes", "template")
@@ -140,6 +151,27 @@ class ChatFormat:
               "\n</tool_response><|im_end|>\n<|im_start|>assistant\n")
     return "<tool_response>", "</tool_response>"
 
+  def observation_mask(self, n: int) -> list[int]:
+    """The assistant-token mask of `n` observation tokens (as `observation_tokens` gives
+    them): 1 on the text the template writes inside a generation block, 0 elsewhere and
+    always on the observation itself."""
+    head, tail = ([], []) if self.name != "template" else self._observation_part_masks()
+    return head + [0] * (n - len(head) - len(tail)) + tail
+
+  def _observation_part_masks(self) -> tuple[list[int], list[int]]:
+    parts, spans = _template_observation_spans(self.template)
+    if not spans:
+      return [], []
+    masks = []
+    for text, part_spans in zip(parts, spans):
+      ids, mask = chat_template_lib.assistant_mask(self.tokenizer, text, part_spans)
+      if ids != self._bare(text):
+        raise BadInput("agent.chat_format='template': the tokenizer adds tokens of its own "
+                       "to the text around an observation, so its generation spans cannot "
+                       "be placed on the episode's tokens")
+      masks.append(mask)
+    return masks[0], masks[1]
+
   def observation_tokens(self, text: str, max_tokens: int,
                          max_bytes: int = 16384) -> tuple[list[int], bool]:
     """The tokens appended after a turn, the observation cut in the middle to at most
@@ -165,15 +197,35 @@ class ChatFormat:
 def _template_observation_parts(template) -> tuple[str, str]:
   """(head, tail): what `template` writes after an assistant turn's text and before a
   tool's result, and after the result up to the next assistant turn's text."""
+  return _template_observation_spans(template)[0]
+
+
+def _template_observation_spans(template):
+  """((head, tail), (head's generation spans, tail's)); no spans when the template marks
+  no generation."""
   user = {"role": "user", "content": "task"}
   start = template.render([user], add_generation_prompt=True)
-  full = template.render([user, {"role": "assistant", "content": _TURN},
-                          {"role": "tool", "content": _OBSERVATION}],
-                         add_generation_prompt=True)
+  full, spans = template.render_spans(
+      [user, {"role": "assistant", "content": _TURN}, {"role": "tool", "content": _OBSERVATION}],
+      add_generation_prompt=True)
   if not full.startswith(start + _TURN) or full.count(_OBSERVATION) != 1:
     raise BadInput("agent.chat_format='template': this chat template does not extend a "
                    "conversation by appending to it (its rendering of the first turn is not "
                    "a prefix of the longer one), so an episode's tokens cannot be kept "
                    "across turns; use 'hermes' or 'compact'")
   head, tail = full[len(start) + len(_TURN):].split(_OBSERVATION)
-  return head, tail
+  if not template.marks_generation():
+    return (head, tail), ()
+  turn = (len(start), len(start) + len(_TURN))
+  observation = (full.index(_OBSERVATION), full.index(_OBSERVATION) + len(_OBSERVATION))
+  if not any(a <= turn[0] and turn[1] <= b for a, b in spans):
+    raise BadInput("agent.chat_format='template': the template marks generation, but no "
+                   "{% generation %} block holds the assistant's turn, so its assistant mask "
+                   "would leave out what the policy wrote; use 'hermes' or 'compact'")
+  if any(a < observation[1] and observation[0] < b for a, b in spans):
+    raise BadInput("agent.chat_format='template': a {% generation %} block holds a tool's "
+                   "result, which is never trained on; use 'hermes' or 'compact'")
+
+  def within(lo, hi):  # the spans cut to [lo, hi), from lo
+    return [(max(a, lo) - lo, min(b, hi) - lo) for a, b in spans if a < hi and lo < b]
+  return (head, tail), (within(turn[1], observation[0]), within(observation[1], len(full)))

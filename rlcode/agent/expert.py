@@ -191,7 +191,7 @@ def expert_trajectory(env: ToolEnv, chat: ChatFormat, task: Task, calls: list[tu
                                        budgets.max_observation_bytes)
     traj.turns[-1].update(observation_tokens=len(obs), observation_cut=cut)
     traj.tokens += obs
-    traj.mask += [0] * len(obs)
+    traj.mask += chat.observation_mask(len(obs))
     traj.logprobs += [0.0] * len(obs)
   sampler.record_end(traj, env)
   return traj
