@@ -10,6 +10,12 @@ in order), `strftime_now`, and the checkpoint's special tokens (bos_token, eos_t
 as variables. `encode` tokenises the text without adding special tokens again, as
 `apply_chat_template(..., tokenize=True)` does.
 
+Training templates mark the assistant's text with `{% generation %}...{% endgeneration %}`.
+The block renders its body unchanged; `render_spans` also returns where each such body
+starts and ends in the text, and `assistant_mask` turns those spans into a mask over the
+text's tokens, as `apply_chat_template(..., return_assistant_tokens_mask=True)` does
+(`assistant_masks`: a token counts when it overlaps a span).
+
 Tokenizers without a template (the tiny byte-level ones) use `fallback_prompt`: the
 compact format of rlcode.agent.chat, role by role. This module must not know about
 serving or sampling.
@@ -17,10 +23,12 @@ serving or sampling.
 
 from __future__ import annotations
 
+import contextvars
 import dataclasses
 import datetime
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -49,11 +57,52 @@ def _strftime_now(fmt: str) -> str:
   return datetime.datetime.now().strftime(fmt)
 
 
+class _Tracker:
+  """The characters a render has produced so far, and the generation spans seen."""
+
+  def __init__(self):
+    self.length = 0
+    self.spans: list[tuple[int, int]] = []
+
+
+# The render in progress on this thread that wants spans (None: a plain render).
+_TRACKER: contextvars.ContextVar[_Tracker | None] = contextvars.ContextVar(
+    "chat_template_tracker", default=None)
+_GENERATION_TAG = re.compile(r"\{%-?\s*generation\s*-?%\}")
+
+
+def _generation_extension():
+  from jinja2 import nodes
+  from jinja2.ext import Extension
+
+  class Generation(Extension):
+    """`{% generation %}body{% endgeneration %}`: the body as is; during `render_spans`,
+    its (start, end) in the output. The output before the block is counted as it is
+    streamed out, so a block inside a `set` block or a macro is placed where that
+    block was evaluated, as transformers places it."""
+
+    tags = {"generation"}
+
+    def parse(self, parser):
+      lineno = next(parser.stream).lineno
+      body = parser.parse_statements(("name:endgeneration",), drop_needle=True)
+      return nodes.CallBlock(self.call_method("_body"), [], [], body).set_lineno(lineno)
+
+    def _body(self, caller):
+      text = caller()
+      tracker = _TRACKER.get()
+      if tracker is not None:
+        tracker.spans.append((tracker.length, tracker.length + len(text)))
+      return text
+
+  return Generation
+
+
 def _environment():
   from jinja2.ext import loopcontrols
   from jinja2.sandbox import ImmutableSandboxedEnvironment
   env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True,
-                                      extensions=[loopcontrols])
+                                      extensions=[loopcontrols, _generation_extension()])
   env.filters["tojson"] = _tojson
   env.globals["raise_exception"] = _raise_exception
   env.globals["strftime_now"] = _strftime_now
@@ -85,16 +134,47 @@ class ChatTemplate:
       raise BadInput(f"a chat template set needs a 'default' template; it has "
                      f"{sorted(self.templates)}")
 
+  def _name(self, tools) -> str:
+    return "tool_use" if tools and "tool_use" in self.templates else "default"
+
+  def marks_generation(self, tools: Sequence | None = None) -> bool:
+    """Whether the template used with `tools` marks the assistant's text with
+    `{% generation %}`."""
+    return bool(_GENERATION_TAG.search(self.templates[self._name(tools)]))
+
   def render(self, messages: Sequence[Mapping[str, Any]], *, tools: Sequence | None = None,
              add_generation_prompt: bool = True, **kwargs) -> str:
     """The prompt text of `messages` (and `tools`), as the checkpoint's template writes it."""
+    return self._render(messages, tools, add_generation_prompt, kwargs, None)
+
+  def render_spans(self, messages: Sequence[Mapping[str, Any]], *,
+                   tools: Sequence | None = None, add_generation_prompt: bool = True,
+                   **kwargs) -> tuple[str, list[tuple[int, int]]]:
+    """The text `render` gives, and the (start, end) characters of each
+    `{% generation %}` block in it, in order. A template without the tag has none: ask
+    `marks_generation` first where that matters."""
+    tracker = _Tracker()
+    text = self._render(messages, tools, add_generation_prompt, kwargs, tracker)
+    return text, tracker.spans
+
+  def _render(self, messages, tools, add_generation_prompt, kwargs, tracker):
     import jinja2
-    name = "tool_use" if tools and "tool_use" in self.templates else "default"
     try:
-      template = _compiled(self.templates[name])
-      return template.render(messages=list(messages), tools=list(tools) if tools else None,
-                             add_generation_prompt=add_generation_prompt,
-                             **self.special_tokens, **kwargs)
+      template = _compiled(self.templates[self._name(tools)])
+      variables = dict(messages=list(messages), tools=list(tools) if tools else None,
+                       add_generation_prompt=add_generation_prompt,
+                       **self.special_tokens, **kwargs)
+      if tracker is None:
+        return template.render(**variables)
+      token = _TRACKER.set(tracker)
+      try:
+        out = []
+        for chunk in template.generate(**variables):
+          out.append(chunk)
+          tracker.length += len(chunk)
+        return "".join(out)
+      finally:
+        _TRACKER.reset(token)
     except TemplateError:
       raise
     except jinja2.exceptions.SecurityError as e:
@@ -166,3 +246,28 @@ def fallback_prompt(messages: Sequence[Mapping[str, Any]], tools: Sequence | Non
 def encode(tokenizer, text: str) -> list[int]:
   """`text` as token ids without special tokens added (the template wrote them)."""
   return tokenizer.encode(text, add_special_tokens=False)
+
+
+def span_mask(offsets: Sequence[tuple[int, int]], spans: Sequence[tuple[int, int]]) -> list[int]:
+  """1 for each token (its (start, end) characters, in order) that overlaps one of `spans`
+  (in order), else 0: transformers' `assistant_masks`, where a token cut by a span's edge
+  counts as the assistant's."""
+  mask, i = [0] * len(offsets), 0
+  for t, (start, end) in enumerate(offsets):
+    while i < len(spans) and start >= spans[i][1]:
+      i += 1
+    if i == len(spans):
+      break
+    mask[t] = int(end > spans[i][0])
+  return mask
+
+
+def assistant_mask(tokenizer, text: str, spans: Sequence[tuple[int, int]]
+                   ) -> tuple[list[int], list[int]]:
+  """`text`'s token ids (as `encode` gives them) and the mask of those inside `spans`
+  (`render_spans`). The tokenizer must give offsets (`encode_offsets`: a tokenizer.json)."""
+  if not hasattr(tokenizer, "encode_offsets"):
+    raise BadInput(f"{type(tokenizer).__name__} gives no token offsets, which a mask from a "
+                   "chat template's generation spans needs; use a tokenizer.json tokenizer")
+  ids, offsets = tokenizer.encode_offsets(text)
+  return ids, span_mask(offsets, spans)

@@ -203,6 +203,12 @@ class HFTokenizer:
   def encode(self, text: str, add_special_tokens: bool = True) -> list[int]:
     return self._tok.encode(text, add_special_tokens=add_special_tokens).ids
 
+  def encode_offsets(self, text: str) -> tuple[list[int], list[tuple[int, int]]]:
+    """`text`'s ids without special tokens added, and each token's (start, end) characters
+    in `text` (a chat template's assistant mask: rlcode.models.chat_template)."""
+    out = self._tok.encode(text, add_special_tokens=False)
+    return out.ids, [tuple(o) for o in out.offsets]
+
   def decode(self, ids: Sequence[int]) -> str:
     return self._tok.decode([int(i) for i in ids])
 
