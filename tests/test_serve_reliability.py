@@ -71,6 +71,155 @@ def test_bad_requests_get_a_4xx_error_object(server, case):
   _ok(server)
 
 
+def _chat(**fields):
+  return {"model": serving.MODEL, "messages": [{"role": "user", "content": "hi"}], **fields}
+
+
+def _tools(function):
+  return [{"type": "function", "function": function}]
+
+
+# Bodies that name the field at fault: (path, body, the error's param). Sent as JSON text
+# with \u escapes, as any client may write a lone surrogate.
+NAMED = {
+    # Lone surrogates: no tokenizer can encode them.
+    "surrogate in a prompt": ("/v1/completions", {"model": serving.MODEL, "prompt": "a\ud800"},
+                              "prompt"),
+    "surrogate in a list of prompts": ("/v1/completions", {"model": serving.MODEL,
+                                                           "prompt": ["ok", "\udfff"]},
+                                       "prompt.1"),
+    "surrogate in a pair of prompts": ("/v1/completions", {"model": serving.MODEL,
+                                                           "prompt": ["\ud800", "\udc00x"]},
+                                       "prompt.0"),
+    "surrogate in a message": ("/v1/chat/completions", _chat(messages=[
+        {"role": "user", "content": "\ud83d"}]), "messages.0.content"),
+    "surrogate in a content part": ("/v1/chat/completions", _chat(messages=[
+        {"role": "user", "content": [{"type": "text", "text": "\ud800"}]}]),
+        "messages.0.content.0.text"),
+    "surrogate in a tool's name": ("/v1/chat/completions", _chat(tools=_tools(
+        {"name": "\ud800"})), "tools.0.function.name"),
+    "surrogate in a stop string": ("/v1/completions", {"model": serving.MODEL, "prompt": "x",
+                                                       "stop": ["\ud800"]}, "stop.0"),
+    "surrogate in a field's name": ("/v1/completions", {"model": serving.MODEL, "prompt": "x",
+                                                        "\ud800": 1}, "\\ud800"),
+    "surrogate in feedback text": ("/v1/feedback", {"id": "x", "final_text": "\ud800"},
+                                   "final_text"),
+    # Tools that are not OpenAI's shape.
+    "tool function 5": ("/v1/chat/completions", _chat(tools=_tools(5)), "tools.0.function"),
+    "tool function null": ("/v1/chat/completions", _chat(tools=_tools(None)),
+                           "tools.0.function"),
+    "tool function [1]": ("/v1/chat/completions", _chat(tools=_tools([1])), "tools.0.function"),
+    "tool function a string": ("/v1/chat/completions", _chat(tools=_tools("f")),
+                               "tools.0.function"),
+    "tool name 5": ("/v1/chat/completions", _chat(tools=_tools({"name": 5})),
+                    "tools.0.function.name"),
+    "tool name a list": ("/v1/chat/completions", _chat(tools=_tools({"name": ["x"]})),
+                         "tools.0.function.name"),
+    "tool name with a space": ("/v1/chat/completions", _chat(tools=_tools({"name": "a b"})),
+                               "tools.0.function.name"),
+    "tool of another type": ("/v1/chat/completions", _chat(tools=[
+        {"type": "code_interpreter", "function": {"name": "f"}}]), "tools.0.type"),
+    "strict tool": ("/v1/chat/completions", _chat(tools=_tools({"name": "f", "strict": True})),
+                    "tools.0.function.strict"),
+    # Fields this server cannot honour, at a value that asks for something.
+    "tool_choice required": ("/v1/chat/completions", _chat(tool_choice="required"),
+                             "tool_choice"),
+    "tool_choice a function": ("/v1/chat/completions", _chat(
+        tools=serving.TOOLS, tool_choice={"type": "function",
+                                          "function": {"name": "get_weather"}}), "tool_choice"),
+    "response_format json_object": ("/v1/chat/completions", _chat(
+        response_format={"type": "json_object"}), "response_format"),
+    "response_format json_schema": ("/v1/chat/completions", _chat(
+        response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
+        "response_format"),
+    "logit_bias": ("/v1/chat/completions", _chat(logit_bias={"65": 100}), "logit_bias"),
+    "presence_penalty": ("/v1/chat/completions", _chat(presence_penalty=0.5),
+                         "presence_penalty"),
+    "frequency_penalty": ("/v1/completions", {"model": serving.MODEL, "prompt": "x",
+                                              "frequency_penalty": -1}, "frequency_penalty"),
+    "penalty given as false": ("/v1/completions", {"model": serving.MODEL, "prompt": "x",
+                                                   "frequency_penalty": False},
+                               "frequency_penalty"),
+    "parallel_tool_calls false": ("/v1/chat/completions", _chat(parallel_tool_calls=False),
+                                  "parallel_tool_calls"),
+    "audio": ("/v1/chat/completions", _chat(audio={"voice": "alloy", "format": "wav"}),
+              "audio"),
+    "modalities audio": ("/v1/chat/completions", _chat(modalities=["text", "audio"]),
+                         "modalities"),
+    "prediction": ("/v1/chat/completions", _chat(prediction={"type": "content", "content": "x"}),
+                   "prediction"),
+    "reasoning_effort": ("/v1/chat/completions", _chat(reasoning_effort="high"),
+                         "reasoning_effort"),
+    "web_search_options": ("/v1/chat/completions", _chat(web_search_options={}),
+                           "web_search_options"),
+    "functions": ("/v1/chat/completions", _chat(functions=[{"name": "f"}]), "functions"),
+    "function_call": ("/v1/chat/completions", _chat(function_call="auto"), "function_call"),
+    "service_tier flex": ("/v1/chat/completions", _chat(service_tier="flex"), "service_tier"),
+    "store false": ("/v1/chat/completions", _chat(store=False), "store"),
+    "echo": ("/v1/completions", {"model": serving.MODEL, "prompt": "x", "echo": True}, "echo"),
+    "suffix": ("/v1/completions", {"model": serving.MODEL, "prompt": "x", "suffix": "}"},
+               "suffix"),
+    "best_of above n": ("/v1/completions", {"model": serving.MODEL, "prompt": "x",
+                                            "best_of": 3}, "best_of"),
+    # Contradictions and fields no endpoint has.
+    "stream_options without stream": ("/v1/completions", {
+        "model": serving.MODEL, "prompt": "x", "stream_options": {"include_usage": True}},
+        "stream_options"),
+    "unknown stream option": ("/v1/completions", {
+        "model": serving.MODEL, "prompt": "x", "stream": True,
+        "stream_options": {"include_usage": True, "evil": 1}}, "stream_options.evil"),
+    "max_tokens and max_completion_tokens disagree": ("/v1/chat/completions", _chat(
+        max_tokens=4, max_completion_tokens=5), "max_completion_tokens"),
+    "top_logprobs without logprobs": ("/v1/chat/completions", _chat(top_logprobs=2),
+                                      "top_logprobs"),
+    "metadata not strings": ("/v1/chat/completions", _chat(metadata={"k": 1}), "metadata.k"),
+    "unknown completions field": ("/v1/completions", {"model": serving.MODEL, "prompt": "x",
+                                                      "temprature": 0}, "temprature"),
+    "unknown chat field": ("/v1/chat/completions", _chat(top_k=5), "top_k"),
+    # Lists of prompts past what one request may ask.
+    "too many prompts": ("/v1/completions", {"model": serving.MODEL, "prompt": ["x"] * 17},
+                         "prompt"),
+    "prompts times n past max_n": ("/v1/completions", {"model": serving.MODEL,
+                                                       "prompt": ["x", "y", "z"], "n": 3}, "n"),
+    "an empty prompt in a list": ("/v1/completions", {"model": serving.MODEL,
+                                                      "prompt": [[5, 6], []]}, "prompt"),
+    "a token id past the vocabulary in a list": ("/v1/completions", {
+        "model": serving.MODEL, "prompt": [[5], [10**6]]}, "prompt.1"),
+    "mixed prompt list": ("/v1/completions", {"model": serving.MODEL, "prompt": ["x", [1]]},
+                          "prompt"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(NAMED))
+def test_each_bad_field_is_a_400_naming_it(server, case):
+  path, body, param = NAMED[case]
+  with server.client() as c:
+    r = c.post(path, content=json.dumps(body).encode(),
+               headers={"content-type": "application/json"})
+  assert r.status_code == 400, r.text
+  error = r.json()["error"]
+  assert error["param"] == param and error["message"].startswith(param + ": "), error
+  assert error["type"] == "invalid_request_error" and error["code"], error
+
+
+def test_an_unknown_model_id_is_a_404(server):
+  with server.client() as c:
+    r = c.get("/v1/models/gpt-9")
+  assert r.status_code == 404 and r.json()["error"]["code"] == "model_not_found", r.text
+
+
+def test_refusals_leave_no_traceback(server):
+  """Every refusal above is answered without a logged error (a 500 logs its traceback),
+  and the server answers after them."""
+  with server.client() as c:
+    for path, body, _ in NAMED.values():
+      c.post(path, content=json.dumps(body).encode(),
+             headers={"content-type": "application/json"})
+    assert c.get("/metrics").json().get("errors_500", 0) == 0
+  assert "Traceback" not in "".join(server.output)
+  _ok(server)
+
+
 def test_bad_chat_and_feedback(server):
   with server.client() as c:
     cases = [

@@ -24,6 +24,8 @@ class Tokenizer(Protocol):
 
   def decode(self, ids: Sequence[int]) -> str: ...
 
+  def token_bytes(self, token: int) -> bytes: ...
+
 
 def bos_length(tokenizer: Tokenizer) -> int:
   """How many tokens encode() prepends on its own (a BOS), which a continuation drops."""
@@ -111,6 +113,11 @@ class ByteTokenizer:
     out.append(data.decode("utf-8", errors="replace"))
     return "".join(out)
 
+  def token_bytes(self, token: int) -> bytes:
+    """The bytes one token stands for: a byte token is its raw byte even when it is part
+    of a UTF-8 character (which `decode` alone writes as U+FFFD)."""
+    return bytes([token]) if 0 <= token < 256 else self.decode([token]).encode("utf-8")
+
 
 def _byte_chars() -> list[str]:
   """GPT-2's printable character for each byte (the alphabet of byte-level BPEs)."""
@@ -143,6 +150,7 @@ def byte_tokenizer_json(tokenizer: ByteTokenizer, path: str) -> None:
   tok.save(path)
 
 
+_BYTE_OF = {c: b for b, c in enumerate(_byte_chars())}
 _EOS_TOKENS = ("<|eos|>", "<eos>", "</s>", "<|endoftext|>")
 _PAD_TOKENS = ("<|pad|>", "<pad>")
 
@@ -215,6 +223,21 @@ class HFTokenizer:
   def special_id(self, text: str) -> int | None:
     """The id of `text` when it is one token by itself (an added special token), else None."""
     return self._tok.token_to_id(text)
+
+  def token_bytes(self, token: int) -> bytes:
+    """The bytes one token stands for, raw where it holds part of a UTF-8 character: a
+    byte-level BPE's piece mapped back through GPT-2's alphabet, a byte-fallback piece
+    ("<0xE2>") as its byte; each reading is kept only if it decodes as the token does."""
+    text = self.decode([token])
+    piece = self._tok.id_to_token(int(token)) or ""
+    fallback = re.fullmatch(r"<0x([0-9A-Fa-f]{2})>", piece)
+    if fallback:
+      raw = bytes([int(fallback.group(1), 16)])
+    elif piece and all(c in _BYTE_OF for c in piece):
+      raw = bytes(_BYTE_OF[c] for c in piece)
+    else:
+      return text.encode("utf-8")
+    return raw if raw.decode("utf-8", errors="replace") == text else text.encode("utf-8")
 
 
 def split_tokenizer_name(name: str) -> tuple[str, tuple[str, ...], bool]:

@@ -155,36 +155,50 @@ def create_app(served: Served) -> FastAPI:
   async def metrics():
     return _metrics(served)
 
+  def model_object():
+    return {"id": served.name, "object": "model", "created": int(served.started),
+            "owned_by": "rlcode", "policy_version": served.engine.version}
+
   @app.get("/v1/models")
   async def models():
     served.count("requests_models")
-    return {"object": "list", "data": [{"id": served.name, "object": "model",
-                                        "created": int(served.started), "owned_by": "rlcode",
-                                        "policy_version": served.engine.version}]}
+    return {"object": "list", "data": [model_object()]}
+
+  @app.get("/v1/models/{model_id:path}")
+  async def model(model_id: str):
+    served.count("requests_models")
+    if model_id != served.name:
+      raise APIError(404, f"the model {model_id!r} does not exist; this server serves "
+                     f"{served.name!r}", param="model", code="model_not_found")
+    return model_object()
 
   @app.post("/v1/completions")
-  async def completions(body: protocol.CompletionRequest):
+  async def completions(request: Request):
+    body = protocol.parse(protocol.CompletionRequest, await request.body())
     served.count("requests_completions")
-    prompt = (body.prompt if isinstance(body.prompt, list)
-              else served.tokenizer.encode(body.prompt))
-    return await _generate(served, body, prompt, chat=False)
+    prompts = [p if isinstance(p, list) else served.tokenizer.encode(p)
+               for p in body.prompts()]
+    return await _generate(served, body, prompts, chat=False)
 
   @app.post("/v1/chat/completions")
-  async def chat(body: protocol.ChatRequest):
+  async def chat(request: Request):
+    body = protocol.parse(protocol.ChatRequest, await request.body())
     served.count("requests_chat")
     try:
       messages = body.template_messages()
     except ValueError as e:
       raise APIError(400, str(e), param="messages", code="invalid_value") from None
+    tools = body.template_tools()
     if served.template is not None:
-      text = served.template.render(messages, tools=body.tools, add_generation_prompt=True)
+      text = served.template.render(messages, tools=tools, add_generation_prompt=True)
       prompt = chat_template.encode(served.tokenizer, text)
     else:
-      prompt = served.tokenizer.encode(chat_template.fallback_prompt(messages, body.tools))
-    return await _generate(served, body, prompt, chat=True)
+      prompt = served.tokenizer.encode(chat_template.fallback_prompt(messages, tools))
+    return await _generate(served, body, [prompt], chat=True)
 
   @app.post("/v1/feedback")
-  async def feedback(body: protocol.FeedbackRequest):
+  async def feedback(request: Request):
+    body = protocol.parse(protocol.FeedbackRequest, await request.body())
     served.count("requests_feedback")
     record = body.model_dump(exclude_none=True)
     try:
@@ -201,84 +215,107 @@ def create_app(served: Served) -> FastAPI:
   return Gate(app, served)
 
 
-def _check(served: Served, body, prompt: list[int]) -> int:
-  """The request's budget after checking it against the model and the context."""
+def _check(served: Served, body, prompts: list[list[int]]) -> list[int]:
+  """Each prompt's budget after checking the request against the model and the context."""
   cfg = served.engine.cfg
   if body.model != served.name:
     raise APIError(404, f"the model {body.model!r} does not exist; this server serves "
                    f"{served.name!r}", param="model", code="model_not_found")
-  if not prompt:
-    raise APIError(400, "the prompt is empty", param="prompt", code="invalid_value")
-  if max(prompt) >= cfg.vocab_size:
-    raise APIError(400, f"token ids must be below {cfg.vocab_size}", param="prompt",
+  n_max = min(served.serve.max_n, served.engine.slots)
+  if body.n * len(prompts) > n_max:
+    asked = f"{body.n}" if len(prompts) == 1 else f"{body.n} for each of {len(prompts)} prompts"
+    raise APIError(400, f"n: {asked}; at most {n_max} candidates a request", param="n",
                    code="invalid_value")
   context = cfg.max_seq_len
-  if len(prompt) >= context:
-    raise APIError(400, f"the prompt has {len(prompt)} tokens; the model's context is "
-                   f"{context} tokens", param="prompt", code="context_length_exceeded")
-  n_max = min(served.serve.max_n, served.engine.slots)
-  if body.n > n_max:
-    raise APIError(400, f"n={body.n}: at most {n_max}", param="n", code="invalid_value")
-  budget = body.max_tokens
-  if budget is None:
-    budget = min(served.serve.default_max_tokens, context - len(prompt))
-  if budget > context:
-    raise APIError(400, f"max_tokens={budget} is out of range (1 to {context})",
-                   param="max_tokens", code="invalid_value")
-  if len(prompt) + budget > context:
-    raise APIError(400, f"the prompt's {len(prompt)} tokens and max_tokens={budget} exceed "
-                   f"the model's context of {context} tokens", param="max_tokens",
-                   code="context_length_exceeded")
-  if served.engine.queue_depth() >= served.serve.max_queue:
+  budgets = []
+  for i, prompt in enumerate(prompts):
+    param = "prompt" if len(prompts) == 1 else f"prompt.{i}"
+    if not prompt:
+      raise APIError(400, f"{param}: the prompt is empty", param=param, code="invalid_value")
+    if max(prompt) >= cfg.vocab_size:
+      raise APIError(400, f"{param}: token ids must be below {cfg.vocab_size}", param=param,
+                     code="invalid_value")
+    if len(prompt) >= context:
+      raise APIError(400, f"{param}: the prompt has {len(prompt)} tokens; the model's "
+                     f"context is {context} tokens", param=param,
+                     code="context_length_exceeded")
+    budget = body.max_tokens
+    if budget is None:
+      budget = min(served.serve.default_max_tokens, context - len(prompt))
+    if budget > context:
+      raise APIError(400, f"max_tokens={budget} is out of range (1 to {context})",
+                     param="max_tokens", code="invalid_value")
+    if len(prompt) + budget > context:
+      raise APIError(400, f"the prompt's {len(prompt)} tokens and max_tokens={budget} "
+                     f"exceed the model's context of {context} tokens", param="max_tokens",
+                     code="context_length_exceeded")
+    budgets.append(budget)
+  if served.engine.queue_depth() + len(prompts) > served.serve.max_queue:
     raise APIError(429, "the server's queue is full; retry later", type="rate_limit_error",
                    code="queue_full")
-  return budget
+  return budgets
 
 
-async def _generate(served: Served, body, prompt: list[int], *, chat: bool):
-  budget = _check(served, body, prompt)
+async def _generate(served: Served, body, prompts: list[list[int]], *, chat: bool):
+  """One engine request a prompt, each of n candidates; choice p*n + j is prompt p's j-th."""
+  budgets = _check(served, body, prompts)
   stop_ids = served.chat_stop_ids if chat else served.stop_ids
   text = responses.Text(served.tokenizer, stop_ids, body.stop)
   seed = body.seed if body.seed is not None else secrets.randbits(32)
   loop = asyncio.get_running_loop()
-  done: asyncio.Future = loop.create_future()
   queue: asyncio.Queue | None = asyncio.Queue() if body.stream else None
+  requests, dones = [], []
+  for p, (prompt, budget) in enumerate(zip(prompts, budgets)):
+    done: asyncio.Future = loop.create_future()
 
-  def on_done(result):
-    loop.call_soon_threadsafe(lambda: done.done() or done.set_result(result))
+    def on_done(result, done=done):
+      loop.call_soon_threadsafe(lambda: done.done() or done.set_result(result))
 
-  def on_token(c, tok, lp, top):
-    if queue is not None:
-      loop.call_soon_threadsafe(queue.put_nowait, (c, tok))
+    def on_token(c, tok, lp, top, first=p * body.n):
+      if queue is not None:
+        loop.call_soon_threadsafe(queue.put_nowait, (first + c, tok, lp, top))
 
-  request = engine_lib.Request(
-      prompt=prompt, max_tokens=budget, n=body.n, temperature=body.temperature,
-      top_p=body.top_p, seed=seed, stop_tokens=stop_ids,
-      stop_check=(lambda c, toks: text.stopped(toks)) if body.stop else None,
-      on_token=on_token, on_done=on_done)
-  served.engine.submit(request)
+    requests.append(engine_lib.Request(
+        prompt=prompt, max_tokens=budget, n=body.n, temperature=body.temperature,
+        top_p=body.top_p, seed=seed, stop_tokens=stop_ids,
+        stop_check=(lambda c, toks: text.stopped(toks)) if body.stop else None,
+        on_token=on_token, on_done=on_done))
+    dones.append(done)
+  for request in requests:
+    served.engine.submit(request)
   rid = ("chatcmpl-" if chat else "cmpl-") + uuid.uuid4().hex
   params = {"temperature": body.temperature, "top_p": body.top_p, "seed": seed,
-            "max_tokens": budget, "stop": body.stop, "endpoint": "chat" if chat else "completions"}
+            "stop": body.stop,
+            "endpoint": "chat" if chat else "completions"}
+  for key in ("user", "metadata"):
+    if getattr(body, key, None) is not None:
+      params[key] = getattr(body, key)
+  all_done = asyncio.gather(*dones)
   if body.stream:
-    return StreamingResponse(_stream(served, body, rid, request, text, params, done, queue, chat),
-                             media_type="text/event-stream")
-  result = await done
-  if result.error is not None:
+    return StreamingResponse(
+        _stream(served, body, rid, requests, text, params, all_done, queue, chat),
+        media_type="text/event-stream")
+  results = await all_done
+  if any(r.error is not None for r in results):
     raise APIError(500, "generation failed", type="server_error")
-  out = _choices(served, body, result, text, chat)
-  await _record(served, rid, prompt, result, out, text, params)
+  out = _choices(served, body, results, text, chat)
+  await _record(served, rid, requests, results, out, text, params)
+  version = min(r.policy_version for r in results)
   return JSONResponse(
       {"id": rid, "object": "chat.completion" if chat else "text_completion",
        "created": int(time.time()), "model": served.name, "choices": out,
-       "usage": responses.usage(len(prompt), result.candidates),
-       "policy_version": result.policy_version},
-      headers={"X-Policy-Version": str(result.policy_version)})
+       "usage": _usage(requests, results), "policy_version": version},
+      headers={"X-Policy-Version": str(version)})
 
 
-def _choices(served, body, result, text, chat: bool) -> list[dict]:
+def _usage(requests, results) -> dict:
+  return responses.usage(sum(len(r.prompt) for r in requests),
+                         [c for r in results for c in r.candidates])
+
+
+def _choices(served, body, results, text, chat: bool) -> list[dict]:
   out = []
-  for i, cand in enumerate(result.candidates):
+  for i, cand in enumerate(c for r in results for c in r.candidates):
     content = text.final(cand.tokens)
     reason = cand.finish_reason
     if not chat:
@@ -289,7 +326,7 @@ def _choices(served, body, result, text, chat: bool) -> list[dict]:
       out.append(choice)
       continue
     message = {"role": "assistant", "content": content}
-    if body.tools:
+    if body.parses_tool_calls():
       message["content"], calls = responses.tool_calls(content)
       if calls:
         message["tool_calls"] = calls
@@ -302,35 +339,67 @@ def _choices(served, body, result, text, chat: bool) -> list[dict]:
   return out
 
 
-async def _record(served, rid, prompt, result, choices, text, params) -> None:
-  """The candidates in the log (their text as sampled, tool calls unparsed)."""
+async def _record(served, rid, requests, results, choices, text, params) -> None:
+  """The candidates in the log (their text as sampled, tool calls unparsed), each with its
+  own prompt and policy version; `n` counts the response's choices, which feedback's
+  `chosen` and `index` name."""
+  cands = [(request, result, c) for request, result in zip(requests, results)
+           for c in result.candidates]
   rows = [log_lib.Served(
       id=rid, index=i, policy_version=result.policy_version, model=served.name,
-      prompt_tokens=prompt, tokens=c.tokens, logprobs=c.logprobs, text=text.final(c.tokens),
-      finish_reason=ch["finish_reason"], params=params, n=len(result.candidates))
-      for i, (c, ch) in enumerate(zip(result.candidates, choices))]
+      prompt_tokens=request.prompt, tokens=c.tokens, logprobs=c.logprobs,
+      text=text.final(c.tokens), finish_reason=choice["finish_reason"],
+      params=dict(params, max_tokens=request.max_tokens), n=len(choices))
+      for i, ((request, result, c), choice) in enumerate(zip(cands, choices))]
   await anyio.to_thread.run_sync(served.log.record, rows)
 
 
-async def _stream(served, body, rid, request, text, params, done, queue, chat):
-  """Server-sent events: a chunk per decoded piece of text, the finish reasons, [DONE]."""
+async def _stream(served, body, rid, requests, text, params, done, queue, chat):
+  """Server-sent events: a chunk per decoded piece of text (with its tokens' log-probs
+  when asked: the chunks' together are the unstreamed response's), the finish reasons,
+  the usage when stream_options asks for it (a last chunk with no choices, as OpenAI
+  sends), [DONE]."""
   kind = "chat.completion.chunk" if chat else "text_completion"
-  sent = [""] * request.n
-  tokens = [[] for _ in range(request.n)]
+  count = len(requests) * body.n
+  sent = [""] * count
+  tokens, lps, tops = ([[] for _ in range(count)] for _ in range(3))
+  logged, offsets = [0] * count, [0] * count
+  wants_logprobs = bool(body.logprobs) if chat else body.logprobs is not None
+  holds_calls = chat and body.parses_tool_calls()
 
-  def chunk(i, piece, reason=None, extra=None):
+  def logprobs(i, toks, lp, top):
+    """The log-probs of candidate i's tokens not yet sent (those after `logged[i]`)."""
+    if not wants_logprobs:
+      return None
+    at = logged[i]
+    logged[i] = len(toks)
+    if chat:
+      return responses.chat_logprobs(served.tokenizer, toks[at:], lp[at:], top[at:],
+                                     body.top_logprobs or 0)
+    out = responses.completion_logprobs(served.tokenizer, toks[at:], lp[at:], top[at:],
+                                        body.logprobs, offsets[i])
+    offsets[i] += sum(map(len, out["tokens"]))
+    return out
+
+  def event(choices, **more):
+    out = {"id": rid, "object": kind, "created": int(time.time()), "model": served.name,
+           "choices": choices, "policy_version": served.engine.version}
+    if body.include_usage:
+      out["usage"] = None
+    out.update(more)
+    return f"data: {json.dumps(out)}\n\n"
+
+  def chunk(i, piece, reason=None, extra=None, lp=None):
     if chat:
       delta = {"content": piece} if piece else {}
       delta.update(extra or {})
-      choice = {"index": i, "delta": delta, "finish_reason": reason, "logprobs": None}
+      choice = {"index": i, "delta": delta, "finish_reason": reason, "logprobs": lp}
     else:
-      choice = {"index": i, "text": piece, "finish_reason": reason, "logprobs": None}
-    event = {"id": rid, "object": kind, "created": int(time.time()), "model": served.name,
-             "choices": [choice], "policy_version": served.engine.version}
-    return f"data: {json.dumps(event)}\n\n"
+      choice = {"index": i, "text": piece, "finish_reason": reason, "logprobs": lp}
+    return event([choice])
 
   if chat:
-    for i in range(request.n):
+    for i in range(count):
       yield chunk(i, "", extra={"role": "assistant"})
   while not (done.done() and queue.empty()):
     getter = asyncio.ensure_future(queue.get())
@@ -338,20 +407,23 @@ async def _stream(served, body, rid, request, text, params, done, queue, chat):
     if getter not in finished:
       getter.cancel()
       continue
-    c, tok = getter.result()
+    c, tok, lp, top = getter.result()
     tokens[c].append(tok)
+    lps[c].append(lp)
+    tops[c].append(top)
     # With tools the text may be a call: it is sent whole at the end, parsed.
-    safe = "" if chat and body.tools else text.safe(tokens[c])
+    safe = "" if holds_calls else text.safe(tokens[c])
     if len(safe) > len(sent[c]):
-      yield chunk(c, safe[len(sent[c]):])
+      yield chunk(c, safe[len(sent[c]):], lp=logprobs(c, tokens[c], lps[c], tops[c]))
       sent[c] = safe
-  result = done.result()
-  if result.error is not None:
+  results = done.result()
+  if any(r.error is not None for r in results):
     error = APIError(500, "generation failed", type="server_error").body()
     yield f"data: {json.dumps(error)}\n\n"
     return
-  final = _choices(served, body, result, text, chat)
-  for i, choice in enumerate(final):
+  final = _choices(served, body, results, text, chat)
+  cands = [c for r in results for c in r.candidates]
+  for i, (choice, cand) in enumerate(zip(final, cands)):
     extra = None
     if chat:
       content = choice["message"]["content"] or ""
@@ -361,10 +433,13 @@ async def _stream(served, body, rid, request, text, params, done, queue, chat):
     else:
       content = choice["text"]
     rest = content[len(sent[i]):] if content.startswith(sent[i]) else ""
-    if rest or extra:
-      yield chunk(i, rest, None, extra)
+    lp = logprobs(i, cand.tokens, cand.logprobs, cand.top) if logged[i] < len(cand.tokens) else None
+    if rest or extra or lp:
+      yield chunk(i, rest, None, extra, lp)
     yield chunk(i, "", choice["finish_reason"])
-  await _record(served, rid, request.prompt, result, final, text, params)
+  await _record(served, rid, requests, results, final, text, params)
+  if body.include_usage:
+    yield event([], usage=_usage(requests, results))
   yield "data: [DONE]\n\n"
 
 

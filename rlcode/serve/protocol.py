@@ -1,21 +1,39 @@
 """The OpenAI-compatible request bodies, checked, and the error object every refusal carries.
 
-Every byte a client sends is untrusted: each field has a type and a range here, and a body
-that breaks them is a 400 whose OpenAI-style error names the field
-({"error": {"message", "type", "param", "code"}}). Fields the API has and this server
-ignores (user, presence_penalty at 0, ...) are accepted and dropped, so existing clients
-work unchanged. This module must not know about the engine or storage.
+Every byte a client sends is untrusted. `parse` reads a body: JSON, an object, and text that
+is valid Unicode: a lone surrogate ("\\ud800", which JSON's escapes can spell) is refused
+with the path of the string that holds it, since no tokenizer, log or response can encode
+it. Then each field has a type and a range here, and a body that breaks them is a 400 whose
+OpenAI-style error names the field ({"error": {"message", "type", "param", "code"}}).
+
+Every field of OpenAI's completions and chat-completions requests is honoured or refused
+by name, never dropped: a field this server cannot honour (`logit_bias`, penalties other
+than 0, `response_format` other than text, `tool_choice` "required" or a named function,
+which need constrained decoding, ...) is accepted only at the value that asks for nothing,
+and any other value is a 400 that says why; a field OpenAI does not have is a 400 as well.
+`user` and `metadata` are kept with the completion in the interaction log. This module
+must not know about the engine or storage.
 """
 
 from __future__ import annotations
 
+import json
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    field_validator,
+    model_validator,
+)
 
 MAX_STOP = 4
 MAX_STOP_CHARS = 256
 MAX_SEED = 2**32 - 1
+MAX_PROMPTS = 16
+MAX_METADATA = 16
 
 
 class APIError(Exception):
@@ -32,19 +50,85 @@ class APIError(Exception):
                       "code": self.code}}
 
 
+def _refuse(param: str, message: str) -> APIError:
+  return APIError(400, f"{param}: {message}", param=param, code="invalid_value")
+
+
+# OpenAI's fields this server cannot honour: the values that ask for nothing (accepted and
+# dropped) and why any other value is refused.
+_NEEDS_CONSTRAINED = "needs constrained decoding, which this server does not have"
+_NOT_HONOURED = {
+    "frequency_penalty": ((None, 0), "penalties are not implemented; only 0 is accepted"),
+    "presence_penalty": ((None, 0), "penalties are not implemented; only 0 is accepted"),
+    "logit_bias": ((None, {}), "biasing tokens is not implemented; only {} is accepted"),
+}
+_NOT_HONOURED_COMPLETIONS = {
+    "echo": ((None, False), "echoing the prompt is not implemented; only false is accepted"),
+    "suffix": ((None, ""), "completing before a suffix (insertion) is not implemented"),
+}
+_NOT_HONOURED_CHAT = {
+    "response_format": ((None, {"type": "text"}),
+                        f"only {{\"type\": \"text\"}}: a JSON format {_NEEDS_CONSTRAINED}"),
+    "parallel_tool_calls": ((None, True), ("false (at most one call) would need "
+                                           "constrained decoding; every call the model "
+                                           "writes is returned")),
+    "audio": ((None,), "this model writes text only"),
+    "modalities": ((None, ["text"]), "this model writes text only; only [\"text\"]"),
+    "prediction": ((None,), "predicted outputs are not implemented"),
+    "reasoning_effort": ((None,), "this model has no reasoning setting"),
+    "web_search_options": ((None,), "this server has no web search"),
+    "functions": ((None,), "deprecated by OpenAI; send tools"),
+    "function_call": ((None,), "deprecated by OpenAI; send tool_choice"),
+    "service_tier": ((None, "auto", "default"), "this server has one tier: auto or default"),
+    "store": ((None, True), ("every completion is stored in the interaction log, which the "
+                             "online learner reads; store=false cannot be honoured")),
+}
+
+
+def _asks_nothing(raw: dict, table: dict) -> dict:
+  """`raw` without the fields of `table` once each holds a value that asks for nothing."""
+  out = dict(raw)
+  for key, (accepted, why) in table.items():
+    if key not in out:
+      continue
+    value = out.pop(key)
+    if not any(_same(value, a) for a in accepted):
+      raise _refuse(key, f"{json.dumps(value)} is not supported: {why}")
+  return out
+
+
+def _same(value, accepted) -> bool:
+  if accepted is None or isinstance(value, bool) or isinstance(accepted, bool):
+    # bool is an int in Python: false must not pass as a penalty of 0, nor 0 as false.
+    return value is accepted
+  return value == accepted
+
+
+class StreamOptions(BaseModel):
+  model_config = ConfigDict(extra="forbid")
+  include_usage: bool = False
+
+
 class _Sampling(BaseModel):
   """What both endpoints share."""
 
-  model_config = ConfigDict(extra="ignore")
+  model_config = ConfigDict(extra="forbid")
 
   model: str
   n: int = Field(1, ge=1)
   temperature: float = Field(1.0, ge=0.0, le=2.0)
   top_p: float = Field(1.0, gt=0.0, le=1.0)
   stream: bool = False
+  stream_options: StreamOptions | None = None
   stop: str | list[str] | None = Field(None, validate_default=True)
   seed: int | None = Field(None, ge=0, le=MAX_SEED)
   max_tokens: int | None = None
+  user: str | None = Field(None, max_length=256)
+
+  @model_validator(mode="before")
+  @classmethod
+  def _honoured(cls, raw):
+    return _asks_nothing(raw, _NOT_HONOURED) if isinstance(raw, dict) else raw
 
   @field_validator("stop")
   @classmethod
@@ -63,27 +147,69 @@ class _Sampling(BaseModel):
       raise ValueError("max_tokens must be at least 1")
     return value
 
+  @model_validator(mode="after")
+  def _stream_options(self):
+    if self.stream_options is not None and not self.stream:
+      raise _refuse("stream_options", "only allowed when stream is true")
+    return self
+
+  @property
+  def include_usage(self) -> bool:
+    return self.stream_options is not None and self.stream_options.include_usage
+
 
 class CompletionRequest(_Sampling):
-  """POST /v1/completions."""
+  """POST /v1/completions. `prompt` is a string, token ids, or a list of either (up to
+  MAX_PROMPTS prompts, each answered by n choices: choice p*n + j is prompt p's j-th)."""
 
-  prompt: str | list[int] | list[str]
+  prompt: str | list[int] | list[str] | list[list[int]]
   max_tokens: int | None = 16
   logprobs: int | None = Field(None, ge=0, le=5)
-  echo: Literal[False] = False
+  best_of: int | None = Field(None, ge=1)
+
+  @model_validator(mode="before")
+  @classmethod
+  def _honoured_here(cls, raw):
+    return _asks_nothing(raw, _NOT_HONOURED_COMPLETIONS) if isinstance(raw, dict) else raw
+
+  @field_validator("prompt", mode="before")
+  @classmethod
+  def _prompt_shape(cls, value):
+    ids = lambda x: isinstance(x, list) and all(
+        isinstance(t, int) and not isinstance(t, bool) for t in x)
+    if not (isinstance(value, str) or ids(value) or isinstance(value, list) and (
+        all(isinstance(x, str) for x in value) or all(ids(x) for x in value))):
+      raise ValueError("must be a string, a list of token ids, or a list of strings or of "
+                       "token-id lists")
+    return value
 
   @field_validator("prompt")
   @classmethod
   def _prompt(cls, value):
-    if isinstance(value, list) and value and isinstance(value[0], str):
-      if len(value) != 1:
-        raise ValueError("one prompt per request (send a list of one string)")
-      value = value[0]
-    if isinstance(value, list) and any(t < 0 for t in value):
-      raise ValueError("token ids must be non-negative")
-    if len(value) == 0:
-      raise ValueError("the prompt is empty")
+    many = isinstance(value, list) and bool(value) and not isinstance(value[0], int)
+    prompts = value if many else [value]
+    if len(prompts) > MAX_PROMPTS:
+      raise ValueError(f"at most {MAX_PROMPTS} prompts in one request, got {len(prompts)}")
+    for i, prompt in enumerate(prompts):
+      where = f"prompt {i} " if many else ""
+      if len(prompt) == 0:
+        raise ValueError(f"the {where}is empty" if many else "the prompt is empty")
+      if isinstance(prompt, list) and any(t < 0 for t in prompt):
+        raise ValueError(f"{where}token ids must be non-negative")
     return value
+
+  @model_validator(mode="after")
+  def _best_of(self):
+    if self.best_of is not None and self.best_of != self.n:
+      raise _refuse("best_of", f"{self.best_of} with n={self.n}: choosing the best of more "
+                    "candidates than are returned is not implemented; send best_of equal "
+                    "to n or leave it out")
+    return self
+
+  def prompts(self) -> list[str | list[int]]:
+    """The prompts, one or several."""
+    many = isinstance(self.prompt, list) and not isinstance(self.prompt[0], int)
+    return list(self.prompt) if many else [self.prompt]
 
 
 class ToolFunction(BaseModel):
@@ -97,6 +223,30 @@ class ToolCall(BaseModel):
   id: str | None = None
   type: str = "function"
   function: ToolFunction
+
+
+class FunctionSpec(BaseModel):
+  """A tool's function as OpenAI defines it (its name as OpenAI allows names)."""
+
+  model_config = ConfigDict(extra="forbid")
+  name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+  description: str | None = None
+  parameters: dict[str, Any] | None = None
+  strict: bool | None = None
+
+  @field_validator("strict")
+  @classmethod
+  def _strict(cls, value):
+    if value:
+      raise ValueError(f"arguments that always match the schema {_NEEDS_CONSTRAINED}; "
+                       "send strict false or leave it out")
+    return value
+
+
+class Tool(BaseModel):
+  model_config = ConfigDict(extra="forbid")
+  type: Literal["function"]
+  function: FunctionSpec
 
 
 class Message(BaseModel):
@@ -120,29 +270,51 @@ class Message(BaseModel):
 
 
 class ChatRequest(_Sampling):
-  """POST /v1/chat/completions."""
+  """POST /v1/chat/completions. `tool_choice` "auto" (the default) parses the tool calls
+  the model writes; "none" returns its text as content, calls unparsed."""
 
   messages: list[Message] = Field(min_length=1)
-  tools: list[dict[str, Any]] | None = None
-  tool_choice: Any = None
+  tools: list[Tool] | None = None
+  tool_choice: Literal["auto", "none"] | None = None
   max_completion_tokens: int | None = None
   logprobs: bool = False
   top_logprobs: int | None = Field(None, ge=0, le=5)
+  metadata: dict[str, str] | None = Field(None, max_length=MAX_METADATA)
+
+  @model_validator(mode="before")
+  @classmethod
+  def _honoured_here(cls, raw):
+    if not isinstance(raw, dict):
+      return raw
+    choice = raw.get("tool_choice")
+    if choice == "required" or isinstance(choice, dict):
+      raise _refuse("tool_choice", f"{json.dumps(choice)}: forcing a tool call "
+                    f"{_NEEDS_CONSTRAINED}; send \"auto\" or \"none\"")
+    return _asks_nothing(raw, _NOT_HONOURED_CHAT)
 
   @model_validator(mode="after")
   def _budget(self):
-    if self.max_tokens is None and self.max_completion_tokens is not None:
+    if self.max_completion_tokens is not None:
       if self.max_completion_tokens < 1:
-        raise ValueError("max_completion_tokens must be at least 1")
+        raise _refuse("max_completion_tokens", "must be at least 1")
+      if self.max_tokens is not None and self.max_tokens != self.max_completion_tokens:
+        raise _refuse("max_completion_tokens", f"{self.max_completion_tokens} contradicts "
+                      f"max_tokens={self.max_tokens}; send one of them")
       self.max_tokens = self.max_completion_tokens
     if self.top_logprobs and not self.logprobs:
-      raise ValueError("top_logprobs needs logprobs: true")
+      raise _refuse("top_logprobs", "needs logprobs: true")
     return self
+
+  def parses_tool_calls(self) -> bool:
+    return bool(self.tools) and self.tool_choice != "none"
+
+  def template_tools(self) -> list[dict] | None:
+    """The tools as a chat template reads them (OpenAI's objects, unset fields left out)."""
+    return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
 
   def template_messages(self) -> list[dict]:
     """The messages as a chat template reads them (content as text; a tool call's
     arguments as an object, which templates write with tojson)."""
-    import json
     out = []
     for m in self.messages:
       d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
@@ -192,14 +364,61 @@ class FeedbackRequest(BaseModel):
     return self
 
 
+def _escaped(key: str) -> str:
+  return key.encode("utf-8", "backslashreplace").decode("utf-8")
+
+
+def _unencodable(data) -> str | None:
+  """The path ("messages.0.content") of the first string or key in `data` that is not
+  valid Unicode (a lone surrogate), or None. Iterative: JSON nests as deep as it likes."""
+  stack: list[tuple[str, Any]] = [("", data)]
+  while stack:
+    path, value = stack.pop()
+    if isinstance(value, str):
+      try:
+        value.encode("utf-8")
+      except UnicodeEncodeError:
+        return path or "body"
+    elif isinstance(value, dict):
+      for key, item in reversed(list(value.items())):
+        sub = f"{path}.{_escaped(key)}" if path else _escaped(key)
+        try:
+          key.encode("utf-8")
+        except UnicodeEncodeError:
+          return sub
+        stack.append((sub, item))
+    elif isinstance(value, list):
+      stack.extend((f"{path}.{i}" if path else str(i), item)
+                   for i, item in reversed(list(enumerate(value))))
+  return None
+
+
+def parse(model: type[BaseModel], body: bytes) -> BaseModel:
+  """`body` read as `model`, or an APIError (400) naming what was wrong."""
+  try:
+    data = json.loads(body)
+  except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested past the parser
+    raise APIError(400, "the body is not valid JSON", code="invalid_json") from None
+  bad = _unencodable(data)
+  if bad is not None:
+    raise APIError(400, f"{bad}: not valid Unicode text (a lone surrogate); send UTF-8 "
+                   "text", param=bad, code="invalid_value")
+  if not isinstance(data, dict):
+    raise APIError(400, "the body must be a JSON object", code="invalid_value")
+  try:
+    return model.model_validate(data)
+  except ValidationError as e:
+    raise validation_error(e) from None
+
+
 def validation_error(exc) -> APIError:
-  """A pydantic or FastAPI validation error as one 400 naming the first bad field."""
+  """A pydantic validation error as one 400 naming the first bad field."""
   errors = exc.errors()
   first = errors[0] if errors else {}
-  loc = [str(x) for x in first.get("loc", ()) if x != "body"]
+  loc = [str(x) for x in first.get("loc", ())]
   param = ".".join(loc) or None
-  message = first.get("msg", "invalid request")
-  if first.get("type") == "json_invalid":
-    return APIError(400, "the body is not valid JSON", code="invalid_json")
+  message = first.get("msg", "invalid request").removeprefix("Value error, ")
+  if first.get("type") == "extra_forbidden":
+    message = "unknown field: not one this endpoint has"
   return APIError(400, f"{param + ': ' if param else ''}{message}", param=param,
                   code="invalid_value")

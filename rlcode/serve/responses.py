@@ -1,5 +1,5 @@
 """From sampled tokens to the OpenAI response objects: text, stop strings, tool calls,
-log-probs, streamed deltas.
+log-probs (streamed with their chunks when asked), streamed deltas.
 
 A candidate's text is its tokens decoded without the stop token, cut before the first
 stop string. A chat turn's Hermes tool calls (`<tool_call>{"name": ..., "arguments":
@@ -72,14 +72,11 @@ def tool_calls(text: str) -> tuple[str | None, list[dict]]:
   return content or None, calls
 
 
-def _bytes(text: str) -> list[int]:
-  return list(text.encode("utf-8"))
-
-
-def completion_logprobs(tokenizer, tokens, logprobs, tops, top_n: int) -> dict:
-  """The legacy completions API's logprobs object."""
+def completion_logprobs(tokenizer, tokens, logprobs, tops, top_n: int, offset: int = 0) -> dict:
+  """The legacy completions API's logprobs object, of tokens whose text starts at character
+  `offset` of the completion (a streamed chunk's tokens follow the earlier chunks')."""
   strings = [tokenizer.decode([t]) for t in tokens]
-  offsets, at = [], 0
+  offsets, at = [], offset
   for s in strings:
     offsets.append(at)
     at += len(s)
@@ -90,17 +87,18 @@ def completion_logprobs(tokenizer, tokens, logprobs, tops, top_n: int) -> dict:
 
 
 def chat_logprobs(tokenizer, tokens, logprobs, tops, top_n: int) -> dict:
-  """The chat API's logprobs object."""
-  content = []
-  for t, lp, row in zip(tokens, logprobs, tops):
-    s = tokenizer.decode([t])
-    content.append({"token": s, "logprob": lp, "bytes": _bytes(s), "top_logprobs": [
-        {"token": (u := tokenizer.decode([i])), "logprob": x, "bytes": _bytes(u)}
-        for i, x in row[:top_n]]})
-  return {"content": content}
+  """The chat API's logprobs object. A token's `bytes` are the raw bytes it stands for:
+  a byte token inside a UTF-8 character is its own byte, not U+FFFD's encoding."""
+  def entry(t, lp):
+    return {"token": tokenizer.decode([t]), "logprob": lp,
+            "bytes": list(tokenizer.token_bytes(t))}
+  return {"content": [dict(entry(t, lp), top_logprobs=[entry(i, x) for i, x in row[:top_n]])
+                      for t, lp, row in zip(tokens, logprobs, tops)]}
 
 
 def usage(prompt_tokens: int, candidates) -> dict:
+  """OpenAI's usage object: the prompts' tokens (each counted once, whatever n) and every
+  candidate's."""
   completion = sum(len(c.tokens) for c in candidates)
   return {"prompt_tokens": prompt_tokens, "completion_tokens": completion,
           "total_tokens": prompt_tokens + completion}
