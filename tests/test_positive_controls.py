@@ -1,0 +1,185 @@
+"""Positive controls: each attack the suite shows contained really works where nothing
+contains it.
+
+A tampering program that scores 0 under the sandbox (tests/test_sandbox.py) is evidence
+only if the same program scores a pass where it can reach the verdict. Here each one runs
+under a naive runner, the obvious way to grade a program: its source, the task's trusted
+context and the tests executed in one namespace of one interpreter, the verdict a line per
+test ("<nonce> test i pass", then "<nonce> done") written by a local `emit` to a report
+descriptor the parent reads. Every attack must pass there, while a plainly wrong
+program fails (the runner does grade). The runners start together, each in its own PID
+namespace (`unshare`) so that an attack reading "/proc/1/mem" reads its own runner, not
+this machine's init.
+
+The hostile tool calls get the same treatment: a path out of the workspace does escape an
+editor that joins paths with os.path.join, and a command's output is megabytes where no
+cap cuts it. The fork bomb has no control here: running one without limits is not safe on
+a shared machine.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+from rlcode.data.humaneval import humaneval_tasks
+from rlcode.rewards.tests import job_for
+from tampering import ATTACKS, TASKS
+
+# Program, context and tests share `namespace`; the job dict and `emit` are locals of
+# `run`, as a hand-written grader would have them. The job carries its limits as a dict,
+# as job records do: that makes it a dict the garbage collector tracks (one of strings
+# alone is untracked, and gc.get_objects would not list it).
+NAIVE_RUNNER = r"""
+import json, os, sys, unittest
+
+def run(job, fd):
+    nonce = os.urandom(16).hex()
+    # Built once, as a grader would: it then sits in memory for a reader of /proc/self/mem.
+    prefix = (nonce + ' ').encode()
+    def emit(line):
+        os.write(fd, prefix + line.encode() + b'\n')
+    os.write(fd, (nonce + '\n').encode())
+    namespace = {'__name__': '__main__'}
+    exec(job['context'], namespace)
+    exec(job['program'], namespace)
+    tests = job['tests']
+    if 'def check(' in tests:
+        n_tests = 1
+        exec(tests, namespace)
+        cases = [lambda: namespace['check'](namespace[job['entry_point']])]
+    elif 'unittest' in tests:
+        exec(tests, namespace)
+        suite = unittest.TestSuite()
+        for value in list(namespace.values()):
+            if isinstance(value, type) and issubclass(value, unittest.TestCase):
+                suite.addTests(unittest.defaultTestLoader.loadTestsFromTestCase(value))
+        cases = list(suite)
+        n_tests = len(cases)
+        def unit(case):
+            result = unittest.TestResult()
+            case.run(result)
+            assert result.wasSuccessful()
+        cases = [lambda case=case: unit(case) for case in cases]
+    else:
+        n_tests = 1
+        cases = [lambda: exec(tests, namespace)]
+    for i, case in enumerate(cases):
+        try:
+            case()
+            emit('test %d pass' % i)
+        except Exception:
+            emit('test %d fail' % i)
+    emit('done')
+
+run(json.loads(sys.stdin.read()), int(sys.argv[-1]))
+"""
+
+
+def _task(name):
+  return TASKS[name] if name in TASKS else next(t for t in humaneval_tasks() if t.id == name)
+
+
+def _limits():
+  import resource
+  resource.setrlimit(resource.RLIMIT_CPU, (20, 20))
+  resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+  resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+
+
+def _start(job) -> tuple[subprocess.Popen, int]:
+  read, write = os.pipe()
+  proc = subprocess.Popen(
+      ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-I", "-c",
+       NAIVE_RUNNER, str(write)],
+      stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+      pass_fds=(write,), preexec_fn=_limits)
+  os.close(write)
+  proc.stdin.write(json.dumps({"program": job.program, "tests": job.tests,
+                               "context": job.context, "entry_point": job.entry_point,
+                               "tests_format": job.tests_format,
+                               "limits": {"seconds": 20}}).encode())
+  proc.stdin.close()
+  return proc, read
+
+
+def _verdict(proc: subprocess.Popen, read: int) -> bool:
+  """Passed, as the naive parent reads it: the first line is the nonce; every test the
+  lines carrying it name passed, none failed, and the run said it was done."""
+  try:
+    proc.wait(timeout=60)
+  except subprocess.TimeoutExpired:
+    proc.kill()
+    proc.wait()
+  with os.fdopen(read, "rb") as f:
+    lines = f.read().decode("utf-8", "replace").splitlines()
+  if not lines:
+    return False
+  nonce, verdicts = lines[0], [line.split(" ", 1)[1] for line in lines[1:]
+                               if line.startswith(lines[0] + " ")]
+  return ("done" in verdicts and not any(v.endswith(" fail") for v in verdicts)
+          and any(v.endswith(" pass") for v in verdicts) and len(nonce) == 32)
+
+
+# A plainly wrong program per task: the naive runner must fail it, or its passes mean nothing.
+WRONG = {"HumanEval/4": "    return 0\n", "HumanEval/32": "    return 0.0\n",
+         "HumanEval/38": "    return s\n", "add": "def add(a, b):\n    return 0\n",
+         "square_unittest": "def square(x):\n    return 0\n",
+         "square_script": "def square(x):\n    return 0\n"}
+
+
+@pytest.fixture(scope="module")
+def naive_verdicts():
+  jobs = {("attack", n): job_for(_task(t), c) for n, (t, c) in ATTACKS.items()}
+  jobs.update({("wrong", t): job_for(_task(t), c) for t, c in WRONG.items()})
+  started = {key: _start(job) for key, job in jobs.items()}
+  return {key: _verdict(*run) for key, run in started.items()}
+
+
+def test_every_task_of_the_attacks_has_a_wrong_baseline():
+  assert {task for task, _ in ATTACKS.values()} == set(WRONG)
+
+
+@pytest.mark.parametrize("task", sorted(WRONG))
+def test_the_naive_runner_fails_a_wrong_program(naive_verdicts, task):
+  assert naive_verdicts["wrong", task] is False
+
+
+@pytest.mark.parametrize("name", list(ATTACKS))
+def test_each_tampering_attack_passes_under_the_naive_runner(naive_verdicts, name):
+  assert naive_verdicts["attack", name] is True
+
+
+def _naive_editor_read(root: str, path: str) -> str:
+  with open(os.path.join(root, path)) as f:
+    return f.read()
+
+
+def _naive_editor_write(root: str, path: str, text: str) -> None:
+  with open(os.path.join(root, path), "w") as f:
+    f.write(text)
+
+
+def test_paths_out_of_the_workspace_escape_a_naive_editor(tmp_path):
+  """The editor's refusals (tests/test_agent_tools.py: "../../etc/x", "/etc/passwd") guard
+  against escapes that are real: os.path.join keeps "..", and an absolute path replaces the
+  root."""
+  root = tmp_path / "ws" / "inner"
+  root.mkdir(parents=True)
+  secret = tmp_path / "secret.txt"
+  secret.write_text("outside\n")
+  _naive_editor_write(str(root), "../../x.txt", "escaped\n")
+  assert (tmp_path / "x.txt").read_text() == "escaped\n"
+  assert _naive_editor_read(str(root), str(secret)) == "outside\n"
+
+
+def test_a_commands_output_is_unbounded_without_the_cap(tmp_path):
+  """The session keeps the first max_output_bytes of a command; without that cap the same
+  command (tests/test_agent_fuzz.py's) returns all of its 3,000,000 bytes."""
+  out = subprocess.run("yes | head -c 3000000", shell=True, capture_output=True, timeout=20,
+                       cwd=tmp_path, check=False).stdout
+  assert len(out) == 3_000_000
