@@ -3,7 +3,8 @@
 Data for tests/test_sandbox.py, kept free of sandbox internals (it needs only
 `rlcode.data.tasks.Task`) so that the same attacks can be run through an older
 sandbox, one that ran the tests in the program's namespace: there every one of
-them passes all its tests (checked against the sandbox of commit 54d4368).
+them passes all its tests (checked against the sandbox of commit 54d4368, and on every
+run against a naive runner by tests/test_positive_controls.py).
 
 `ATTACKS` maps a name to (task, completion). The task is a HumanEval id or a key
 of `TASKS`; the job is `rlcode.rewards.tests.job_for(task, completion)`, the
