@@ -192,3 +192,108 @@ def test_simulated_users_choose_and_report(setup):
     assert len(row["candidates"]) == 3
     assert (row["chosen"], row["accepted"]) == ((d.chosen, None) if d.accepted else
                                                 (None, False))
+
+
+def test_a_model_by_id(setup):
+  import openai
+  server, *_ = setup
+  client = server.openai()
+  assert client.models.retrieve(serving.MODEL).id == serving.MODEL
+  with pytest.raises(openai.NotFoundError):
+    client.models.retrieve("gpt-9")
+
+
+def test_tool_choice_none_returns_the_call_as_text(setup):
+  server, *_ = setup
+  client = server.openai()
+  ask = dict(model=serving.MODEL, messages=serving.ASK, tools=serving.TOOLS, temperature=0,
+             max_tokens=100)
+  parsed = client.chat.completions.create(**ask, tool_choice="auto").choices[0]
+  plain = client.chat.completions.create(**ask, tool_choice="none").choices[0]
+  assert parsed.finish_reason == "tool_calls" and parsed.message.tool_calls
+  assert plain.finish_reason == "stop" and plain.message.tool_calls is None
+  assert serving.CALL in plain.message.content
+
+
+def test_a_list_of_prompts_is_answered_prompt_by_prompt(setup):
+  """Choice p*n + j of a list is the j-th choice of prompt p asked alone (randomness is
+  keyed by seed, candidate and position); usage adds the prompts up."""
+  server, _, tokenizer, _ = setup
+  client = server.openai()
+  prompts = ["def f(", "x = ["]
+  ask = dict(model=serving.MODEL, max_tokens=8, n=2, temperature=1.0, seed=3)
+  alone = [client.completions.create(prompt=p, **ask) for p in prompts]
+  for batch in (prompts, [tokenizer.encode(p) for p in prompts]):
+    both = client.completions.create(prompt=batch, **ask)
+    assert [c.index for c in both.choices] == [0, 1, 2, 3]
+    assert [c.text for c in both.choices] == [c.text for a in alone for c in a.choices]
+    assert both.usage.prompt_tokens == sum(a.usage.prompt_tokens for a in alone)
+    assert both.usage.completion_tokens == sum(a.usage.completion_tokens for a in alone)
+
+
+def test_stream_usage_and_logprobs_match_the_unstreamed_response(setup):
+  server, *_ = setup
+  client = server.openai()
+  ask = dict(model=serving.MODEL, prompt="def f(x):", max_tokens=12, temperature=0, logprobs=2)
+  whole = client.completions.create(**ask)
+  events = list(client.completions.create(**ask, stream=True,
+                                          stream_options={"include_usage": True}))
+  *chunks, last = events
+  assert last.choices == [] and last.usage == whole.usage
+  assert all(e.usage is None for e in chunks)
+  want = whole.choices[0].logprobs
+  got = [e.choices[0].logprobs for e in chunks if e.choices[0].logprobs]
+  assert len(got) > 1
+  for key in ("tokens", "token_logprobs", "top_logprobs", "text_offset"):
+    assert [x for lp in got for x in getattr(lp, key)] == getattr(want, key), key
+  chat = dict(model=serving.MODEL, messages=serving.ASK, max_tokens=20, temperature=0,
+              logprobs=True, top_logprobs=2)
+  whole = client.chat.completions.create(**chat).choices[0].logprobs.content
+  streamed = [x for e in client.chat.completions.create(**chat, stream=True)
+              if e.choices[0].logprobs for x in e.choices[0].logprobs.content]
+  assert [x.model_dump() for x in streamed] == [x.model_dump() for x in whole]
+
+
+def test_no_op_values_are_accepted_and_user_and_metadata_logged(setup):
+  import sqlalchemy as sa
+  server, *_ = setup
+  with server.client() as c:
+    chat = c.post("/v1/chat/completions", json={
+        "model": serving.MODEL, "messages": serving.ASK, "max_completion_tokens": 4,
+        "tools": serving.TOOLS, "tool_choice": "auto", "parallel_tool_calls": True,
+        "frequency_penalty": 0, "presence_penalty": 0.0, "logit_bias": {},
+        "response_format": {"type": "text"}, "store": True, "service_tier": "auto",
+        "modalities": ["text"], "user": "u-1", "metadata": {"team": "a"}})
+    text = c.post("/v1/completions", json={
+        "model": serving.MODEL, "prompt": "x", "max_tokens": 2, "echo": False, "suffix": "",
+        "best_of": 1, "n": 1, "user": "u-2"})
+  assert chat.status_code == 200 and text.status_code == 200, (chat.text, text.text)
+  assert chat.json()["usage"]["completion_tokens"] <= 4
+  store = log_lib.InteractionLog(log_lib.default_url(server.workdir))
+  try:
+    with store.engine.connect() as conn:
+      params = dict(conn.execute(sa.select(log_lib.COMPLETIONS.c.id,
+                                           log_lib.COMPLETIONS.c.params)).all())
+  finally:
+    store.close()
+  assert json.loads(params[chat.json()["id"]])["metadata"] == {"team": "a"}
+  assert json.loads(params[chat.json()["id"]])["user"] == "u-1"
+  assert json.loads(params[text.json()["id"]])["user"] == "u-2"
+
+
+def test_logprobs_bytes_are_the_raw_bytes_of_byte_tokens():
+  """A byte token inside a UTF-8 character is its own byte, not U+FFFD's three; the bytes
+  of a completion's tokens, joined, are its text's UTF-8 (byte and BPE tokenizers)."""
+  from rlcode.models import tokenizer as tokenizer_lib
+  from rlcode.serve import responses
+  text = "→ é 日本"
+  byte_level = tokenizer_lib.ByteTokenizer(specials=tokenizer_lib.TOOL_SPECIALS)
+  bpe = tokenizer_lib.load_tokenizer(os.path.join(serving.ROOT, "data", "code_bpe.json"))
+  for tok in (byte_level, bpe):
+    ids = tok.encode(text, add_special_tokens=False)
+    tops = [[(i, -1.0)] for i in ids]
+    content = responses.chat_logprobs(tok, ids, [-0.5] * len(ids), tops, 1)["content"]
+    assert b"".join(bytes(e["bytes"]) for e in content) == text.encode("utf-8")
+    partial = [e for e in content if e["token"] == "\ufffd"]
+    assert partial and all(len(e["bytes"]) == 1 and e["bytes"][0] >= 0x80 for e in partial)
+    assert all(e["top_logprobs"][0]["bytes"] == e["bytes"] for e in content)
