@@ -119,3 +119,106 @@ def make_untested(path: Path) -> Repo:
   repo.commit("Start", {"lib/a.py": "A = 1\n"})
   repo.commit("Change", {"lib/a.py": "A = 2\n"})
   return repo
+
+
+# Forges pytest's report of a test from the code under test: every report it makes passes.
+FORGE_REPORTS = """
+if "_pytest.reports" in sys.modules:
+  from _pytest.reports import TestReport
+  made = TestReport.from_item_and_call.__func__
+
+  def forged(cls, item, call):
+    report = made(cls, item, call)
+    report.outcome, report.longrepr = "passed", None
+    return report
+
+  TestReport.from_item_and_call = classmethod(forged)
+"""
+WRONG_MUL = "def mul(a, b):\n  return a + b\n"
+MUL_TEST = "from calc.{name} import mul\n\n\ndef test_mul():\n  assert mul(2, 3) == 6\n"
+# Each forged PR adds calc/NAME.py and tests/test_NAME.py (MUL_TEST unless given): a mul
+# that adds, and its test, which fails before the PR (the module is missing) and fails
+# after it too, unless the outcome is forged.
+FORGED = {
+    # The test wraps the report plugin's emitter: every test it reports passed.
+    "emitter": (WRONG_MUL, {"tests/test_emitter.py": (
+        "import sys\n\nfrom calc.emitter import mul\n\n"
+        "plugin = sys.modules.get('rlcode_pytest_report')\n"
+        "if plugin is not None:\n  real = plugin._emit\n\n"
+        "  def _emit(record):\n    if record.get('e') == 'test':\n      record['o'] = 'passed'\n"
+        "    real(record)\n\n  plugin._emit = _emit\n\n\n"
+        "def test_mul():\n  assert mul(2, 3) == 6\n")}),
+    # The code patches _pytest.reports.TestReport.
+    "report_class": ("import sys\n\n\n" + WRONG_MUL + FORGE_REPORTS, None),
+    # A conftest rewrites every report in a hook (its directory alone).
+    "hook": (WRONG_MUL, {
+        "tests/hook/__init__.py": "",
+        "tests/hook/conftest.py": (
+            "import pytest\n\n\n@pytest.hookimpl(wrapper=True)\n"
+            "def pytest_runtest_makereport(item, call):\n  report = yield\n"
+            "  report.outcome, report.longrepr = 'passed', None\n  return report\n"),
+        "tests/hook/test_hook.py": MUL_TEST.format(name="hook")}),
+    # The code ends the interpreter when it is imported, with status 0.
+    "exit_import": ("import os\n\nos._exit(0)\n\n\n" + WRONG_MUL, None),
+    # The code ends the interpreter, status 0, when the test calls it.
+    "exit_call": ("import os\n\n\ndef mul(a, b):\n  os._exit(0)\n", None),
+    # The code replaces the report plugin's outcome table with one where every test passed.
+    "plugin_module": ("import sys\n\n\n" + WRONG_MUL + (
+        "\n\nclass Passed(dict):\n  def pop(self, key, default=None):\n    return 'passed'\n\n\n"
+        "plugin = sys.modules.get('rlcode_pytest_report')\n"
+        "if plugin is not None:\n  plugin._outcomes = Passed()\n"), None),
+    # The code writes the report file itself (the plugin's nonce read from its module), a
+    # pass and a clean end, and ends the interpreter before pytest can write the failure.
+    "fake_report": (
+        "import json, os, sys\n\n\ndef mul(a, b):\n"
+        "  plugin = sys.modules.get('rlcode_pytest_report')\n"
+        "  if plugin is not None and plugin._PATH:\n"
+        "    with open(plugin._PATH, 'a') as f:\n"
+        "      for record in ({'e': 'test', 'id': 'tests/test_fake_report.py::test_mul',\n"
+        "                      'o': 'passed'}, {'e': 'done', 'status': 0}):\n"
+        "        f.write(json.dumps(dict(record, n=plugin._NONCE)) + '\\n')\n"
+        "    os._exit(0)\n  return a + b\n", None),
+}
+# Forgeries the second runner does not stop (rlcode.swe.crosscheck's known limits).
+KNOWN_LIMITS = {
+    # Correct where pytest is not imported (the second runner's direct route), wrong and
+    # forged (TestReport) where it is.
+    "detects": ("import sys\n\n\ndef mul(a, b):\n  return a * b if '_pytest' not in sys.modules"
+                " else a + b\n" + FORGE_REPORTS, None),
+    # Reads the second runner's key pipe during the call and writes the verdict itself.
+    "key_pipe": ("import os, sys\n\n\ndef mul(a, b):\n"
+                 "  if '_pytest' not in sys.modules and len(sys.argv) == 4:\n"
+                 "    os.write(int(sys.argv[2]), os.read(int(sys.argv[3]), 64) + b' returned\\n')\n"
+                 "    os._exit(0)\n  return a + b\n" + FORGE_REPORTS, None),
+    # An answer equal to everything: the test's assertion cannot see it is wrong.
+    "lying_eq": ("class Anything:\n  def __eq__(self, other):\n    return True\n\n\n"
+                 "def mul(a, b):\n  return Anything()\n", None),
+}
+HONEST_TEST = ("import pytest\n\nfrom calc.honest import mul\n\n\n@pytest.fixture\ndef three():\n"
+               "  return 3\n\n\ndef test_mul():\n  assert mul(2, 3) == 6\n\n\n"
+               "def test_mul_fixture(three):\n  assert mul(2, three) == 6\n")
+
+
+def forged_base() -> dict[str, str]:
+  """The forged history's first commit."""
+  return {"pyproject.toml": PYPROJECT, "calc/__init__.py": "",
+          "calc/ops.py": "def add(a, b):\n  return a + b\n", "tests/__init__.py": "",
+          "tests/test_ops.py": "from calc.ops import add\n\n\ndef test_add():\n"
+                               "  assert add(2, 3) == 5\n"}
+
+
+def forged_pr(name: str) -> dict[str, str]:
+  """The files the PR `name` adds: "honest" (a right mul, one test the second runner calls
+  itself and one with a fixture, which it runs in pytest), or one of FORGED and
+  KNOWN_LIMITS."""
+  if name == "honest":
+    return {"calc/honest.py": "def mul(a, b):\n  return a * b\n", "tests/test_honest.py": HONEST_TEST}
+  code, tests = {**FORGED, **KNOWN_LIMITS}[name]
+  return {f"calc/{name}.py": code, **(tests or {f"tests/test_{name}.py": MUL_TEST.format(name=name)})}
+
+
+def make_forged(path: Path, names) -> tuple[Repo, dict[str, str]]:
+  """A history of forged_base and then one PR per name (forged_pr), and their commits."""
+  repo = Repo(path)
+  repo.commit("Start calc", forged_base())
+  return repo, {name: repo.commit(f"Add mul ({name})", forged_pr(name)) for name in names}

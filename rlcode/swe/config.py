@@ -12,13 +12,13 @@ from rlcode.data import edits
 # Why a first-parent commit (a PR) gives no task, in the order they are decided; a PR
 # counts under the first that applies. The first three mean it has no base or does not
 # change both code and tests; the next group, that its files are unusable; then what its
-# runs said; the last two, what validation said.
+# runs said; the last three, what validation said.
 SKIP_REASONS = (
     "root_commit", "no_test_change", "no_code_change",
     "non_utf8_message", "empty_message", "unusable_file", "too_large", "no_test_module",
     "timeout", "crash", "sandbox_error", "pytest_error", "missing_dependency",
     "python_version", "collection_error", "no_passing_test", "no_fail_to_pass",
-    "patch_error", "flaky",
+    "patch_error", "flaky", "runners_disagree",
 )
 # The reasons of PRs whose tests did not run to a usable result at both commits.
 NOT_RUNNABLE = ("timeout", "crash", "sandbox_error", "pytest_error", "missing_dependency",

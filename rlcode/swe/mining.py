@@ -48,12 +48,12 @@ from rlcode.data.git import filters
 from rlcode.data.git.repo import Git, GitError, checkout
 from rlcode.data.tasks import Task
 from rlcode.sandbox import session
-from rlcode.swe import deps, history, patches, tasks, testenv, validate
+from rlcode.swe import crosscheck, deps, history, patches, tasks, testenv, validate
 from rlcode.swe.config import NOT_RUNNABLE, SKIP_REASONS, SweConfig
 from rlcode.swe.runner import RUNNER_VERSION, Runner, RunSpec, TestRun
 
-VERDICT_VERSION = "5"  # bump when a change here or in validate or deps changes verdicts
-_VALIDATION = ("patch_error", "flaky")
+VERDICT_VERSION = "6"  # bump when a change here or in validate or deps changes verdicts
+_VALIDATION = ("patch_error", "flaky", "runners_disagree")
 
 
 @dataclasses.dataclass
@@ -181,6 +181,12 @@ class _Evaluator:
     gold, empty = (self._second_run(spec(tree, attempt=1), f2p)
                    for tree in (gold_tree, empty_tree))
     validate.validation(f2p, gold, empty)
+    # pytest's report is written inside the interpreter the gold code runs in; the second
+    # runner reads each FAIL_TO_PASS test's verdict from outside its own (one sandbox, one
+    # interpreter a test).
+    isolated = crosscheck.cached(self.runner, dataclasses.replace(
+        spec(gold_tree, attempt=0), tests=tuple(sorted(f2p))))
+    validate.runners_agree(f2p, after, isolated)
     try:
       task = tasks.make_task(
           instance_id=f"{self.name}-{cand.sha[:12]}", request=cand.request,

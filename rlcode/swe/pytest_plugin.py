@@ -88,8 +88,10 @@ def pytest_runtest_logfinish(nodeid, location):
   _emit({"e": "test", "id": nodeid, "o": outcome})
 
 
-@pytest.hookimpl(trylast=True)
-def pytest_collection_finish(session):
+def deterministic_hypothesis():
+  """Makes hypothesis, when imported, deterministic (the module docstring's settings).
+  rlcode.swe.crosscheck's runner calls it too, so that both runners run the same
+  examples."""
   if "hypothesis" not in sys.modules:
     return
   try:
@@ -101,6 +103,11 @@ def pytest_collection_finish(session):
     settings.load_profile("rlcode")
   except Exception:  # noqa: BLE001 (an old hypothesis without these settings runs as is)
     pass
+
+
+@pytest.hookimpl(trylast=True)
+def pytest_collection_finish(session):
+  deterministic_hypothesis()
 
 
 def pytest_sessionfinish(session, exitstatus):

@@ -40,7 +40,7 @@ import sys
 import tarfile
 import threading
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 from tqdm import tqdm
 
@@ -56,17 +56,22 @@ _ARGS = ".rlcode_args"
 _TREE = ".rlcode_tree.b64"
 _MAX_ID = 2000
 _MAX_TESTS = 100_000
-# Unpacks the tree, then gives it hypothesis's Unicode tables from the test environment
-# (testenv.HYPOTHESIS_DATA) unless the tree has its own .hypothesis/unicode_data.
-_UNPACK = ("import base64, io, os, shutil, tarfile; "
-           f"data = base64.b64decode(open({_TREE!r}).read()); os.remove({_TREE!r}); "
-           "tarfile.open(fileobj=io.BytesIO(data), mode='r:gz').extractall('.')\n"
-           f"tables = {testenv.MOUNT + '/' + testenv.HYPOTHESIS_DATA!r}\n"
-           "try:\n"
-           "  if os.path.isdir(tables) and not os.path.lexists('.hypothesis/unicode_data'):\n"
-           "    shutil.copytree(tables, '.hypothesis/unicode_data')\n"
-           "except OSError:\n"
-           "  pass")
+# Defines unpack(data): the gzipped tar `data` into the working directory, then
+# hypothesis's Unicode tables from the test environment (testenv.HYPOTHESIS_DATA) unless
+# the tree has its own .hypothesis/unicode_data. Standard library only (it runs in the
+# sandbox; rlcode.swe.crosscheck's driver defines it too).
+UNPACK_FUNCTION = ("def unpack(data):\n"
+                   "  import io, os, shutil, tarfile\n"
+                   "  tarfile.open(fileobj=io.BytesIO(data), mode='r:gz').extractall('.')\n"
+                   f"  tables = {testenv.MOUNT + '/' + testenv.HYPOTHESIS_DATA!r}\n"
+                   "  try:\n"
+                   "    if os.path.isdir(tables) and not os.path.lexists('.hypothesis/unicode_data'):\n"
+                   "      shutil.copytree(tables, '.hypothesis/unicode_data')\n"
+                   "  except OSError:\n"
+                   "    pass\n")
+_UNPACK = (UNPACK_FUNCTION + "import base64, os\n"
+           f"data = base64.b64decode(open({_TREE!r}).read()); os.remove({_TREE!r})\n"
+           "unpack(data)\n")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -135,7 +140,7 @@ def tree_hash(files: Mapping[str, str]) -> str:
   return h.hexdigest()
 
 
-def _tarball(files: Mapping[str, str]) -> str:
+def tarball(files: Mapping[str, str]) -> str:
   buf = io.BytesIO()
   with tarfile.open(fileobj=buf, mode="w:gz", compresslevel=1) as tar:
     for path in sorted(files):
@@ -182,15 +187,22 @@ def session_limits(spec: RunSpec) -> SessionLimits:
                        max_read_bytes=32 << 20)
 
 
-def command(spec: RunSpec, nonce: str) -> str:
-  """The run's command line: the test environment first on sys.path (a tree's pytest.py
+def python_path(spec: RunSpec) -> str:
+  """PYTHONPATH of the tests' interpreter: the test environment first (a tree's pytest.py
   cannot stand in for pytest; the environment holds nothing the tree provides,
-  testenv.build's exclude), then the tree's directories; no site module (a tree's
-  sitecustomize.py does not run)."""
-  path = ":".join([testenv.MOUNT] + ["/sandbox" if p == "." else f"/sandbox/{p}"
+  testenv.build's exclude), then the tree's directories."""
+  return ":".join([testenv.MOUNT] + ["/sandbox" if p == "." else f"/sandbox/{p}"
                                      for p in spec.python_path])
+
+
+def command(spec: RunSpec, nonce: str) -> str:
+  """The run's command line: python_path's sys.path, no site module (a tree's
+  sitecustomize.py does not run)."""
+  # Each attempt hashes strings with its own seed (the sandbox's default is 0, attempt 0's),
+  # so that the miner's repeated runs of the gold patch see a test that depends on set or
+  # dict order fail on some of them (rlcode.swe.validate).
   env = {"RLCODE_PYTEST_REPORT": f"/sandbox/{_REPORT}", "RLCODE_PYTEST_NONCE": nonce,
-         "PYTHONPATH": path}
+         "PYTHONPATH": python_path(spec), "PYTHONHASHSEED": str(spec.attempt)}
   if spec.hypothesis_examples:
     env["RLCODE_HYPOTHESIS_EXAMPLES"] = str(spec.hypothesis_examples)
   pytest = ["python3", "-S", "-m", "pytest", "-p", testenv.PLUGIN_MODULE, "-p", "no:cacheprovider",
@@ -212,7 +224,7 @@ def run(spec: RunSpec, env: testenv.TestEnv | None = None) -> TestRun:
   start = time.monotonic()
   try:
     with Session(session_limits(spec), mounts={testenv.MOUNT: env.path}) as session:
-      session.write(_TREE, _tarball(spec.files))
+      session.write(_TREE, tarball(spec.files))
       unpacked = session.exec(f"python3 -S -c {shlex.quote(_UNPACK)}", timeout=60)
       if unpacked.exit_code != 0:
         return TestRun("sandbox_error", output=f"unpacking failed: {unpacked.output[-500:]}",
@@ -235,10 +247,12 @@ def run(spec: RunSpec, env: testenv.TestEnv | None = None) -> TestRun:
                  result.output[-2000:])
 
 
-def cache_key(spec: RunSpec, env: testenv.TestEnv) -> str:
+def cache_key(spec: RunSpec, env: testenv.TestEnv, how: str = "") -> str:
+  """The cache's name of `spec`'s run in `env`; `how` names another way to run it (a
+  second runner and its version)."""
   what = [RUNNER_VERSION, tree_hash(spec.files), list(spec.tests), sorted(env.versions.items()),
           list(spec.python_path), spec.timeout, spec.hypothesis_examples, spec.attempt,
-          os.path.basename(env.path)]
+          os.path.basename(env.path)] + ([how] if how else [])
   return hashlib.sha256(json.dumps(what).encode()).hexdigest()[:32]
 
 
@@ -260,16 +274,19 @@ class Runner:
     self.seconds = 0.0
     self._lock = threading.Lock()
 
-  def run(self, spec: RunSpec) -> TestRun:
+  def run(self, spec: RunSpec, how: Callable[[RunSpec, testenv.TestEnv], TestRun] = run,
+          how_key: str = "") -> TestRun:
+    """`how(spec, env)`, this module's `run` unless given (a second runner, cached under
+    `how_key`), or its cached result."""
     env = environment(spec)
-    path = os.path.join(self.root, cache_key(spec, env) + ".json")
+    path = os.path.join(self.root, cache_key(spec, env, how_key) + ".json")
     if self.use_cache:
       found = _cached(path)
       if found is not None:
         with self._lock:
           self.cached += 1
         return found
-    result = run(spec, env)
+    result = how(spec, env)
     with self._lock:
       self.ran += 1
       self.seconds += result.seconds

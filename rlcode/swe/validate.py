@@ -119,3 +119,18 @@ def validation(fail_to_pass: frozenset[str], gold: TestRun, empty: TestRun) -> N
   if passed:
     raise Skip("flaky", f"the empty patch passes {sorted(passed)[0]} ({len(passed)} tests)")
 
+
+
+def runners_agree(fail_to_pass: frozenset[str], after: TestRun, isolated: TestRun) -> None:
+  """Raises Skip("runners_disagree") unless the second runner (rlcode.swe.crosscheck, each
+  test in its own interpreter, its verdict read from outside it) saw every FAIL_TO_PASS
+  test's function return where pytest's after run reported it passed, and raise where
+  pytest reported it xfailed."""
+  for test in sorted(fail_to_pass):
+    expected = "failed" if after.outcomes.get(test) == "xfailed" else "passed"
+    seen = isolated.outcomes.get(test, "error")
+    if seen != expected:
+      said = "returned" if seen == "passed" else "raised" if seen == "failed" else (
+          f"gave no verdict ({isolated.status})")
+      raise Skip("runners_disagree", f"pytest: {test} {after.outcomes.get(test)}; in its own "
+                                     f"interpreter its function {said}")
