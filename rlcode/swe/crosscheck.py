@@ -377,7 +377,7 @@ def run(spec: RunSpec, env: testenv.TestEnv | None = None) -> TestRun:
   env = env or runner.environment(spec)
   nonce = secrets.token_hex(16)
   children = {"direct": _DIRECT, "pytest": _PYTEST}
-  child_env = {"PYTHONPATH": runner.python_path(spec)}
+  child_env = {"PYTHONPATH": runner.python_path(spec), "PYTHONHASHSEED": str(spec.attempt)}
   if spec.hypothesis_examples:
     child_env["RLCODE_HYPOTHESIS_EXAMPLES"] = str(spec.hypothesis_examples)
   todo = {"nonce": nonce, "seconds": spec.timeout, "env": child_env, "children": children,

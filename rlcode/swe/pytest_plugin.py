@@ -14,7 +14,8 @@ xpassed; a test one of whose subtests (unittest's subTest, pytest's subtests) fa
 failed. $RLCODE_PYTEST_NONCE is read and removed from the environment when the plugin
 loads, before any test module is imported, so that a stray line written by a test does
 not count; the tests share this interpreter, so the nonce guards against accidents, not
-against a test that means to forge the report (rlcode.swe.runner says what is trusted).
+against a test that means to forge the report (rlcode.swe.runner says what is trusted;
+rlcode.swe.crosscheck is the check that does not read this report).
 
 Hypothesis, when the tests imported it, is made deterministic once collection ends
 (derandomize, no example database, no deadline, no health checks), so that two runs of

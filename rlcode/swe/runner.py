@@ -17,9 +17,10 @@ try the network or the host's files) ends as a status here, never as an exceptio
 hang of the caller. Their report is untrusted text: parsed line by line, each line must
 carry the run's nonce and a known event, node ids are bounded, and a run whose report
 does not end with `done` is a "timeout" (the wall clock passed) or a "crash" (anything
-else), keeping the outcomes it did report. A test that means to forge its own outcome can
-(it shares the interpreter with the plugin): the outcome of a repository's tests is as
-trustworthy as the tests, which is SWE-bench's standing too.
+else), keeping the outcomes it did report. A test or code that means to forge its own
+outcome can (it shares the interpreter with the plugin), as in SWE-bench; mining confirms
+the passes it relies on with a second runner that reads each verdict from outside the
+test's interpreter (rlcode.swe.crosscheck, with what that still cannot stop).
 
 Node ids are pytest's, relative to the workspace root (`--rootdir`), so they run from the
 repository's root. This module must not know about PRs, tasks or rewards.
