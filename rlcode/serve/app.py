@@ -1,9 +1,11 @@
 """The HTTP API: OpenAI's completions, chat completions and models, plus feedback, health and
 metrics, on FastAPI (Starlette under uvicorn).
 
-    POST /v1/completions        prompt (text or token ids) -> n candidates
+    POST /v1/completions        prompt (text or token ids, or a list of them) -> n
+                                candidates a prompt
     POST /v1/chat/completions   messages (+ tools) through the checkpoint's chat template
     GET  /v1/models             the one model served
+    GET  /v1/models/{id}        it by its id (a 404 error object for any other)
     POST /v1/feedback           what the user did with a completion (idempotent by id)
     GET  /health                {"status": "ok", "policy_version": ...}; no key needed
     GET  /metrics               requests, errors, queue depth, busy slots, tokens/s, version
@@ -11,9 +13,10 @@ metrics, on FastAPI (Starlette under uvicorn).
 A request's tokens come from the engine thread (rlcode.serve.engine) through the event
 loop; every completion is written to the interaction log before the response (or the
 stream's last event) is sent, so a 2xx means it is stored. Responses carry the policy
-version that sampled them ("policy_version", and the X-Policy-Version header). Refusals are
-OpenAI error objects; the body size limit and the API key are checked before FastAPI
-reads the body.
+version that sampled them ("policy_version", and the X-Policy-Version header; the oldest
+when a list of prompts straddles a swap, each candidate's own in the log). Refusals are
+OpenAI error objects; the body size limit and the API key are checked before the body is
+read, and bodies are parsed by rlcode.serve.protocol, which names the field at fault.
 """
 
 from __future__ import annotations
@@ -30,7 +33,6 @@ import uuid
 
 import anyio
 from fastapi import FastAPI, Request
-from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
@@ -131,10 +133,6 @@ def create_app(served: Served) -> FastAPI:
   async def _api_error(request, exc: APIError):
     served.count(f"errors_{exc.status}")
     return _error_response(exc)
-
-  @app.exception_handler(RequestValidationError)
-  async def _invalid(request, exc):
-    return await _api_error(request, protocol.validation_error(exc))
 
   @app.exception_handler(HTTPException)
   async def _http(request, exc: HTTPException):
