@@ -421,7 +421,8 @@ class Config:
     trainer: what `rlcode train` runs: "grpo" (GRPO on single-turn tasks), "agent" (GRPO
       over tool-use episodes), "rm" (a reward model on choices), "sample" (`rlcode
       sample`) or "online" (`rlcode serve` and `rlcode learn-online`).
-    workdir: where the run writes metrics, checkpoints and its config.
+    workdir: where the run writes metrics, checkpoints and its config; local, as its
+      metrics and config are written with local file calls.
     seed: every random draw derives from it.
     mesh: the trainer's device mesh.
     sampler_mesh: the sampler's own mesh on the devices after the trainer's (e.g.
@@ -446,7 +447,7 @@ class Config:
   """
 
   trainer: str = key(choices=TRAINERS)
-  workdir: str = key()
+  workdir: str = key(check=lambda w: "://" not in w, allowed="a local directory")
   seed: int = key(0)
   mesh: Mesh = key({})
   sampler_mesh: str | None = key(None)

@@ -27,6 +27,7 @@ import orbax.checkpoint as ocp
 from etils import epath
 
 from rlcode.errors import BadInput, MissingInput
+from rlcode.remote import require_filesystem
 
 
 class CorruptCheckpoint(BadInput):
@@ -42,11 +43,17 @@ _TENSORSTORE = re.compile(r'Error (?:reading|opening) "((?:state|ref)\.[^"]+)".*
 class Checkpointer:
   """A CheckpointManager over `directory` (local or gs://) keeping the last `keep`.
 
+  On gs://, orbax lists, creates and renames the step directories and writes the JSON
+  items through epath (so gcsfs), but writes and reads the arrays through tensorstore's
+  own GCS driver, with its own client and credentials: no fsspec filesystem stands in for
+  it, and no test here reaches a gs:// checkpoint's arrays.
+
   Close it when done (or use it as a context manager, which closes it also when a
   restore fails): an unclosed manager leaves orbax's background threads behind, and
   their errors at garbage collection land in whatever runs next."""
 
   def __init__(self, directory: str, keep: int = 2, create: bool = True):
+    require_filesystem(directory, "checkpoint directory")
     # Orbax refuses relative local paths (at the first save, deep in a run).
     self.directory = epath.Path(directory if "://" in directory else os.path.abspath(directory))
     if not create and not self.directory.exists():

@@ -36,6 +36,7 @@ from collections.abc import Iterator, Sequence
 from etils import epath
 
 from rlcode.errors import BadInput
+from rlcode.remote import require_filesystem
 
 CACHE_ENV = "RLCODE_GIT_CACHE"
 _HASH_CHUNK = 1 << 20
@@ -118,16 +119,22 @@ def checkout(source: str, cache_dir: str | None = None) -> str:
 
   Raises:
     BundleError: git cannot clone the bundle.
+    NotARepositoryError: a remote bundle is not there.
+    BadInput: a remote source other than gs://, or gcsfs not installed.
   """
   if not is_bundle(source):
     return source
+  require_filesystem(source, "source")
   root = cache_root(cache_dir)
   os.makedirs(root, exist_ok=True)
   with tempfile.TemporaryDirectory(prefix="clone-", dir=root) as tmp:
     if "://" in source:
       bundle = os.path.join(tmp, "source.bundle")
-      with open(bundle, "wb") as out:
-        digest = _hash_into(source, out)
+      try:
+        with open(bundle, "wb") as out:
+          digest = _hash_into(source, out)
+      except (FileNotFoundError, IsADirectoryError):
+        raise NotARepositoryError(f"source {source!r}: no such bundle object") from None
     else:
       bundle, digest = source, _hash_into(source, None)
     target = os.path.join(root, digest[:20] + ".git")

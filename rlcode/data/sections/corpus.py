@@ -1,8 +1,9 @@
 """Where documents come from: local or gs:// files and directories, and the embedded corpus.
 
 Sources are local files and directories or gs:// paths (read through
-etils.epath, which uses gcsfs). Directories are walked recursively in sorted
-order, taking .md/.markdown/.rst/.py/.txt files; hidden files and directories
+etils.epath, which uses gcsfs; a missing source, or gcsfs not installed, is a
+one-line error). Directories are walked recursively in sorted order, taking
+.md/.markdown/.rst/.py/.txt files; hidden files and directories
 (each counted once, a directory's contents unread) and other suffixes are
 skipped and counted. A document's id is "<source directory name>/<path in
 it>" (a file source: its name). Files are decoded as UTF-8 (BOM allowed;
@@ -47,6 +48,8 @@ from etils import epath
 from rlcode.data.sections.splitters import Document
 from rlcode.data.sections.tasks import SectionOptions, build_tasks, whitespace_tokens
 from rlcode.data.tasks import Task
+from rlcode.errors import MissingInput
+from rlcode.remote import require_filesystem
 
 SUFFIX_FORMATS = {".md": "markdown", ".markdown": "markdown", ".rst": "rst",
                   ".py": "python", ".txt": "text"}
@@ -104,16 +107,20 @@ def decode_document(data: bytes, fmt: str) -> tuple[str | None, str]:
 def _source_files(source: str, stats: collections.Counter
                   ) -> list[tuple[epath.Path, str, str]]:
   """(path, document id, format) of the files a source names, sorted."""
+  require_filesystem(source, "sections source")
   root = epath.Path(source)
   if root.is_file():
     return [(root, root.name, SUFFIX_FORMATS.get(root.suffix.lower(), "text"))]
   if not root.is_dir():
-    raise FileNotFoundError(f"sections source {source!r} is neither a file nor "
-                            "a directory")
-  prefix = str(root).rstrip("/") + "/"
+    raise MissingInput(f"sections source {source!r} is neither a file nor a directory")
+  # gcsfs names the folders of a gs:// walk without their scheme ("bucket/dir"), which
+  # epath would take for local paths: each folder is rebuilt under root.
+  base = str(root).split("://", 1)[-1]
   found = []
   # walk, not rglob: epath refuses recursive globs (costly on GCS).
   for folder, dirnames, filenames in root.walk():
+    rel = posixpath.relpath(os.fspath(folder), base)
+    here = root if rel == "." else root / rel
     hidden = [d for d in dirnames if d.startswith(".")]
     stats["skipped_hidden"] += len(hidden)
     dirnames[:] = sorted(d for d in dirnames if not d.startswith("."))
@@ -121,12 +128,12 @@ def _source_files(source: str, stats: collections.Counter
       if name.startswith("."):
         stats["skipped_hidden"] += 1
         continue
-      path = folder / name
+      path = here / name
       fmt = SUFFIX_FORMATS.get(path.suffix.lower())
       if fmt is None:
         stats["skipped_suffix"] += 1
         continue
-      found.append((path, f"{root.name}/{str(path)[len(prefix):]}", fmt))
+      found.append((path, posixpath.normpath(f"{root.name}/{rel}/{name}"), fmt))
   return sorted(found, key=lambda f: f[1])
 
 
