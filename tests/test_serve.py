@@ -267,6 +267,12 @@ def test_no_op_values_are_accepted_and_user_and_metadata_logged(setup):
     text = c.post("/v1/completions", json={
         "model": serving.MODEL, "prompt": "x", "max_tokens": 2, "echo": False, "suffix": "",
         "best_of": 1, "n": 1, "user": "u-2"})
+    # null is OpenAI's "the default" for an optional field, and clients send it so.
+    nulls = c.post("/v1/chat/completions", json={
+        "model": serving.MODEL, "messages": serving.ASK, "max_tokens": 2, "n": None,
+        "temperature": None, "top_p": None, "stream": None, "logprobs": None,
+        "top_logprobs": None, "tool_choice": None, "seed": None, "stop": None})
+  assert nulls.status_code == 200 and len(nulls.json()["choices"]) == 1, nulls.text
   assert chat.status_code == 200 and text.status_code == 200, (chat.text, text.text)
   assert chat.json()["usage"]["completion_tokens"] <= 4
   store = log_lib.InteractionLog(log_lib.default_url(server.workdir))

@@ -104,6 +104,11 @@ def _same(value, accepted) -> bool:
   return value == accepted
 
 
+# Sampling fields whose JSON null means "the default", as in OpenAI's API.
+_NULL_IS_DEFAULT = frozenset({"n", "temperature", "top_p", "stream", "logprobs",
+                              "top_logprobs", "tool_choice"})
+
+
 class StreamOptions(BaseModel):
   model_config = ConfigDict(extra="forbid")
   include_usage: bool = False
@@ -128,7 +133,11 @@ class _Sampling(BaseModel):
   @model_validator(mode="before")
   @classmethod
   def _honoured(cls, raw):
-    return _asks_nothing(raw, _NOT_HONOURED) if isinstance(raw, dict) else raw
+    if not isinstance(raw, dict):
+      return raw
+    # OpenAI's API takes null for an optional field as its default, and clients send it so.
+    raw = {k: v for k, v in raw.items() if not (v is None and k in _NULL_IS_DEFAULT)}
+    return _asks_nothing(raw, _NOT_HONOURED)
 
   @field_validator("stop")
   @classmethod
