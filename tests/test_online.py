@@ -31,6 +31,11 @@ def test_baselines():
   rows = [online_data.Row([1], [2], [-1.0], r, 0.0, 0) for r in (1.0, 0.0, 0.0)]
   loo = online_data.with_advantages(rows, online_data.Baseline(0.9), "loo")
   assert [r.advantage for r in loo] == [1.0, -0.5, -0.5]
+  # two prompts under one id (a list of prompts): each prompt's candidates are a group
+  mixed = [online_data.Row([p], [2], [-1.0], r, 0.0, 0)
+           for p, r in ((1, 1.0), (1, 0.0), (7, 0.0), (7, 0.0), (9, 1.0))]
+  loo = online_data.with_advantages(mixed, online_data.Baseline(0.9), "loo")
+  assert [r.advantage for r in loo][:4] == [1.0, -1.0, 0.0, 0.0]
 
 
 def _serve_into(store, model, tokenizer, prompts, k, seed, version):
@@ -115,3 +120,63 @@ def test_stale_candidates_are_skipped():
                              oldest_version=5)
   assert [(r.reward, r.policy_version) for r in rows] == [(0.0, 7)]
   assert counts == {"skipped_stale": 1, "skipped_greedy": 1}
+
+
+class Killed(Exception):
+  """Stands for a SIGKILL at a kill point: the run stops with the files as they are."""
+
+
+def _kill_at(monkeypatch, step):
+  """Run.save of `step` kills the learner instead: every earlier row, version and
+  checkpoint is on disk, that step's checkpoint is not."""
+  from rlcode.runs import scaffold
+  real = scaffold.Run.save
+
+  def save(self, at, tree, meta):
+    if at == step:
+      raise Killed(at)
+    real(self, at, tree, meta)
+  monkeypatch.setattr(scaffold.Run, "save", save)
+
+
+def test_a_killed_learner_restarts_and_trains_on_each_feedback_row_once(tmp_path, monkeypatch):
+  """Killed at its step-0 checkpoint, then between checkpoints 0 and 2 (the metrics already
+  written), then at the last checkpoint, a learner restarted each time with the same
+  command ends with the weights of one never killed: no row trained on twice or skipped."""
+  log_url = log_lib.default_url(str(tmp_path))
+  store = log_lib.InteractionLog(log_url)
+  rng = np.random.default_rng(0)
+  for i in range(8):  # 8 requests of 2 candidates: 2 requests a 4-row update
+    rid = f"r{i}"
+    store.record([log_lib.Served(
+        id=rid, index=k, policy_version=0, model="m", prompt_tokens=[40 + i, 41, 42],
+        tokens=rng.integers(32, 120, 5).tolist(), logprobs=[-2.0] * 5, text="",
+        finish_reason="length", params={"temperature": 1.0, "top_p": 1.0}, n=2)
+        for k in range(2)])
+    store.feedback({"id": rid, "chosen": i % 2})
+  store.close()
+
+  def learn(workdir):
+    return online_loop.train(serving.config(
+        str(tmp_path / workdir), f"--config.serve.log_url={log_url}",
+        "--config.online.batch_rows=4", "--config.train.steps=3",
+        "--config.train.checkpoint_every=2", "--config.optimizer.learning_rate=0.01",
+        "--config.optimizer.warmup_steps=0", "--config.mesh.data=1"))
+
+  learn("whole")
+  for kill in (0, 2, 3):
+    with monkeypatch.context() as patch:
+      _kill_at(patch, kill)
+      with pytest.raises(Killed):
+        learn("killed")
+  learn("killed")
+  from rlcode.runs import metrics
+  rows = [r for r in metrics.read_metrics(str(tmp_path / "killed")) if "loss" in r]
+  assert [(r["step"], r["cursor"], r["feedback"]) for r in rows] == [(1, 2, 2), (2, 4, 2),
+                                                                     (3, 6, 2)]
+  from safetensors.numpy import load_file
+  whole, killed = (load_file(str(tmp_path / w / "published" / "v00000003.safetensors"))
+                   for w in ("whole", "killed"))
+  assert whole.keys() == killed.keys()
+  for name in whole:
+    np.testing.assert_array_equal(killed[name], whole[name], err_msg=name)

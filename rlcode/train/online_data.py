@@ -13,8 +13,9 @@ version too old (`online.max_lag`) are skipped and counted.
 
 One sample per prompt has no group to compare against, so the advantage is the reward
 minus a baseline (`online.baseline`): "ema", a moving average of the rewards seen, or
-"loo", the mean of the request's other candidates when the feedback rewards several
-(REINFORCE leave-one-out), else the moving average. This module must not know about
+"loo", the mean of the other rewarded candidates of the same prompt (REINFORCE
+leave-one-out; a request with a list of prompts logs them under one id), else the moving
+average. This module must not know about
 models or HTTP.
 """
 
@@ -98,12 +99,13 @@ def rows_of(feedback: Mapping, *, kind: str, max_tokens: int, counts: dict,
 
 def with_advantages(rows: Sequence[Row], baseline: Baseline, how: str) -> list[Row]:
   """The rows of one feedback row with their advantages; the baseline moves past them."""
-  rewards = [r.reward for r in rows]
   out = []
   for i, row in enumerate(rows):
     adv = baseline.advantage(row.reward)  # the moving average sees every reward
-    if how == "loo" and len(rows) > 1:
-      others = rewards[:i] + rewards[i + 1:]
+    # A request with a list of prompts logs them under one id: only candidates of the
+    # same prompt are a baseline for each other.
+    others = [r.reward for j, r in enumerate(rows) if j != i and r.prompt == row.prompt]
+    if how == "loo" and others:
       adv = row.reward - sum(others) / len(others)
     out.append(dataclasses.replace(row, advantage=adv))
   return out
