@@ -32,8 +32,6 @@ import pytest
 import tiny_hf
 import tiny_runs
 
-pytestmark = pytest.mark.slow
-
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 README = os.path.join(ROOT, "README.md")
 RLCODE = os.path.join(os.path.dirname(sys.executable), "rlcode")
@@ -156,6 +154,22 @@ def _option_keys(words):
   return {w.split("=")[0] for w in words if w.startswith("--")}
 
 
+def smoke_problems(command: str, smoke: Smoke) -> list[str]:
+  """What makes `smoke` more than the README command plus overrides (empty: nothing)."""
+  words, problems = command.split(), []
+  if smoke.variant:
+    at = words.index("--config") + 1 if "--config" in words else None
+    if at is None or at >= len(words) or ":" in words[at]:
+      problems.append(f"variant {smoke.variant!r}: the command names no --config file "
+                      "without one")
+  again = _option_keys(smoke.append) & _option_keys(words)
+  if again != set(smoke.resets):
+    problems.append(f"appended arguments re-set {sorted(again)}, declared {list(smoke.resets)}")
+  problems += [f"{r}: a config key the README sets is never re-set"
+               for r in smoke.resets if r.startswith("--config.")]
+  return problems
+
+
 # ---------------------------------------------------------------- the table itself
 
 def test_every_readme_command_has_a_smoke_form_and_no_other():
@@ -180,16 +194,30 @@ def test_the_parser_reads_comments_continuations_and_other_blocks_as_a_reader_do
 
 @pytest.mark.parametrize("command", sorted(SMOKE))
 def test_a_smoke_form_only_adds_to_its_command(command):
-  smoke = SMOKE[command]
+  assert smoke_problems(command, SMOKE[command]) == []
   words, argv = command.split(), smoke_argv(command)
-  assert len(argv) >= len(words)
-  for ours, theirs in zip(argv, words):
-    assert ours == theirs or (smoke.variant and ":" not in theirs
-                              and ours == f"{theirs}:{smoke.variant}"), (ours, theirs)
-  # An appended argument re-sets a README option only where the table says so.
-  again = _option_keys(smoke.append) & _option_keys(words)
-  assert again == set(smoke.resets), (command, again)
-  assert all(not r.startswith("--config.") for r in smoke.resets)
+  assert argv[len(words):] == list(SMOKE[command].append)
+  assert [w.split(":")[0] for w in argv[:len(words)]] == [w.split(":")[0] for w in words]
+
+
+G4 = ("rlcode train --config configs/grpo_tiny.py --config.rl.group_size=4 "
+      "--config.workdir=workdirs/g4")
+SERVE = "rlcode serve --checkpoint workdirs/grpo_tiny --port 8000"
+
+
+@pytest.mark.parametrize("command,smoke,says", [
+    (G4, Smoke("train_g4", ("--config.rl.group_size=8",)), "re-set ['--config.rl.group_size']"),
+    (G4, Smoke("train_g4", ("--config.rl.group_size=8",), resets=("--config.rl.group_size",)),
+     "a config key the README sets"),
+    (SERVE, Smoke("serve_checkpoint", ("--port", "0")), "re-set ['--port']"),
+    (SERVE, Smoke("serve_checkpoint", resets=("--port",)), "declared ['--port']"),
+    (SERVE, Smoke("serve_checkpoint", variant="test"), "no --config file"),
+    ("rlcode train --config configs/chat_grpo.py:qwen3-1.7b", Smoke("train_chat", variant="x"),
+     "no --config file"),
+])
+def test_a_smoke_form_that_changes_its_command_is_refused(command, smoke, says):
+  (problem,) = smoke_problems(command, smoke)
+  assert says in problem
 
 
 # ---------------------------------------------------------------- running them
@@ -210,7 +238,8 @@ def run_rlcode(checkout, argv, timeout=300):
 
 def make_dry_run(target):
   """The commands `make -n target` would run (nothing is run), without the bootstrap's."""
-  out = subprocess.run(["make", "-n", "-o", ".venv/.installed", target], cwd=ROOT, capture_output=True, text=True, timeout=60)
+  out = subprocess.run(["make", "-n", "-o", ".venv/.installed", target], cwd=ROOT,
+                       capture_output=True, text=True, timeout=60)
   assert out.returncode == 0, out.stderr
   return [line for line in out.stdout.splitlines() if line.strip()]
 
@@ -226,7 +255,9 @@ def checkout(tmp_path_factory):
   (line,) = [x for x in make_dry_run("run") if "rlcode " in x]
   argv = shlex.split(line)
   assert argv[0] == ".venv/bin/rlcode", line
-  run_rlcode(root, ["rlcode", *argv[1:], *TOY])
+  # The README's group of 4: the g4 command's programs are then this run's, compiled once
+  # (the suite's persistent compilation cache).
+  run_rlcode(root, ["rlcode", *argv[1:], *TOY, "--config.rl.group_size=4"])
   return root
 
 
@@ -449,6 +480,7 @@ def export(checkout, argv):
   assert "config.json" in files and any(f.endswith(".safetensors") for f in files), files
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("command", [c for c in COMMANDS if not SMOKE.get(c, Smoke("")).beside])
 def test_readme_command(command, checkout):
   check = globals()[SMOKE[command].check]
