@@ -40,7 +40,8 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 
 # The heaviest modules first: with `--dist loadscope` a module runs whole on one
 # worker, so one started last leaves the other worker idle at the end.
-_HEAVY_FIRST = ("test_fit.py", "test_train.py", "test_moe.py", "test_export.py", "test_gpu_check_smoke.py", "test_multiprocess.py",
+_HEAVY_FIRST = ("test_fit.py", "test_train.py", "test_readme_commands.py", "test_moe.py",
+                "test_export.py", "test_gpu_check_smoke.py", "test_multiprocess.py",
                 "test_ablations.py", "test_shared_prefix.py", "test_sampling.py",
                 "test_async_rollouts.py", "test_model_kinds.py")
 
