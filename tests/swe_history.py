@@ -13,6 +13,13 @@ package, its pytest tests, and PRs of every kind the miner must sort.
   escape    a code change whose new test writes outside the sandbox (fails there: the
             PR has no FAIL_TO_PASS test; the host file is never written)
   missing   a code change whose test imports a module nobody has (missing_dependency)
+  six       a code change alone (no_test_change): setup.py requires six, calc/compat.py
+            imports it
+  drop      drops six from setup.py and compat.py and adds compat.join, with a unittest
+            module (test_join checks two cases with subTest): test_text passes before it
+            too, since the base declares six (PASS_TO_PASS; test_join the FAIL_TO_PASS)
+  flaky     adds calc/half.py; its test fails under every odd PYTHONHASHSEED, as a test
+            that depends on a set's order would (flaky: the gold's second run has seed 1)
   sub       adds calc.sub, its test in the same file as test_add, the package in src/
             (a src layout from this PR on)
 """
@@ -32,6 +39,23 @@ tests = ["pytest"]
 
 [tool.pytest.ini_options]
 testpaths = ["tests"]
+"""
+
+SETUP = "from setuptools import setup\n\nsetup(name='calc', install_requires=[{requires}])\n"
+
+COMPAT_TEST = """import unittest
+
+from calc import compat
+
+
+class CompatTests(unittest.TestCase):
+  def test_text(self):
+    self.assertEqual(compat.text(1), "1")
+
+  def test_join(self):
+    for xs, want in [([1, 2], "1,2"), ([], "")]:
+      with self.subTest(xs=xs):
+        self.assertEqual(compat.join(xs), want)
 """
 
 FMT = ('"""Formatting."""\n\n' + "".join(f"# note {i}\n" for i in range(8))
@@ -98,7 +122,21 @@ def make_history(path: Path, escape_target: Path | None = None,
       "calc/dep.py": "Z = 3\n",
       "tests/test_dep.py": "import nonexistent_rlcode_dependency\n\n\ndef test_z():\n"
                            "  from calc import dep\n  assert dep.Z == 3\n"})
-  return _moved_and_sub(repo, shas, names + ("loop.py", "kill.py", "esc.py", "dep.py"))
+  repo.commit("Use six", {
+      "setup.py": SETUP.format(requires='"six"'),
+      "calc/compat.py": "import six\n\n\ndef text(x):\n  return six.text_type(x)\n"})
+  shas["drop"] = repo.commit("Drop six\n\nAlso joins texts.", {
+      "setup.py": SETUP.format(requires=""),
+      "calc/compat.py": "def text(x):\n  return str(x)\n\n\ndef join(xs):\n"
+                        "  return ','.join(text(x) for x in xs)\n",
+      "tests/test_compat.py": COMPAT_TEST})
+  shas["flaky"] = repo.commit("Add half", {
+      "calc/half.py": "def half(x):\n  return x / 2\n",
+      "tests/test_half.py": "import os\n\nfrom calc import half\n\n\ndef test_half():\n"
+                            "  assert half.half(4) == 2\n"
+                            "  assert int(os.environ['PYTHONHASHSEED']) % 2 == 0\n"})
+  return _moved_and_sub(repo, shas, names + ("loop.py", "kill.py", "esc.py", "dep.py",
+                                             "compat.py", "half.py"))
 
 
 def _moved_and_sub(repo: Repo, shas: dict[str, str], names) -> tuple[Repo, dict[str, str]]:

@@ -13,7 +13,7 @@ from rlcode import cli
 from rlcode.config import loader
 from rlcode.data import edits
 from rlcode.data.tasks import Task
-from rlcode.swe import deps, patches, validate
+from rlcode.swe import deps, export, patches, validate
 from rlcode.swe.history import Skip
 from rlcode.swe.runner import TestRun, parse_report
 
@@ -178,13 +178,17 @@ def test_a_module_of_the_tree_is_not_a_missing_dependency():
 
 def test_validation_drops_what_changes_between_runs():
   f2p = frozenset({"t::b"})
-  # The second gold run is of the FAIL_TO_PASS tests alone.
-  validate.validation(f2p, run({"t::b": "passed"}), run({"t::b": "failed"}))
-  for gold, empty in [(run({"t::b": "failed"}), run()), (run(), run()),
-                      (run({"t::b": "passed"}), run({"t::b": "passed"}))]:
+  # The repeated gold runs are of the FAIL_TO_PASS tests alone.
+  validate.gold_passes(f2p, run({"t::b": "passed"}), 2, 8)
+  validate.empty_fails(f2p, run({"t::b": "failed"}))
+  validate.empty_fails(f2p, run())
+  for gold in (run({"t::b": "failed"}), run()):
     with pytest.raises(Skip) as e:
-      validate.validation(f2p, gold, empty)
-    assert e.value.reason == "flaky"
+      validate.gold_passes(f2p, gold, 5, 8)
+    assert (e.value.reason, e.value.detail) == ("flaky", "gold fails t::b (1 tests) in run 5 of 8")
+  with pytest.raises(Skip) as e:
+    validate.empty_fails(f2p, run({"t::b": "passed"}))
+  assert e.value.reason == "flaky"
   assert validate.functions(["f.py::C::t[a::b]", "f.py::C::t[2]", "f.py::u"]) == (
       "f.py::C::t", "f.py::u")
 
@@ -219,6 +223,11 @@ def test_the_schema_knows_the_swe_sources(tmp_path):
     (["--timeout", "5"], "--timeout is for --tasks swe"),
     (["--tasks", "swe", "--timeout", "-1"], "SweConfig.timeout=-1.0 must be > 0"),
     (["--tasks", "swe", "--hypothesis-examples", "-2"], "hypothesis_examples=-2 < 0"),
+    (["--tasks", "swe", "--gold-runs", "1"], "SweConfig.gold_runs=1 < 2"),
+    (["--tasks", "swe", "--repo-name", "more-itertools"],
+     "SweConfig.repo_name='more-itertools' is not owner/name"),
+    (["--gold-runs", "3"], "--gold-runs is for --tasks swe"),
+    (["--repo-name", "a/b"], "--repo-name is for --tasks swe"),
     (["--tasks", "sweet"], "invalid choice: 'sweet'"),
 ])
 def test_mine_swe_bad_options_are_one_line(capsys, tmp_path, argv, needle):
@@ -278,3 +287,30 @@ def test_the_test_environment_copies_what_it_is_asked_and_leaves_out_the_rest(tm
   real = testenv.extension_suffixes(sys.executable)
   found, _, compiled = testenv.resolve([native], suffixes=real)
   assert native in found and native not in compiled
+
+
+@pytest.mark.parametrize("ids,parser,misread", [
+    (["t.py::a[x y]", "t.py::b"], "parse_log_pytest_v2", []),
+    (["t.py::a[12m]", "t.py::b"], "parse_log_pytest", []),
+    (["t.py::a[12m x]"], "parse_log_pytest_v2", ["t.py::a[12m x]"]),
+    (["t.py::a[x  y]", "t.py::c[1\tz]"], "parse_log_pytest_v2",
+     ["t.py::a[x  y]", "t.py::c[1\tz]"]),
+])
+def test_the_export_names_the_swebench_parser_that_reads_its_ids_whole(ids, parser, misread):
+  from swebench.harness.log_parsers import PARSER_REGISTRY
+  assert export.log_parser(ids) == (parser, misread)
+  # Checked against the parser itself: the ids it reads back whole are the others.
+  for node in ids:
+    read = PARSER_REGISTRY[parser](f"PASSED {node}\nFAILED {node}x", None)
+    assert (read.get(node) == "PASSED") is (node not in misread), node
+  assert export.image_name("owner__name-3") == "swebench/sweb.eval.x86_64.owner_1776_name-3:latest"
+
+
+def test_the_declared_version_is_read_from_metadata_or_the_package():
+  assert deps.declared_version({"pyproject.toml": '[project]\nversion = "1.2"\n'}) == "1.2"
+  assert deps.declared_version({"setup.cfg": "[metadata]\nversion = 3.0\n"}) == "3.0"
+  assert deps.declared_version({"setup.cfg": "[metadata]\nversion = attr: p.V\n",
+                                "setup.py": "setup(version='0.9')\n"}) == "0.9"
+  assert deps.declared_version({"src/p/__init__.py": "__version__ = '4.5.6'\n"}) == "4.5.6"
+  assert deps.declared_version({"p/q/__init__.py": "__version__ = '7'\n",
+                                "pyproject.toml": "[broken"}) == ""

@@ -141,6 +141,8 @@ class SweExtra:
     timeout: wall clock of one test run, seconds.
     time: the PR's commit time (Unix seconds).
     edit_format: the answer format (rlcode.data.edits) a completion is written in.
+    gold_runs: how many runs of the gold patch passed every FAIL_TO_PASS test when it was
+      mined, each with its own hash seed (rlcode.swe.validate); 0: not mined here.
   """
 
   repo: str = ""
@@ -158,6 +160,7 @@ class SweExtra:
   timeout: float = 120.0
   time: int = 0
   edit_format: str = "unified_diff"
+  gold_runs: int = 0
 
 
 EXTRAS: dict[str, type] = {"code": CodeExtra, "diff": DiffExtra, "section": SectionExtra,

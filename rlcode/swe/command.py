@@ -29,7 +29,8 @@ from rlcode.swe.config import SweConfig
 from rlcode.swe.mining import mine
 
 
-DEFAULTS = {"workers": 0, "timeout": 120.0, "hypothesis_examples": 20, "cache_dir": None}
+DEFAULTS = {"workers": 0, "timeout": 120.0, "hypothesis_examples": 20, "gold_runs": 8,
+            "repo_name": "", "cache_dir": None}
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -41,6 +42,13 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
                    help="wall clock of one pytest run, seconds (default 120)")
   swe.add_argument("--hypothesis-examples", type=int, default=DEFAULTS["hypothesis_examples"],
                    help="examples per hypothesis test (0: the tests' own; default 20)")
+  swe.add_argument("--gold-runs", type=int, default=DEFAULTS["gold_runs"],
+                   help="runs of the gold patch that must pass every FAIL_TO_PASS test, "
+                        "each with its own hash seed (default 8: a test failing 4 runs in "
+                        "10 gets through 1.7%% of the time)")
+  swe.add_argument("--repo-name", default=DEFAULTS["repo_name"], metavar="OWNER/NAME",
+                   help="the repository's owner/name in the SWE-bench export and task ids "
+                        "(default: from the origin URL, else local/NAME)")
   swe.add_argument("--cache-dir", default=DEFAULTS["cache_dir"],
                    help="where runs and verdicts are cached (default ~/.cache/rlcode/swe)")
 
@@ -57,6 +65,7 @@ def format_table(report: dict, dataset: str, jsonl: str) -> str:
           ("runnable (tests ran at both commits)", report["runnable"]),
           ("kept (>= 1 FAIL_TO_PASS)", report["kept"]),
           ("validated (gold passes, empty fails)", report["validated"]),
+          ("gold runs each passed / repo", f"{report['gold_runs']} / {report['repo_name']}"),
           ("skipped", sum(report["skipped"].values()))]
   for reason, n in report["skipped"].items():
     span = report["skip_times"].get(reason)
@@ -82,7 +91,8 @@ def run(args: argparse.Namespace, source: str, branch: str) -> int:
     config = SweConfig(source=source, branch=branch, max_commits=args.max_commits,
                        timeout=args.timeout, hypothesis_examples=args.hypothesis_examples,
                        workers=args.workers, test_fraction=args.test_fraction,
-                       edit_format=args.edit_format)
+                       edit_format=args.edit_format, gold_runs=args.gold_runs,
+                       repo_name=args.repo_name)
   except ValueError as e:
     raise BadInput(" ".join(str(e).split())) from e
   result = mine(config, cache_dir=args.cache_dir, progress=True)

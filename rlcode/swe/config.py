@@ -6,8 +6,11 @@ This module must not touch git nor run tests: it validates arguments.
 from __future__ import annotations
 
 import dataclasses
+import re
 
 from rlcode.data import edits
+
+REPO_NAME = re.compile(r"[A-Za-z0-9_.-]+/[A-Za-z0-9_.-]+")
 
 # Why a first-parent commit (a PR) gives no task, in the order they are decided; a PR
 # counts under the first that applies. The first three mean it has no base or does not
@@ -37,6 +40,10 @@ class SweConfig:
     timeout: wall clock (and CPU seconds) of one pytest run.
     hypothesis_examples: examples per hypothesis test (derandomized in every case;
       rlcode.swe.pytest_plugin); 0: the tests' own setting.
+    gold_runs: how many runs of the gold patch must pass every FAIL_TO_PASS test: the
+      after run and gold_runs - 1 more of those tests alone, each with its own hash seed
+      (rlcode.swe.validate); a test failing 4 runs in 10 passes all 8 with probability
+      0.6 ** 8 = 1.7%.
     extra_test_deps: distributions made available besides the ones the repository
       declares for its code and tests (rlcode.swe.deps).
     workers: PRs evaluated at once (each runs its sandboxes one after another); 0: one
@@ -46,8 +53,9 @@ class SweConfig:
       "validation" split (to tune on); 0: none.
     edit_format: the answer format a task's prompt asks for (rlcode.data.edits); agent
       episodes answer with their workspace's diff rendered in it.
-    repo_name: the repository's name in task ids and the export ("" : the source's
-      file name without .bundle/.git).
+    repo_name: the repository's `owner/name` (SWE-bench's repo; task ids are
+      `owner__name-N`, N the PR's position on the first-parent chain); "": read from the
+      source's origin URL, else `local/` and the source's file name without .bundle/.git.
   """
 
   source: str
@@ -56,6 +64,7 @@ class SweConfig:
   max_changed_lines: int = 2000
   timeout: float = 120.0
   hypothesis_examples: int = 20
+  gold_runs: int = 8
   extra_test_deps: tuple[str, ...] = ()
   workers: int = 0
   test_fraction: float = 0.1
@@ -73,6 +82,11 @@ class SweConfig:
     for name in ("max_commits", "workers", "hypothesis_examples"):
       if getattr(self, name) < 0:
         raise ValueError(f"SweConfig.{name}={getattr(self, name)} < 0")
+    if self.repo_name and not REPO_NAME.fullmatch(self.repo_name):
+      raise ValueError(f"SweConfig.repo_name={self.repo_name!r} is not owner/name")
+    if self.gold_runs < 2:
+      raise ValueError(f"SweConfig.gold_runs={self.gold_runs} < 2 (the after run and at least "
+                       "one more)")
     for name in ("max_changed_lines", "timeout"):
       if not getattr(self, name) > 0:
         raise ValueError(f"SweConfig.{name}={getattr(self, name)} must be > 0")

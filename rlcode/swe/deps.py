@@ -20,6 +20,8 @@ and what their tests require:
 Markers are kept out of the names (rlcode.swe.testenv evaluates requirements itself);
 a line that does not parse is skipped.
 
+`declared_version(files)`: the version the tree declares, read the same way.
+
 `python_path(files)`: the workspace directories that make the repository importable
 from its checkout: "src" first when a package lives under src/ (a src layout), then the
 root.
@@ -174,6 +176,47 @@ def declared_deps(files: Mapping[str, str]) -> tuple[str, ...]:
     if path == "requirements.txt" or path.count("/") <= 1 and _REQUIREMENTS.search(path):
       names += _requirements(files, path, seen)
   return tuple(sorted({re.sub(r"[-_.]+", "-", n).lower() for n in names}))
+
+
+_VERSION = re.compile(r"^__version__\s*(?::\s*str\s*)?=\s*['\"]([^'\"\s]+)['\"]", re.MULTILINE)
+
+
+def declared_version(files: Mapping[str, str]) -> str:
+  """The version a tree declares as a literal ("" when none): pyproject.toml's [project]
+  version, setup.cfg's [metadata] version, setup.py's version= string, else a top-level
+  package's or module's `__version__ = "..."` (SWE-bench's `version`)."""
+  try:
+    project = tomllib.loads(files.get("pyproject.toml", "")).get("project", {})
+  except (tomllib.TOMLDecodeError, ValueError):
+    project = {}
+  if isinstance(project, dict) and isinstance(project.get("version"), str):
+    return project["version"]
+  parser = configparser.ConfigParser(interpolation=None)
+  try:
+    parser.read_string(files.get("setup.cfg", ""))
+    version = parser.get("metadata", "version", fallback="")
+  except configparser.Error:
+    version = ""
+  if version and not version.startswith(("attr:", "file:")):
+    return version.strip()
+  try:
+    tree = pyast.parse(files.get("setup.py", ""))
+  except (SyntaxError, ValueError, RecursionError):
+    tree = None
+  for node in ast.walk(tree) if tree is not None else ():
+    if isinstance(node, ast.Call):
+      for k in node.keywords:
+        if k.arg == "version" and isinstance(k.value, ast.Constant) \
+            and isinstance(k.value.value, str):
+          return k.value.value
+  names = top_level_names(files)
+  for path in sorted(files):
+    module = path.removeprefix("src/").removesuffix("/__init__.py").removesuffix(".py")
+    if module in names and (path.endswith("/__init__.py") or "/" not in module):
+      found = _VERSION.search(files[path])
+      if found:
+        return found.group(1)
+  return ""
 
 
 def python_path(files: Mapping[str, str]) -> tuple[str, ...]:

@@ -4,8 +4,9 @@ For each PR that changes code and tests (rlcode.swe.history), on `workers` threa
 read its trees; run the test modules it changes (those that exist after it) with pytest
 in the sandbox, on the base with its test patch and on the base with its test and code
 patches (rlcode.swe.runner); judge the two runs (FAIL_TO_PASS, PASS_TO_PASS, or why not:
-rlcode.swe.validate); validate the kept ones with a second run of the gold and empty
-patches through the reward's path, on their FAIL_TO_PASS tests; make the task
+rlcode.swe.validate); validate the kept ones with more runs of the gold and empty
+patches through the reward's path, on their FAIL_TO_PASS tests (the empty patch once
+more, the gold patch `gold_runs` times in all); make the task
 (rlcode.swe.tasks). Each PR gives one verdict: a task, or the first skip reason
 (rlcode.swe.config.SKIP_REASONS), so tasks + skipped = PRs walked. The PRs with the
 largest test modules start first.
@@ -35,6 +36,7 @@ import json
 import math
 import os
 import posixpath
+import re
 import secrets
 import sys
 import threading
@@ -45,14 +47,14 @@ import tqdm
 
 from rlcode.data import edits
 from rlcode.data.git import filters
-from rlcode.data.git.repo import Git, GitError, checkout
+from rlcode.data.git.repo import Git, GitError, checkout, is_bundle
 from rlcode.data.tasks import Task
 from rlcode.sandbox import session
 from rlcode.swe import crosscheck, deps, history, patches, tasks, testenv, validate
-from rlcode.swe.config import NOT_RUNNABLE, SKIP_REASONS, SweConfig
+from rlcode.swe.config import NOT_RUNNABLE, REPO_NAME, SKIP_REASONS, SweConfig
 from rlcode.swe.runner import RUNNER_VERSION, Runner, RunSpec, TestRun
 
-VERDICT_VERSION = "6"  # bump when a change here or in validate or deps changes verdicts
+VERDICT_VERSION = "7"  # bump when a change here or in validate or deps changes verdicts
 _VALIDATION = ("patch_error", "flaky", "runners_disagree")
 
 
@@ -69,13 +71,32 @@ class SweResult:
     return sorted((t for ts in self.splits.values() for t in ts), key=lambda t: t.id)
 
 
-def repo_name(config: SweConfig) -> str:
+def repo_name(config: SweConfig, git: Git | None = None) -> str:
+  """`owner/name`: config.repo_name, else the last two parts of the origin URL of `git`
+  (a local repository's; a bundle's clone has the bundle as its origin), else `local/`
+  and the source's file name without .bundle/.git."""
   if config.repo_name:
     return config.repo_name
-  base = posixpath.basename(config.source.rstrip("/")) or "repo"
+  if git is not None and not is_bundle(config.source):
+    try:
+      url = git.run("config", "--get", "remote.origin.url").decode().strip()
+    except (GitError, UnicodeDecodeError):
+      url = ""
+    name = "/".join(re.split(r"[/:]", url.removesuffix("/").removesuffix(".git"))[-2:])
+    if REPO_NAME.fullmatch(name):
+      return name
+  base = posixpath.basename(config.source.rstrip("/"))
   for suffix in (".bundle", ".git"):
     base = base.removesuffix(suffix)
-  return base or "repo"
+  name = f"local/{base}"
+  return name if REPO_NAME.fullmatch(name) else "local/repo"
+
+
+def instance_id(name: str, position: int) -> str:
+  """SWE-bench's `owner__name-N`; N is the PR's position on the first-parent chain (the
+  root commit is 1): every PR has one, unlike a PR number, and it does not change as the
+  history grows."""
+  return f"{name.replace('/', '__')}-{position}"
 
 
 @functools.lru_cache(maxsize=1)
@@ -111,15 +132,16 @@ def _changed_lines(base: dict[str, str], after: dict[str, str | None]) -> int:
 class _Evaluator:
   """One PR at a time per thread: its trees, runs, judgement and validation."""
 
-  def __init__(self, config: SweConfig, reader: history.Reader, runner: Runner):
+  def __init__(self, config: SweConfig, reader: history.Reader, runner: Runner,
+               positions: dict[str, int]):
     self.config, self.reader, self.runner = config, reader, runner
-    self.name = repo_name(config)
+    self.positions = positions
 
   def spec(self, tree, test_files, test_deps, python_path, attempt) -> RunSpec:
     return RunSpec(tree, tuple(test_files), tuple(test_deps), tuple(python_path),
                    self.config.timeout, self.config.hypothesis_examples, attempt)
 
-  def _second_run(self, full: RunSpec, fail_to_pass: frozenset[str]) -> TestRun:
+  def _rerun(self, full: RunSpec, fail_to_pass: frozenset[str]) -> TestRun:
     """`full` on the FAIL_TO_PASS tests' functions, or on the whole files when pytest
     cannot select them."""
     run = self.runner.run(dataclasses.replace(full, tests=validate.functions(fail_to_pass)))
@@ -150,10 +172,14 @@ class _Evaluator:
     if not test_files:
       raise history.Skip("no_test_module")
     before_tree, after_tree = trees.before, trees.after
-    # The PR's own configuration files are in neither tree (neither patch holds them), so
-    # what its commit declares counts too: a PR that moves its requirements from setup.py
-    # to pyproject.toml declares them in one or the other.
-    test_deps = sorted(set(deps.declared_deps(after_tree))
+    # One environment for both runs, as the reward has one for every answer (and SWE-bench
+    # one image per instance): what the base declares, what the PR's commit declares (its
+    # configuration files are in neither patch, so in neither tree: a PR that moves its
+    # requirements from setup.py to pyproject.toml declares them in one or the other), and
+    # what the trees declare. The base's count: an answer starts from the base, and a test
+    # that fails before the PR only for want of a dependency the base declares (six, in
+    # more-itertools' "Drop Python 2.7 support") is not a FAIL_TO_PASS test.
+    test_deps = sorted(set(deps.declared_deps(before_tree)) | set(deps.declared_deps(after_tree))
                        | set(deps.declared_deps(self.reader.tree(cand.sha)))
                        | set(config.extra_test_deps))
     verdict["test_deps"] = test_deps
@@ -176,11 +202,13 @@ class _Evaluator:
     if gold_tree != after_tree or empty_tree != before_tree:
       raise history.Skip("patch_error", "the patches do not rebuild the PR's trees")
     # The after run is the reward's own run of the gold patch (the same tree and spec, so
-    # the same cached run); the second runs, of the gold and the empty patch, are of the
-    # FAIL_TO_PASS tests' functions alone (rlcode.swe.validate.validation).
-    gold, empty = (self._second_run(spec(tree, attempt=1), f2p)
-                   for tree in (gold_tree, empty_tree))
-    validate.validation(f2p, gold, empty)
+    # the same cached run); the runs after it, of the empty patch once and of the gold
+    # patch until a failure or gold_runs in all, are of the FAIL_TO_PASS tests' functions
+    # alone, each attempt with its own hash seed (rlcode.swe.validate).
+    validate.empty_fails(f2p, self._rerun(spec(empty_tree, attempt=1), f2p))
+    for attempt in range(1, config.gold_runs):
+      validate.gold_passes(f2p, self._rerun(spec(gold_tree, attempt=attempt), f2p),
+                           attempt + 1, config.gold_runs)
     # pytest's report is written inside the interpreter the gold code runs in; the second
     # runner reads each FAIL_TO_PASS test's verdict from outside its own (one sandbox, one
     # interpreter a test).
@@ -189,13 +217,14 @@ class _Evaluator:
     validate.runners_agree(f2p, after, isolated)
     try:
       task = tasks.make_task(
-          instance_id=f"{self.name}-{cand.sha[:12]}", request=cand.request,
-          repo=config.source, repo_name=self.name, base_commit=cand.base, commit=cand.sha,
+          instance_id=instance_id(config.repo_name, self.positions[cand.sha]),
+          request=cand.request, repo=config.source, repo_name=config.repo_name,
+          base_commit=cand.base, commit=cand.sha,
           time=cand.commit.time, base=trees.base, code_after=trees.code_after,
           tests_after=trees.tests_after, fail_to_pass=f2p, pass_to_pass=p2p,
           test_files=test_files, test_deps=test_deps, python_path=python_path,
           hypothesis_examples=config.hypothesis_examples, timeout=config.timeout,
-          edit_format=config.edit_format)
+          edit_format=config.edit_format, gold_runs=config.gold_runs)
     except ValueError as e:
       raise history.Skip("patch_error", str(e)) from None
     return {"validated": True, "task": task.to_example(),
@@ -281,8 +310,11 @@ def mine(config: SweConfig, revision: str | None = None, *, cache_dir: str | Non
   """
   start = time.monotonic()
   git = Git(checkout(config.source))
+  config = dataclasses.replace(config, repo_name=repo_name(config, git))
   head = git.resolve(revision or config.branch)
   commits = git.first_parent_log(head, config.max_commits)
+  first = int(git.run("rev-list", "--first-parent", "--count", head)) - len(commits) + 1
+  positions = {c.sha: first + i for i, c in enumerate(commits)}
   cache = cache_dir or os.path.join(os.path.expanduser("~"), ".cache", "rlcode", "swe")
   root = os.path.join(cache, "verdicts")
   if use_cache:
@@ -306,7 +338,7 @@ def mine(config: SweConfig, revision: str | None = None, *, cache_dir: str | Non
   bar = tqdm.tqdm(total=len(todo), desc="swe tasks", unit="PR", file=sys.stderr,
                   disable=not progress or not todo)
   with git.blobs() as blobs:
-    evaluate = _Evaluator(config, history.Reader(git, blobs), runner)
+    evaluate = _Evaluator(config, history.Reader(git, blobs), runner, positions)
 
     def one(cand: history.Candidate) -> dict:
       verdict = evaluate(cand)
@@ -349,7 +381,7 @@ def _report(config, head, commits, verdicts, splits, runner, env, seconds) -> di
                 - skipped["no_code_change"])
   return {
       "source": config.source, "branch": config.branch, "head": head,
-      "repo_name": repo_name(config),
+      "repo_name": config.repo_name,
       "walked": len(commits), "with_tests": with_tests,
       "runnable": sum(v["runnable"] for v in verdicts),
       "kept": sum(v["kept"] for v in verdicts),
@@ -363,6 +395,7 @@ def _report(config, head, commits, verdicts, splits, runner, env, seconds) -> di
       "runs": runner.ran, "runs_cached": runner.cached, "run_seconds": round(runner.seconds, 1),
       "seconds": round(seconds, 1), "workers": worker_count(config),
       "timeout": config.timeout, "hypothesis_examples": config.hypothesis_examples,
+      "gold_runs": config.gold_runs,
       "python": testenv.python_version(session.interpreter_path()),
       "test_environment": env.versions, "test_deps_missing": list(env.missing),
       "test_deps_compiled": list(env.compiled),

@@ -51,7 +51,7 @@ from rlcode.swe import deps, testenv
 OUTCOMES = ("passed", "failed", "error", "skipped", "xfailed", "xpassed")
 PASSING = ("passed", "xfailed")  # SWE-bench's PASSED and XFAIL
 STATUSES = ("ok", "timeout", "crash", "sandbox_error")
-RUNNER_VERSION = "2"  # bump when a change here changes results (it keys the cache)
+RUNNER_VERSION = "3"  # bump when a change here changes results (it keys the cache)
 _REPORT = ".rlcode_report.jsonl"
 _ARGS = ".rlcode_args"
 _TREE = ".rlcode_tree.b64"
@@ -87,7 +87,8 @@ class RunSpec:
       of a src layout, then ".").
     timeout: wall clock of the run, seconds; also its CPU seconds.
     hypothesis_examples: examples of each hypothesis test (0: the tests' own setting).
-    attempt: a second run of the same tree is attempt 1 (a separate cache entry).
+    attempt: a second run of the same tree is attempt 1 (a separate cache entry); it is
+      also the run's PYTHONHASHSEED.
   """
 
   files: Mapping[str, str]

@@ -51,7 +51,7 @@ def make_task(*, instance_id: str, request: str, repo: str, repo_name: str, base
               commit: str, time: int, base: Mapping[str, str], code_after: Mapping[str, str | None],
               tests_after: Mapping[str, str | None], fail_to_pass, pass_to_pass, test_files,
               test_deps, python_path, hypothesis_examples: int, timeout: float,
-              edit_format: str) -> Task:
+              edit_format: str, gold_runs: int = 0) -> Task:
   """The Task of a validated PR (module docstring)."""
   code_after = {p: t for p, t in code_after.items() if base.get(p) != t}
   shown = {p: base.get(p, "") for p in code_after}
@@ -67,7 +67,8 @@ def make_task(*, instance_id: str, request: str, repo: str, repo_name: str, base
              "fail_to_pass": sorted(fail_to_pass), "pass_to_pass": sorted(pass_to_pass),
              "test_files": list(test_files), "test_deps": list(test_deps),
              "python_path": list(python_path), "hypothesis_examples": hypothesis_examples,
-             "timeout": timeout, "time": time, "edit_format": edit_format})
+             "timeout": timeout, "time": time, "edit_format": edit_format,
+             "gold_runs": gold_runs})
 
 
 @functools.lru_cache(maxsize=16)

@@ -14,16 +14,23 @@ why: missing_dependency (a module neither the repository nor the test environmen
 python_version (a syntax error, or a standard-library name this Python lacks),
 collection_error (any other collection failure) or no_passing_test; and no_fail_to_pass.
 
-`validation` is SWE-bench's check: the gold patch through the reward's path
-(rlcode.swe.tasks.evaluation_tree) must pass every FAIL_TO_PASS and PASS_TO_PASS test, and
-the empty patch must fail every FAIL_TO_PASS test. The trees are those of the first runs
-(a gold tree that is not the PR's is "patch_error"), so the after run is the reward's run
-of the gold patch; a second run (a second attempt, not a cached copy) of the gold and of
-the empty patch, each on the FAIL_TO_PASS tests' functions, must agree with the first.
-So every FAIL_TO_PASS test is seen to fail twice and pass twice, and every PASS_TO_PASS
-test to pass twice (before and after); a difference is flakiness ("flaky"). Re-running
-the PASS_TO_PASS tests too would cost a whole third run of the changed test files for a
-third sighting of tests already seen passing on two trees.
+`empty_fails` and `gold_passes` are SWE-bench's check: the gold patch through the reward's
+path (rlcode.swe.tasks.evaluation_tree) must pass every FAIL_TO_PASS and PASS_TO_PASS test,
+and the empty patch must fail every FAIL_TO_PASS test. The trees are those of the first
+runs (a gold tree that is not the PR's is "patch_error"), so the after run is the reward's
+run of the gold patch; then the empty patch runs once more and the gold patch
+`gold_runs - 1` more times (each a new attempt, never a cached copy, with its own
+PYTHONHASHSEED, rlcode.swe.runner; `random` is seeded anew by every interpreter), each on
+the FAIL_TO_PASS tests' functions, and each must agree with the first. A FAIL_TO_PASS test
+that fails in a fraction p of runs is so seen passing `gold_runs` times with probability
+(1 - p) ** gold_runs: 0.6 ** 8 = 1.7% for a test that fails 4 runs in 10 (more-itertools'
+test_vs_statistics_median, whose random fractions can have a zero denominator), where two
+runs let it through 36% of the time. PASS_TO_PASS tests are seen passing twice (before and
+after, at hash seed 0): repeating them would rerun the whole changed test files (a
+more-itertools test_more.py run takes 8 s, its FAIL_TO_PASS functions 0.5 s), so a
+PASS_TO_PASS test that fails 4 runs in 10 escapes 36% of the time. A difference is
+flakiness ("flaky"). Hypothesis tests are derandomized in every run (the reward's too),
+so repeats do not vary them.
 
 This module must not read git nor walk histories: it judges runs.
 """
@@ -108,17 +115,22 @@ def functions(node_ids: Iterable[str]) -> tuple[str, ...]:
   return tuple(sorted({n.split("[", 1)[0] for n in node_ids}))
 
 
-def validation(fail_to_pass: frozenset[str], gold: TestRun, empty: TestRun) -> None:
-  """Raises Skip("flaky") unless the gold patch's second run passes every FAIL_TO_PASS
-  test and the empty patch's fails every one. (That the after run, the first of the gold
-  patch, passes every FAIL_TO_PASS and PASS_TO_PASS test is `judge`'s construction.)"""
-  missed = fail_to_pass - gold.passing()
-  if missed:
-    raise Skip("flaky", f"gold fails {sorted(missed)[0]} ({len(missed)} tests)")
+def empty_fails(fail_to_pass: frozenset[str], empty: TestRun) -> None:
+  """Raises Skip("flaky") unless the empty patch's second run fails every FAIL_TO_PASS
+  test."""
   passed = fail_to_pass & empty.passing()
   if passed:
     raise Skip("flaky", f"the empty patch passes {sorted(passed)[0]} ({len(passed)} tests)")
 
+
+def gold_passes(fail_to_pass: frozenset[str], gold: TestRun, run: int, runs: int) -> None:
+  """Raises Skip("flaky") unless the gold patch's run number `run` (of `runs`, the after
+  run being the first) passes every FAIL_TO_PASS test. (That the after run passes every
+  FAIL_TO_PASS and PASS_TO_PASS test is `judge`'s construction.)"""
+  missed = fail_to_pass - gold.passing()
+  if missed:
+    raise Skip("flaky", f"gold fails {sorted(missed)[0]} ({len(missed)} tests) in run "
+                        f"{run} of {runs}")
 
 
 def runners_agree(fail_to_pass: frozenset[str], after: TestRun, isolated: TestRun) -> None:

@@ -117,11 +117,9 @@ def run(args: argparse.Namespace) -> int:
     args.edit_format = args.edit_format or "unified_diff"
     return swe_command.run(args, source, branch)
   args.edit_format = args.edit_format or "search_replace"
-  given = [k for k in ("workers", "hypothesis_examples", "cache_dir")
-           if getattr(args, k) != swe_command.DEFAULTS[k]]
-  if given or args.timeout != swe_command.DEFAULTS["timeout"]:
-    name = (given or ["timeout"])[0].replace("_", "-")
-    raise BadInput(f"--{name} is for --tasks swe")
+  given = [k for k, default in swe_command.DEFAULTS.items() if getattr(args, k) != default]
+  if given:
+    raise BadInput(f"--{given[0].replace('_', '-')} is for --tasks swe")
   granularities = list(dict.fromkeys(args.granularity or GRANULARITIES))
   try:
     config = MiningConfig(source=source, branch=branch, granularity=granularities[0],
