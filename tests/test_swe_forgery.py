@@ -115,7 +115,7 @@ def test_known_limit_passes_both_runners(forged, name):
 
 def test_mining_counts_the_disagreement(tmp_path):
   repo, shas = make_forged(tmp_path / "repo", ("honest", "report_class"))
-  result = mining.mine(SweConfig(source=str(repo.path), timeout=20.0, workers=2),
+  result = mining.mine(SweConfig(source=str(repo.path), timeout=20.0, workers=2, gold_runs=2),
                        cache_dir=str(tmp_path / "cache"))
   assert result.report["skipped"] == {"root_commit": 1, "runners_disagree": 1}
   assert result.report["validated"] == 1
