@@ -11,8 +11,10 @@ Each command runs as `.venv/bin/rlcode` in a subprocess, in one scratch director
 stands for a checkout (its configs/ and data/ are links to the repository's; everything
 written lands under it, HOME included). The commands that read a trained run (eval, plot,
 serve, export) share one: `make run`'s own command, at toy sizes, made once per module.
-`make` targets are resolved with `make -n` (running the suite or a 13-minute job inside
-the suite is not a test): their rlcode command is checked to be the one run here.
+`make` targets are resolved with `make -n` and not run (the suite inside the suite, or a
+one-minute job, would not fit CI): make run's rlcode command is the one the shared run
+runs, make smoke's is that command on a `:smoke` config that resolves, and the pytest
+recipes are the ones the README describes.
 """
 
 import dataclasses
@@ -114,7 +116,8 @@ SMOKE = {
     "rlcode mine data/repos/attrs.bundle --tasks swe --out /tmp/swe":
         Smoke("mine_swe", ("--out", "swe", "--max-commits", "14", "--cache-dir", "swe-cache"),
               resets=("--out",), why="the latest 14 commits: one PR with a test change, "
-              "its tests run at both commits; --out and the cache here"),
+              "its tests run at both commits (no FAIL_TO_PASS test, so no task); --out "
+              "and the cache here"),
     "rlcode plan --config configs/qwen2_7b_plan.py --devices h200x8 --mesh fsdp=8":
         Smoke("plan", why="as written: the published 22.6 GB a device"),
     "rlcode train --config configs/chat_grpo.py:qwen3-1.7b":
