@@ -16,13 +16,24 @@ update -> version step + 1 published to workdir/published -> log, checkpoint. Fe
 candidates more than online.max_lag versions old is skipped, so a learner slower than its
 users keeps to what recent policies did.
 
-Re-running the command resumes from the latest checkpoint: the cursor in its meta says
-which feedback it has trained on, so none is trained twice or skipped.
+Re-running the command resumes from the latest checkpoint, wherever the learner was
+killed: a fresh run saves a step-0 checkpoint before it writes anything else, so a
+workdir with metrics always has a checkpoint to resume from. The checkpoint's meta holds
+the log's cursor (and the log's id) beside the state that trained on the feedback up to
+it: a restarted learner re-reads the rows after the cursor, those the killed one trained
+on after its last checkpoint included, into a state that never saw them, so each
+feedback row is in the surviving weights once. It republishes the versions after the
+restored step with the new updates; a server that swapped in the killed learner's newer
+versions keeps them until the new lineage passes them (their completions are logged with
+their own behaviour log-probs, so the correction stays exact). A checkpoint whose log
+has been replaced (`rlcode serve --move-log-aside`) restarts the cursor at the new
+log's first row.
 """
 
 from __future__ import annotations
 
 import contextlib
+import logging
 import time
 
 import jax
@@ -37,6 +48,8 @@ from rlcode.serve import log as log_lib
 from rlcode.serve import server, weights
 from rlcode.train import online_data
 from rlcode.train.policy import PolicyTraining
+
+log = logging.getLogger(__name__)
 
 
 def train(config, stop=None) -> list[dict]:
@@ -53,7 +66,9 @@ def train(config, stop=None) -> list[dict]:
                      f"{sharding.batch_shards(mesh)} data-parallel devices of the mesh")
   model, tokenizer, _ = server.initial_policy(config, mesh)
   trained = PolicyTraining(model, config, mesh, keeps_reference=False)
-  store = log_lib.InteractionLog(config.serve.log_url or log_lib.default_url(config.workdir))
+  store = log_lib.InteractionLog(
+      config.serve.log_url or log_lib.default_url(config.workdir),
+      server.model_identity(config.serve.model_name or "rlcode", config))
   publish_dir = server.published_dir(config)
 
   with contextlib.closing(store), scaffold.Run(config, desc="online") as run:
@@ -61,11 +76,18 @@ def train(config, stop=None) -> list[dict]:
     if run.fresh:
       state, _ = trained.fresh(trained.params)
       cursor, baseline = 0, online_data.Baseline(on.baseline_decay)
+      # Saved before the first metrics row: a learner killed from here on resumes.
+      run.save(0, trained.bundle(state, {}), _meta(cursor, baseline, store, config, 0))
+      run.ckpt.wait()
       run.log(0, {"version": 0})
     else:
       restored, meta = run.restore(trained.abstract_bundle())
       state, _ = trained.from_bundle(restored)
       cursor = meta["cursor"]
+      if meta.get("log_id", store.log_id) != store.log_id:
+        log.warning("%s is another log than the one checkpoint %d read to row %d: reading "
+                    "it from its first row", store.where, run.start_step, cursor)
+        cursor = 0
       baseline = online_data.Baseline(on.baseline_decay, meta["baseline"])
       if (weights.newest(publish_dir) or 0) < run.start_step:
         weights.publish(publish_dir, run.start_step, state.params)
@@ -129,9 +151,15 @@ def train(config, stop=None) -> list[dict]:
       run.postfix(reward=row["reward_mean"], loss=row["loss"])
       if run.save_due(step + 1):
         run.save(step + 1, trained.bundle(state, {}),
-                 {"cursor": cursor, "baseline": baseline.value, "seed": config.seed,
-                  "step": step + 1})
+                 _meta(cursor, baseline, store, config, step + 1))
   return run.rows
+
+
+def _meta(cursor: int, baseline, store, config, step: int) -> dict:
+  """What a checkpoint holds beside the state: the feedback it has trained on (the log's
+  rows up to `cursor`, of this log) and the baseline after them."""
+  return {"cursor": cursor, "log_id": store.log_id, "baseline": baseline.value,
+          "seed": config.seed, "step": step}
 
 
 def _batch(batch_rows, rows: int, pad_id: int) -> sequences.SequenceBatch:
