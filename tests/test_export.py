@@ -114,3 +114,78 @@ def test_a_lora_run_exports_merged_weights_or_an_adapter(tmp_path):
 def test_export_refuses_in_one_line(tmp_path, capsys):
   assert cli.main(["export", str(tmp_path / "nothing"), "--out", str(tmp_path / "o")]) == 2
   assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def _recorded_run(tmp_path):
+  """A workdir holding only a run's recorded config: enough for export's checks, which
+  come before the restore."""
+  workdir = str(tmp_path / "run")
+  record.write_run_config(loader.load_config(os.path.join(ROOT, "configs", "grpo_tiny.py"),
+                                             [f"--config.workdir={workdir}"]), workdir)
+  return workdir
+
+
+def _under_a_file(tmp_path):
+  (tmp_path / "file").write_text("x")
+  return str(tmp_path / "file" / "out")
+
+
+def _a_file(tmp_path):
+  (tmp_path / "out").write_text("x")
+  return str(tmp_path / "out")
+
+
+def _not_empty(tmp_path):
+  (tmp_path / "out").mkdir()
+  (tmp_path / "out" / "keep").write_text("x")
+  return str(tmp_path / "out")
+
+
+@pytest.mark.parametrize("where,says", [
+    (_under_a_file, "cannot write there (Not a directory"),
+    (_a_file, "exists and is not a directory"),
+    (_not_empty, "exists and is not empty"),
+], ids=["under_a_file", "a_file", "not_empty"])
+def test_export_refuses_a_destination_before_the_restore(where, says, tmp_path, capsys,
+                                                         monkeypatch):
+  from rlcode.evaluation import policy_eval
+  workdir, out = _recorded_run(tmp_path), where(tmp_path)
+  monkeypatch.setattr(policy_eval, "restore_policy", None)  # reached: a TypeError
+  assert cli.main(["export", workdir, "--out", out]) == 2
+  err = capsys.readouterr().err.strip()
+  assert says in err and out in err and "\n" not in err
+
+
+def test_export_into_a_new_nested_directory_writes_it(tmp_path, monkeypatch):
+  """The positive control of the check: a missing parent is made, and the restore reached."""
+  from rlcode.evaluation import policy_eval
+
+  class Reached(Exception):
+    pass
+
+  def restore(*args):
+    raise Reached
+  monkeypatch.setattr(policy_eval, "restore_policy", restore)
+  out = tmp_path / "a" / "b"
+  with pytest.raises(Reached):
+    cli.main(["export", _recorded_run(tmp_path), "--out", str(out)])
+  assert out.is_dir() and not list(out.iterdir())
+
+
+def test_a_failed_write_is_one_line(tmp_path, capsys, monkeypatch):
+  import errno
+
+  from rlcode.models import hf
+  workdir, _ = _run(tmp_path, "--config.model.arch.hidden_size=32",
+                    "--config.model.arch.intermediate_size=64",
+                    "--config.model.arch.num_layers=1", "--config.model.arch.num_heads=2",
+                    "--config.model.arch.num_kv_heads=2", "--config.model.arch.head_dim=16")
+  out = str(tmp_path / "out")
+
+  def full(model, directory, **kw):
+    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC),
+                  os.path.join(directory, "model.safetensors"))
+  monkeypatch.setattr(hf, "save_hf", full)
+  assert cli.main(["export", workdir, "--out", out]) == 2
+  err = capsys.readouterr().err.strip()
+  assert "No space left on device" in err and "model.safetensors" in err and "\n" not in err

@@ -8,6 +8,10 @@ copies its base's (tokenizer.json, tokenizer_config.json with its chat template,
 chat_template.jinja, special_tokens_map.json); a run from scratch on the byte tokenizer
 gets a tokenizer.json that encodes as rlcode.models.ByteTokenizer does. A LoRA run
 exports merged weights, or with --peft a PEFT adapter directory for its base instead.
+
+The destination is checked before the checkpoint is restored (the slow part): it must be
+a new or empty directory (made with its parents when missing) in which a file can be
+written. Any OSError while writing (a full disk, say) is one line naming the path.
 """
 
 from __future__ import annotations
@@ -15,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import tempfile
 
 from rlcode.errors import BadInput
 
@@ -30,21 +35,48 @@ def export(path: str, out: str, *, peft: bool = False, max_shard_gb: float | Non
   returns a one-line summary."""
   from rlcode.config import record
   from rlcode.evaluation import policy_eval
-  from rlcode.models import hf, hub
-  from rlcode.models import peft as peft_lib
+  from rlcode.models import hub
   from rlcode.models import tokenizer as tok_lib
   from rlcode.parallel import sharding
   config = config or record.recorded_config(path, what="export")
   if config.trainer == "rm":
     raise BadInput(f"export {path!r}: a reward model's run; export writes policies")
-  if os.path.exists(out) and os.listdir(out):
-    raise BadInput(f"--out {out!r} exists and is not empty; name a new directory")
+  if peft and config.model.lora is None:
+    raise BadInput(f"export --peft: {path!r} is not a LoRA run (model.lora is not set)")
+  writable_destination(out)
   base = hub.resolve(config.model.hf_path) if config.model.hf_path else None
   model, tokenizer, step, _ = policy_eval.restore_policy(config, path, sharding.make_mesh())
-  os.makedirs(out, exist_ok=True)
+  try:
+    what = _write(model, tokenizer, config, base, out, peft, max_shard_gb, tok_lib)
+  except OSError as e:
+    raise BadInput(f"--out {out!r}: writing {e.filename or out} failed ({e.strerror or e})"
+                   "; what was written before it stays there: free space or fix permissions "
+                   "and export again into an empty directory") from None
+  return f"wrote {what} of step {step} to {out}"
+
+
+def writable_destination(out: str) -> None:
+  """Makes `out` (and its missing parents) and writes and removes a file in it; refuses a
+  non-empty directory, a file, or a place where nothing can be written, in one line."""
+  if os.path.isdir(out) and os.listdir(out):
+    raise BadInput(f"--out {out!r} exists and is not empty; name a new directory")
+  if os.path.exists(out) and not os.path.isdir(out):
+    raise BadInput(f"--out {out!r} exists and is not a directory; name a new directory")
+  try:
+    os.makedirs(out, exist_ok=True)
+    with tempfile.TemporaryFile(dir=out):
+      pass
+  except OSError as e:
+    raise BadInput(f"--out {out!r}: cannot write there ({e.strerror or e}"
+                   f"{': ' + e.filename if e.filename and e.filename != out else ''}); "
+                   "name a directory you can write") from None
+
+
+def _write(model, tokenizer, config, base, out, peft, max_shard_gb, tok_lib) -> str:
+  """The export's files in `out`; what was written, in words."""
+  from rlcode.models import hf
+  from rlcode.models import peft as peft_lib
   if peft:
-    if model.cfg.lora is None:
-      raise BadInput(f"export --peft: {path!r} is not a LoRA run (model.lora is not set)")
     peft_lib.save_peft(model, out, base_model=config.model.hf_path or "")
     what = "a PEFT adapter"
   else:
@@ -57,7 +89,7 @@ def export(path: str, out: str, *, peft: bool = False, max_shard_gb: float | Non
     what = f"a {model.cfg.family or 'Hugging Face'} checkpoint"
   _write_tokenizer(out, base, config.model.tokenizer, tokenizer, tok_lib)
   _write_generation_config(out, base, tokenizer)
-  return f"wrote {what} of step {step} to {out}"
+  return what
 
 
 def _write_tokenizer(out: str, base: str | None, named: str | None, tokenizer, tok_lib) -> None:
