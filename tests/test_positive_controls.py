@@ -12,9 +12,10 @@ namespace (`unshare`) so that an attack reading "/proc/1/mem" reads its own runn
 this machine's init.
 
 The hostile tool calls get the same treatment: a path out of the workspace does escape an
-editor that joins paths with os.path.join, and a command's output is megabytes where no
-cap cuts it. The fork bomb has no control here: running one without limits is not safe on
-a shared machine.
+editor that joins paths with os.path.join; a command's output is megabytes where no cap
+cuts it; in a plain shell, host files are read, the host's root and processes are listed,
+a sleep outlives the session's limit and a loopback service answers. The fork bomb has no
+control here: running one without limits is not safe on a shared machine.
 """
 
 from __future__ import annotations
@@ -183,3 +184,51 @@ def test_a_commands_output_is_unbounded_without_the_cap(tmp_path):
   out = subprocess.run("yes | head -c 3000000", shell=True, capture_output=True, timeout=20,
                        cwd=tmp_path, check=False).stdout
   assert len(out) == 3_000_000
+
+
+def _plain_bash(command: str, cwd, timeout: float = 20.0) -> subprocess.CompletedProcess:
+  """The unprotected path: the command in the host's bash, as a tool without a sandbox
+  would run it."""
+  return subprocess.run(["bash", "-c", command], cwd=cwd, capture_output=True, text=True,
+                        timeout=timeout, check=False)
+
+
+def test_hostile_bash_calls_succeed_in_a_plain_shell(tmp_path):
+  """tests/test_agent_tools.py's hostile bash calls, which the session contains, do what
+  they try where nothing contains them: host files are read, the host's root is listed,
+  the host's processes are seen."""
+  host_file = tmp_path / "host_secret.txt"
+  host_file.write_text("host secret\n")
+  r = _plain_bash(f"cat {host_file} /etc/hostname", tmp_path)
+  assert r.returncode == 0 and "host secret" in r.stdout
+  root = set(_plain_bash("ls /", tmp_path).stdout.split())
+  assert {"etc", "proc", "usr"} <= root and root - {"sandbox", "usr", "proc", "dev", "tmp"}
+  # The session shows at most 4 processes; the host runs this test's own tree at least.
+  assert int(_plain_bash("ls /proc | grep -c '^[0-9]'", tmp_path).stdout) > 4
+
+
+def test_a_sleeping_command_outlives_the_sessions_limit_in_a_plain_shell(tmp_path):
+  """The session kills a command after its limit (2 s in tests/test_agent_tools.py); the
+  plain shell lets it run to its end."""
+  import time
+  start = time.monotonic()
+  assert _plain_bash("sleep 2.5; echo woke", tmp_path).stdout == "woke\n"
+  assert time.monotonic() - start >= 2.5
+
+
+def test_loopback_is_reachable_from_a_plain_process_and_not_from_a_session(tmp_path):
+  """A host service on 127.0.0.1 answers an unprotected process; a session's process,
+  in its own network namespace, cannot reach it."""
+  import socket
+  from rlcode.sandbox.session import Session, SessionLimits
+  server = socket.create_server(("127.0.0.1", 0))
+  port = server.getsockname()[1]
+  probe = (f"python3 -c 'import socket; socket.create_connection((\"127.0.0.1\", {port}), 2); "
+           "print(\"connected\")'")
+  try:
+    assert _plain_bash(probe, tmp_path).stdout == "connected\n"
+    with Session(SessionLimits(command_seconds=5.0, max_output_bytes=4096)) as s:
+      r = s.exec(probe)
+    assert "connected" not in r.output and "refused" in r.output.lower(), r.output
+  finally:
+    server.close()
