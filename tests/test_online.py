@@ -16,13 +16,37 @@ from rlcode.train import online_data, online_loop
 
 
 def test_rewards_of_each_kind():
-  assert online_data.rewards_of({"chosen": 1}, 3, "feedback") == {0: 0.0, 1: 1.0, 2: 0.0}
-  assert online_data.rewards_of({"accepted": True}, 1, "feedback") == {0: 1.0}
-  assert online_data.rewards_of({"accepted": False}, 3, "feedback") == {0: 0.0, 1: 0.0, 2: 0.0}
-  assert online_data.rewards_of({"accepted": True, "index": 2}, 3, "feedback") == {2: 1.0}
-  assert online_data.rewards_of({"kept": 0.25, "index": 1}, 2, "feedback") == {1: 0.25}
-  assert online_data.rewards_of({"kept": 0.25}, 1, "chosen") == {}
-  assert online_data.rewards_of({"chosen": 0, "kept": 0.5}, 2, "kept") == {0: 0.5}
+  one = [[5, 6]]
+  assert online_data.rewards_of({"chosen": 1}, one * 3, "feedback") == {0: 0.0, 1: 1.0, 2: 0.0}
+  assert online_data.rewards_of({"accepted": True}, one, "feedback") == {0: 1.0}
+  assert online_data.rewards_of({"accepted": False}, one * 3, "feedback") == {0: 0.0, 1: 0.0,
+                                                                              2: 0.0}
+  assert online_data.rewards_of({"accepted": True, "index": 2}, one * 3, "feedback") == {2: 1.0}
+  assert online_data.rewards_of({"kept": 0.25, "index": 1}, one * 2, "feedback") == {1: 0.25}
+  assert online_data.rewards_of({"kept": 0.25}, one, "chosen") == {}
+  assert online_data.rewards_of({"chosen": 0, "kept": 0.5}, one * 2, "kept") == {0: 0.5}
+
+
+def test_feedback_on_a_list_of_prompts_reaches_only_the_chosen_prompts_candidates():
+  """Prompts [a, b, a'] with n=2 log choices a0 a1 b0 b1 a'0 a'1 under one id: choosing b1
+  ranks b's two candidates, an index-less rejection rejects candidate 0's prompt's; the
+  other prompts' candidates, never compared, get no reward and are counted as skipped."""
+  a, b, c = [1, 2], [3], [1, 2, 4]
+  prompts = [a, a, b, b, c, c]
+  assert online_data.rewards_of({"chosen": 3}, prompts, "feedback") == {2: 0.0, 3: 1.0}
+  assert online_data.rewards_of({"accepted": False}, prompts, "feedback") == {0: 0.0, 1: 0.0}
+  assert online_data.rewards_of({"accepted": True, "index": 4}, prompts, "feedback") == {4: 1.0}
+  # two equal prompts in one list are one prompt's samples: one group
+  assert online_data.rewards_of({"chosen": 2}, [a, b, a], "chosen") == {0: 0.0, 2: 1.0}
+  feedback = {"chosen": 3, "candidates": [
+      {"prompt_tokens": p, "tokens": [9], "logprobs": [-1.0], "policy_version": 0,
+       "params": {"temperature": 1.0}} for p in prompts]}
+  counts = {}
+  rows = online_data.rows_of(feedback, kind="feedback", max_tokens=8, counts=counts)
+  assert [(r.prompt, r.reward) for r in rows] == [(b, 0.0), (b, 1.0)]
+  assert counts == {"skipped_no_signal": 4}
+  loo = online_data.with_advantages(rows, online_data.Baseline(0.9), "loo")
+  assert [r.advantage for r in loo] == [-1.0, 1.0]
 
 
 def test_baselines():

@@ -2,14 +2,19 @@
 
 A feedback row of the interaction log (rlcode.serve.log) rewards the candidates of its
 completion (`online.reward`):
-  chosen    the user picked candidate `chosen` of n: it gets 1, the others 0
+  chosen    the user picked candidate `chosen`: it gets 1, the other candidates of its
+            prompt 0
   accepted  accepted -> 1, rejected -> 0, for candidate `index` (default 0; a rejection
-            without an index rejects every candidate)
+            without an index rejects every candidate of candidate 0's prompt)
   kept      the fraction of the candidate's text still there after a while
   feedback  chosen if given, else accepted/rejected, else kept
-Candidates the feedback says nothing about, that were sampled greedily (temperature 0:
-the behaviour distribution is a point mass, so no importance weight exists) or by a
-version too old (`online.max_lag`) are skipped and counted.
+A request with a list of prompts logs all their candidates under one id (choice p*n+j is
+prompt p's j-th); a user comparing candidates compared those of one prompt, so `chosen`
+and an index-less rejection reach only the candidates with the same prompt tokens (two
+equal prompts of one list are one group: their candidates are samples of one
+distribution). Candidates the feedback says nothing about, that were sampled greedily
+(temperature 0: the behaviour distribution is a point mass, so no importance weight
+exists) or by a version too old (`online.max_lag`) are skipped and counted.
 
 One sample per prompt has no group to compare against, so the advantage is the reward
 minus a baseline (`online.baseline`): "ema", a moving average of the rewards seen, or
@@ -39,17 +44,23 @@ class Row:
   policy_version: int
 
 
-def rewards_of(feedback: Mapping, n: int, kind: str) -> dict[int, float]:
-  """Candidate index -> reward, for the candidates this feedback rewards."""
+def rewards_of(feedback: Mapping, prompts: Sequence[Sequence[int]],
+               kind: str) -> dict[int, float]:
+  """Candidate index -> reward, for the candidates this feedback rewards; `prompts[i]` is
+  candidate i's prompt tokens."""
   if kind not in REWARDS:
     raise ValueError(f"online.reward={kind!r}; one of {REWARDS}")
   chosen, accepted, kept = feedback.get("chosen"), feedback.get("accepted"), feedback.get("kept")
   index = feedback.get("index")
+
+  def group(of: int) -> list[int]:
+    return [i for i, p in enumerate(prompts) if list(p) == list(prompts[of])]
+
   if kind in ("feedback", "chosen") and chosen is not None:
-    return {i: float(i == chosen) for i in range(n)}
+    return {i: float(i == chosen) for i in group(chosen)}
   if kind in ("feedback", "accepted") and accepted is not None:
     if not accepted and index is None:
-      return dict.fromkeys(range(n), 0.0)
+      return dict.fromkeys(group(0), 0.0)
     return {index or 0: float(accepted)}
   if kind in ("feedback", "kept") and kept is not None:
     return {index or 0: float(kept)}
@@ -78,10 +89,10 @@ def rows_of(feedback: Mapping, *, kind: str, max_tokens: int, counts: dict,
   set (`with_advantages`); candidates sampled by a version before `oldest_version` are
   skipped; `counts` gathers the skipped candidates by reason."""
   cands: Sequence[Mapping] = feedback["candidates"]
-  rewards = rewards_of(feedback, len(cands), kind)
-  if not rewards:
-    counts["skipped_no_signal"] = counts.get("skipped_no_signal", 0) + len(cands)
-    return []
+  rewards = rewards_of(feedback, [c["prompt_tokens"] for c in cands], kind)
+  if len(rewards) < len(cands):
+    counts["skipped_no_signal"] = (counts.get("skipped_no_signal", 0)
+                                   + len(cands) - len(rewards))
   out = []
   for i, reward in sorted(rewards.items()):
     cand = cands[i]
