@@ -7,9 +7,10 @@ under a naive runner, the obvious way to grade a program: its source, the task's
 context and the tests executed in one namespace of one interpreter, the verdict a line per
 test ("<nonce> test i pass", then "<nonce> done") written by a local `emit` to a report
 descriptor the parent reads. Every attack must pass there, while a plainly wrong
-program fails (the runner does grade). The runners start together, each in its own PID
-namespace (`unshare`) so that an attack reading "/proc/1/mem" reads its own runner, not
-this machine's init.
+program fails (the runner does grade). The runners start a few at a time, each in its own
+PID namespace (`unshare`, inside a user namespace where this user may make one) so that
+an attack reading "/proc/1/mem" reads its own runner, not this machine's init; where no
+PID namespace can be made at all, those tests skip and say why.
 
 The hostile tool calls get the same treatment: a path out of the workspace does escape an
 editor that joins paths with os.path.join; a command's output is megabytes where no cap
@@ -22,8 +23,11 @@ from __future__ import annotations
 
 import json
 import os
+import select
+import shutil
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -85,20 +89,44 @@ def _task(name):
   return TASKS[name] if name in TASKS else next(t for t in humaneval_tasks() if t.id == name)
 
 
-def _limits():
-  import resource
-  resource.setrlimit(resource.RLIMIT_CPU, (20, 20))
-  resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
-  resource.setrlimit(resource.RLIMIT_FSIZE, (1 << 20, 1 << 20))
+# The runner's limits, set by prlimit before it execs unshare: nothing runs in the forked
+# child of this (possibly threaded) process but the exec.
+_LIMITS = ["prlimit", "--cpu=20", f"--as={2 << 30}", f"--fsize={1 << 20}", "--"]
+# unshare kills the namespace's first process (and with it the namespace) if it is killed.
+_PID_NAMESPACE = ["--pid", "--fork", "--mount-proc", "--kill-child"]
+# A batch's runners start together; the batches run one after another, so a loaded
+# 2-core machine is not asked to start all of them at once.
+BATCH = 5
+# For all the runners together; a runner alone takes well under a second.
+DEADLINE_S = 300.0
+_UNFINISHED = f"the naive runner did not finish within {DEADLINE_S:.0f} s of the first start"
 
 
-def _start(job) -> tuple[subprocess.Popen, int]:
+def _namespace_command() -> list[str]:
+  """The command prefix that runs a program in its own PID namespace under the limits:
+  in a user namespace (any user, where the kernel allows unprivileged ones), else
+  without one (root). Skips, saying why, where neither can be made."""
+  if shutil.which("unshare") is None or shutil.which("prlimit") is None:
+    pytest.skip("the naive runner needs util-linux's unshare and prlimit, not on PATH")
+  errors = []
+  for user in (["--user", "--map-root-user"], []):
+    command = [*_LIMITS, "unshare", *user, *_PID_NAMESPACE]
+    probe = subprocess.run([*command, "true"], capture_output=True, text=True, timeout=30,
+                           check=False)
+    if probe.returncode == 0:
+      return command
+    errors.append(f"{' '.join(['unshare', *user, *_PID_NAMESPACE])}: "
+                  f"{probe.stderr.strip() or probe.returncode}")
+  pytest.skip("no PID namespace for the naive runner (unprivileged user namespaces are "
+              "off and this user is not root): " + "; ".join(errors))
+
+
+def _start(prefix: list[str], job) -> tuple[subprocess.Popen, int]:
   read, write = os.pipe()
   proc = subprocess.Popen(
-      ["unshare", "--pid", "--fork", "--mount-proc", sys.executable, "-I", "-c",
-       NAIVE_RUNNER, str(write)],
+      [*prefix, sys.executable, "-I", "-c", NAIVE_RUNNER, str(write)],
       stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
-      pass_fds=(write,), preexec_fn=_limits)
+      pass_fds=(write,))
   os.close(write)
   proc.stdin.write(json.dumps({"program": job.program, "tests": job.tests,
                                "context": job.context, "entry_point": job.entry_point,
@@ -108,16 +136,34 @@ def _start(job) -> tuple[subprocess.Popen, int]:
   return proc, read
 
 
-def _verdict(proc: subprocess.Popen, read: int) -> bool:
-  """Passed, as the naive parent reads it: the first line is the nonce; every test the
-  lines carrying it name passed, none failed, and the run said it was done."""
+def _report(proc: subprocess.Popen, read: int, deadline: float) -> bytes | None:
+  """The runner's report, read until it closes it (None if that is not by `deadline`,
+  the runner then killed)."""
+  chunks = []
   try:
-    proc.wait(timeout=60)
+    while time.monotonic() < deadline:
+      if select.select([read], [], [], max(0.0, deadline - time.monotonic()))[0]:
+        chunk = os.read(read, 1 << 16)
+        if not chunk:
+          proc.wait(timeout=max(1.0, deadline - time.monotonic()))
+          return b"".join(chunks)
+        chunks.append(chunk)
   except subprocess.TimeoutExpired:
-    proc.kill()
-    proc.wait()
-  with os.fdopen(read, "rb") as f:
-    lines = f.read().decode("utf-8", "replace").splitlines()
+    pass
+  finally:
+    os.close(read)
+  proc.kill()
+  proc.wait()
+  return None
+
+
+def _verdict(report: bytes | None) -> bool | None:
+  """Passed, as the naive parent reads it: the first line is the nonce; every test the
+  lines carrying it name passed, none failed, and the run said it was done. None: the
+  runner did not finish in time, which is neither a pass nor a fail."""
+  if report is None:
+    return None
+  lines = report.decode("utf-8", "replace").splitlines()
   if not lines:
     return False
   nonce, verdicts = lines[0], [line.split(" ", 1)[1] for line in lines[1:]
@@ -137,8 +183,13 @@ WRONG = {"HumanEval/4": "    return 0\n", "HumanEval/32": "    return 0.0\n",
 def naive_verdicts():
   jobs = {("attack", n): job_for(_task(t), c) for n, (t, c) in ATTACKS.items()}
   jobs.update({("wrong", t): job_for(_task(t), c) for t, c in WRONG.items()})
-  started = {key: _start(job) for key, job in jobs.items()}
-  return {key: _verdict(*run) for key, run in started.items()}
+  prefix = _namespace_command()
+  deadline = time.monotonic() + DEADLINE_S
+  keys, verdicts = list(jobs), {}
+  for i in range(0, len(keys), BATCH):
+    started = {key: _start(prefix, jobs[key]) for key in keys[i:i + BATCH]}
+    verdicts.update({key: _verdict(_report(*run, deadline)) for key, run in started.items()})
+  return verdicts
 
 
 def test_every_task_of_the_attacks_has_a_wrong_baseline():
@@ -147,12 +198,14 @@ def test_every_task_of_the_attacks_has_a_wrong_baseline():
 
 @pytest.mark.parametrize("task", sorted(WRONG))
 def test_the_naive_runner_fails_a_wrong_program(naive_verdicts, task):
-  assert naive_verdicts["wrong", task] is False
+  verdict = naive_verdicts["wrong", task]
+  assert verdict is False, _UNFINISHED if verdict is None else "a wrong program passed"
 
 
 @pytest.mark.parametrize("name", list(ATTACKS))
 def test_each_tampering_attack_passes_under_the_naive_runner(naive_verdicts, name):
-  assert naive_verdicts["attack", name] is True
+  verdict = naive_verdicts["attack", name]
+  assert verdict is True, _UNFINISHED if verdict is None else "the attack failed"
 
 
 def _naive_editor_read(root: str, path: str) -> str:
