@@ -294,11 +294,12 @@ def test_the_swebench_package_reads_the_file_and_grades_as_we_do(history):
       assert get_resolution_status(report) == want
 
 
-def _harness_log(history, task, patch, where, pytest_args=None) -> str:
-  """What SWE-bench's harness logs for `patch`: the repository at the base commit in
-  `where` (for /testbed), the patch applied with git apply, then the instance's eval
-  script as the harness assembles it (make_test_spec), run with this interpreter's
-  python3; with `pytest_args`, pytest's own output with them instead of the script."""
+def _harness_log(history, task, patch, where, pytest_args=None) -> tuple[str, int]:
+  """What SWE-bench's harness logs for `patch`, and the exit status: the repository at
+  the base commit in `where` (for /testbed), the patch applied with git apply, then the
+  instance's eval script as the harness assembles it (make_test_spec), run with this
+  interpreter's python3 and a TMPDIR of its own, which it must leave empty; with
+  `pytest_args`, pytest's own output with them instead of the script."""
   import os
   import subprocess
   import sys
@@ -315,13 +316,16 @@ def _harness_log(history, task, patch, where, pytest_args=None) -> str:
                    check=True)
     return subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider",
                            *pytest_args, *task.extra.test_files], cwd=where, env=env,
-                          capture_output=True, text=True, timeout=60, check=False).stdout
+                          capture_output=True, text=True, timeout=60, check=False).stdout, 0
   row = export.to_row(task)
   row["eval_script"] = export.eval_script(task, workdir=str(where))
-  out = subprocess.run(["bash", "-c", make_test_spec(row).eval_script], cwd=where, env=env,
-                       stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, timeout=60,
-                       check=False)
-  return out.stdout
+  scratch = where.parent / f"{where.name}.tmp"
+  scratch.mkdir()
+  out = subprocess.run(["bash", "-c", make_test_spec(row).eval_script], cwd=where,
+                       env=dict(env, TMPDIR=str(scratch)), stdout=subprocess.PIPE,
+                       stderr=subprocess.STDOUT, text=True, timeout=60, check=False)
+  assert not list(scratch.iterdir()), "the eval script left its temporary folder"
+  return out.stdout, out.returncode
 
 
 def test_swebench_harness_accepts_the_export_and_grades_as_we_do(history, tmp_path):
@@ -329,7 +333,7 @@ def test_swebench_harness_accepts_the_export_and_grades_as_we_do(history, tmp_pa
   on a checkout as the harness runs it, the log graded by get_eval_report; rlcode's
   verdict (its own run of the same tree) agrees for the gold patch, the empty patch and a
   patch that fails one subTest of a unittest test."""
-  from swebench.harness.grading import get_eval_report, get_logs_eval
+  from swebench.harness.grading import get_eval_report, get_logs_eval, parse_test_exit_code
   from swebench.harness.log_parsers import PARSER_REGISTRY
   from swebench.harness.utils import load_swebench_dataset, make_test_spec
   path = tmp_path / "export.jsonl"
@@ -354,7 +358,11 @@ def test_swebench_harness_accepts_the_export_and_grades_as_we_do(history, tmp_pa
         tasks.base_files(task), task.extra.test_patch, changes)))
     ours = set(task.extra.fail_to_pass + task.extra.pass_to_pass) <= run.passing()
     log = tmp_path / f"log{i}.txt"
-    log.write_text(_harness_log(history, task, patch, tmp_path / f"testbed{i}"))
+    text, exit_status = _harness_log(history, task, patch, tmp_path / f"testbed{i}")
+    log.write_text(text)
+    # pytest's status, after the reset that ends the script: 0 only where every test passed.
+    assert exit_status == parse_test_exit_code(text) and (exit_status == 0) is ours, (
+        task.id, name, exit_status)
     theirs = get_eval_report(spec, {"instance_id": task.id, "model_patch": patch,
                                     "model_name_or_path": name}, str(log), True)[task.id]
     assert theirs["patch_successfully_applied"], log.read_text()[-2000:]
@@ -363,7 +371,7 @@ def test_swebench_harness_accepts_the_export_and_grades_as_we_do(history, tmp_pa
   # failed, and SWE-bench's pytest parsers read that as passed; the export's log does not.
   status, _ = get_logs_eval(spec, str(log))
   assert status["tests/test_compat.py::CompatTests::test_join"] == "FAILED"
-  own = _harness_log(history, drop, half, tmp_path / "own", ["-rA"])
+  own, _ = _harness_log(history, drop, half, tmp_path / "own", ["-rA"])
   join = "tests/test_compat.py::CompatTests::test_join"
   assert "SUBFAILED" in own and f"PASSED {join}" in own
   for parser in ("parse_log_pytest", "parse_log_pytest_v2"):

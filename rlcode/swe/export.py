@@ -17,8 +17,11 @@ instance (`swebench.harness.utils.make_test_spec`):
   /testbed with rlcode's report plugin (written by the script itself), hash seed 0 and the
   task's hypothesis budget, between SWE-bench's output markers; after pytest, one line
   `STATUS node_id` per test from the plugin's report (PASSED, FAILED, ERROR, SKIPPED,
-  XFAIL; a test one of whose subtests failed is FAILED), and the script exits with
-  pytest's exit status. pytest's own summary is not what grades: pytest 9 reports a
+  XFAIL; a test one of whose subtests failed is FAILED), a command that exits with
+  pytest's exit status (swebench 5 records the status of the command before the end
+  marker as the tests'); then the test files are reset, the script's temporary folder
+  (under $TMPDIR, else /tmp) is removed, and the script exits with pytest's exit status,
+  not the reset's. pytest's own summary is not what grades: pytest 9 reports a
   unittest test whose subTest failed as PASSED (with SUBFAILED lines), which SWE-bench's
   parsers read as passed; the report's lines come last, so they are what the parser keeps.
   What differs from rlcode's reward: SWE-bench resets only the test patch's files, where
@@ -143,13 +146,16 @@ def eval_script(task: Task, workdir: str = WORKDIR) -> str:
   lines = ["#!/bin/bash", "set -uxo pipefail", f"cd {q(workdir)}", reset,
            *_heredoc("git apply -v -", x.test_patch),
            "r=$(mktemp -d)",
+           # Removed however the script ends, so an evaluation leaves no folder behind.
+           "trap 'rm -rf \"$r\"' EXIT",
            *_heredoc(f'cat > "$r/{testenv.PLUGIN_MODULE}.py"', testenv.PLUGIN_SOURCE),
            *_heredoc('cat > "$r/statuses.py"', _PRINT_STATUSES),
            "nonce=$(python3 -c 'import secrets; print(secrets.token_hex(16))')",
            f": '{START}'",
            " ".join(f"{k}={v}" for k, v in env.items()) + " " + " ".join(pytest),
-           'python3 "$r/statuses.py" "$r/report.jsonl" "$nonce" $?',
-           f": '{END}'", reset]
+           "pytest_status=$?",
+           'python3 "$r/statuses.py" "$r/report.jsonl" "$nonce" "$pytest_status"',
+           f": '{END}'", reset, 'exit "$pytest_status"']
   return "\n".join(lines) + "\n"
 
 
