@@ -79,6 +79,39 @@ def _tools(function):
   return [{"type": "function", "function": function}]
 
 
+def _nested(depth):
+  """A JSON schema `depth` objects deep, each property "p" the next, as JSON text (the
+  test's own json.dumps stops near 1000 levels), spliced in by `_encoded`."""
+  return RAW + '{"p": ' * (depth - 1) + '{"type": "string"}' + "}" * (depth - 1)
+
+
+RAW = "\x00raw:"
+
+
+def _encoded(body) -> bytes:
+  """The body as JSON text, each string `_nested` made written as the JSON it holds."""
+  raws = []
+
+  def placeholder(value):
+    if isinstance(value, str) and value.startswith(RAW):
+      raws.append(value[len(RAW):])
+      return f"{RAW}{len(raws) - 1}"
+    if isinstance(value, dict):
+      return {k: placeholder(v) for k, v in value.items()}
+    if isinstance(value, list):
+      return [placeholder(v) for v in value]
+    return value
+  text = json.dumps(placeholder(body))
+  for i, raw in enumerate(raws):
+    text = text.replace(json.dumps(f"{RAW}{i}"), raw)
+  return text.encode()
+
+
+# The first object past the 64 levels the server reads: the body, tools, tools.0, function
+# and parameters are 5, the parameters' "p" chain the rest.
+DEEP = "tools.0.function.parameters" + ".p" * 60
+
+
 # Bodies that name the field at fault: (path, body, the error's param). Sent as JSON text
 # with \u escapes, as any client may write a lone surrogate.
 NAMED = {
@@ -176,6 +209,26 @@ NAMED = {
     "unknown completions field": ("/v1/completions", {"model": serving.MODEL, "prompt": "x",
                                                       "temprature": 0}, "temprature"),
     "unknown chat field": ("/v1/chat/completions", _chat(top_k=5), "top_k"),
+    # Nesting past 64 arrays and objects (the template's tojson ran out of stack near 950).
+    "tools nested 900 deep": ("/v1/chat/completions", _chat(tools=_tools(
+        {"name": "f", "parameters": _nested(900)})), DEEP),
+    "tools nested 65 deep": ("/v1/chat/completions", _chat(tools=_tools(
+        {"name": "f", "parameters": _nested(61)})), DEEP),
+    "a prompt list nested 900 deep": ("/v1/completions", {
+        "model": serving.MODEL, "prompt": RAW + "[" * 900 + "]" * 900},
+        "prompt" + ".0" * 63),
+    "feedback nested 200 deep": ("/v1/feedback", {"id": "x", "final_text": _nested(200)},
+                                 "final_text" + ".p" * 63),
+    "tool call arguments nested 900 deep": ("/v1/chat/completions", _chat(messages=[
+        {"role": "user", "content": "hi"},
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c", "type": "function", "function": {
+                "name": "f", "arguments": "[" * 900 + "]" * 900}}]}]),
+        "messages.1.tool_calls.0.function.arguments" + ".0" * 64),
+    "tool call arguments not JSON": ("/v1/chat/completions", _chat(messages=[
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c", "type": "function", "function": {"name": "f", "arguments": "{"}}]}]),
+        "messages.0.tool_calls.0.function.arguments"),
     # Lists of prompts past what one request may ask.
     "too many prompts": ("/v1/completions", {"model": serving.MODEL, "prompt": ["x"] * 17},
                          "prompt"),
@@ -194,7 +247,7 @@ NAMED = {
 def test_each_bad_field_is_a_400_naming_it(server, case):
   path, body, param = NAMED[case]
   with server.client() as c:
-    r = c.post(path, content=json.dumps(body).encode(),
+    r = c.post(path, content=_encoded(body),
                headers={"content-type": "application/json"})
   assert r.status_code == 400, r.text
   error = r.json()["error"]
@@ -213,11 +266,42 @@ def test_refusals_leave_no_traceback(server):
   and the server answers after them."""
   with server.client() as c:
     for path, body, _ in NAMED.values():
-      c.post(path, content=json.dumps(body).encode(),
+      c.post(path, content=_encoded(body),
              headers={"content-type": "application/json"})
     assert c.get("/metrics").json().get("errors_500", 0) == 0
   assert "Traceback" not in "".join(server.output)
   _ok(server)
+
+
+def test_tools_nested_64_deep_are_served(server):
+  """The positive control of the depth refusals: one level less is an answer."""
+  with server.client() as c:
+    r = c.post("/v1/chat/completions", content=_encoded(_chat(
+        max_tokens=2, tools=_tools({"name": "f", "parameters": _nested(60)}))),
+        headers={"content-type": "application/json"})
+  assert r.status_code == 200, r.text
+
+
+@pytest.mark.parametrize("source,said", [
+    ("{{ raise_exception('no system turns') }}", "refused the messages: no system turns"),
+    ("{% macro r(n) %}{{ r(n + 1) }}{% endmacro %}{{ r(0) }}", "recursed too deep")])
+def test_a_template_that_refuses_or_recurses_is_a_400_naming_messages(source, said):
+  """In process, no engine: the chat route renders before it samples."""
+  import types
+
+  from starlette.testclient import TestClient
+
+  from rlcode.models import chat_template
+  from rlcode.serve import app as app_lib
+  served = app_lib.Served(
+      engine=None, tokenizer=None, template=chat_template.ChatTemplate({"default": source}, {}),
+      name=serving.MODEL, log=None, serve=types.SimpleNamespace(max_body_bytes=65536))
+  client = TestClient(app_lib.create_app(served), raise_server_exceptions=False)
+  r = client.post("/v1/chat/completions", json=_chat())
+  assert r.status_code == 400, r.text
+  error = r.json()["error"]
+  assert error["param"] == "messages" and error["code"] == "template_refused", error
+  assert error["message"].startswith("messages: ") and said in error["message"], error
 
 
 def test_bad_chat_and_feedback(server):

@@ -16,7 +16,9 @@ stream's last event) is sent, so a 2xx means it is stored. Responses carry the p
 version that sampled them ("policy_version", and the X-Policy-Version header; the oldest
 when a list of prompts straddles a swap, each candidate's own in the log). Refusals are
 OpenAI error objects; the body size limit and the API key are checked before the body is
-read, and bodies are parsed by rlcode.serve.protocol, which names the field at fault.
+read, and bodies are parsed by rlcode.serve.protocol, which names the field at fault; a
+chat template that refuses the messages, or recurses past the stack on them, is a 400
+naming messages.
 """
 
 from __future__ import annotations
@@ -188,7 +190,14 @@ def create_app(served: Served) -> FastAPI:
       raise APIError(400, str(e), param="messages", code="invalid_value") from None
     tools = body.template_tools()
     if served.template is not None:
-      text = served.template.render(messages, tools=tools, add_generation_prompt=True)
+      try:
+        text = served.template.render(messages, tools=tools, add_generation_prompt=True)
+      except chat_template.TemplateError as e:
+        raise APIError(400, f"messages: {e}", param="messages",
+                       code="template_refused") from None
+      except RecursionError:  # a body within MAX_DEPTH that the template recurses past
+        raise APIError(400, "messages: the chat template recursed too deep on these messages "
+                       "and tools", param="messages", code="template_refused") from None
       prompt = chat_template.encode(served.tokenizer, text)
     else:
       prompt = served.tokenizer.encode(chat_template.fallback_prompt(messages, tools))

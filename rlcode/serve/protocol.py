@@ -1,10 +1,13 @@
 """The OpenAI-compatible request bodies, checked, and the error object every refusal carries.
 
-Every byte a client sends is untrusted. `parse` reads a body: JSON, an object, and text that
+Every byte a client sends is untrusted. `parse` reads a body: JSON, an object, nested at
+most MAX_DEPTH arrays and objects deep (the chat template, the log and pydantic all
+recurse, and a tool's parameters nested ~1000 deep ran them out of stack), and text that
 is valid Unicode: a lone surrogate ("\\ud800", which JSON's escapes can spell) is refused
 with the path of the string that holds it, since no tokenizer, log or response can encode
-it. Then each field has a type and a range here, and a body that breaks them is a 400 whose
-OpenAI-style error names the field ({"error": {"message", "type", "param", "code"}}).
+it; either refusal names the path. Then each field has a type and a range here, and a body
+that breaks them is a 400 whose OpenAI-style error names the field
+({"error": {"message", "type", "param", "code"}}).
 
 Every field of OpenAI's completions and chat-completions requests is honoured or refused
 by name, never dropped: a field this server cannot honour (`logit_bias`, penalties other
@@ -34,6 +37,9 @@ MAX_STOP_CHARS = 256
 MAX_SEED = 2**32 - 1
 MAX_PROMPTS = 16
 MAX_METADATA = 16
+# Arrays and objects inside one another, the body itself the first: a JSON schema of tool
+# parameters needs a handful, a body past this is an attack on the recursion limit.
+MAX_DEPTH = 64
 
 
 class APIError(Exception):
@@ -325,18 +331,23 @@ class ChatRequest(_Sampling):
     """The messages as a chat template reads them (content as text; a tool call's
     arguments as an object, which templates write with tojson)."""
     out = []
-    for m in self.messages:
+    for i, m in enumerate(self.messages):
       d: dict[str, Any] = {"role": "system" if m.role == "developer" else m.role,
                            "content": m.text()}
       if m.tool_calls:
         calls = []
-        for call in m.tool_calls:
+        for j, call in enumerate(m.tool_calls):
           args = call.function.arguments
           if isinstance(args, str):
+            where = f"messages.{i}.tool_calls.{j}.function.arguments"
             try:
               args = json.loads(args)
-            except ValueError:
-              raise ValueError("a tool call's arguments must be a JSON object") from None
+            except (ValueError, RecursionError):
+              raise _refuse(where, "a tool call's arguments must be a JSON object") from None
+            # Text the body's walk saw as one string: the template writes what it holds.
+            refused = _refused_shape(args)
+            if refused is not None:
+              raise _refuse(where + ("." + refused[0] if refused[0] else ""), refused[1])
           calls.append({"id": call.id, "type": "function",
                         "function": {"name": call.function.name, "arguments": args}})
         d["tool_calls"] = calls
@@ -377,27 +388,34 @@ def _escaped(key: str) -> str:
   return key.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def _unencodable(data) -> str | None:
-  """The path ("messages.0.content") of the first string or key in `data` that is not
-  valid Unicode (a lone surrogate), or None. Iterative: JSON nests as deep as it likes."""
-  stack: list[tuple[str, Any]] = [("", data)]
+def _refused_shape(data) -> tuple[str, str] | None:
+  """(path, why) of the first string or key in `data` that is not valid Unicode (a lone
+  surrogate), or of the first array or object nested past MAX_DEPTH ("" for `data`
+  itself); None when neither. Iterative: JSON nests as deep as it likes."""
+  stack: list[tuple[str, Any, int]] = [("", data, 1)]
   while stack:
-    path, value = stack.pop()
+    path, value, depth = stack.pop()
     if isinstance(value, str):
       try:
         value.encode("utf-8")
       except UnicodeEncodeError:
-        return path or "body"
-    elif isinstance(value, dict):
+        return path, "not valid Unicode text (a lone surrogate); send UTF-8 text"
+      continue
+    if not isinstance(value, (dict, list)):
+      continue
+    if depth > MAX_DEPTH:
+      return path, (f"nested deeper than {MAX_DEPTH} arrays and objects; this server reads "
+                    "no deeper")
+    if isinstance(value, dict):
       for key, item in reversed(list(value.items())):
         sub = f"{path}.{_escaped(key)}" if path else _escaped(key)
         try:
           key.encode("utf-8")
         except UnicodeEncodeError:
-          return sub
-        stack.append((sub, item))
-    elif isinstance(value, list):
-      stack.extend((f"{path}.{i}" if path else str(i), item)
+          return sub, "not valid Unicode text (a lone surrogate); send UTF-8 text"
+        stack.append((sub, item, depth + 1))
+    else:
+      stack.extend((f"{path}.{i}" if path else str(i), item, depth + 1)
                    for i, item in reversed(list(enumerate(value))))
   return None
 
@@ -408,10 +426,10 @@ def parse(model: type[BaseModel], body: bytes) -> BaseModel:
     data = json.loads(body)
   except (ValueError, RecursionError):  # not UTF-8, not JSON, or nested past the parser
     raise APIError(400, "the body is not valid JSON", code="invalid_json") from None
-  bad = _unencodable(data)
-  if bad is not None:
-    raise APIError(400, f"{bad}: not valid Unicode text (a lone surrogate); send UTF-8 "
-                   "text", param=bad, code="invalid_value")
+  refused = _refused_shape(data)
+  if refused is not None:
+    bad, why = refused[0] or "body", refused[1]
+    raise APIError(400, f"{bad}: {why}", param=bad, code="invalid_value")
   if not isinstance(data, dict):
     raise APIError(400, "the body must be a JSON object", code="invalid_value")
   try:
