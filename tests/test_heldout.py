@@ -114,6 +114,34 @@ def test_a_read_of_a_changed_design_is_flagged_in_the_manifest_and_printed(
   assert len(manifest(into)["held_out_reads"]) == 3
 
 
+def test_a_read_goes_to_the_result_written_after_it_not_to_later_ones(tmp_path, reads, capsys):
+  """One process writing two results of two designs: each manifest holds its own read, and
+  the second result, whose earlier reads are all of its design, is not flagged."""
+  first = loader.load_config(GRPO)
+  other = loader.load_config(GRPO, ["--config.optimizer.learning_rate=1e-3"])
+  a, b = str(tmp_path / "a"), str(tmp_path / "b")
+  heldout.record(other, "held_out", 10)
+  results.write("t", "b", {"x": 0}, config=other, into=b)
+  fresh(reads)
+  read_a = heldout.record(first, "held_out", 10)
+  results.write("t", "a", {"x": 1}, config=first, into=a)
+  read_b = heldout.record(other, "held_out", 10)
+  results.write("t", "b", {"x": 2}, config=other, into=b)
+  assert capsys.readouterr().out == ""
+  assert manifest(a)["held_out_reads"] == [read_a]
+  m = manifest(b)
+  assert m["held_out_reads"][1:] == [read_b] and "held_out_after_change" not in m
+  assert {r["design"] for r in m["held_out_reads"]} == {heldout.design_hash(other)}
+  assert results.HELD_OUT_READS == []
+  # A write that fails before its manifest leaves the read to the next write.
+  read_c = heldout.record(first, "held_out", 10)
+  with pytest.raises(TypeError):
+    results.write("t", "a", {"x": object()}, config=first, into=a)
+  assert results.HELD_OUT_READS == [read_c]
+  results.write("t", "a", {"x": 3}, config=first, into=a)
+  assert manifest(a)["held_out_reads"] == [read_a, read_c] and results.HELD_OUT_READS == []
+
+
 def test_a_result_without_reads_has_no_held_out_keys(tmp_path):
   where = results.write("t", "n", {"x": 1}, into=str(tmp_path / "r"))
   assert not {"held_out_reads", "held_out_after_change"} & set(manifest(where))

@@ -8,16 +8,18 @@ HELD_OUT_SPLITS: "test", "held_out") gets its tasks here, or hands the split to 
 training process through `through_loop`; nothing else under experiments/ loads one. A
 read is recorded in this process (`results.HELD_OUT_READS`): the split, the design's hash
 (`design_hash`), the tree hash of rlcode/ at HEAD, the commit, whether tracked files
-differed from it, the date and the command. `results.write` puts this process's reads in
-the result's manifest under "held_out_reads", after the reads that manifest already held,
-and when a read is of a design none of the earlier reads of that result had, it says so
-in one line, printed and kept under "held_out_after_change": a figure from such a read is
-a second look at the split, after a change that may have been chosen by the first.
+differed from it, the date and the command. The process's next `results.write` takes the
+reads made since its previous write into that result's manifest under "held_out_reads",
+after the reads that manifest already held; no later result gets them. When a read is of
+a design none of the earlier reads of that result had, it says so in one line, printed
+and kept under "held_out_after_change": a figure from such a read is a second look at
+the split, after a change that may have been chosen by the first.
 
 What this does not defend: a held-out read outside experiments/ (`rlcode train
 --config.data.test_split=test` by hand), a result written somewhere else than results/,
-and a change of code rather than config: the code's tree hash is recorded with each read
-but not compared, since nearly every commit changes it.
+a process that reads for two results before writing the first (every read goes to the
+first written), and a change of code rather than config: the code's tree hash is recorded
+with each read but not compared, since nearly every commit changes it.
 """
 
 from __future__ import annotations

@@ -12,6 +12,10 @@ writes results/grpo/grpo_tiny_seeds/result.json and manifest.json:
      (experiments.lib.heldout), "held_out_after_change": one line per read of a design
      that the result's earlier reads did not have (absent when none)}
 
+A held-out read belongs to the next result the process writes: that write takes every read
+the process made since its previous write, and no later result gets them. A process that
+makes two results reads for the first, writes it, then reads for the second.
+
 A run's work folders (checkpoints, samples, the progress file a script resumes from) stay
 under its --out (experiments/out/..., not tracked); only what a table is made of comes here.
 """
@@ -31,8 +35,9 @@ from experiments.lib import ROOT
 
 RESULTS = os.path.join(ROOT, "results")
 MANIFEST = "manifest.json"
-# This process's held-out reads (experiments.lib.heldout.record appends), written into the
-# manifest of every result the process writes.
+# This process's held-out reads not yet in a result (experiments.lib.heldout.record
+# appends; `write` takes them): a read stamped into every later result would give a result
+# that never used it a read of another design, and a false held_out_after_change.
 HELD_OUT_READS: list[dict] = []
 
 
@@ -78,18 +83,21 @@ def write(topic: str, name: str, payload, *, config=None, command: str | None = 
     with open(path) as f:
       before = json.load(f)
     names = sorted(set(before.get("files", [])) | set(names))
+  taken = list(HELD_OUT_READS)
   write_json({**manifest(config=config, command=command), "files": names,
-              **held_out_reads(before, os.path.relpath(where, ROOT))}, path)
+              **held_out_reads(before, os.path.relpath(where, ROOT), taken)}, path)
+  # Only once the manifest holds them: a write that failed leaves them for the next.
+  HELD_OUT_READS[:] = [r for r in HELD_OUT_READS if r not in taken]
   return where
 
 
-def held_out_reads(before: dict, where: str) -> dict:
+def held_out_reads(before: dict, where: str, reads: list[dict]) -> dict:
   """The held-out keys of a result's manifest (module docstring): the reads of `before`
-  (its manifest until now) and this process's others; each read of a design none of the
-  earlier reads had is flagged in one line, printed."""
+  (its manifest until now), then those of `reads` it does not hold; each read of a design
+  none of the earlier reads had is flagged in one line, printed."""
   earlier = before.get("held_out_reads", [])
   seen = {r["id"] for r in earlier}
-  new = [r for r in HELD_OUT_READS if r["id"] not in seen]
+  new = [r for r in reads if r["id"] not in seen]
   if not earlier and not new:
     return {}
   flags = list(before.get("held_out_after_change", []))
