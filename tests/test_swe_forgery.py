@@ -19,7 +19,7 @@ from rlcode.swe.config import SweConfig
 from rlcode.swe.history import Skip
 from rlcode.swe.runner import Runner, RunSpec
 
-from swe_history import FORGED, KNOWN_LIMITS, forged_base, forged_pr, make_forged
+from swe_history import FORGED, KNOWN_LIMITS, SURVIVOR, forged_base, forged_pr, make_forged
 
 pytestmark = pytest.mark.slow
 
@@ -29,11 +29,12 @@ NAMES = ("honest", *FORGED, *KNOWN_LIMITS)
 # exit status, without the plugin).
 FOOLS = {"emitter": {"report"}, "report_class": {"report", "exit"}, "hook": {"report", "exit"},
          "exit_import": {"exit"}, "exit_call": {"exit"}, "plugin_module": {"report"},
-         "fake_report": {"report"}}
+         "fake_report": {"report"}, "setup_swap": {"report", "exit"},
+         "hook_swap": {"report", "exit"}, "swallow": {"report", "exit"}}
 
 
 def file_of(name):
-  return "tests/hook/test_hook.py" if name == "hook" else f"tests/test_{name}.py"
+  return next(p for p in forged_pr(name) if p.endswith(f"/test_{name}.py"))
 
 
 def node(name):
@@ -61,7 +62,9 @@ def forged():
   tree = forged_base()
   for name in NAMES:
     tree.update(forged_pr(name))
-  nodes = tuple(node(n) for n in NAMES) + ("tests/test_honest.py::test_mul_fixture",)
+  tree.update(SURVIVOR)
+  nodes = ("tests/test_survivor.py::test_spawn", "tests/test_survivor_victim.py::test_mul",
+           *(node(n) for n in NAMES), "tests/test_honest.py::test_mul_fixture")
   main = Runner(use_cache=False).run_many(
       [RunSpec(tree, (file_of(n),), timeout=20) for n in NAMES], workers=2)
   isolated = crosscheck.run(RunSpec(tree, nodes, timeout=60))
@@ -151,3 +154,56 @@ def test_a_conftest_or_an_autouse_fixture_routes_to_pytest():
   autouse = text + "\n\n@pytest.fixture(autouse=True)\ndef every():\n  pass\n"
   assert crosscheck.route({"tests/test_ops.py": autouse}, "tests/test_ops.py::test_add") == (
       "pytest")
+
+
+def test_a_process_left_behind_changes_no_later_verdict(forged):
+  """The survivor forks every round and rewrites the next test's file to pass; the
+  driver ends every process before the next test's tree is unpacked."""
+  outcomes = forged["isolated"].outcomes
+  assert outcomes["tests/test_survivor.py::test_spawn"] == "passed"
+  assert outcomes["tests/test_survivor_victim.py::test_mul"] == "failed"
+
+
+def test_a_given_test_with_a_fixture_routes_to_pytest():
+  head = "from hypothesis import given, strategies as st\n\n\n"
+  cases = {"@given(st.integers())\ndef test_a(x):\n  pass\n": "direct",
+           "@given(x=st.integers())\ndef test_a(x):\n  pass\n": "direct",
+           "@given(st.integers())\ndef test_a(tmp_path, x):\n  pass\n": "pytest",
+           "@given(x=st.integers())\ndef test_a(tmp_path, x):\n  pass\n": "pytest",
+           "@given(*[st.integers()])\ndef test_a(x):\n  pass\n": "pytest"}
+  for text, want in cases.items():
+    assert crosscheck.route({"t.py": head + text}, "t.py::test_a") == want, text
+
+
+def test_find_names_the_def_a_node_runs():
+  text = ("import pytest\n\n\ndef test_a():\n  pass\n\n\n@pytest.mark.x\ndef test_a():\n  pass\n\n\n"
+          "class Base:\n  def test_m(self):\n    pass\n\n\nclass C(Base):\n  class D:\n"
+          "    def test_n(self):\n      pass\n\n\ntest_made = make()\n")
+  files = {"t.py": text}
+  assert crosscheck.find(files, "t.py::test_a[1]") == ("test_a", 8)
+  assert crosscheck.find(files, "t.py::C::test_m") == ("Base.test_m", 14)
+  assert crosscheck.find(files, "t.py::C::D::test_n") == ("C.D.test_n", 20)
+  assert crosscheck.find(files, "t.py::test_made") is None
+
+
+def test_the_budget_grows_with_the_tests_and_a_timeout_is_not_a_disagreement(tmp_path):
+  spec = RunSpec({}, tuple(f"t.py::test_{i}" for i in range(300)), timeout=20)
+  assert crosscheck.seconds(spec) == 20 + 300 * crosscheck.PER_TEST_SECONDS
+  slow = runner.TestRun("timeout", {"t.py::test_0": "passed"}, seconds=620.0)
+  with pytest.raises(Skip) as e:
+    validate.runners_agree(frozenset({"t.py::test_0"}), runner.TestRun("ok", {}), slow)
+  assert e.value.reason == "timeout"
+  outcomes, status, why = crosscheck.parse('{"n": "k", "v": "rt", "why": ""}\n', "k",
+                                           ("a", "b", "c"))
+  assert (outcomes, status) == ({"a": "passed", "b": "error"}, "timeout")
+  tests = Runner(cache_dir=str(tmp_path))
+  calls = []
+
+  def timing_out(spec_, env):
+    calls.append(1)
+    return slow
+
+  one = RunSpec({"t.py": ""}, ("t.py::test_0",), timeout=1)
+  for _ in range(2):
+    tests.run(one, timing_out, "crosscheck x", cache_timeouts=False)
+  assert len(calls) == 2

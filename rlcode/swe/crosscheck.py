@@ -57,6 +57,7 @@ This module must not know about PRs, tasks or rewards.
 from __future__ import annotations
 
 import ast
+import dataclasses
 import json
 import posixpath
 import secrets
@@ -68,27 +69,79 @@ from rlcode.sandbox.session import Session, SessionError
 from rlcode.swe import runner, testenv
 from rlcode.swe.runner import RunSpec, TestRun
 
-CROSSCHECK_VERSION = "1"  # bump when a change here changes verdicts (it keys the cache)
+CROSSCHECK_VERSION = "2"  # bump when a change here changes verdicts (it keys the cache)
 ROUTES = ("direct", "pytest")
-VERDICTS = {"returned": "passed", "raised": "failed"}  # anything else is "error"
+# The driver's letters: the function returned, raised, or the budget ran out before the
+# test did; "n" (no verdict) and anything else is "error".
+LETTERS = {"r": "passed", "x": "failed", "t": "error"}
+# Each test's allowance on top of spec.timeout: its tree unpacked, its interpreter
+# started, pytest imported (about 0.3 s on an idle core).
+PER_TEST_SECONDS = 2.0
 _PLAN = ".rlcode_crosscheck.json"
 _TREE = ".rlcode_crosscheck.b64"
-_OUT = ".rlcode_crosscheck.out"
 _HYPOTHESIS = frozenset({"given", "settings", "example", "seed"})
 _XUNIT = frozenset({"setup_module", "teardown_module", "setUpModule", "tearDownModule",
                     "setup_function", "teardown_function", "setup_method", "teardown_method",
                     "setup_class", "teardown_class", "setup", "teardown"})
 
-# A direct test's interpreter: argv is the node id, the verdict pipe and the key pipe. The
-# functions it needs after the call are bound before the test's module is imported, so a
-# module that replaces os.write does not change how the verdict is written.
-_DIRECT = """\
-import os, sys
-_read, _write, _exit = os.read, os.write, os._exit
-node, res, key = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
+# What both kinds of interpreter start with. argv: the node id, the verdict pipe, the key
+# pipe, and the qualified name and first line of the test's def in its file (`find`). The
+# def is compiled from the fresh copy of the file before any of the tree's code runs; a
+# trace function sees whether that code (equal in value, so the module's own function)
+# ran to a return instruction, so whatever replaces or wraps the function the runner
+# calls cannot pass without the test's own code returning. The functions needed after the
+# call are bound first, so a module that replaces os.write or sys.settrace afterwards does
+# not change how the verdict is seen or written.
+_PRELUDE = """\
+import dis, os, sys
+_read, _write, _exit, _settrace = os.read, os.write, os._exit, sys.settrace
+node, res, key, qualname, first = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
+_RETURNS = frozenset(dis.opmap[n] for n in ("RETURN_VALUE", "RETURN_CONST") if n in dis.opmap)
 
 
-def call():
+def _expected():
+  path = node.split("::")[0]
+  with open(path, "rb") as f:
+    todo = [compile(f.read(), os.path.abspath(path), "exec", dont_inherit=True)]
+  while todo:
+    code = todo.pop()
+    if code.co_qualname == qualname and code.co_firstlineno == first:
+      return code
+    todo.extend(c for c in code.co_consts if isinstance(c, type(code)))
+  return None
+
+
+_want = _expected()
+_name = qualname.rsplit(".", 1)[-1]
+_returned = []
+
+
+def _local(frame, event, arg):
+  if event == "return" and frame.f_code.co_code[frame.f_lasti] in _RETURNS:
+    _returned.append(True)
+  return _local
+
+
+def _tracer(frame, event, arg):
+  code = frame.f_code
+  return _local if code.co_name == _name and code == _want else None
+"""
+
+def _plugin_function(name: str) -> str:
+  """The text of the report plugin's function `name` (rlcode.swe.pytest_plugin)."""
+  module = ast.parse(testenv.PLUGIN_SOURCE)
+  found = next(s for s in module.body if isinstance(s, ast.FunctionDef) and s.name == name)
+  return ast.get_source_segment(testenv.PLUGIN_SOURCE, found)
+
+
+# A direct test's interpreter (after the prelude). Hypothesis is made deterministic by
+# the report plugin's own function, its text copied here so that pytest is never imported.
+_DIRECT = _PRELUDE + """\
+_EXAMPLES = os.environ.pop("RLCODE_HYPOTHESIS_EXAMPLES", "")
+%(deterministic)s
+
+
+def target():
   import importlib, unittest
   path, *names = node.split("::")
   base, parts = os.path.dirname(os.path.abspath(path)), [os.path.basename(path)[:-3]]
@@ -97,35 +150,38 @@ def call():
     base = os.path.dirname(base)
   sys.path.insert(0, base)
   module = importlib.import_module(".".join(parts))
-  if "hypothesis" in sys.modules:
-    import rlcode_pytest_report
-    rlcode_pytest_report.deterministic_hypothesis()
+  deterministic_hypothesis()
   if len(names) == 1:
-    getattr(module, names[0])()
-    return
+    return getattr(module, names[0])
   cls = getattr(module, names[0])
   if isinstance(cls, type) and issubclass(cls, unittest.TestCase):
-    unittest.TestSuite([cls(names[1])]).debug()
-  else:
-    getattr(cls(), names[1])()
+    return unittest.TestSuite([cls(names[1])]).debug
+  return getattr(cls(), names[1])
 
 
 try:
-  call()
-  word = b" returned\\n"
+  call = target()
+  _settrace(_tracer)
+  try:
+    call()
+  finally:
+    _settrace(None)
+  word = b" returned\\n" if _returned else None
 except BaseException:
   word = b" raised\\n"
-_write(res, _read(key, 64) + word)
+if word:
+  _write(res, _read(key, 64) + word)
 _exit(0)
-"""
+""" % {"deterministic": _plugin_function("deterministic_hypothesis")}
 
-# A test that needs pytest: pytest.main on its function alone, with a plugin object that
-# wraps the item's function just before pytest calls it.
-_PYTEST = """\
-import os, sys
-_read, _write, _exit = os.read, os.write, os._exit
-node, res, key = sys.argv[1], int(sys.argv[2]), int(sys.argv[3])
-import inspect
+# A test that needs pytest (after the prelude): pytest.main on its function alone, with
+# asserts left as written (so that the module's code is what the prelude compiled) and a
+# plugin object whose wrapper around the call phase traces it: the verdict is whether the
+# call phase returned with the test's own code returned, or raised, never pytest's report.
+# A unittest.TestCase test gets none: pytest's unittest item records a failure instead of
+# raising it, so a return does not say the test passed.
+_PYTEST = _PRELUDE + """\
+import unittest
 import pytest
 
 
@@ -139,30 +195,25 @@ class Watch:
     items[:] = [item for item in items if item.nodeid == node]
     self.items = len(items)
 
-  @pytest.hookimpl(tryfirst=True)
+  @pytest.hookimpl(wrapper=True, tryfirst=True)
   def pytest_runtest_call(self, item):
-    function, watch = item.obj, self
-
-    if inspect.iscoroutinefunction(function):
-      async def watched(*args, **kwargs):
-        watch.seen = "raised"
-        result = await function(*args, **kwargs)
-        watch.seen = "returned"
-        return result
-    else:
-      def watched(*args, **kwargs):
-        watch.seen = "raised"
-        result = function(*args, **kwargs)
-        watch.seen = "returned"
-        return result
-    item.obj = watched
+    cls = getattr(item, "cls", None)
+    self.seen = "raised"
+    _settrace(_tracer)
+    try:
+      result = yield
+    finally:
+      _settrace(None)
+    unit = isinstance(cls, type) and issubclass(cls, unittest.TestCase)
+    self.seen = "returned" if _returned and not unit else None
+    return result
 
 
 watch = Watch()
 try:
   pytest.main(["-p", "rlcode_pytest_report", "-p", "no:cacheprovider", "--rootdir=/sandbox",
                "-q", "--no-header", "-o", "console_output_style=classic", "--tb=no",
-               node.split("[", 1)[0]], plugins=[watch])
+               "--assert=plain", node.split("[", 1)[0]], plugins=[watch])
 except BaseException:
   watch.seen = None
 if watch.items == 1 and watch.seen:
@@ -170,7 +221,9 @@ if watch.items == 1 and watch.seen:
 _exit(0)
 """
 
-# The driver (module docstring). argv: the workspace's path.
+# The driver (module docstring). Its verdicts go to its standard output, which no test
+# process holds (theirs is /dev/null) or can open (the driver is non-dumpable); one letter
+# a test, in the plan's order (LETTERS).
 _DRIVER = runner.UNPACK_FUNCTION + """
 import base64, ctypes, json, os, secrets, signal, subprocess, sys, time
 plan = json.load(open(%(plan)r))
@@ -178,19 +231,13 @@ data = base64.b64decode(open(%(tree)r).read())
 os.remove(%(plan)r)
 os.remove(%(tree)r)
 nonce = plan["nonce"]
+libc = ctypes.CDLL(None)
 
 
-lines = []
-
-
-def say(record):
-  record["n"] = nonce
-  lines.append(json.dumps(record) + "\\n")
-
-
-def report():
-  with open(%(out)r, "w") as f:
-    f.write("".join(lines))
+def report(letters, why=""):
+  sys.stdout.write(json.dumps({"n": nonce, "v": letters, "why": why}) + "\\n")
+  sys.stdout.flush()
+  sys.exit(0)
 
 
 def wipe(path):
@@ -203,29 +250,58 @@ def wipe(path):
       os.unlink(entry.path)
 
 
+def others():
+  return [n for n in os.listdir("/proc") if n.isdigit() and int(n) not in (1, os.getpid())]
+
+
 def kill_others():
-  for name in os.listdir("/proc"):
-    if name.isdigit() and int(name) not in (1, os.getpid()):
+  # kill(-1) reaches every process of the namespace but the caller and init, and a fork
+  # racing it either is reached or fails; orphans come to this process (a subreaper),
+  # which reaps them, until /proc lists no other process. Bounded: False if one stays.
+  for _ in range(%(rounds)d):
+    try:
+      os.kill(-1, signal.SIGKILL)
+    except ProcessLookupError:
+      pass
+    while True:
       try:
-        os.kill(int(name), signal.SIGKILL)
-      except OSError:
-        pass
+        if os.waitpid(-1, os.WNOHANG)[0] == 0:
+          break
+      except ChildProcessError:
+        break
+    if not others():
+      return True
+    time.sleep(0.01)
+  return False
 
 
-try:
-  dumpable = ctypes.CDLL(None).prctl(4, 0, 0, 0, 0) != 0  # PR_SET_DUMPABLE
-except (OSError, AttributeError):
-  dumpable = True
-if dumpable:
-  say({"e": "refused", "why": "the driver could not make itself non-dumpable"})
-  report()
-  sys.exit(0)
+def nested_pid_namespace():
+  # The initial pid namespace has a fixed inode (the kernel's PROC_PID_INIT_INO); in any
+  # other, kill(-1) reaches only that namespace's processes. Init as parent: the driver
+  # is the session's command, nothing of the host beside it.
+  try:
+    ns = os.readlink("/proc/self/ns/pid")
+  except OSError:
+    return False
+  return ns.startswith("pid:[") and ns != "pid:[4026531836]" and os.getppid() == 1
+
+
+letters = ""
+if libc.prctl(4, 0, 0, 0, 0) != 0:  # PR_SET_DUMPABLE
+  report(letters, "the driver could not make itself non-dumpable")
+if not nested_pid_namespace() or libc.prctl(36, 1, 0, 0, 0) != 0:  # PR_SET_CHILD_SUBREAPER
+  report(letters, "the driver is not init's child in a pid namespace of its own")
+if others():
+  report(letters, "another process runs beside the driver")
 deadline = time.monotonic() + plan["seconds"]
 env = dict(os.environ, **plan["env"])
-for node, route in plan["tests"]:
+for node, route, qualname, first in plan["tests"]:
   left = deadline - time.monotonic()
   if left <= 0:
-    say({"e": "test", "id": node, "v": "timeout"})
+    letters += "t"
+    continue
+  if qualname is None:
+    letters += "n"
     continue
   wipe(".")
   unpack(data)
@@ -235,30 +311,35 @@ for node, route in plan["tests"]:
   os.write(key_w, given)
   os.close(key_w)
   proc = subprocess.Popen(["python3", "-S", "-c", plan["children"][route], node,
-                           str(res_w), str(key_r)], pass_fds=(res_w, key_r),
-                          stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+                           str(res_w), str(key_r), qualname, str(first)],
+                          pass_fds=(res_w, key_r), stdin=subprocess.DEVNULL,
+                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env,
+                          start_new_session=True)
   os.close(res_w)
   os.close(key_r)
   try:
     code = proc.wait(left)
   except subprocess.TimeoutExpired:
     code = None
-  kill_others()
-  proc.wait()
+  ended = kill_others()
   os.set_blocking(res_r, False)
   try:
     got = os.read(res_r, 256)
   except BlockingIOError:
     got = b""
   os.close(res_r)
-  verdict = "timeout" if code is None else "none"
-  if code == 0 and got in (given + b" returned\\n", given + b" raised\\n"):
-    verdict = got.split()[1].decode()
-  say({"e": "test", "id": node, "v": verdict})
-say({"e": "done"})
-report()
-""" % {"plan": _PLAN, "tree": _TREE, "out": _OUT}
+  if code is None:
+    letters += "t"
+  elif code == 0 and got == given + b" returned\\n":
+    letters += "r"
+  elif code == 0 and got == given + b" raised\\n":
+    letters += "x"
+  else:
+    letters += "n"
+  if not ended:
+    report(letters, "a test left a process that SIGKILL did not end")
+report(letters)
+""" % {"plan": _PLAN, "tree": _TREE, "rounds": 200}
 
 
 def route(files: Mapping[str, str], node: str) -> str:
@@ -326,83 +407,143 @@ def _autouse(decorator: ast.expr) -> bool:
 
 
 def _plain_test(node: ast.stmt | None, selves: int) -> bool:
-  """A def that runs when called with `selves` arguments (hypothesis' given supplies
-  the rest)."""
+  """A def that runs when called with `selves` arguments and what one hypothesis `given`
+  supplies (by position the rightmost arguments, or by name), nothing else: an argument
+  given does not supply is a fixture, which only pytest provides."""
   if not isinstance(node, ast.FunctionDef):
     return False
-  decorators = {_decorator_name(d) for d in node.decorator_list}
-  if not decorators <= _HYPOTHESIS:
+  if not {_decorator_name(d) for d in node.decorator_list} <= _HYPOTHESIS:
     return False
   args = node.args
-  if "given" in decorators:
-    return True
-  return (len(args.posonlyargs) + len(args.args) == selves and not args.kwonlyargs
-          and args.vararg is None and args.kwarg is None)
+  params = [a.arg for a in args.posonlyargs + args.args][selves:]
+  if len(params) + selves != len(args.posonlyargs) + len(args.args) or args.vararg or args.kwarg:
+    return False
+  givens = [d for d in node.decorator_list if _decorator_name(d) == "given"]
+  if not givens:
+    return not params and not args.kwonlyargs
+  given = givens[0]
+  if len(givens) > 1 or not isinstance(given, ast.Call) or any(
+      isinstance(a, ast.Starred) for a in given.args) or any(k.arg is None for k in given.keywords):
+    return False
+  if given.args:
+    return not given.keywords and not args.kwonlyargs and len(given.args) == len(params)
+  return {k.arg for k in given.keywords} == set(params) | {a.arg for a in args.kwonlyargs}
 
 
-def plan(spec: RunSpec) -> list[list[str]]:
-  """[node id, route] of each of spec.tests, in order."""
-  return [[node, route(spec.files, node)] for node in spec.tests]
+def find(files: Mapping[str, str], node: str) -> tuple[str, int] | None:
+  """(qualified name, first line) of the def that `node` runs, read from its file's text:
+  the module's or a class's (nested classes, and a base class of the same module, followed)
+  last def of that name; None when the text does not say (a test made by a factory,
+  imported, or inherited from another module). Its first line is that of its first
+  decorator, as in its code object."""
+  path, _, rest = node.partition("::")
+  names = rest.split("[", 1)[0].split("::") if rest else []
+  if not names or path not in files:
+    return None
+  try:
+    module = ast.parse(files[path])
+  except (SyntaxError, ValueError, RecursionError, MemoryError):
+    return None
+  return _member(module.body, module.body, names, [], 0)
 
 
-def parse(text: str, nonce: str) -> tuple[dict[str, str], bool, str]:
-  """(node id -> outcome, whether the driver finished, why it refused or "") of the
-  driver's output; lines without the nonce are ignored, and a test reported twice is
-  "error"."""
-  outcomes: dict[str, str] = {}
-  seen: set[str] = set()
-  done, refused = False, ""
+def _member(top: list[ast.stmt], body: list[ast.stmt], names: list[str], qual: list[str],
+            depth: int) -> tuple[str, int] | None:
+  if depth > 8:
+    return None
+  stmt = _last_def(body, names[0])
+  if len(names) == 1:
+    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
+      return ".".join(qual + names), min([stmt.lineno] + [d.lineno for d in stmt.decorator_list])
+    return None
+  if not isinstance(stmt, ast.ClassDef):
+    return None
+  found = _member(top, stmt.body, names[1:], qual + [names[0]], depth + 1)
+  if found or len(names) != 2:
+    return found
+  for base in stmt.bases:
+    if isinstance(base, ast.Name):
+      found = _member(top, top, [base.id, names[1]], [], depth + 1)
+      if found:
+        return found
+  return None
+
+
+def plan(spec: RunSpec) -> list[list]:
+  """[node id, route, qualified name, first line] of each of spec.tests, in order (`route`,
+  `find`; a test whose def is not found gets None and 0, and no verdict)."""
+  out = []
+  for node in spec.tests:
+    qualname, first = find(spec.files, node) or (None, 0)
+    out.append([node, route(spec.files, node), qualname, first])
+  return out
+
+
+def seconds(spec: RunSpec) -> float:
+  """The driver's wall clock for spec: spec.timeout (what the tests take) and
+  PER_TEST_SECONDS a test (its unpack, its interpreter, pytest's import)."""
+  return spec.timeout + PER_TEST_SECONDS * len(spec.tests)
+
+
+def parse(text: str, nonce: str, tests: tuple[str, ...]) -> tuple[dict[str, str], str, str]:
+  """(node id -> outcome, status, why the driver stopped or "") of the driver's output:
+  its line with the nonce, one letter a test of `tests` in order (LETTERS; any other is
+  "error", and so is a test listed twice). Status "ok" when every test has a verdict
+  letter, "timeout" when the budget ran out before one, else "crash"."""
   for line in text.splitlines():
     try:
       record = json.loads(line)
     except ValueError:
       continue
-    if not isinstance(record, dict) or record.get("n") != nonce:
-      continue
-    if record.get("e") == "done":
-      done = True
-    elif record.get("e") == "refused" and isinstance(record.get("why"), str):
-      refused = record["why"][:200]
-    elif record.get("e") == "test" and isinstance(record.get("id"), str):
-      node = record["id"]
-      outcomes[node] = "error" if node in seen else VERDICTS.get(record.get("v"), "error")
-      seen.add(node)
-  return outcomes, done and not refused, refused
+    if (isinstance(record, dict) and record.get("n") == nonce
+        and isinstance(record.get("v"), str) and isinstance(record.get("why"), str)):
+      break
+  else:
+    return {}, "crash", ""
+  letters, why = record["v"][:len(tests)], record["why"][:200]
+  outcomes: dict[str, str] = {}
+  for test, letter in zip(tests, letters):
+    outcomes[test] = "error" if test in outcomes else LETTERS.get(letter, "error")
+  status = "timeout" if "t" in letters else (
+      "ok" if len(letters) == len(tests) and not why else "crash")
+  return outcomes, status, why
 
 
 def run(spec: RunSpec, env: testenv.TestEnv | None = None) -> TestRun:
   """Each of spec.tests in its own interpreter (module docstring): outcomes "passed" (the
   test function returned), "failed" (it raised) or "error" (no verdict); status "ok" when
-  the driver reported every test. Never raises for what the tests do."""
+  the driver gave every test a verdict, "timeout" when `seconds(spec)` ran out first.
+  Never raises for what the tests do."""
   env = env or runner.environment(spec)
   nonce = secrets.token_hex(16)
   children = {"direct": _DIRECT, "pytest": _PYTEST}
   child_env = {"PYTHONPATH": runner.python_path(spec), "PYTHONHASHSEED": str(spec.attempt)}
   if spec.hypothesis_examples:
     child_env["RLCODE_HYPOTHESIS_EXAMPLES"] = str(spec.hypothesis_examples)
-  todo = {"nonce": nonce, "seconds": spec.timeout, "env": child_env, "children": children,
+  budget = seconds(spec)
+  todo = {"nonce": nonce, "seconds": budget, "env": child_env, "children": children,
           "tests": plan(spec)}
+  limits = dataclasses.replace(runner.session_limits(spec), command_seconds=budget + 30,
+                               cpu_seconds=int(budget) + 1,
+                               max_output_bytes=len(spec.tests) + (8 << 10))
   start = time.monotonic()
   try:
-    with Session(runner.session_limits(spec), mounts={testenv.MOUNT: env.path}) as session:
+    with Session(limits, mounts={testenv.MOUNT: env.path}) as session:
       session.write(_TREE, runner.tarball(spec.files))
       session.write(_PLAN, json.dumps(todo))
       result = session.exec(f"exec python3 -S -I -c {shlex.quote(_DRIVER)}",
-                            timeout=spec.timeout + 30)
-      try:
-        text = session.read(_OUT)
-      except SessionError:
-        text = ""
+                            timeout=budget + 30)
   except SessionError as e:
     return TestRun("crash", output=f"the session died: {e}"[-2000:],
                    seconds=time.monotonic() - start)
-  outcomes, done, refused = parse(text, nonce)
-  status = "ok" if done and set(outcomes) == set(spec.tests) else (
-      "timeout" if result.timed_out else "crash")
+  outcomes, status, why = parse(result.output, nonce, spec.tests)
+  if status == "crash" and result.timed_out:
+    status = "timeout"
   return TestRun(status, outcomes, {}, 0 if status == "ok" else None,
-                 time.monotonic() - start, refused or result.output[-2000:])
+                 time.monotonic() - start, why or result.output[-2000:])
 
 
 def cached(tests: runner.Runner, spec: RunSpec) -> TestRun:
-  """`run(spec)` through `tests`' cache."""
-  return tests.run(spec, run, f"crosscheck {CROSSCHECK_VERSION}")
+  """`run(spec)` through `tests`' cache; a run that timed out is not kept (on a less
+  loaded machine it may finish)."""
+  return tests.run(spec, run, f"crosscheck {CROSSCHECK_VERSION}", cache_timeouts=False)

@@ -277,9 +277,10 @@ class Runner:
     self._lock = threading.Lock()
 
   def run(self, spec: RunSpec, how: Callable[[RunSpec, testenv.TestEnv], TestRun] = run,
-          how_key: str = "") -> TestRun:
+          how_key: str = "", cache_timeouts: bool = True) -> TestRun:
     """`how(spec, env)`, this module's `run` unless given (a second runner, cached under
-    `how_key`), or its cached result."""
+    `how_key`), or its cached result; cache_timeouts=False keeps a timed-out run out of
+    the cache."""
     env = environment(spec)
     path = os.path.join(self.root, cache_key(spec, env, how_key) + ".json")
     if self.use_cache:
@@ -292,7 +293,8 @@ class Runner:
     with self._lock:
       self.ran += 1
       self.seconds += result.seconds
-    if self.use_cache and result.status != "sandbox_error":
+    if self.use_cache and result.status != "sandbox_error" and (
+        cache_timeouts or result.status != "timeout"):
       _store(path, result)
     return result
 
