@@ -7,45 +7,62 @@ the report plugin's emitter, rewrite outcomes in a conftest's hook, write a repo
 of its own and end the interpreter before the real one. `run(spec)` runs each of
 `spec.tests` (node ids) again, in a sandbox of its own, without pytest's reports:
 
-  - a driver (the sandbox's first process, standard library only, `-I` so that no file of
-    the tree can stand in for a module it imports) reads the plan and the tree and deletes
-    them, makes itself non-dumpable (no process of the tree can read its memory, file
-    descriptors or environment through /proc), and for each test unpacks the tree anew (what
-    one test's run wrote cannot change the next one's files), starts one interpreter, waits
-    for it, then kills every process but itself and the sandbox's init;
-  - that interpreter gets two pipes: the driver writes a fresh random key into one, and
-    the interpreter reads it only after the test function has returned (or raised) and
-    writes it back on the other with the word "returned" (or "raised"), then exits 0. The
-    driver trusts only that: an interpreter that exits early (`os._exit(0)` at import or in
-    the test, `sys.exit`), is killed, or writes anything else gives no verdict ("error"),
-    whatever its exit status;
-  - the driver writes its verdicts to a file once every test's processes are dead, each
-    line with a nonce from the plan it deleted before any test ran, so no line a test
-    writes counts.
+  - a driver (the sandbox's command, init's child in its pid namespace, standard library
+    only, `-I` so that no file of the tree can stand in for a module it imports) reads the
+    plan and the tree and deletes them, makes itself non-dumpable (no process of the tree
+    can read its memory, file descriptors or environment through /proc) and the subreaper
+    of what the tests leave, and for each test unpacks the tree anew (what one test's run
+    wrote cannot change the next one's files), starts one interpreter, waits for it, then
+    sends SIGKILL to every process but itself and init and reaps them, again until /proc
+    lists no other (a process that forks in a loop is not missed by one scan); a process
+    it cannot end stops the run;
+  - that interpreter first compiles the test's def from the fresh file (`find`: its
+    qualified name and first line) and traces the call: a verdict of "returned" needs that
+    code, equal in value to the module's own, to have reached a return instruction, so
+    whatever replaces, wraps or skips the function the runner calls does not pass. It gets
+    two pipes: the driver writes a fresh random key into one, and the interpreter reads it
+    only after the call has returned (or raised) and writes it back on the other with the
+    word "returned" (or "raised"), then exits 0. The driver trusts only that: an
+    interpreter that exits early (`os._exit(0)` at import or in the test, `sys.exit`), is
+    killed, or writes anything else gives no verdict ("error"), whatever its exit status;
+  - the driver prints its verdicts, one letter a test and a nonce from the plan it deleted
+    before any test ran, on its standard output, which no test process holds or can open.
 
 Which tests run how (`route`, decided here from the tree's text, never from what a test
 process says): "direct" — a module-level test function or a method of a class, found as
-a `def` in the file, taking no argument (besides self) unless hypothesis' `given` supplies
-them, with no decorator but hypothesis's, in a module and class without pytest marks,
-autouse fixtures or xunit setup, and no conftest.py on the way from the root — is imported and
-called by a few lines of ours that never import pytest (pytest's import mode "prepend";
-a unittest.TestCase runs through `unittest.TestSuite([case]).debug()`, its setUp and
-class fixtures included). Every other test (parametrized ids, fixtures, marks, conftest.py)
-runs in pytest, alone (`pytest.main` on its function, the other items deselected), with a
-plugin object of ours that wraps the item's function: the verdict is whether that wrapper
-saw the function return, never pytest's report of it, so a hook that rewrites reports,
-a patched TestReport or a `pytest_pyfunc_call` that never calls the test does not pass.
+a `def` in the file, taking no argument (besides self) but those one hypothesis `given`
+supplies, with no decorator but hypothesis's, in a module and class without pytest marks,
+autouse fixtures or xunit setup, and no conftest.py on the way from the root — is imported
+and called by a few lines of ours that never import pytest (hypothesis is made
+deterministic by the report plugin's function, its text copied; pytest's import mode
+"prepend"; a unittest.TestCase runs through `unittest.TestSuite([case]).debug()`, its
+setUp and class fixtures included). Every other test (parametrized ids, fixtures, marks,
+conftest.py) runs in pytest, alone (`pytest.main` on its function, the other items
+deselected, `--assert=plain` so that the module's code is the file's), with a plugin
+object whose wrapper traces the call phase: the verdict is whether that phase returned
+with the test's own code returned, never pytest's report, so a hook that rewrites reports,
+a patched TestReport, a `pytest_pyfunc_call` that never calls the test, a Function.setup
+or setup hook that swaps `item.obj`, or a wrapper that swallows the test's exception does
+not pass. A unittest.TestCase test in the pytest route gets no verdict (pytest's unittest
+item records a failure instead of raising it), nor does a test whose def its file does not
+show (made by a factory, imported, inherited from another module): such a task is dropped.
 
 What remains possible (counted in tests/test_swe_forgery.py as the known limits). The
-test and the code under test still run in the interpreter that reads the key, so code
-written against this runner can forge it: read the key pipe during the call and write
-the verdict itself, or (in the pytest route) call the test's original function from a
-conftest hook and swallow its exception. Code that recognises this runner (no pytest in
-sys.modules, the driver as parent) can also behave correctly here and wrong elsewhere. And
-a test is only as good as its assertions: a lying `__eq__` passes both runners. What this
-closes is every forgery that targets pytest (its reports, hooks, exit status, the report
-plugin or file) or ends the interpreter: to pass, a forgery must also know this protocol
-and defeat it in a second interpreter that starts from a fresh copy of the tree.
+test and the code under test still run in the interpreter that reads the key and traces
+the call, so code written against this runner can forge it: read the key pipe during the
+call and write the verdict itself, end or replace the trace function, or run the test's
+own code with other globals, arguments or fixture values (a function built from its code
+object, `types.FunctionType(code, forged_globals)`, is equal in code and passes the
+check). Code that recognises this runner (no pytest in sys.modules, the driver as parent)
+can also behave correctly here and wrong elsewhere. And a test is only as good as its
+assertions: a lying `__eq__` passes both runners. What this closes is every forgery that
+targets pytest (its reports, hooks, exit status, the report plugin or file, which function
+it calls) or ends the interpreter, and a process left behind to change a later test: to
+pass, a forgery must know this protocol and defeat it in a second interpreter that starts
+from a fresh copy of the tree.
+
+Time: `seconds(spec)`, spec.timeout and PER_TEST_SECONDS a test; a run that runs out of
+it is "timeout" (validation skips the PR as such, and the cache does not keep it).
 
 Cost: one sandbox and one interpreter per test (about 0.05 s a direct test and 0.3 s a
 pytest one on an idle core, plus the test itself); validation runs it on the gold patch's
