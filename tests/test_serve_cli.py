@@ -23,6 +23,11 @@ GRPO = os.path.join(ROOT, "configs", "grpo_tiny.py")
     (["serve", "--checkpoint", "/nonexistent/run"], "/nonexistent/run"),
     (["serve", "--config", ONLINE, "--config.serve.batching=fast"], "serve.batching"),
     (["serve", "--config", ONLINE, "--config.serve.slots=0"], "serve.slots"),
+    (["serve", "--config", ONLINE,
+      f"--config.serve.log_url=sqlite:///{ROOT}/README.md/interactions.sqlite"],
+     "its folder " + os.path.join(ROOT, "README.md") + " cannot be made (a file is there)"),
+    (["serve", "--config", ONLINE, "--config.serve.log_url=postgresql://u@127.0.0.1:1/db"],
+     "cannot be opened (postgresql: "),
     (["learn-online", "--config", GRPO], "trainer is 'online'"),
     (["learn-online", "--config", ONLINE, "--config.online.reward=likes"], "online.reward"),
 ])

@@ -276,3 +276,97 @@ def test_a_refused_log_is_moved_aside_only_when_asked(good_log, tmp_path, capsys
   healthy.close()
   assert sorted(os.listdir(tmp_path)) == sorted([os.path.basename(aside),
                                                  os.path.basename(path)])
+
+
+# ---------------------------------------------------------------- unavailable, not damaged
+
+def test_a_locked_log_is_unavailable_not_damaged_and_never_moved_aside(good_log, tmp_path):
+  """Another writer holding the file's lock past the busy timeout is named as that: the
+  refusal does not call the log damaged, --move-log-aside leaves it where it is, and it
+  opens once the lock is let go."""
+  url = log_lib.default_url(str(tmp_path))
+  path = log_lib.sqlite_path(url)
+  with open(path, "wb") as f:
+    f.write(good_log)
+  holder = sqlite3.connect(path, isolation_level=None)
+  try:
+    holder.execute("PRAGMA locking_mode=EXCLUSIVE")
+    holder.execute("BEGIN EXCLUSIVE")
+    with pytest.raises(log_lib.LogUnavailable) as refused:
+      log_lib.InteractionLog(url, MODEL, busy_timeout_s=0.2)
+    message = refused.value.message
+    assert "is locked by another process" in message and path in message, message
+    assert "damaged" not in message and "--move-log-aside" not in message and "\n" not in message
+    # not a LogRefused: `rlcode serve --move-log-aside` (server.open_log) passes it on
+    assert not isinstance(refused.value, log_lib.LogRefused)
+    assert not [name for name in os.listdir(tmp_path) if "aside" in name]
+  finally:
+    holder.close()
+  store = log_lib.InteractionLog(url, MODEL, busy_timeout_s=0.2)
+  try:
+    assert store.counts()["feedback"] == 240
+  finally:
+    store.close()
+
+
+def _closed_port():
+  with socket.socket() as s:
+    s.bind(("127.0.0.1", 0))
+    return s.getsockname()[1]
+
+
+@pytest.mark.parametrize("where,says", [
+    ("under_a_file", "cannot be made (a file is there)"),
+    ("under_a_file_twice", "cannot be made (Not a directory)"),
+    ("postgres_refusing", "cannot be opened (postgresql: "),
+])
+def test_a_log_that_cannot_be_opened_is_one_line_not_damage(where, says, tmp_path):
+  (tmp_path / "file").write_text("")
+  url = {"under_a_file": f"sqlite:///{tmp_path}/file/interactions.sqlite",
+         "under_a_file_twice": f"sqlite:///{tmp_path}/file/x/interactions.sqlite",
+         "postgres_refusing": f"postgresql://u:secret@127.0.0.1:{_closed_port()}/db"}[where]
+  with pytest.raises(log_lib.LogUnavailable) as refused:
+    log_lib.InteractionLog(url, MODEL)
+  message = refused.value.message
+  assert says in message and "\n" not in message and "secret" not in message, message
+  assert "damaged" not in message and "--move-log-aside" not in message, message
+  assert sorted(os.listdir(tmp_path)) == ["file"]
+
+
+def test_two_processes_creating_the_log_at_once_share_its_tables(tmp_path, monkeypatch):
+  """Another process creates the tables between this one's look and its create (SQLite
+  then says "table ... already exists"): this one uses theirs."""
+  import sqlalchemy as sa
+  url = log_lib.default_url(str(tmp_path))
+  real = log_lib.METADATA.create_all
+  raced = []
+
+  def create_all(bind, checkfirst=True, **kwargs):
+    if not raced:
+      raced.append(True)
+      other = sa.create_engine(url)
+      real(other)
+      other.dispose()
+      return real(bind, checkfirst=False, **kwargs)  # our look came before theirs
+    return real(bind, checkfirst=checkfirst, **kwargs)
+  monkeypatch.setattr(log_lib.METADATA, "create_all", create_all)
+  store = log_lib.InteractionLog(url, MODEL)
+  try:
+    assert raced and store.counts() == {"completions": 0, "candidates": 0, "feedback": 0}
+    _exercise(store)
+  finally:
+    store.close()
+
+
+def test_an_oserror_moving_a_log_aside_is_one_line(good_log, tmp_path, monkeypatch):
+  url = log_lib.default_url(str(tmp_path))
+  path = log_lib.sqlite_path(url)
+  with open(path, "wb") as f:
+    f.write(good_log)
+
+  def replace(src, dst):
+    raise PermissionError(13, "Permission denied")
+  monkeypatch.setattr(log_lib.os, "replace", replace)
+  with pytest.raises(log_lib.LogUnavailable, match=r"cannot rename .*interactions.sqlite to "
+                     r".*aside.* \(Permission denied\); the log is where it was$"):
+    log_lib.move_aside(url)

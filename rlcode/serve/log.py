@@ -22,9 +22,14 @@ begins with SQLite's header and passes `PRAGMA quick_check` (PostgreSQL checks i
 pages; there quick_check does not apply); for both, that the tables present are the
 log's, with its columns, of this schema version and of the same model. A log that fails is
 refused (`LogRefused`, one line naming it and what to do), never replaced: `move_aside`
-renames a SQLite log (with its WAL files) so that a new one can start beside it. A log
-written before the version table existed, with today's columns, is adopted as version 1.
-This module must not know about HTTP or training.
+renames a SQLite log (with its WAL files) so that a new one can start beside it. Only
+SQLite's own word for pages it cannot read ("malformed", "not a database") is damage: a
+database that refuses the connection, a SQLite file still locked by another writer after
+the busy timeout, a file or folder the process cannot open or make (and any OSError
+there) is `LogUnavailable`, one line naming the cause, with nothing to restore or move
+aside. Two processes creating the tables at once both go on with the tables one made. A
+log written before the version table existed, with today's columns, is adopted as
+version 1. This module must not know about HTTP or training.
 """
 
 from __future__ import annotations
@@ -85,6 +90,16 @@ class LogRefused(BadInput):
   nothing is written to it."""
 
 
+class LogUnavailable(BadInput):
+  """An interaction log that cannot be reached, opened or locked now; nothing says it is
+  damaged (so it is never moved aside) and nothing was written to it."""
+
+
+# What SQLite says of pages it cannot read (SQLITE_CORRUPT and SQLITE_NOTADB): the only
+# database errors that mean the file is damaged.
+_SQLITE_DAMAGE = ("malformed", "not a database")
+
+
 class UnknownCompletion(KeyError):
   """Feedback names a completion the log does not hold."""
 
@@ -134,16 +149,24 @@ def move_aside(url: str) -> str:
     aside += "x"
   for suffix in ("-wal", "-shm", ""):  # the log file last: a crash midway leaves it found
     if os.path.exists(path + suffix):
-      os.replace(path + suffix, aside + suffix)
+      try:
+        os.replace(path + suffix, aside + suffix)
+      except OSError as e:
+        raise LogUnavailable(f"{MOVE_ASIDE_FLAG}: cannot rename {path + suffix} to "
+                             f"{aside + suffix} ({e.strerror}); the log is where it was"
+                             ) from None
   return aside
 
 
-def _sqlite_pragmas(dbapi_connection, _record):
-  cursor = dbapi_connection.cursor()
-  cursor.execute("PRAGMA journal_mode=WAL")
-  cursor.execute("PRAGMA synchronous=FULL")
-  cursor.execute("PRAGMA busy_timeout=30000")
-  cursor.close()
+def _sqlite_pragmas(busy_timeout_s: float):
+  def on_connect(dbapi_connection, _record):
+    cursor = dbapi_connection.cursor()
+    # First: the journal-mode switch below already waits on another writer's lock.
+    cursor.execute(f"PRAGMA busy_timeout={int(busy_timeout_s * 1000)}")
+    cursor.execute("PRAGMA journal_mode=WAL")
+    cursor.execute("PRAGMA synchronous=FULL")
+    cursor.close()
+  return on_connect
 
 
 def _refuse(where: str, what: str) -> LogRefused:
@@ -153,14 +176,40 @@ def _refuse(where: str, what: str) -> LogRefused:
                     "begin a new log")
 
 
+def _unavailable(where: str, what: str) -> LogUnavailable:
+  return LogUnavailable(f"interaction log {where}: {what}; nothing was written to it")
+
+
+def _failure(where: str, dialect: str, busy_timeout_s: float,
+             e: sa.exc.DBAPIError) -> BadInput:
+  """A database error while opening the log, as damage (`LogRefused`) only when SQLite
+  says its pages cannot be read."""
+  said = " ".join(str(e.orig).split())
+  name = "SQLite" if dialect == "sqlite" else dialect
+  if dialect == "sqlite" and any(word in said for word in _SQLITE_DAMAGE):
+    return _refuse(where, f"is damaged (SQLite: {said})")
+  if dialect == "sqlite" and "locked" in said:
+    return _unavailable(where, f"is locked by another process past the busy timeout of "
+                        f"{busy_timeout_s:g} s (SQLite: {said}): stop the other writer or "
+                        "try again")
+  if dialect == "sqlite" and "unable to open" in said:
+    return _unavailable(where, f"cannot be opened (SQLite: {said}): check that its folder "
+                        "exists and that this user may read and write there")
+  return _unavailable(where, f"cannot be opened ({name}: {said}): check that the database "
+                      "is running, reachable at serve.log_url and open to this user")
+
+
 def _check_sqlite_file(path: str) -> None:
   """Refuses a file that SQLite would read as an empty database or not read at all."""
   if not os.path.exists(path):
     return
   if not os.path.isfile(path):
     raise _refuse(path, "is not a file")
-  with open(path, "rb") as f:
-    head = f.read(len(SQLITE_HEADER))
+  try:
+    with open(path, "rb") as f:
+      head = f.read(len(SQLITE_HEADER))
+  except OSError as e:
+    raise _unavailable(path, f"cannot be read ({e.strerror})") from None
   if not head and not os.path.exists(path + "-wal"):
     raise _refuse(path, "is empty (0 bytes): its rows are gone")
   if head and head != SQLITE_HEADER:
@@ -171,18 +220,25 @@ class InteractionLog:
   """The log at a SQLAlchemy URL: checked as the module docstring says, its tables created
   when the database holds none. `model`: what identifies the policy whose completions it
   holds (stored in a new log, compared with an existing one's); None: not checked (a
-  reader such as a test or an analysis)."""
+  reader such as a test or an analysis). `busy_timeout_s`: how long a SQLite write waits
+  on another writer's lock before it fails."""
 
-  def __init__(self, url: str, model: Mapping[str, Any] | None = None):
-    self.url = url
+  def __init__(self, url: str, model: Mapping[str, Any] | None = None, *,
+               busy_timeout_s: float = 30.0):
+    self.url, self.busy_timeout_s = url, busy_timeout_s
     path = sqlite_path(url)
     self.where = path or sa.engine.make_url(url).render_as_string(hide_password=True)
     if path is not None:
       _check_sqlite_file(path)
-      os.makedirs(os.path.dirname(os.path.abspath(path)) or ".", exist_ok=True)
+      folder = os.path.dirname(os.path.abspath(path))
+      try:
+        os.makedirs(folder, exist_ok=True)
+      except OSError as e:
+        why = "a file is there" if isinstance(e, FileExistsError) else e.strerror
+        raise _unavailable(path, f"its folder {folder} cannot be made ({why})") from None
     self.engine = sa.create_engine(url, pool_pre_ping=True)
     if self.engine.dialect.name == "sqlite":
-      sa.event.listen(self.engine, "connect", _sqlite_pragmas)
+      sa.event.listen(self.engine, "connect", _sqlite_pragmas(busy_timeout_s))
     try:
       self._check(model)
     except BaseException:
@@ -203,11 +259,24 @@ class InteractionLog:
         if others and self.engine.dialect.name == "sqlite":
           raise _refuse(self.where, f"holds other tables ({', '.join(others[:5])}), not an "
                         "interaction log")
-        METADATA.create_all(self.engine)
+        tables |= self._create_tables()
       self._check_tables(tables & ours)
       self.log_id = self._check_meta(model)
-    except sa.exc.DatabaseError as e:  # pages SQLite cannot read, in quick_check or before
-      raise _refuse(self.where, f"is damaged (SQLite: {' '.join(str(e.orig).split())})") from None
+    except sa.exc.DBAPIError as e:
+      raise _failure(self.where, self.engine.dialect.name, self.busy_timeout_s, e) from None
+
+  def _create_tables(self) -> set[str]:
+    """Creates the log's tables; the names of those present after."""
+    try:
+      METADATA.create_all(self.engine)
+    except (sa.exc.OperationalError, sa.exc.ProgrammingError, sa.exc.IntegrityError) as e:
+      # Another process made them between our look and our create (SQLite and PostgreSQL
+      # say "already exists"; PostgreSQL may instead trip over its catalog's unique
+      # index): use theirs.
+      if "already exists" not in str(e.orig) and not isinstance(e, sa.exc.IntegrityError):
+        raise
+      METADATA.create_all(self.engine)  # checks first: makes only what is still missing
+    return set(sa.inspect(self.engine).get_table_names())
 
   def _check_tables(self, present: set[str]) -> None:
     """Every table of the log with exactly its columns (a partial log is refused)."""
