@@ -156,6 +156,30 @@ def test_export_refuses_a_destination_before_the_restore(where, says, tmp_path, 
   assert says in err and out in err and "\n" not in err
 
 
+def test_an_unlistable_destination_is_one_line(tmp_path, capsys, monkeypatch):
+  """--out a directory its user may enter but not read (mode 0o300): listing it was a
+  PermissionError traceback."""
+  from rlcode.evaluation import policy_eval
+  workdir, out = _recorded_run(tmp_path), tmp_path / "out"
+  out.mkdir()
+  out.chmod(0o300)
+  if os.geteuid() == 0:  # root lists any directory: it fails as it does for a user
+    listdir = os.listdir
+
+    def unlistable(path="."):
+      if os.fspath(path) == str(out):
+        raise PermissionError(13, "Permission denied", str(out))
+      return listdir(path)
+    monkeypatch.setattr(os, "listdir", unlistable)
+  monkeypatch.setattr(policy_eval, "restore_policy", None)  # reached: a TypeError
+  try:
+    assert cli.main(["export", workdir, "--out", str(out)]) == 2
+  finally:
+    out.chmod(0o700)
+  err = capsys.readouterr().err.strip()
+  assert "cannot list it (Permission denied)" in err and str(out) in err and "\n" not in err
+
+
 def test_export_into_a_new_nested_directory_writes_it(tmp_path, monkeypatch):
   """The positive control of the check: a missing parent is made, and the restore reached."""
   from rlcode.evaluation import policy_eval

@@ -10,8 +10,9 @@ gets a tokenizer.json that encodes as rlcode.models.ByteTokenizer does. A LoRA r
 exports merged weights, or with --peft a PEFT adapter directory for its base instead.
 
 The destination is checked before the checkpoint is restored (the slow part): it must be
-a new or empty directory (made with its parents when missing) in which a file can be
-written. Any OSError while writing (a full disk, say) is one line naming the path.
+a new or empty directory (made with its parents when missing) that can be listed and in
+which a file can be written. Any OSError there, or while writing (a full disk, say), is
+one line naming the path.
 """
 
 from __future__ import annotations
@@ -57,8 +58,14 @@ def export(path: str, out: str, *, peft: bool = False, max_shard_gb: float | Non
 
 def writable_destination(out: str) -> None:
   """Makes `out` (and its missing parents) and writes and removes a file in it; refuses a
-  non-empty directory, a file, or a place where nothing can be written, in one line."""
-  if os.path.isdir(out) and os.listdir(out):
+  non-empty directory, a file, or a place where nothing can be listed or written, in one
+  line."""
+  try:
+    entries = os.listdir(out) if os.path.isdir(out) else []
+  except OSError as e:  # a directory this user may enter and write but not list
+    raise BadInput(f"--out {out!r}: cannot list it ({e.strerror or e}), so cannot tell it "
+                   "is empty; name a directory you can read and write") from None
+  if entries:
     raise BadInput(f"--out {out!r} exists and is not empty; name a new directory")
   if os.path.exists(out) and not os.path.isdir(out):
     raise BadInput(f"--out {out!r} exists and is not a directory; name a new directory")
