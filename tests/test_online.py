@@ -146,6 +146,48 @@ def test_stale_candidates_are_skipped():
   assert counts == {"skipped_stale": 1, "skipped_greedy": 1}
 
 
+def _feedback_log(tmp_path, requests) -> str:
+  """Requests r{i} of 2 candidates each (2 requests a 4-row update), the user choosing
+  candidate i % 2, added to the log in tmp_path; its URL."""
+  log_url = log_lib.default_url(str(tmp_path))
+  store = log_lib.InteractionLog(log_url)
+  for i in requests:
+    rid, rng = f"r{i}", np.random.default_rng(i)
+    store.record([log_lib.Served(
+        id=rid, index=k, policy_version=0, model="m", prompt_tokens=[40 + i, 41, 42],
+        tokens=rng.integers(32, 120, 5).tolist(), logprobs=[-2.0] * 5, text="",
+        finish_reason="length", params={"temperature": 1.0, "top_p": 1.0}, n=2)
+        for k in range(2)])
+    store.feedback({"id": rid, "chosen": i % 2})
+  store.close()
+  return log_url
+
+
+def _learner(log_url, *more):
+  return (f"--config.serve.log_url={log_url}", "--config.online.batch_rows=4",
+          "--config.train.steps=3", "--config.train.checkpoint_every=2",
+          "--config.optimizer.learning_rate=0.01", "--config.optimizer.warmup_steps=0",
+          "--config.mesh.data=1", *more)
+
+
+@pytest.fixture(scope="module")
+def whole(tmp_path_factory):
+  """The version-3 weights of a learner never killed, on requests r0..r5."""
+  tmp = tmp_path_factory.mktemp("whole")
+  online_loop.train(serving.config(str(tmp / "run"), *_learner(_feedback_log(tmp, range(6)))),
+                    stop=lambda: True)
+  from safetensors.numpy import load_file
+  return load_file(str(tmp / "run" / "published" / "v00000003.safetensors"))
+
+
+def _assert_weights(workdir, whole):
+  from safetensors.numpy import load_file
+  got = load_file(str(workdir / "published" / "v00000003.safetensors"))
+  assert whole.keys() == got.keys()
+  for name in whole:
+    np.testing.assert_array_equal(got[name], whole[name], err_msg=name)
+
+
 class Killed(Exception):
   """Stands for a SIGKILL at a kill point: the run stops with the files as they are."""
 
@@ -163,32 +205,17 @@ def _kill_at(monkeypatch, step):
   monkeypatch.setattr(scaffold.Run, "save", save)
 
 
-def test_a_killed_learner_restarts_and_trains_on_each_feedback_row_once(tmp_path, monkeypatch):
+def test_a_killed_learner_restarts_and_trains_on_each_feedback_row_once(tmp_path, monkeypatch,
+                                                                         whole):
   """Killed at its step-0 checkpoint, then between checkpoints 0 and 2 (the metrics already
   written), then at the last checkpoint, a learner restarted each time with the same
   command ends with the weights of one never killed: no row trained on twice or skipped."""
-  log_url = log_lib.default_url(str(tmp_path))
-  store = log_lib.InteractionLog(log_url)
-  rng = np.random.default_rng(0)
-  for i in range(8):  # 8 requests of 2 candidates: 2 requests a 4-row update
-    rid = f"r{i}"
-    store.record([log_lib.Served(
-        id=rid, index=k, policy_version=0, model="m", prompt_tokens=[40 + i, 41, 42],
-        tokens=rng.integers(32, 120, 5).tolist(), logprobs=[-2.0] * 5, text="",
-        finish_reason="length", params={"temperature": 1.0, "top_p": 1.0}, n=2)
-        for k in range(2)])
-    store.feedback({"id": rid, "chosen": i % 2})
-  store.close()
+  log_url = _feedback_log(tmp_path, range(8))
 
   def learn(workdir):
-    return online_loop.train(serving.config(
-        str(tmp_path / workdir), f"--config.serve.log_url={log_url}",
-        "--config.online.batch_rows=4", "--config.train.steps=3",
-        "--config.train.checkpoint_every=2", "--config.optimizer.learning_rate=0.01",
-        "--config.optimizer.warmup_steps=0", "--config.mesh.data=1"),
-        stop=lambda: True)  # a learner short of feedback ends at once instead of waiting
+    return online_loop.train(serving.config(str(tmp_path / workdir), *_learner(log_url)),
+                             stop=lambda: True)  # short of feedback: ends instead of waiting
 
-  learn("whole")
   for kill in (0, 2, 3):
     with monkeypatch.context() as patch:
       _kill_at(patch, kill)
@@ -199,9 +226,46 @@ def test_a_killed_learner_restarts_and_trains_on_each_feedback_row_once(tmp_path
   rows = [r for r in metrics.read_metrics(str(tmp_path / "killed")) if "loss" in r]
   assert [(r["step"], r["cursor"], r["feedback"]) for r in rows] == [(1, 2, 2), (2, 4, 2),
                                                                      (3, 6, 2)]
-  from safetensors.numpy import load_file
-  whole, killed = (load_file(str(tmp_path / w / "published" / "v00000003.safetensors"))
-                   for w in ("whole", "killed"))
-  assert whole.keys() == killed.keys()
-  for name in whole:
-    np.testing.assert_array_equal(killed[name], whole[name], err_msg=name)
+  _assert_weights(tmp_path / "killed", whole)
+
+
+def test_a_sigkilled_learn_online_resumes_by_itself_and_trains_each_row_once(tmp_path, whole):
+  """`rlcode learn-online` in its own process, SIGKILLed once step 1's metrics row is on
+  disk (in step 2 or waiting for step 3's feedback: only checkpoint 0 saved, nothing
+  closed or flushed by the learner), then re-run with the same arguments once the rest of
+  the feedback is in: it resumes from checkpoint 0 with the cursor there, and its rows
+  and weights are those of a learner never killed."""
+  import signal
+  import subprocess
+  import sys
+  import time
+
+  import xla_flags
+  log_url = _feedback_log(tmp_path, range(4))  # steps 1 and 2; step 3's comes later
+  killed = tmp_path / "killed"
+  proc = subprocess.Popen(
+      [sys.executable, "-m", "rlcode", "learn-online", "--config", serving.CONFIG,
+       f"--config.workdir={killed}", *_learner(log_url)],
+      cwd=serving.ROOT, env=dict(os.environ, XLA_FLAGS=xla_flags.for_subprocess(),
+                                 PYTHONPATH=serving.ROOT),
+      stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, start_new_session=True)
+  try:
+    deadline = time.monotonic() + 120
+    while b'"loss"' not in ((killed / "metrics.jsonl").read_bytes()
+                            if (killed / "metrics.jsonl").exists() else b""):
+      assert proc.poll() is None, proc.stderr.read().decode()[-2000:]
+      assert time.monotonic() < deadline, "no metrics row of step 1 within 120 s"
+      time.sleep(0.05)
+    os.killpg(proc.pid, signal.SIGKILL)
+  finally:
+    proc.kill()
+    proc.wait()
+    proc.stderr.close()
+  assert sorted(os.listdir(killed / "checkpoints")) == ["0"]
+  _feedback_log(tmp_path, range(4, 6))
+  online_loop.train(serving.config(str(killed), *_learner(log_url)), stop=lambda: True)
+  from rlcode.runs import metrics
+  rows = [r for r in metrics.read_metrics(str(killed)) if "loss" in r]
+  assert [(r["step"], r["cursor"], r["feedback"]) for r in rows] == [(1, 2, 2), (2, 4, 2),
+                                                                     (3, 6, 2)]
+  _assert_weights(killed, whole)
