@@ -14,7 +14,7 @@ import shlex
 import pytest
 
 from rlcode.sandbox.session import Session
-from rlcode.swe import crosscheck, mining, runner, testenv, validate
+from rlcode.swe import crosscheck, mining, routing, runner, testenv, validate
 from rlcode.swe.config import SweConfig
 from rlcode.swe.history import Skip
 from rlcode.swe.runner import Runner, RunSpec
@@ -78,7 +78,7 @@ def test_honest_tests_agree_in_both_routes(forged):
   both = frozenset({node("honest"), "tests/test_honest.py::test_mul_fixture"})
   assert honest.passing() == both
   assert forged["isolated"].status == "ok"
-  assert [crosscheck.route(forged["tree"], n) for n in sorted(both)] == ["direct", "pytest"]
+  assert [routing.route(forged["tree"], n) for n in sorted(both)] == ["direct", "pytest"]
   validate.runners_agree(both, honest, forged["isolated"])
 
 
@@ -143,16 +143,16 @@ def test_route_is_read_from_the_tree(node_id, route):
           "class C:\n  def test_m(self):\n    pass\n\n\ndef test_fix(tmp_path):\n  pass\n\n\n"
           "@given(st.integers())\ndef test_given(x):\n  pass\n\n\n"
           "@pytest.mark.xfail\ndef test_marked():\n  pass\n\n\nasync def test_async():\n  pass\n")
-  assert crosscheck.route({"tests/test_ops.py": text}, node_id) == route
+  assert routing.route({"tests/test_ops.py": text}, node_id) == route
 
 
 def test_a_conftest_or_an_autouse_fixture_routes_to_pytest():
   text = "import pytest\n\n\ndef test_add():\n  pass\n"
   files = {"tests/test_ops.py": text}
-  assert crosscheck.route(files, "tests/test_ops.py::test_add") == "direct"
-  assert crosscheck.route({**files, "conftest.py": ""}, "tests/test_ops.py::test_add") == "pytest"
+  assert routing.route(files, "tests/test_ops.py::test_add") == "direct"
+  assert routing.route({**files, "conftest.py": ""}, "tests/test_ops.py::test_add") == "pytest"
   autouse = text + "\n\n@pytest.fixture(autouse=True)\ndef every():\n  pass\n"
-  assert crosscheck.route({"tests/test_ops.py": autouse}, "tests/test_ops.py::test_add") == (
+  assert routing.route({"tests/test_ops.py": autouse}, "tests/test_ops.py::test_add") == (
       "pytest")
 
 
@@ -172,7 +172,7 @@ def test_a_given_test_with_a_fixture_routes_to_pytest():
            "@given(x=st.integers())\ndef test_a(tmp_path, x):\n  pass\n": "pytest",
            "@given(*[st.integers()])\ndef test_a(x):\n  pass\n": "pytest"}
   for text, want in cases.items():
-    assert crosscheck.route({"t.py": head + text}, "t.py::test_a") == want, text
+    assert routing.route({"t.py": head + text}, "t.py::test_a") == want, text
 
 
 def test_find_names_the_def_a_node_runs():
@@ -180,10 +180,10 @@ def test_find_names_the_def_a_node_runs():
           "class Base:\n  def test_m(self):\n    pass\n\n\nclass C(Base):\n  class D:\n"
           "    def test_n(self):\n      pass\n\n\ntest_made = make()\n")
   files = {"t.py": text}
-  assert crosscheck.find(files, "t.py::test_a[1]") == ("test_a", 8)
-  assert crosscheck.find(files, "t.py::C::test_m") == ("Base.test_m", 14)
-  assert crosscheck.find(files, "t.py::C::D::test_n") == ("C.D.test_n", 20)
-  assert crosscheck.find(files, "t.py::test_made") is None
+  assert routing.find(files, "t.py::test_a[1]") == ("test_a", 8)
+  assert routing.find(files, "t.py::C::test_m") == ("Base.test_m", 14)
+  assert routing.find(files, "t.py::C::D::test_n") == ("C.D.test_n", 20)
+  assert routing.find(files, "t.py::test_made") is None
 
 
 def test_the_budget_grows_with_the_tests_and_a_timeout_is_not_a_disagreement(tmp_path):

@@ -13,6 +13,9 @@ The rooms:
   pytest_plugin.py  the report plugin that runs inside the sandbox (text, never imported)
   runner.py         pytest over a tree in a sandbox session, cached by tree
   validate.py       FAIL_TO_PASS / PASS_TO_PASS from two runs, skip reasons, validation
+  crosscheck.py     the second runner: each FAIL_TO_PASS test in a fresh process, its verdict
+                    read from outside the interpreter under test
+  routing.py        which way the second runner runs a test, and where its def is
   mining.py         the miner: PRs judged and validated on workers, cached by commit
   patches.py        git-style diffs between trees, test and code paths
   tasks.py          a mined PR as a Task; its workspace files; the tree its tests run on

@@ -28,24 +28,26 @@ of its own and end the interpreter before the real one. `run(spec)` runs each of
   - the driver prints its verdicts, one letter a test and a nonce from the plan it deleted
     before any test ran, on its standard output, which no test process holds or can open.
 
-Which tests run how (`route`, decided here from the tree's text, never from what a test
-process says): "direct" — a module-level test function or a method of a class, found as
-a `def` in the file, taking no argument (besides self) but those one hypothesis `given`
-supplies, with no decorator but hypothesis's, in a module and class without pytest marks,
-autouse fixtures or xunit setup, and no conftest.py on the way from the root — is imported
-and called by a few lines of ours that never import pytest (hypothesis is made
-deterministic by the report plugin's function, its text copied; pytest's import mode
-"prepend"; a unittest.TestCase runs through `unittest.TestSuite([case]).debug()`, its
-setUp and class fixtures included). Every other test (parametrized ids, fixtures, marks,
-conftest.py) runs in pytest, alone (`pytest.main` on its function, the other items
-deselected, `--assert=plain` so that the module's code is the file's), with a plugin
-object whose wrapper traces the call phase: the verdict is whether that phase returned
-with the test's own code returned, never pytest's report, so a hook that rewrites reports,
-a patched TestReport, a `pytest_pyfunc_call` that never calls the test, a Function.setup
-or setup hook that swaps `item.obj`, or a wrapper that swallows the test's exception does
-not pass. A unittest.TestCase test in the pytest route gets no verdict (pytest's unittest
-item records a failure instead of raising it), nor does a test whose def its file does not
-show (made by a factory, imported, inherited from another module): such a task is dropped.
+Which tests run how (`route` in rlcode.swe.routing, decided from the tree's text, never
+from what a test process says): "direct" — a module-level test function or a method of a
+class, found as a `def` in the file, taking no argument (besides self) but those one
+hypothesis `given` supplies, with no decorator but hypothesis's, in a module and class
+without pytest marks, autouse fixtures or xunit setup, and no conftest.py on the way from
+the root — is imported and called by a few lines of ours that never import pytest
+(hypothesis is made deterministic by the report plugin's function, its text copied;
+pytest's import mode "prepend"; a unittest.TestCase runs through
+`unittest.TestSuite([case]).debug()`, its setUp and class fixtures included). Every other
+test (parametrized ids, fixtures, marks, conftest.py) runs in pytest, alone
+(`pytest.main` on its function, the other items deselected, `--assert=plain` so that the
+module's code is the file's), with a plugin object whose wrapper traces the call phase:
+the verdict is whether that phase returned with the test's own code returned, never
+pytest's report, so a hook that rewrites reports, a patched TestReport, a
+`pytest_pyfunc_call` that never calls the test, a Function.setup or setup hook that swaps
+`item.obj`, or a wrapper that swallows the test's exception does not pass. A
+unittest.TestCase test in the pytest route gets no verdict (pytest's unittest item
+records a failure instead of raising it), nor does a test whose def its file does not
+show (made by a factory, imported, inherited from another module): such a task is
+dropped.
 
 What remains possible (counted in tests/test_swe_forgery.py as the known limits). The
 test and the code under test still run in the interpreter that reads the key and traces
@@ -76,18 +78,16 @@ from __future__ import annotations
 import ast
 import dataclasses
 import json
-import posixpath
 import secrets
 import shlex
 import time
-from collections.abc import Mapping
 
 from rlcode.sandbox.session import Session, SessionError
 from rlcode.swe import runner, testenv
+from rlcode.swe.routing import find, route
 from rlcode.swe.runner import RunSpec, TestRun
 
 CROSSCHECK_VERSION = "2"  # bump when a change here changes verdicts (it keys the cache)
-ROUTES = ("direct", "pytest")
 # The driver's letters: the function returned, raised, or the budget ran out before the
 # test did; "n" (no verdict) and anything else is "error".
 LETTERS = {"r": "passed", "x": "failed", "t": "error"}
@@ -96,10 +96,6 @@ LETTERS = {"r": "passed", "x": "failed", "t": "error"}
 PER_TEST_SECONDS = 2.0
 _PLAN = ".rlcode_crosscheck.json"
 _TREE = ".rlcode_crosscheck.b64"
-_HYPOTHESIS = frozenset({"given", "settings", "example", "seed"})
-_XUNIT = frozenset({"setup_module", "teardown_module", "setUpModule", "tearDownModule",
-                    "setup_function", "teardown_function", "setup_method", "teardown_method",
-                    "setup_class", "teardown_class", "setup", "teardown"})
 
 # What both kinds of interpreter start with. argv: the node id, the verdict pipe, the key
 # pipe, and the qualified name and first line of the test's def in its file (`find`). The
@@ -357,133 +353,6 @@ for node, route, qualname, first in plan["tests"]:
     report(letters, "a test left a process that SIGKILL did not end")
 report(letters)
 """ % {"plan": _PLAN, "tree": _TREE, "rounds": 200}
-
-
-def route(files: Mapping[str, str], node: str) -> str:
-  """"direct" or "pytest": how the second runner runs `node` (module docstring)."""
-  path, _, rest = node.partition("::")
-  names = rest.split("::") if rest else []
-  if "[" in node or not 1 <= len(names) <= 2 or path not in files:
-    return "pytest"
-  parts = path.split("/")[:-1]
-  if any(posixpath.join(*parts[:i], "conftest.py") in files for i in range(len(parts) + 1)):
-    return "pytest"
-  try:
-    module = ast.parse(files[path])
-  except (SyntaxError, ValueError, RecursionError, MemoryError):
-    return "pytest"
-  if not _plain_scope(module.body):
-    return "pytest"
-  found = _last_def(module.body, names[0])
-  if len(names) == 1:
-    return "direct" if _plain_test(found, 0) else "pytest"
-  if not isinstance(found, ast.ClassDef) or found.decorator_list or not _plain_scope(found.body):
-    return "pytest"
-  return "direct" if _plain_test(_last_def(found.body, names[1]), 1) else "pytest"
-
-
-def _last_def(body: list[ast.stmt], name: str) -> ast.stmt | None:
-  """The statement that last binds `name` in `body`, when that is a def or class; None
-  when anything else binds it last (an import, an assignment)."""
-  last = None
-  for stmt in body:
-    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
-      if stmt.name == name:
-        last = stmt
-    elif any(isinstance(n, ast.Name) and n.id == name and isinstance(n.ctx, ast.Store)
-             for n in ast.walk(stmt)) or isinstance(stmt, (ast.Import, ast.ImportFrom)) and any(
-                 (a.asname or a.name.split(".")[0]) == name for a in stmt.names):
-      last = None
-  return last
-
-
-def _decorator_name(node: ast.expr) -> str:
-  node = node.func if isinstance(node, ast.Call) else node
-  return node.attr if isinstance(node, ast.Attribute) else getattr(node, "id", "")
-
-
-def _plain_scope(body: list[ast.stmt]) -> bool:
-  """A module or class body without pytest marks, autouse fixtures or xunit setup."""
-  for stmt in body:
-    if isinstance(stmt, (ast.Assign, ast.AnnAssign)):
-      targets = stmt.targets if isinstance(stmt, ast.Assign) else [stmt.target]
-      if any(isinstance(t, ast.Name) and t.id == "pytestmark" for t in targets):
-        return False
-    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-      if stmt.name in _XUNIT or any(_autouse(d) for d in stmt.decorator_list):
-        return False
-  return True
-
-
-def _autouse(decorator: ast.expr) -> bool:
-  """A fixture decorator that may be autouse (a fixture a test does not name runs only
-  when autouse)."""
-  return "fixture" in _decorator_name(decorator) and isinstance(decorator, ast.Call) and any(
-      k.arg == "autouse" and not (isinstance(k.value, ast.Constant) and not k.value.value)
-      for k in decorator.keywords)
-
-
-def _plain_test(node: ast.stmt | None, selves: int) -> bool:
-  """A def that runs when called with `selves` arguments and what one hypothesis `given`
-  supplies (by position the rightmost arguments, or by name), nothing else: an argument
-  given does not supply is a fixture, which only pytest provides."""
-  if not isinstance(node, ast.FunctionDef):
-    return False
-  if not {_decorator_name(d) for d in node.decorator_list} <= _HYPOTHESIS:
-    return False
-  args = node.args
-  params = [a.arg for a in args.posonlyargs + args.args][selves:]
-  if len(params) + selves != len(args.posonlyargs) + len(args.args) or args.vararg or args.kwarg:
-    return False
-  givens = [d for d in node.decorator_list if _decorator_name(d) == "given"]
-  if not givens:
-    return not params and not args.kwonlyargs
-  given = givens[0]
-  if len(givens) > 1 or not isinstance(given, ast.Call) or any(
-      isinstance(a, ast.Starred) for a in given.args) or any(k.arg is None for k in given.keywords):
-    return False
-  if given.args:
-    return not given.keywords and not args.kwonlyargs and len(given.args) == len(params)
-  return {k.arg for k in given.keywords} == set(params) | {a.arg for a in args.kwonlyargs}
-
-
-def find(files: Mapping[str, str], node: str) -> tuple[str, int] | None:
-  """(qualified name, first line) of the def that `node` runs, read from its file's text:
-  the module's or a class's (nested classes, and a base class of the same module, followed)
-  last def of that name; None when the text does not say (a test made by a factory,
-  imported, or inherited from another module). Its first line is that of its first
-  decorator, as in its code object."""
-  path, _, rest = node.partition("::")
-  names = rest.split("[", 1)[0].split("::") if rest else []
-  if not names or path not in files:
-    return None
-  try:
-    module = ast.parse(files[path])
-  except (SyntaxError, ValueError, RecursionError, MemoryError):
-    return None
-  return _member(module.body, module.body, names, [], 0)
-
-
-def _member(top: list[ast.stmt], body: list[ast.stmt], names: list[str], qual: list[str],
-            depth: int) -> tuple[str, int] | None:
-  if depth > 8:
-    return None
-  stmt = _last_def(body, names[0])
-  if len(names) == 1:
-    if isinstance(stmt, (ast.FunctionDef, ast.AsyncFunctionDef)):
-      return ".".join(qual + names), min([stmt.lineno] + [d.lineno for d in stmt.decorator_list])
-    return None
-  if not isinstance(stmt, ast.ClassDef):
-    return None
-  found = _member(top, stmt.body, names[1:], qual + [names[0]], depth + 1)
-  if found or len(names) != 2:
-    return found
-  for base in stmt.bases:
-    if isinstance(base, ast.Name):
-      found = _member(top, top, [base.id, names[1]], [], depth + 1)
-      if found:
-        return found
-  return None
 
 
 def plan(spec: RunSpec) -> list[list]:
