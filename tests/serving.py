@@ -58,26 +58,17 @@ def taught_policy(workdir):
   return nnx.merge(graphdef, params), tokenizer, template_dir
 
 
-class Server:
-  """A running `rlcode serve`; `url` once it answers."""
+class ServeProcess:
+  """A `rlcode serve` subprocess: its output read on a thread, `url` once it prints
+  `listening on` (bounded in time), stopped by SIGTERM, then SIGKILL after 60 s."""
 
-  def __init__(self, workdir, *overrides, api_key=KEY):
-    self.workdir = workdir
-    args = [sys.executable, "-m", "rlcode.cli", "serve", "--config", CONFIG,
-            f"--config.workdir={workdir}", "--port", "0", *overrides]
-    if api_key:
-      key_file = os.path.join(workdir, "api_key")
-      os.makedirs(workdir, exist_ok=True)
-      with open(key_file, "w") as f:
-        f.write(api_key + "\n")
-      args += ["--api-key-file", key_file]
-    self.proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE,
+  def __init__(self, args, cwd, env=None, timeout=240):
+    self.proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
     self.lines: queue.Queue = queue.Queue()
     self.output: list[str] = []
     threading.Thread(target=self._read, daemon=True).start()
-    self.url = self._wait_listening(timeout=240)
-    self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+    self.url = self._wait_listening(timeout)
 
   def _read(self):
     for line in self.proc.stdout:
@@ -96,15 +87,9 @@ class Server:
         break
       if "listening on " in line:
         return line.split("listening on ")[1].split()[0]
-    self.proc.kill()
-    raise RuntimeError("the server did not start:\n" + "".join(self.output))
-
-  def client(self, **kw):
-    return httpx.Client(base_url=self.url, headers=self.headers, timeout=120, **kw)
-
-  def openai(self):
-    import openai
-    return openai.OpenAI(base_url=self.url + "/v1", api_key=KEY, timeout=120, max_retries=0)
+    self.stop()
+    raise RuntimeError(f"{args_text(self.proc.args)}: the server did not start:\n"
+                       + "".join(self.output))
 
   def signal(self, sig):
     self.proc.send_signal(sig)
@@ -112,7 +97,9 @@ class Server:
   def wait(self, timeout=120):
     return self.proc.wait(timeout)
 
-  def stop(self):
+  def stop(self) -> bool:
+    """True when SIGTERM alone stopped it (uvicorn, once shut down, raises the signal it
+    caught again: -SIGTERM is its clean exit)."""
     if self.proc.poll() is None:
       self.proc.send_signal(signal.SIGTERM)
       try:
@@ -120,6 +107,36 @@ class Server:
       except subprocess.TimeoutExpired:
         self.proc.kill()
         self.proc.wait()
+        return False
+    return self.proc.returncode in (0, -signal.SIGTERM)
+
+
+def args_text(args) -> str:
+  return " ".join(map(str, args))
+
+
+class Server(ServeProcess):
+  """A running `rlcode serve` of the online config's test variant in `workdir`."""
+
+  def __init__(self, workdir, *overrides, api_key=KEY):
+    self.workdir = workdir
+    args = [sys.executable, "-m", "rlcode.cli", "serve", "--config", CONFIG,
+            f"--config.workdir={workdir}", "--port", "0", *overrides]
+    if api_key:
+      key_file = os.path.join(workdir, "api_key")
+      os.makedirs(workdir, exist_ok=True)
+      with open(key_file, "w") as f:
+        f.write(api_key + "\n")
+      args += ["--api-key-file", key_file]
+    super().__init__(args, ROOT)
+    self.headers = {"Authorization": f"Bearer {api_key}"} if api_key else {}
+
+  def client(self, **kw):
+    return httpx.Client(base_url=self.url, headers=self.headers, timeout=120, **kw)
+
+  def openai(self):
+    import openai
+    return openai.OpenAI(base_url=self.url + "/v1", api_key=KEY, timeout=120, max_retries=0)
 
 
 @contextlib.contextmanager

@@ -20,17 +20,15 @@ recipes are the ones the README describes.
 import dataclasses
 import json
 import os
-import queue
 import re
 import shlex
-import signal
 import subprocess
 import sys
-import threading
 import time
 
 import pytest
 
+import serving
 import tiny_hf
 import tiny_runs
 
@@ -241,8 +239,12 @@ def run_rlcode(checkout, argv, timeout=300):
 
 def make_dry_run(target):
   """The commands `make -n target` would run (nothing is run), without the bootstrap's."""
-  out = subprocess.run(["make", "-n", "-o", ".venv/.installed", target], cwd=ROOT,
-                       capture_output=True, text=True, timeout=60)
+  # A make of its own, not a sub-make of the `make test` that may be running this suite
+  # (whose MAKEFLAGS and MAKELEVEL would print directories and pass its flags on).
+  env = {k: v for k, v in os.environ.items() if k not in ("MAKEFLAGS", "MAKELEVEL", "MFLAGS")}
+  out = subprocess.run(["make", "--no-print-directory", "-n", "-o", ".venv/.installed",
+                        target], cwd=ROOT, env=env, capture_output=True, text=True,
+                       timeout=60)
   assert out.returncode == 0, out.stderr
   return [line for line in out.stdout.splitlines() if line.strip()]
 
@@ -345,48 +347,10 @@ def plot(checkout, argv):
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-class Server:
-  """A running `rlcode serve`: its URL once it prints `listening on`, bounded in time."""
-
-  def __init__(self, checkout, argv, timeout=240):
-    self.proc = subprocess.Popen([RLCODE, *argv[1:]], cwd=checkout,
-                                 env=_env(str(checkout / "home")), stdout=subprocess.PIPE,
-                                 stderr=subprocess.STDOUT, text=True)
-    self.output, lines = [], queue.Queue()
-
-    def read():
-      for line in self.proc.stdout:
-        self.output.append(line)
-        lines.put(line)
-      lines.put(None)
-    threading.Thread(target=read, daemon=True).start()
-    deadline = time.monotonic() + timeout
-    self.url = None
-    while self.url is None and time.monotonic() < deadline:
-      try:
-        line = lines.get(timeout=max(deadline - time.monotonic(), 0.01))
-      except queue.Empty:
-        break
-      if line is None:
-        break
-      if "listening on " in line:
-        self.url = line.split("listening on ")[1].split()[0]
-    if self.url is None:
-      self.stop()
-      raise AssertionError(f"{argv}: the server did not start:\n" + "".join(self.output))
-
-  def stop(self):
-    """SIGTERM, then SIGKILL after 60 s; True when SIGTERM alone stopped it."""
-    if self.proc.poll() is None:
-      self.proc.send_signal(signal.SIGTERM)
-      try:
-        self.proc.wait(60)
-      except subprocess.TimeoutExpired:
-        self.proc.kill()
-        self.proc.wait()
-        return False
-    # Uvicorn, once shut down, raises the signal it caught again: -SIGTERM is its clean exit.
-    return self.proc.returncode in (0, -signal.SIGTERM)
+def Server(checkout, argv, timeout=240):
+  """The README's `rlcode serve` command running in the scratch checkout."""
+  return serving.ServeProcess([RLCODE, *argv[1:]], checkout,
+                              env=_env(str(checkout / "home")), timeout=timeout)
 
 
 def serve_checkpoint(checkout, argv):

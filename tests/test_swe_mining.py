@@ -124,8 +124,8 @@ class _FlakyRunner(Runner):
     super().__init__(cache_dir)
     self.flip, self.marker, self.specs = flip, marker, []
 
-  def run(self, spec, *how):
-    result = super().run(spec, *how)
+  def run(self, spec, *how, **options):
+    result = super().run(spec, *how, **options)
     if how:  # the second runner's cross-check, not a pytest run
       return result
     self.specs.append(spec)
