@@ -241,6 +241,19 @@ FORGED = {
             "  def swallow(*args, **kwargs):\n    try:\n      real(*args, **kwargs)\n"
             "    except AssertionError:\n      pass\n\n  item.obj = swallow\n"),
         "tests/swallow/test_swallow.py": MUL_TEST.format(name="swallow")}),
+    # A conftest runs the test twice and swallows the second run's failure, the code right
+    # on its first call only: the test's code returned once, then raised. Hypothesis does
+    # the same with a test that passes some examples (it replays the failing one last).
+    "swallow_last": ("calls = []\n\n\ndef mul(a, b):\n  calls.append(1)\n"
+                     "  return a * b if len(calls) == 1 else a + b\n", {
+        "tests/swallow_last/__init__.py": "",
+        "tests/swallow_last/conftest.py": (
+            "import functools\n\nimport pytest\n\n\n@pytest.hookimpl(tryfirst=True)\n"
+            "def pytest_runtest_setup(item):\n  real = item.obj\n\n  @functools.wraps(real)\n"
+            "  def twice(*args, **kwargs):\n    real(*args, **kwargs)\n    try:\n"
+            "      real(*args, **kwargs)\n    except AssertionError:\n      pass\n\n"
+            "  item.obj = twice\n"),
+        "tests/swallow_last/test_swallow_last.py": MUL_TEST.format(name="swallow_last")}),
 }
 # Forgeries the second runner does not stop (rlcode.swe.crosscheck's known limits).
 KNOWN_LIMITS = {

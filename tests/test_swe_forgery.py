@@ -30,7 +30,8 @@ NAMES = ("honest", *FORGED, *KNOWN_LIMITS)
 FOOLS = {"emitter": {"report"}, "report_class": {"report", "exit"}, "hook": {"report", "exit"},
          "exit_import": {"exit"}, "exit_call": {"exit"}, "plugin_module": {"report"},
          "fake_report": {"report"}, "setup_swap": {"report", "exit"},
-         "hook_swap": {"report", "exit"}, "swallow": {"report", "exit"}}
+         "hook_swap": {"report", "exit"}, "swallow": {"report", "exit"},
+         "swallow_last": {"report", "exit"}}
 
 
 def file_of(name):

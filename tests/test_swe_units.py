@@ -193,6 +193,18 @@ def test_validation_drops_what_changes_between_runs():
       "f.py::C::t", "f.py::u")
 
 
+@pytest.mark.parametrize("status", ["timeout", "crash"])
+def test_a_rerun_that_did_not_end_is_its_status_not_a_flake(status):
+  """A gold or empty rerun cut by the clock (a busy machine) or killed says nothing of the
+  tests: it is skipped as what happened to it, and a timeout is not cached (mining)."""
+  f2p = frozenset({"t::b"})
+  for check in (validate.gold_passes, validate.empty_fails):
+    with pytest.raises(Skip) as e:
+      check(f2p, TestRun(status, {}, {}, None, 1.0, "cut"), *((3, 8) if check is
+                                                               validate.gold_passes else ()))
+    assert e.value.reason == status
+
+
 def test_swe_extra_round_trips_through_a_stored_task():
   task = Task(id="r-1", prompt="p", kind="swe", extra={
       "repo": "r.bundle", "base_commit": "a" * 40, "fail_to_pass": ["t::a"],

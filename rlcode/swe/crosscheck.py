@@ -7,15 +7,16 @@ the report plugin's emitter, rewrite outcomes in a conftest's hook, write a repo
 of its own and end the interpreter before the real one. `run(spec)` runs each of
 `spec.tests` (node ids) again, in a sandbox of its own, without pytest's reports:
 
-  - a driver (the sandbox's command, init's child in its pid namespace, standard library
-    only, `-I` so that no file of the tree can stand in for a module it imports) reads the
-    plan and the tree and deletes them, makes itself non-dumpable (no process of the tree
-    can read its memory, file descriptors or environment through /proc) and the subreaper
-    of what the tests leave, and for each test unpacks the tree anew (what one test's run
-    wrote cannot change the next one's files), starts one interpreter, waits for it, then
-    sends SIGKILL to every process but itself and init and reaps them, again until /proc
-    lists no other (a process that forks in a loop is not missed by one scan); a process
-    it cannot end stops the run;
+  - a driver (the sandbox's command, init's child in its pid namespace, standard
+    library only, `-I` so that no file of the tree can stand in for a module it
+    imports) reads the plan and the tree and deletes them, makes itself non-dumpable
+    (no process of the tree can read its memory, file descriptors or environment
+    through /proc) and the subreaper of what the tests leave, and for each test unpacks
+    the tree anew (what one test's run wrote in the tree cannot change the next one's
+    files; /tmp, the sandbox's own, is kept), starts one interpreter, waits for it,
+    then sends SIGKILL to every process but itself and init and reaps them, again until
+    /proc lists no other (a process that forks in a loop is not missed by one scan); a
+    process it cannot end stops the run;
   - that interpreter first compiles the test's def from the fresh file (`find`: its
     qualified name and first line) and traces the call: a verdict of "returned" needs that
     code, equal in value to the module's own, to have reached a return instruction, so
@@ -43,11 +44,14 @@ module's code is the file's), with a plugin object whose wrapper traces the call
 the verdict is whether that phase returned with the test's own code returned, never
 pytest's report, so a hook that rewrites reports, a patched TestReport, a
 `pytest_pyfunc_call` that never calls the test, a Function.setup or setup hook that swaps
-`item.obj`, or a wrapper that swallows the test's exception does not pass. A
-unittest.TestCase test in the pytest route gets no verdict (pytest's unittest item
-records a failure instead of raising it), nor does a test whose def its file does not
-show (made by a factory, imported, inherited from another module): such a task is
-dropped.
+`item.obj`, or a wrapper that swallows the test's exception does not pass. Only the last
+run of the test's code counts (hypothesis runs it once an example and replays a failing
+one last), so a wrapper that swallows a failure after a pass does not pass either, and
+the verdict needs the call phase of the selected test alone (an item put back after the
+selection gives none). A unittest.TestCase test in the pytest route gets no verdict
+(pytest's unittest item records a failure instead of raising it), nor does a test whose
+def its file does not show (made by a factory, imported, inherited from another module):
+such a task is dropped.
 
 What remains possible (counted in tests/test_swe_forgery.py as the known limits). The
 test and the code under test still run in the interpreter that reads the key and traces
@@ -87,13 +91,15 @@ from rlcode.swe import runner, testenv
 from rlcode.swe.routing import find, route
 from rlcode.swe.runner import RunSpec, TestRun
 
-CROSSCHECK_VERSION = "2"  # bump when a change here changes verdicts (it keys the cache)
+CROSSCHECK_VERSION = "3"  # bump when a change here changes verdicts (it keys the cache)
 # The driver's letters: the function returned, raised, or the budget ran out before the
 # test did; "n" (no verdict) and anything else is "error".
 LETTERS = {"r": "passed", "x": "failed", "t": "error"}
 # Each test's allowance on top of spec.timeout: its tree unpacked, its interpreter
 # started, pytest imported (about 0.3 s on an idle core).
 PER_TEST_SECONDS = 2.0
+# How long the driver keeps killing what a test left before it gives up on the run.
+KILL_SECONDS = 10
 _PLAN = ".rlcode_crosscheck.json"
 _TREE = ".rlcode_crosscheck.b64"
 
@@ -104,9 +110,16 @@ _TREE = ".rlcode_crosscheck.b64"
 # ran to a return instruction, so whatever replaces or wraps the function the runner
 # calls cannot pass without the test's own code returning. The functions needed after the
 # call are bound first, so a module that replaces os.write or sys.settrace afterwards does
-# not change how the verdict is seen or written.
+# not change how the verdict is seen or written; they come from the standard library alone
+# (the tree and the test environment join sys.path after these imports), so no file of
+# the tree runs before them.
 _PRELUDE = """\
-import dis, os, sys
+import sys
+_path = sys.path[:]
+sys.path[:] = [p for p in _path if p and not p.startswith(("/sandbox", """ + repr(
+    testenv.MOUNT) + """))]
+import dis, os, unittest
+sys.path[:] = _path
 _read, _write, _exit, _settrace = os.read, os.write, os._exit, sys.settrace
 node, res, key, qualname, first = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), sys.argv[4], int(sys.argv[5])
 _RETURNS = frozenset(dis.opmap[n] for n in ("RETURN_VALUE", "RETURN_CONST") if n in dis.opmap)
@@ -137,7 +150,12 @@ def _local(frame, event, arg):
 
 def _tracer(frame, event, arg):
   code = frame.f_code
-  return _local if code.co_name == _name and code == _want else None
+  if code.co_name == _name and code == _want:
+    # Only the last run of the test's code counts: hypothesis runs it once an example and
+    # replays the failing one last, so a wrapper that swallows that failure has no return.
+    _returned.clear()
+    return _local
+  return None
 """
 
 def _plugin_function(name: str) -> str:
@@ -194,7 +212,6 @@ _exit(0)
 # A unittest.TestCase test gets none: pytest's unittest item records a failure instead of
 # raising it, so a return does not say the test passed.
 _PYTEST = _PRELUDE + """\
-import unittest
 import pytest
 
 
@@ -202,6 +219,7 @@ class Watch:
   def __init__(self):
     self.seen = None
     self.items = 0
+    self.called = []
 
   @pytest.hookimpl(trylast=True)
   def pytest_collection_modifyitems(self, items):
@@ -210,6 +228,7 @@ class Watch:
 
   @pytest.hookimpl(wrapper=True, tryfirst=True)
   def pytest_runtest_call(self, item):
+    self.called.append(item.nodeid)  # an item put back after the selection: no verdict
     cls = getattr(item, "cls", None)
     self.seen = "raised"
     _settrace(_tracer)
@@ -229,7 +248,7 @@ try:
                "--assert=plain", node.split("[", 1)[0]], plugins=[watch])
 except BaseException:
   watch.seen = None
-if watch.items == 1 and watch.seen:
+if watch.items == 1 and watch.called == [node] and watch.seen:
   _write(res, _read(key, 64) + b" " + watch.seen.encode() + b"\\n")
 _exit(0)
 """
@@ -270,8 +289,10 @@ def others():
 def kill_others():
   # kill(-1) reaches every process of the namespace but the caller and init, and a fork
   # racing it either is reached or fails; orphans come to this process (a subreaper),
-  # which reaps them, until /proc lists no other process. Bounded: False if one stays.
-  for _ in range(%(rounds)d):
+  # which reaps them, until /proc lists no other process. Bounded in time, not rounds (a
+  # large process takes a while to die on a busy machine): False if one stays.
+  until = time.monotonic() + %(kill_seconds)d
+  while time.monotonic() < until:
     try:
       os.kill(-1, signal.SIGKILL)
     except ProcessLookupError:
@@ -352,7 +373,7 @@ for node, route, qualname, first in plan["tests"]:
   if not ended:
     report(letters, "a test left a process that SIGKILL did not end")
 report(letters)
-""" % {"plan": _PLAN, "tree": _TREE, "rounds": 200}
+""" % {"plan": _PLAN, "tree": _TREE, "kill_seconds": KILL_SECONDS}
 
 
 def plan(spec: RunSpec) -> list[list]:
@@ -425,6 +446,8 @@ def run(spec: RunSpec, env: testenv.TestEnv | None = None) -> TestRun:
   outcomes, status, why = parse(result.output, nonce, spec.tests)
   if status == "crash" and result.timed_out:
     status = "timeout"
+  elif status == "crash" and why:  # the driver stopped for its sandbox's sake: no cache
+    status = "sandbox_error"
   return TestRun(status, outcomes, {}, 0 if status == "ok" else None,
                  time.monotonic() - start, why or result.output[-2000:])
 

@@ -143,10 +143,12 @@ class _Evaluator:
 
   def _rerun(self, full: RunSpec, fail_to_pass: frozenset[str]) -> TestRun:
     """`full` on the FAIL_TO_PASS tests' functions, or on the whole files when pytest
-    cannot select them."""
-    run = self.runner.run(dataclasses.replace(full, tests=validate.functions(fail_to_pass)))
+    cannot select them. A timed-out run is not cached: on a busy machine it is the
+    machine's, and the next pass runs it again."""
+    run = self.runner.run(dataclasses.replace(full, tests=validate.functions(fail_to_pass)),
+                          cache_timeouts=False)
     if run.exit_status in validate.PYTEST_FAILED:
-      run = self.runner.run(full)
+      run = self.runner.run(full, cache_timeouts=False)
     return run
 
   def __call__(self, cand: history.Candidate) -> dict[str, Any]:

@@ -117,7 +117,8 @@ def functions(node_ids: Iterable[str]) -> tuple[str, ...]:
 
 def empty_fails(fail_to_pass: frozenset[str], empty: TestRun) -> None:
   """Raises Skip("flaky") unless the empty patch's second run fails every FAIL_TO_PASS
-  test."""
+  test; Skip(status) when that run did not end (a timeout is the machine's, not a flake)."""
+  _ended(empty)
   passed = fail_to_pass & empty.passing()
   if passed:
     raise Skip("flaky", f"the empty patch passes {sorted(passed)[0]} ({len(passed)} tests)")
@@ -126,11 +127,18 @@ def empty_fails(fail_to_pass: frozenset[str], empty: TestRun) -> None:
 def gold_passes(fail_to_pass: frozenset[str], gold: TestRun, run: int, runs: int) -> None:
   """Raises Skip("flaky") unless the gold patch's run number `run` (of `runs`, the after
   run being the first) passes every FAIL_TO_PASS test. (That the after run passes every
-  FAIL_TO_PASS and PASS_TO_PASS test is `judge`'s construction.)"""
+  FAIL_TO_PASS and PASS_TO_PASS test is `judge`'s construction.) A run that did not end is
+  Skip(its status), not a flake."""
+  _ended(gold)
   missed = fail_to_pass - gold.passing()
   if missed:
     raise Skip("flaky", f"gold fails {sorted(missed)[0]} ({len(missed)} tests) in run "
                         f"{run} of {runs}")
+
+
+def _ended(run: TestRun) -> None:
+  if run.status != "ok":
+    raise Skip(run.status, run.output[-200:])
 
 
 def runners_agree(fail_to_pass: frozenset[str], after: TestRun, isolated: TestRun) -> None:
