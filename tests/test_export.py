@@ -213,3 +213,16 @@ def test_a_failed_write_is_one_line(tmp_path, capsys, monkeypatch):
   assert cli.main(["export", workdir, "--out", out]) == 2
   err = capsys.readouterr().err.strip()
   assert "No space left on device" in err and "model.safetensors" in err and "\n" not in err
+
+  # safetensors' own writer reports a full disk as a SafetensorError, not an OSError.
+  from safetensors import SafetensorError
+
+  def full_tensors(tensors, filename, metadata=None):
+    raise SafetensorError("Error while serializing: I/O error: No space left on device "
+                          "(os error 28)")
+  monkeypatch.undo()
+  monkeypatch.setattr(hf, "save_file", full_tensors)
+  out = str(tmp_path / "out2")
+  assert cli.main(["export", workdir, "--out", out]) == 2
+  err = capsys.readouterr().err.strip()
+  assert "No space left on device" in err and "\n" not in err and "Traceback" not in err

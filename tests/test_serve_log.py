@@ -370,3 +370,26 @@ def test_an_oserror_moving_a_log_aside_is_one_line(good_log, tmp_path, monkeypat
   with pytest.raises(log_lib.LogUnavailable, match=r"cannot rename .*interactions.sqlite to "
                      r".*aside.* \(Permission denied\); the log is where it was$"):
     log_lib.move_aside(url)
+
+
+def test_a_failed_move_aside_puts_back_what_it_moved(good_log, tmp_path, monkeypatch):
+  """The -wal file goes first; when the log file then cannot move, the -wal comes back
+  (a log without its -wal would lose the rows not yet checkpointed into it)."""
+  url = log_lib.default_url(str(tmp_path))
+  path = log_lib.sqlite_path(url)
+  with open(path, "wb") as f:
+    f.write(good_log)
+  with open(path + "-wal", "wb") as f:
+    f.write(b"wal frames")
+  real = os.replace
+
+  def replace(src, dst):
+    if src == path:
+      raise PermissionError(13, "Permission denied")
+    real(src, dst)
+  monkeypatch.setattr(log_lib.os, "replace", replace)
+  with pytest.raises(log_lib.LogUnavailable, match="the log is where it was"):
+    log_lib.move_aside(url)
+  assert sorted(os.listdir(tmp_path)) == ["interactions.sqlite", "interactions.sqlite-wal"]
+  with open(path + "-wal", "rb") as f:
+    assert f.read() == b"wal frames"

@@ -47,12 +47,16 @@ def export(path: str, out: str, *, peft: bool = False, max_shard_gb: float | Non
   writable_destination(out)
   base = hub.resolve(config.model.hf_path) if config.model.hf_path else None
   model, tokenizer, step, _ = policy_eval.restore_policy(config, path, sharding.make_mesh())
+  from safetensors import SafetensorError
   try:
     what = _write(model, tokenizer, config, base, out, peft, max_shard_gb, tok_lib)
-  except OSError as e:
-    raise BadInput(f"--out {out!r}: writing {e.filename or out} failed ({e.strerror or e})"
-                   "; what was written before it stays there: free space or fix permissions "
-                   "and export again into an empty directory") from None
+  except (OSError, SafetensorError) as e:
+    # safetensors reports a failed write (a full disk) as its own error, not an OSError.
+    where = getattr(e, "filename", None) or out
+    why = getattr(e, "strerror", None) or str(e).splitlines()[0][:200]
+    raise BadInput(f"--out {out!r}: writing {where} failed ({why}); what was written "
+                   "before it stays there: free space or fix permissions and export again "
+                   "into an empty directory") from None
   return f"wrote {what} of step {step} to {out}"
 
 

@@ -147,14 +147,19 @@ def move_aside(url: str) -> str:
   aside = f"{path}.aside-{time.strftime('%Y%m%d-%H%M%S')}"
   while os.path.exists(aside):
     aside += "x"
+  moved = []
   for suffix in ("-wal", "-shm", ""):  # the log file last: a crash midway leaves it found
     if os.path.exists(path + suffix):
       try:
         os.replace(path + suffix, aside + suffix)
       except OSError as e:
+        # The files already moved go back: a log without its -wal would lose its last rows.
+        for done in reversed(moved):
+          os.replace(aside + done, path + done)
         raise LogUnavailable(f"{MOVE_ASIDE_FLAG}: cannot rename {path + suffix} to "
                              f"{aside + suffix} ({e.strerror}); the log is where it was"
                              ) from None
+      moved.append(suffix)
   return aside
 
 
