@@ -231,10 +231,10 @@ def test_a_killed_learner_restarts_and_trains_on_each_feedback_row_once(tmp_path
 
 def test_a_sigkilled_learn_online_resumes_by_itself_and_trains_each_row_once(tmp_path, whole):
   """`rlcode learn-online` in its own process, SIGKILLed once step 1's metrics row is on
-  disk (in step 2 or waiting for step 3's feedback: only checkpoint 0 saved, nothing
+  disk (in step 2, in its checkpoint's save, or waiting for step 3's feedback; nothing
   closed or flushed by the learner), then re-run with the same arguments once the rest of
-  the feedback is in: it resumes from checkpoint 0 with the cursor there, and its rows
-  and weights are those of a learner never killed."""
+  the feedback is in: it resumes from its last checkpoint with the cursor there, and its
+  rows and weights are those of a learner never killed."""
   import signal
   import subprocess
   import sys
@@ -261,7 +261,10 @@ def test_a_sigkilled_learn_online_resumes_by_itself_and_trains_each_row_once(tmp
     proc.kill()
     proc.wait()
     proc.stderr.close()
-  assert sorted(os.listdir(killed / "checkpoints")) == ["0"]
+  # Killed after step 1's row: checkpoint 0 saved, and on a busy machine perhaps step 2's
+  # save begun (Orbax's temporary directory, which the restart clears) or done.
+  saved = sorted(d for d in os.listdir(killed / "checkpoints") if d.isdigit())
+  assert saved in (["0"], ["0", "2"]), os.listdir(killed / "checkpoints")
   _feedback_log(tmp_path, range(4, 6))
   online_loop.train(serving.config(str(killed), *_learner(log_url)), stop=lambda: True)
   from rlcode.runs import metrics
