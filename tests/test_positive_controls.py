@@ -269,9 +269,9 @@ def test_a_sleeping_command_outlives_the_sessions_limit_in_a_plain_shell(tmp_pat
   assert time.monotonic() - start >= 2.5
 
 
-def test_loopback_is_reachable_from_a_plain_process_and_not_from_a_session(tmp_path):
-  """A host service on 127.0.0.1 answers an unprotected process; a session's process,
-  in its own network namespace, cannot reach it."""
+def test_loopback_is_reachable_from_a_plain_process_and_not_from_the_sandbox(tmp_path):
+  """A host service on 127.0.0.1 answers an unprotected process; a sandboxed command, in
+  its own network namespace, cannot reach it."""
   import socket
   from rlcode.sandbox.session import Session, SessionLimits
   server = socket.create_server(("127.0.0.1", 0))

@@ -347,7 +347,7 @@ def plot(checkout, argv):
     assert f.read(8) == b"\x89PNG\r\n\x1a\n"
 
 
-def Server(checkout, argv, timeout=240):
+def start_server(checkout, argv, timeout=240):
   """The README's `rlcode serve` command running in the scratch checkout."""
   return serving.ServeProcess([RLCODE, *argv[1:]], checkout,
                               env=_env(str(checkout / "home")), timeout=timeout)
@@ -357,7 +357,7 @@ def serve_checkpoint(checkout, argv):
   import httpx
   import openai
   keyed = "--api-key-file" in argv
-  server = Server(checkout, argv)
+  server = start_server(checkout, argv)
   try:
     assert httpx.get(server.url + "/health", timeout=30).status_code == 200
     if keyed:
@@ -380,7 +380,7 @@ def serve_online(checkout, argv):
   on served completions trains one version, which the server then answers with."""
   import httpx
   (learner,) = [c for c, smoke in SMOKE.items() if smoke.beside and smoke.check == "serve_online"]
-  server = Server(checkout, argv)
+  server = start_server(checkout, argv)
   try:
     headers = {"Authorization": "Bearer none"}
     for seed in range(4):  # 4 requests of 2 candidates: 8 feedback rows
