@@ -240,13 +240,20 @@ _RESTORED_STEP_DIRS: set[str] = set()
 
 def _late_read_record(record: logging.LogRecord) -> bool:
   """Whether an asyncio record is the unread exception of a failed restore's other read:
-  a task in orbax's code, or a future whose error names a step directory being restored."""
+  a task in orbax's code, or an error that names a step directory being restored, in the
+  record's message or anywhere in its exception's chain (orbax's "Encountered error while
+  reading array index" names the file only in the tensorstore error it was raised from)."""
   message = record.getMessage()
-  if not message.startswith(("Task exception was never retrieved",
-                             "Future exception was never retrieved")):
-    return False
-  return (f"{os.sep}orbax{os.sep}" in message
-          or any(step_dir in message for step_dir in _RESTORED_STEP_DIRS))
+  if (message.startswith(("Task exception was never retrieved",
+                          "Future exception was never retrieved"))
+      and f"{os.sep}orbax{os.sep}" in message):
+    return True
+  texts = [message]
+  error = record.exc_info[1] if record.exc_info else None
+  while error is not None and len(texts) < 16:
+    texts.append(str(error))
+    error = error.__cause__ or error.__context__
+  return any(step_dir in text for text in texts for step_dir in _RESTORED_STEP_DIRS)
 
 
 # The JSON files orbax writes into a step directory (local or gs://).
