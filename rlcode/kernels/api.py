@@ -2,7 +2,8 @@
 
 No attention math lives here: it only validates, asks `kernels.dispatch` which
 implementation (reference, blockwise XLA, Pallas, cuDNN) of a family serves the
-call (`kernels.flash` for masked attention, `kernels.decode` for decoding),
+call (`kernels.flash` for masked attention, `kernels.decode` for decoding,
+`kernels.paged` for decoding over a paged cache),
 warns where a request falls back, and forwards. NSA's entry points
 (`kernels.nsa`) use the same checks and choice.
 """
@@ -22,6 +23,9 @@ from rlcode.kernels.flash import library as flash_library
 from rlcode.kernels.flash import pallas as flash_pallas
 from rlcode.kernels.flash import reference as flash_reference
 from rlcode.kernels.flash import xla as flash_xla
+from rlcode.kernels.paged import pallas as paged_pallas
+from rlcode.kernels.paged import reference as paged_reference
+from rlcode.kernels.paged import xla as paged_xla
 from rlcode.kernels.spec import AttentionSpec
 
 IMPLS = dispatch.IMPLS
@@ -198,3 +202,93 @@ def decode_attention(q, k, v, lengths, *, spec: AttentionSpec = AttentionSpec(),
                                        num_splits=num_splits)
   return (out, lse) if return_lse else out
 
+
+
+def _check_paged(q, k_pages, v_pages, page_table, lengths, q_offset):
+  fn = "paged_attention"
+  if q.ndim != 4 or k_pages.ndim != 4:
+    raise ValueError(f"{fn}: q must be [B, T, H, D] and k_pages [P, K, S, D]; got "
+                     f"q{q.shape} k_pages{k_pages.shape}")
+  if v_pages.shape != k_pages.shape:
+    raise ValueError(f"{fn}: v_pages{v_pages.shape} must have k_pages' shape {k_pages.shape}")
+  if q.shape[3] != k_pages.shape[3]:
+    raise ValueError(f"{fn}: head_dim of q{q.shape} and k_pages{k_pages.shape} differ")
+  if q.shape[2] % k_pages.shape[1]:
+    raise ValueError(f"{fn}: query heads H={q.shape[2]} (q) must be a multiple of "
+                     f"KV heads K={k_pages.shape[1]} (k_pages)")
+  b = q.shape[0]
+  if jnp.ndim(page_table) != 2 or jnp.shape(page_table)[0] != b:
+    raise ValueError(f"{fn}: page_table has shape {jnp.shape(page_table)}; expected [B={b}, M]")
+  if not jnp.issubdtype(jnp.result_type(page_table), jnp.integer):
+    raise ValueError(f"{fn}: page_table must hold integer page indices, not "
+                     f"{jnp.result_type(page_table)}")
+  _check_shape(fn, "lengths", lengths, (b,))
+  if q_offset is not None and jnp.shape(q_offset) not in ((), (b,)):
+    raise ValueError(f"{fn}: q_offset must be an int or [B={b}]; got shape "
+                     f"{jnp.shape(q_offset)}")
+  capacity = jnp.shape(page_table)[1] * k_pages.shape[2]
+  if not isinstance(lengths, jax.core.Tracer) and (
+      (lengths < 0).any() or (lengths > capacity).any()):
+    raise ValueError(f"{fn}: lengths {lengths.tolist()} must lie in [0, M * S = {capacity}] "
+                     "(the pages page_table names)")
+
+
+def paged_attention(q, k_pages, v_pages, page_table, lengths, *,
+                    spec: AttentionSpec = AttentionSpec(), impl: str = "auto", scale=None,
+                    q_offset=None, return_lse: bool = False):
+  """Queries against a KV cache kept in pages of one pool (decode and chunked prefill).
+
+  Row b's cache position j lives in page page_table[b, j // S] at slot j % S.
+  The result is exactly `decode_attention` on the gathered cache
+  [B, K, M * S, D] with kv_head_major=True.
+
+  Args:
+    q: [B, T, H, D]: T = 1 for decode, a chunk of a prompt for prefill.
+    k_pages, v_pages: [P, K, S, D], the pool of P pages of S positions (head
+      major inside a page).
+    page_table: [B, M] int32. Entries past ceil(lengths[b] / S) are never read
+      into the result (point them at a scratch page); a page may appear in
+      several rows (a shared prompt).
+    lengths: [B] valid cache entries per row, the T queries' own keys
+      included (written to the pages before the call).
+    spec: dense (causal or not), sliding (a window on the cache) or document
+      (the same as dense causal, as in `decode_attention`).
+    impl: "auto", "reference", "xla", "pallas", "pallas_interpret". "auto" is
+      Pallas on GPU and xla elsewhere; "pallas" without a GPU falls back to
+      xla with a warning. "xla" runs an online softmax over tiles of
+      spec.block_k keys (whole pages) up to the longest row; Pallas walks each
+      row's own pages (page size and head_dim powers of two of at least 16
+      on GPU). Forward only: no implementation but the reference is
+      differentiable.
+    scale: logit scale, default D ** -0.5.
+    q_offset: int or [B], position of query 0 relative to key 0; default
+      lengths - T.
+    return_lse: also return lse [B, T, H] (float32), for `kernels.merge`.
+
+  Returns out [B, T, H, D] (q's dtype), and lse on request. A query that sees
+  no key (a row of length 0) gives out 0 and lse -inf.
+  """
+  q, k_pages, v_pages = jnp.asarray(q), jnp.asarray(k_pages), jnp.asarray(v_pages)
+  lengths = jnp.asarray(lengths, jnp.int32)
+  _check_paged(q, k_pages, v_pages, page_table, lengths, q_offset)
+  page_table = jnp.asarray(page_table, jnp.int32)
+  if q_offset is None:
+    q_offset = lengths - q.shape[1]
+  q_offset = jnp.broadcast_to(jnp.asarray(q_offset, jnp.int32), lengths.shape)
+  impl = resolve_impl(impl, "paged_attention", family="paged")
+  causal = spec.causal or spec.kind != "dense"
+  mask = tiling.Mask(causal=causal, window=spec.window if spec.kind == "sliding" else 0)
+  args = (q, k_pages, v_pages, page_table)
+  if impl == "reference":
+    out, lse = paged_reference.attention(*args, spec, lengths=lengths, q_offset=q_offset,
+                                         scale=scale)
+  elif impl == "xla":
+    page = k_pages.shape[2]
+    out, lse = paged_xla.attention(*args, mask, lengths=lengths, q_offset=q_offset,
+                                   pages_per_tile=max(1, spec.blocks("xla")[1] // page),
+                                   scale=scale)
+  else:
+    out, lse = paged_pallas.attention(*args, mask, lengths=lengths, q_offset=q_offset,
+                                      bq=spec.blocks("pallas")[0], scale=scale,
+                                      interpret=impl == "pallas_interpret")
+  return (out, lse) if return_lse else out

@@ -12,6 +12,7 @@ With impl="auto":
   gpu        attention  document, or the lse is needed, or a size   pallas
                         or placement cuDNN cannot take
   gpu        decode     -                                            pallas (split-K)
+  gpu        paged      -                                            pallas (page walk)
   gpu        nsa        -                                            pallas
 
 cuDNN (through `jax.nn.dot_product_attention`) computes dense causal and
@@ -34,7 +35,7 @@ import numpy as np
 from rlcode.kernels.spec import AttentionSpec
 
 IMPLS = ("auto", "reference", "xla", "pallas", "pallas_interpret", "cudnn")
-FAMILIES = ("attention", "decode", "nsa")
+FAMILIES = ("attention", "decode", "nsa", "paged")
 # cuDNN's flash attention: half-precision inputs, head_dim a multiple of 8 up
 # to 128 (256 from Hopper on; 128 keeps the choice independent of the GPU).
 CUDNN_DTYPES = ("bfloat16", "float16")
@@ -95,7 +96,7 @@ def choose(impl: str, *, family: str, backend: str, spec: AttentionSpec | None =
 
   Args:
     impl: the requested one, from IMPLS.
-    family: "attention" (masked attention), "decode" or "nsa".
+    family: "attention" (masked attention), "decode", "nsa" or "paged".
     backend: jax.default_backend().
     spec, needs_lse, q_shape ([B, T, H, D]), k_shape ([B, S, K, D]), dtype,
       q_offset: the call (attention only; see `cudnn_gap`).

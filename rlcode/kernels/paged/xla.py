@@ -1,0 +1,89 @@
+"""Paged attention in plain XLA: an online softmax over tiles of pages, up to the longest row.
+
+The engine calls this on every decode step off GPU, so its cost follows the
+keys in use, not the pool's capacity: a step gathers one tile of pages
+([B, pages_per_tile] through the page table) at a time and stops after the
+last tile any row can see (a dynamic trip count; the shapes stay static).
+Inside a tile the scores are one piece, as decode's direct path.
+
+Must not: gather more than one tile of pages at a time; let an entry at or
+beyond a row's length reach the result (the pool holds other rows' data and
+scratch there); depend on a backend. Forward only (the loop's trip count is
+dynamic): sampling needs no gradient.
+"""
+
+from __future__ import annotations
+
+import jax.numpy as jnp
+from jax import lax
+
+from rlcode.kernels import tiling
+
+F32 = jnp.float32
+
+
+def key_range(mask: tiling.Mask, q_pos, lengths):
+  """Per row, the key positions [lo, hi) its queries q_pos [B, T] may see."""
+  hi = lengths
+  if mask.causal:
+    hi = jnp.minimum(hi, q_pos[:, -1] + 1)
+  lo = jnp.zeros_like(hi)
+  if mask.window:
+    lo = jnp.maximum(lo, q_pos[:, 0] - mask.window + 1)
+  return lo, jnp.maximum(hi, lo)
+
+
+def attention(q, k_pages, v_pages, page_table, mask: tiling.Mask, *, lengths, q_offset,
+              pages_per_tile: int, scale=None):
+  """q [B, T, H, D] against pages [P, K, S, D] through page_table [B, M]: (out, lse).
+
+  Query t of row b sits at position q_offset[b] + t; keys at j >= lengths[b]
+  are never read into the result; `mask` gives causality and the window.
+  Returns out [B, T, H, D] in q's dtype and lse [B, T, H] (float32, -inf for
+  a query that sees no key, whose out is 0).
+  """
+  b, t, h, d = q.shape
+  _, kh, s, _ = k_pages.shape
+  g = h // kh
+  c = max(1, min(pages_per_tile, page_table.shape[1]))
+  n_tiles = tiling.cdiv(page_table.shape[1], c)
+  table = tiling.pad_axis(page_table, 1, n_tiles * c)  # page 0 past the end: masked
+  scale = d ** -0.5 if scale is None else scale
+  qg = q.reshape(b, t, kh, g, d).astype(F32) * scale
+  q_pos = jnp.asarray(q_offset, jnp.int32).reshape(-1, 1) + jnp.arange(t, dtype=jnp.int32)
+  q_pos = jnp.broadcast_to(q_pos, (b, t))
+  lo, hi = key_range(mask, q_pos, lengths)
+  seen = hi > lo
+  first = jnp.min(jnp.where(seen, lo, hi.max())) // (c * s)
+  last = tiling.cdiv(jnp.max(jnp.where(seen, hi, 0)), c * s)
+
+  def body(i, carry):
+    m, l, acc = carry
+    pages = lax.dynamic_slice_in_dim(table, i * c, c, axis=1)  # [B, c]
+    k_pos = i * c * s + jnp.arange(c * s, dtype=jnp.int32).reshape(c, s)
+    valid = k_pos[None] < lengths[:, None, None]  # [B, c, S]
+    kt = k_pages[pages]  # [B, c, K, S, D]
+    vt = jnp.where(valid[:, :, None, :, None], v_pages[pages], 0).astype(F32)
+    scores = jnp.einsum("btkgd,bcksd->bkgtcs", qg, kt.astype(F32))
+    ok = jnp.broadcast_to(valid[:, None], (b, t, c, s))
+    if mask.causal:
+      ok &= k_pos <= q_pos[:, :, None, None]
+    if mask.window:
+      ok &= k_pos > q_pos[:, :, None, None] - mask.window
+    scores = jnp.where(ok[:, None, None], scores, -jnp.inf)
+    m_new = jnp.maximum(m, jnp.max(scores, axis=(-2, -1)))
+    m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+    p = jnp.exp(scores - m_safe[..., None, None])
+    alpha = jnp.exp(m - m_safe)
+    l = alpha * l + jnp.sum(p, axis=(-2, -1))
+    acc = alpha[..., None] * acc + jnp.einsum("bkgtcs,bcksd->bkgtd", p, vt)
+    return m_new, l, acc
+
+  init = (jnp.full((b, kh, g, t), -jnp.inf, F32), jnp.zeros((b, kh, g, t), F32),
+          jnp.zeros((b, kh, g, t, d), F32))
+  m, l, acc = lax.fori_loop(first, last, body, init)
+  l_safe = jnp.where(l > 0, l, 1.0)
+  out = acc / l_safe[..., None]
+  lse = jnp.where(l > 0, m + jnp.log(l_safe), -jnp.inf)
+  return (out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d).astype(q.dtype),
+          lse.transpose(0, 3, 1, 2).reshape(b, t, h))
