@@ -256,7 +256,8 @@ def paged_attention(q, k_pages, v_pages, page_table, lengths, *,
     impl: "auto", "reference", "xla", "pallas", "pallas_interpret". "auto" is
       Pallas on GPU and xla elsewhere; "pallas" without a GPU falls back to
       xla with a warning. "xla" runs an online softmax over tiles of
-      spec.block_k keys (whole pages) up to the longest row; Pallas walks each
+      spec.block_k keys (whole pages; default paged.xla.TILE_KEYS) up to the
+      longest row; Pallas walks each
       row's own pages (page size and head_dim powers of two of at least 16
       on GPU). Forward only: no implementation but the reference is
       differentiable.
@@ -283,9 +284,9 @@ def paged_attention(q, k_pages, v_pages, page_table, lengths, *,
     out, lse = paged_reference.attention(*args, spec, lengths=lengths, q_offset=q_offset,
                                          scale=scale)
   elif impl == "xla":
-    page = k_pages.shape[2]
+    tile_keys = spec.block_k or paged_xla.TILE_KEYS
     out, lse = paged_xla.attention(*args, mask, lengths=lengths, q_offset=q_offset,
-                                   pages_per_tile=max(1, spec.blocks("xla")[1] // page),
+                                   pages_per_tile=max(1, tile_keys // k_pages.shape[2]),
                                    scale=scale)
   else:
     out, lse = paged_pallas.attention(*args, mask, lengths=lengths, q_offset=q_offset,
