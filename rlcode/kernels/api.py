@@ -250,7 +250,8 @@ def paged_attention(q, k_pages, v_pages, page_table, lengths, *,
       into the result (point them at a scratch page); a page may appear in
       several rows (a shared prompt).
     lengths: [B] valid cache entries per row, the T queries' own keys
-      included (written to the pages before the call).
+      included (written to the pages before the call); at most M * S
+      (checked when concrete; under jit the caller keeps it so).
     spec: dense (causal or not), sliding (a window on the cache) or document
       (the same as dense causal, as in `decode_attention`).
     impl: "auto", "reference", "xla", "pallas", "pallas_interpret". "auto" is
