@@ -23,6 +23,7 @@ from rlcode.models.config import ModelConfig
 from rlcode.models.dense import dense
 from rlcode.models.moe import MoE, activation
 from rlcode.models.nsa import NSAAttention
+from rlcode.models.paged import PagedLayer
 from rlcode.parallel import context, sharding
 
 _INIT_STD = 0.02  # Hugging Face's initializer_range for Qwen2 and Llama
@@ -176,6 +177,14 @@ class Attention(nnx.Module):
     """
     q, k, v = self.project_qkv(x_btd, rope)
     impl = self.cfg.attn_impl
+    if isinstance(cache_kv, PagedLayer):
+      if prefix_kv is not None:
+        raise ValueError("a paged cache shares prompts by its page table, not a prefix")
+      new_kv = cache_kv.write(k, v, cache_lengths)
+      own = kernels.paged_attention(q, new_kv.k, new_kv.v, new_kv.page_table,
+                                    cache_lengths + new_kv.valid, spec=self.spec, impl=impl,
+                                    q_offset=cache_lengths)
+      return self.output(own), new_kv
     if cache_kv is None:
       # A document layer given no segment ids sees one document: plain causal.
       spec = (kernels.DENSE_CAUSAL if self.spec.kind == "document" and segment_ids is None

@@ -26,6 +26,7 @@ from rlcode.models.blocks import (DECODE_QUERIES, NONCAUSAL, Block, RMSNorm, _pa
                                   rope_frequencies, rope_tables)
 from rlcode.models.config import ModelConfig
 from rlcode.models.nsa import NSACache
+from rlcode.models.paged import PagedCache
 from rlcode.parallel import sharding
 
 __all__ = ["DECODE_QUERIES", "NONCAUSAL", "Decoder", "KVCache", "Prefix", "dense",
@@ -143,14 +144,15 @@ class Decoder(nnx.Module):
     p = len(self.layers)
     return [stack_lib.layer_slice(self.layers[i % p], i // p) for i in range(self.cfg.num_layers)]
 
-  def hidden(self, tokens_bt, positions_bt=None, *, cache: KVCache | None = None,
+  def hidden(self, tokens_bt, positions_bt=None, *, cache: KVCache | PagedCache | None = None,
              prefix: Prefix | None = None, segment_ids=None):
     """Final hidden states [B, T, E] and the keys/values.
 
     Without a cache: causal self-attention over the tokens; returns the
     per-layer (k, v) of the tokens, [B, T, K, D] each (what a prefill stores).
     With a cache: the tokens continue each row at cache.lengths; returns the
-    updated cache.
+    updated cache. A PagedCache (rlcode.models.paged) is written and read through its
+    page table; its rows advance by their valid tokens.
     With a prefix: every row also attends to its group's prefix, which comes
     before the row (and before its cache); positions then start after it.
     With segment_ids [B, T] (packed documents, non-decreasing, the last one
@@ -185,7 +187,12 @@ class Decoder(nnx.Module):
     layers = self.blocks()
     upcoming = None if prefix is None else self._prefix_layer(prefix, 0)
     for i, layer in enumerate(layers):
-      cache_kv = None if cache is None else (cache.k[i], cache.v[i])
+      if cache is None:
+        cache_kv = None
+      elif isinstance(cache, PagedCache):
+        cache_kv = cache.layer(i)
+      else:
+        cache_kv = (cache.k[i], cache.v[i])
       prefix_kv = upcoming
       if prefix is not None and i + 1 < len(layers):
         # Issued before layer i runs, so a host prefix's next layer is in flight
@@ -201,6 +208,8 @@ class Decoder(nnx.Module):
     h = self.final_norm(x)
     if cache is None:
       return h, kvs
+    if isinstance(cache, PagedCache):
+      return h, cache.with_layers(kvs)
     return h, KVCache(k=tuple(k for k, _ in kvs), v=tuple(v for _, v in kvs),
                       lengths=cache.lengths + t)
 

@@ -1,0 +1,479 @@
+"""The inference engine: paged KV, continuous batching, shared prefixes.
+
+    submit(request) ─► waiting ─► admitted when its rows and its prompt's pages fit ─►
+    prefilled in chunks (a token budget per step, beside the decoding rows) ─► its n
+    candidates forked from the one prompt (full pages shared, the last partial page
+    copied) ─► one token per decoding row per step ─► a row that stops releases its pages
+    at once, its full blocks kept in the prefix cache for the next prompt that starts
+    with them
+
+Each `step()` swaps in published weights, admits, runs one chunk of prefill and one decode
+step over the busy rows only (row counts, chunk lengths and page-table widths bucketed to
+powers of two, so a few shapes compile). When a decoding row needs a page and none is
+free, the most recently admitted row is preempted: its pages are released and it is
+recomputed from its tokens when it is admitted again (same tokens: randomness is keyed by
+(seed, row, position)). Every token carries the policy version that sampled it and its
+behaviour log-probability.
+
+Synchronous callers (rollouts, evaluation, tests) call `generate`; the server runs `start`,
+which steps in a thread of its own while other threads `submit` and `publish`.
+This module must not know about HTTP, rewards or training.
+"""
+
+from __future__ import annotations
+
+import collections
+import dataclasses
+import logging
+import math
+import threading
+import time
+from collections.abc import Sequence
+
+import jax
+import numpy as np
+from flax import nnx
+
+from rlcode.engine import programs
+from rlcode.engine.pages import PagePool
+from rlcode.engine.requests import Candidate, Request, Result
+from rlcode.models.decoder import Decoder
+from rlcode.models.paged import SCRATCH_PAGE, PagedCache
+
+log = logging.getLogger(__name__)
+MODES = ("continuous", "serial")
+MIN_CHUNK = 16
+# The smallest row count and page-table width a program is compiled for: a few wasted
+# rows or pages cost less than compiling the many small shapes a stream of requests meets.
+MIN_ROWS = 4
+MIN_PAGES = 8
+
+
+def bucket(n: int, minimum: int = 1) -> int:
+  """The smallest power of two >= max(n, minimum)."""
+  return 1 << (max(n, minimum) - 1).bit_length()
+
+
+class _Group:
+  """An admitted request: its candidates' records, and how many are still open."""
+
+  def __init__(self, request: Request, version: int):
+    self.request, self.version = request, version
+    self.candidates = [Candidate() for _ in range(request.n)]
+    self.rows = list(request.rows) if request.rows is not None else list(range(request.n))
+    self.open = request.n
+    self.cached_tokens = 0
+
+
+class _Seq:
+  """One row: the tokens it has (prompt, then its candidate's), the pages holding their
+  keys and values, and how many positions those pages hold (`cached`). A group's leader
+  prefills the prompt once and forks into the group's candidates."""
+
+  def __init__(self, group: _Group, c: int, tokens: list[int], order: int, leader: bool):
+    self.group, self.c, self.tokens, self.order, self.leader = group, c, tokens, order, leader
+    self.pages: list[int] = []
+    self.spare: list[int] = []  # a leader's pages for its candidates' copies of the last page
+    self.cached = 0
+    self.kv_version = -1  # the weights its pages were computed with (if all the same)
+
+  @property
+  def candidate(self) -> Candidate:
+    return self.group.candidates[self.c]
+
+
+class Engine:
+  """The engine (see the module docstring).
+
+  Args:
+    model: the policy (sampled with its `for_sampling` copy).
+    num_pages: pages in each layer's pool (one is scratch).
+    page_size: positions per page.
+    max_rows: the most rows decoded at once.
+    prefill_tokens: the most prompt tokens prefilled in one step.
+    version: the policy version of `model`'s weights.
+    prefix_cache: keep finished blocks for later prompts.
+    mode: "continuous", or "serial" (one request at a time: a baseline).
+  """
+
+  def __init__(self, model: Decoder, *, num_pages: int, page_size: int = 16,
+               max_rows: int = 64, prefill_tokens: int = 512, version: int = 0,
+               prefix_cache: bool = True, mode: str = "continuous"):
+    if mode not in MODES:
+      raise ValueError(f"engine mode={mode!r}; one of {MODES}")
+    self.cfg = model.cfg
+    cache = PagedCache.zeros(self.cfg, num_pages, page_size)
+    self.graphdef, self.state = nnx.split(model.for_sampling())
+    self.pools = (cache.k, cache.v)
+    self.bytes_per_token = cache.bytes_per_token()
+    self.pool = PagePool(num_pages, page_size, prefix_cache=prefix_cache)
+    self.page_size, self.max_rows, self.mode = page_size, max_rows, mode
+    self.prefill_tokens = max(prefill_tokens, MIN_CHUNK)
+    self.max_pages = math.ceil(self.cfg.max_seq_len / page_size)
+    self.version = version
+    self.waiting: collections.deque[_Group] = collections.deque()
+    self.resume: list[_Seq] = []
+    self.prefilling: list[_Seq] = []
+    self.decoding: list[_Seq] = []
+    self._order = 0
+    self._pending: tuple[int, object] | None = None
+    self._cond = threading.Condition()
+    self._thread: threading.Thread | None = None
+    self._stopping = False
+    self.stats = collections.Counter()
+
+  # ------------------------------------------------------------ outside the loop
+  def submit(self, request: Request) -> None:
+    n_prompt = len(request.prompt)
+    if n_prompt == 0:
+      raise ValueError("the prompt is empty")
+    if n_prompt >= self.cfg.max_seq_len:
+      raise ValueError(f"the prompt has {n_prompt} tokens; the model's context is "
+                       f"{self.cfg.max_seq_len}")
+    if not 1 <= request.n <= self.max_rows:
+      raise ValueError(f"n={request.n} must be between 1 and the engine's {self.max_rows} rows")
+    if request.rows is not None and len(request.rows) != request.n:
+      raise ValueError(f"rows has {len(request.rows)} entries for n={request.n}")
+    if request.max_tokens < 1:
+      raise ValueError(f"max_tokens={request.max_tokens} must be at least 1")
+    need = math.ceil(min(n_prompt + request.max_tokens, self.cfg.max_seq_len) / self.page_size)
+    if need > self.pool.num_pages - 1:
+      raise ValueError(f"a candidate of this request needs {need} pages of "
+                       f"{self.page_size}; the pool has {self.pool.num_pages - 1}")
+    with self._cond:
+      if self._stopping:
+        raise RuntimeError("the engine is stopping")
+      self.waiting.append(_Group(request, self.version))
+      self._cond.notify_all()
+
+  def publish(self, state, version: int) -> None:
+    """New weights (an nnx.State of the sampling model's graph), swapped in before the
+    next step. Rows in flight continue on them; the prefix cache is dropped."""
+    with self._cond:
+      self._pending = (version, state)
+      self._cond.notify_all()
+
+  def queue_depth(self) -> int:
+    return len(self.waiting) + len(self.resume)
+
+  def busy_rows(self) -> int:
+    return len(self.prefilling) + len(self.decoding)
+
+  def idle(self) -> bool:
+    return not (self.waiting or self.resume or self.prefilling or self.decoding)
+
+  def generate(self, requests: Sequence[Request]) -> list[Result]:
+    """Runs `requests` to the end on this thread (the engine must not be started)."""
+    if self._thread is not None:
+      raise RuntimeError("generate is for an engine that is not started")
+    results: list[Result | None] = [None] * len(requests)
+    for i, request in enumerate(requests):
+      def done(result, i=i, callback=request.on_done):
+        results[i] = result
+        if callback is not None:
+          callback(result)
+      self.submit(_with_done(request, done))
+    while not self.idle():
+      self.step()
+    for result in results:
+      if result.error is not None:
+        raise result.error
+    return results
+
+  def start(self) -> Engine:
+    """Steps in a thread of its own until `stop`."""
+    self._thread = threading.Thread(target=self._loop, name="rlcode-engine", daemon=True)
+    self._thread.start()
+    return self
+
+  def stop(self, timeout: float | None = None) -> None:
+    """Finishes what is admitted and waiting, then ends the loop."""
+    with self._cond:
+      self._stopping = True
+      self._cond.notify_all()
+    if self._thread is not None:
+      self._thread.join(timeout)
+
+  def _loop(self) -> None:
+    while True:
+      with self._cond:
+        while self.idle() and not (self._pending or self._stopping):
+          self._cond.wait()
+        if self._stopping and self.idle():
+          return
+      start = time.perf_counter()
+      try:
+        self.step()
+      except Exception as e:  # a bug: what is in flight fails, the loop goes on
+        log.exception("an engine step failed")
+        self._fail_all(e)
+      self.stats["busy_seconds"] += time.perf_counter() - start
+
+  # ------------------------------------------------------------ one step
+  def step(self) -> None:
+    with self._cond:
+      if self._pending is not None:
+        self.version, self.state = self._pending
+        self._pending = None
+        self.pool.clear_cache()
+        self.stats["swaps"] += 1
+      self._admit()
+    if self.prefilling:
+      self._prefill()
+    if self.decoding:
+      self._decode()
+
+  def _live(self) -> list[_Seq]:
+    return self.prefilling + self.decoding
+
+  def _admit(self) -> None:
+    """Preempted rows first, then waiting requests in order, while rows and pages last."""
+    while self.resume or self.waiting:
+      if self.mode == "serial" and self._live():
+        return
+      if self.resume:
+        seq = self.resume[0]
+        rows = 1
+      else:
+        group = self.waiting[0]
+        seq = _Seq(group, 0, list(group.request.prompt), -1, leader=True)
+        rows = group.request.n
+      if self.busy_rows() + rows > self.max_rows:
+        return
+      s = self.page_size
+      hits = self.pool.lookup(seq.tokens, limit=(len(seq.tokens) - 1) // s)
+      self.pool.share(hits)
+      own = math.ceil(len(seq.tokens) / s) - len(hits)
+      spare = seq.group.request.n - 1 if seq.leader and len(seq.tokens) % s else 0
+      pages = self.pool.allocate(own + spare)
+      if pages is None:
+        self.pool.release(hits)
+        return
+      seq.pages, seq.spare, seq.cached = hits + pages[:own], pages[own:], len(hits) * s
+      seq.kv_version = self.version
+      if self.resume and seq is self.resume[0]:
+        self.resume.pop(0)
+        self.stats["resumed"] += 1
+      else:
+        self.waiting.popleft()
+        seq.group.version = self.version
+        seq.group.cached_tokens = seq.cached
+        seq.order = self._next_order()
+        self.stats["requests"] += 1
+      self.stats["prefix_hit_tokens"] += seq.cached
+      self.prefilling.append(seq)
+
+  def _next_order(self) -> int:
+    self._order += 1
+    return self._order
+
+  def _prefill(self) -> None:
+    budget, batch = self.prefill_tokens, []
+    for seq in self.prefilling:
+      take = min(len(seq.tokens) - seq.cached, budget)
+      if take <= 0:
+        break
+      batch.append((seq, take))
+      budget -= take
+    r = bucket(len(batch), MIN_ROWS)
+    t = min(bucket(max(take for _, take in batch), MIN_CHUNK), bucket(self.prefill_tokens))
+    tokens = np.zeros((r, t), np.int32)
+    valid, lengths = np.zeros(r, np.int32), np.zeros(r, np.int32)
+    table = self._table([seq for seq, _ in batch], r)
+    for i, (seq, take) in enumerate(batch):
+      tokens[i, :take] = seq.tokens[seq.cached:seq.cached + take]
+      lengths[i], valid[i] = seq.cached, take
+    self.pools, logits = programs.forward(self.state, self.pools, tokens, table, lengths,
+                                          valid, graphdef=self.graphdef)
+    self.stats["prefill_tokens"] += int(valid.sum())
+    ready = []
+    for i, (seq, take) in enumerate(batch):
+      seq.cached += take
+      if seq.cached == len(seq.tokens):
+        self.prefilling.remove(seq)
+        self._register(seq)
+        ready.append((i, seq))
+    if ready:
+      self._first_tokens(logits, ready)
+
+  def _first_tokens(self, logits, ready: list[tuple[int, _Seq]]) -> None:
+    """Forks each finished leader into its group's candidates, and samples every ready
+    row's next token from its prompt's logits."""
+    rows: list[tuple[int, _Seq]] = []
+    copies: list[tuple[int, int]] = []
+    for i, seq in ready:
+      rows.append((i, seq))
+      if seq.leader:
+        seq.leader = False
+        rows.extend((i, self._fork(seq, c, copies)) for c in range(1, seq.group.request.n))
+    if copies:
+      n = bucket(len(copies))
+      src = np.full(n, SCRATCH_PAGE, np.int32)
+      dst = np.full(n, SCRATCH_PAGE, np.int32)
+      src[:len(copies)], dst[:len(copies)] = zip(*copies)
+      self.pools = programs.copy_pages(self.pools, src, dst)
+    index = np.array([i for i, _ in rows], np.int32)
+    r = bucket(len(rows), MIN_ROWS)
+    params = self._params([seq for _, seq in rows], r)
+    index = np.pad(index, (0, r - len(index)))
+    out = programs.sample(logits[index], *params)
+    self._emit_all([seq for _, seq in rows], out)
+
+  def _fork(self, leader: _Seq, c: int, copies: list[tuple[int, int]]) -> _Seq:
+    """Candidate c of the leader's group: the prompt's full pages shared, its last partial
+    page copied into a spare page (the candidates write their own tokens into it)."""
+    twin = _Seq(leader.group, c, list(leader.group.request.prompt), leader.order, False)
+    full = len(twin.tokens) // self.page_size
+    self.pool.share(leader.pages[:full])
+    twin.pages = leader.pages[:full]
+    if full < len(leader.pages):
+      page = leader.spare.pop()
+      copies.append((leader.pages[full], page))
+      twin.pages = twin.pages + [page]
+    twin.cached = len(twin.tokens)
+    twin.kv_version = leader.kv_version
+    return twin
+
+  def _decode(self) -> None:
+    for seq in sorted(self.decoding, key=lambda s: s.order):
+      if seq in self.decoding and seq.cached // self.page_size >= len(seq.pages):
+        page = self._page_for(seq)
+        if page is not None:
+          seq.pages.append(page)
+    if not self.decoding:
+      return
+    seqs = list(self.decoding)
+    r = bucket(len(seqs), MIN_ROWS)
+    tokens = np.zeros(r, np.int32)
+    lengths, valid = np.zeros(r, np.int32), np.zeros(r, np.int32)
+    for i, seq in enumerate(seqs):
+      tokens[i], lengths[i], valid[i] = seq.tokens[-1], seq.cached, 1
+    table = self._table(seqs, r)
+    self.pools, *out = programs.decode(self.state, self.pools, tokens, table, lengths, valid,
+                                       *self._params(seqs, r), graphdef=self.graphdef)
+    for seq in seqs:
+      seq.cached += 1
+    self.stats["steps"] += 1
+    self._emit_all(seqs, out)
+
+  def _page_for(self, seq: _Seq) -> int | None:
+    """A page for `seq`, preempting the most recently admitted rows while none is free;
+    None if `seq` is the one preempted."""
+    while True:
+      pages = self.pool.allocate(1)
+      if pages is not None:
+        return pages[0]
+      victim = max((s for s in self._live() + [seq] if s.pages or s is seq),
+                   key=lambda s: (s.order, s.c))
+      self._preempt(victim)
+      if victim is seq:
+        return None
+
+  def _preempt(self, seq: _Seq) -> None:
+    self.pool.release(seq.pages + seq.spare)
+    seq.pages, seq.spare, seq.cached = [], [], 0
+    for queue in (self.prefilling, self.decoding):
+      if seq in queue:
+        queue.remove(seq)
+    seq.tokens = list(seq.group.request.prompt) + seq.candidate.tokens
+    self.resume.append(seq)
+    self.resume.sort(key=lambda s: s.order)
+    self.stats["preemptions"] += 1
+
+  def _register(self, seq: _Seq) -> None:
+    """Offers a row's full blocks to later prompts, unless weights were swapped since it
+    began (its pages then hold keys and values of the old weights)."""
+    if seq.kv_version == self.version:
+      self.pool.register(seq.tokens[:seq.cached], seq.pages)
+
+  def _table(self, seqs: list[_Seq], r: int) -> np.ndarray:
+    m = min(bucket(max(len(seq.pages) for seq in seqs), MIN_PAGES), bucket(self.max_pages))
+    table = np.full((r, m), SCRATCH_PAGE, np.int32)
+    for i, seq in enumerate(seqs):
+      table[i, :len(seq.pages)] = seq.pages
+    return table
+
+  def _params(self, seqs: list[_Seq], r: int):
+    """Per-row sampling arrays: seed, row, position, temperature, top_k, top_p."""
+    seed = np.zeros(r, np.uint32)
+    row, position, top_k = (np.zeros(r, np.int32) for _ in range(3))
+    temperature, top_p = np.ones(r, np.float32), np.ones(r, np.float32)
+    for i, seq in enumerate(seqs):
+      request = seq.group.request
+      seed[i], row[i] = request.seed, seq.group.rows[seq.c]
+      position[i] = len(seq.candidate.tokens)
+      temperature[i], top_k[i], top_p[i] = request.temperature, request.top_k, request.top_p
+    return seed, row, position, temperature, top_k, top_p
+
+  # ------------------------------------------------------------ tokens out
+  def _emit_all(self, seqs: list[_Seq], out) -> None:
+    tok, lp, top_ids, top_lp = jax.device_get(out)
+    for i, seq in enumerate(seqs):
+      self._emit(seq, int(tok[i]), float(lp[i]), top_ids[i], top_lp[i])
+
+  def _emit(self, seq: _Seq, tok: int, lp: float, top_ids, top_lp) -> None:
+    group, cand = seq.group, seq.candidate
+    request = group.request
+    cand.tokens.append(tok)
+    cand.logprobs.append(lp)
+    cand.versions.append(self.version)
+    top = [(int(i), float(x)) for i, x in zip(top_ids, top_lp)] if request.top_logprobs else []
+    if request.top_logprobs:
+      cand.top.append(top)
+    seq.tokens.append(tok)
+    self.stats["tokens"] += 1
+    reason = None
+    if tok in request.stop_tokens:
+      reason = "stop"
+    elif request.stop_check is not None and request.stop_check(seq.c, cand.tokens):
+      reason = "stop"
+    elif len(cand.tokens) >= request.max_tokens:
+      reason = "length"
+    elif len(seq.tokens) >= self.cfg.max_seq_len:
+      reason = "length"  # the last token sampled is never fed back
+    if request.on_token is not None:
+      try:
+        request.on_token(seq.c, tok, lp, top)
+      except Exception:  # a client's callback never stops the loop
+        log.exception("a request's token callback failed")
+    if reason is None:
+      if seq.pages and seq not in self.decoding:
+        self.decoding.append(seq)
+      return
+    cand.finish_reason = reason
+    if seq in self.decoding:
+      self.decoding.remove(seq)
+    if seq in self.resume:
+      self.resume.remove(seq)
+    self._register(seq)
+    self.pool.release(seq.pages)
+    seq.pages = []
+    group.open -= 1
+    if group.open == 0:
+      _call_done(request, Result(group.candidates, group.version, len(request.prompt),
+                                 group.cached_tokens))
+
+  def _fail_all(self, error: BaseException) -> None:
+    groups = {id(s.group): s.group for s in self._live() + self.resume}
+    with self._cond:
+      groups.update({id(g): g for g in self.waiting})
+      self.waiting.clear()
+    for seq in self._live() + self.resume:
+      self.pool.release(seq.pages + seq.spare)
+      seq.pages, seq.spare = [], []
+    self.prefilling, self.decoding, self.resume = [], [], []
+    for group in groups.values():
+      _call_done(group.request, Result([], self.version, len(group.request.prompt),
+                                       error=error))
+
+
+def _with_done(request: Request, on_done) -> Request:
+  return dataclasses.replace(request, on_done=on_done)
+
+
+def _call_done(request: Request, result: Result) -> None:
+  if request.on_done is not None:
+    try:
+      request.on_done(result)
+    except Exception:
+      log.exception("a request's done callback failed")

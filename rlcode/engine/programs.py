@@ -1,0 +1,101 @@
+"""The engine's compiled device programs: a forward over paged rows, and per-row sampling.
+
+    forward(state, pools, tokens [R, T], page_table [R, M], lengths [R], valid [R])
+        writes the rows' new keys and values through their page tables and returns the
+        pools and the logits after each row's last valid token [R, V]: one program for
+        chunks of prefill (T a bucket of the chunk) and for decoding (T = 1)
+    decode(...)   forward with T = 1 and `sample` fused: the program every step runs
+    sample(logits [R, V], seed, row, position, temperature, top_k, top_p)
+
+R, T and M are bucketed by the caller (powers of two), so a stream of requests compiles a
+handful of programs. The pools are donated: each program updates them in place.
+
+A row's randomness is keyed by (seed, row, position): key(seed), then the completion
+position, then the row folded in, as `rlcode.sampling.generation.row_keys` does, so a
+sample depends on neither the page size, nor what else is in the batch, nor when it came.
+
+This module must not know about requests, pages or scheduling (rlcode.engine.engine).
+"""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from rlcode.models.decoder import Decoder
+from rlcode.models.paged import PagedCache
+
+# The top log-probabilities returned with each token (OpenAI's `top_logprobs` maximum).
+TOP_LOGPROBS = 5
+
+
+def sample_rows(logits_rv, seed_r, row_r, position_r, temperature_r, top_k_r, top_p_r):
+  """One token per row under per-row parameters, its log-probability under the
+  distribution it was drawn from (after temperature, top-k, top-p; at temperature 0,
+  under the model's own), and that distribution's top TOP_LOGPROBS (ids, log-probs).
+  A row's top_k 0 and top_p 1 turn those truncations off, exactly as
+  `rlcode.sampling.generation.sample_logits` does for a whole batch."""
+  logits_rv = logits_rv.astype(jnp.float32)
+  greedy = temperature_r <= 0.0
+  scaled = logits_rv / jnp.where(greedy, 1.0, temperature_r)[:, None]
+  desc = jnp.sort(scaled, axis=-1)[:, ::-1]
+  use_k = (top_k_r > 0)[:, None]
+  kth = jnp.take_along_axis(desc, jnp.clip(top_k_r - 1, 0, desc.shape[-1] - 1)[:, None], -1)
+  scaled = jnp.where(use_k & (scaled < kth), -jnp.inf, scaled)
+  desc = jnp.where(use_k & (desc < kth), -jnp.inf, desc)
+  probs = jax.nn.softmax(desc, axis=-1)
+  # Keep the smallest prefix whose mass reaches top_p (the first token always).
+  keep = (jnp.cumsum(probs, axis=-1) - probs) < top_p_r[:, None]
+  threshold = jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)
+  scaled = jnp.where((top_p_r < 1.0)[:, None] & (scaled < threshold), -jnp.inf, scaled)
+
+  def draw(seed, position, row, row_logits):
+    key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), position), row)
+    return jax.random.categorical(key, row_logits)
+
+  drawn = jax.vmap(draw)(seed_r, position_r, row_r, scaled)
+  tok = jnp.where(greedy, jnp.argmax(logits_rv, axis=-1), drawn).astype(jnp.int32)
+  logp = jnp.where(greedy[:, None], jax.nn.log_softmax(logits_rv, axis=-1),
+                   jax.nn.log_softmax(scaled, axis=-1))
+  top_lp, top_ids = jax.lax.top_k(logp, TOP_LOGPROBS)
+  return tok, jnp.take_along_axis(logp, tok[:, None], -1)[:, 0], top_ids, top_lp
+
+
+def _forward(state, pools, tokens_rt, page_table_rm, lengths_r, valid_r, graphdef):
+  model: Decoder = nnx.merge(graphdef, state)
+  k, v = pools
+  cache = PagedCache(k=k, v=v, page_table=page_table_rm, lengths=lengths_r, valid=valid_r)
+  h, cache = model.hidden(tokens_rt, cache=cache)
+  last = jnp.take_along_axis(h, jnp.maximum(valid_r - 1, 0)[:, None, None], axis=1)
+  return (cache.k, cache.v), model.logits(last)[:, 0]
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("pools",))
+def forward(state, pools, tokens_rt, page_table_rm, lengths_r, valid_r, *, graphdef):
+  """(pools, logits after each row's last valid token [R, V])."""
+  return _forward(state, pools, tokens_rt, page_table_rm, lengths_r, valid_r, graphdef)
+
+
+@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("pools",))
+def decode(state, pools, tokens_r, page_table_rm, lengths_r, valid_r, seed_r, row_r,
+           position_r, temperature_r, top_k_r, top_p_r, *, graphdef):
+  """Feeds each row its last token and samples the next: (pools, tokens, log-probs, top
+  ids, top log-probs)."""
+  pools, logits = _forward(state, pools, tokens_r[:, None], page_table_rm, lengths_r,
+                           valid_r, graphdef)
+  return (pools, *sample_rows(logits, seed_r, row_r, position_r, temperature_r, top_k_r,
+                              top_p_r))
+
+
+sample = jax.jit(sample_rows)
+
+
+@functools.partial(jax.jit, donate_argnames=("pools",))
+def copy_pages(pools, src, dst):
+  """The pools with page dst[i] a copy of page src[i] (a shared prompt's last, partial
+  page, before the rows that share it write their own tokens into it)."""
+  k, v = pools
+  return (tuple(x.at[dst].set(x[src]) for x in k), tuple(x.at[dst].set(x[src]) for x in v))

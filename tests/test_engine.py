@@ -1,0 +1,177 @@
+"""The inference engine: the static sampler's tokens, whatever the page size, the batch or
+the arrival order; behaviour log-probs equal to the update's; prefix-cache hits, preemption
+and weight swaps that change nothing they should not."""
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+from rlcode.engine import Engine, PagePool, Request
+from rlcode.models import Decoder, ModelConfig
+from rlcode.rl import logprobs
+from rlcode.sampling import generate
+
+CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
+                  num_heads=4, num_kv_heads=2, qkv_bias=True, max_seq_len=96)
+PROMPTS = [[3, 4, 5], [9, 8, 7, 6, 5, 4, 3, 2, 1, 10, 11], [1], [20, 21, 22, 23, 24]]
+G = 3
+
+
+@pytest.fixture(scope="module")
+def model():
+  return Decoder(CFG, rngs=nnx.Rngs(0))
+
+
+def _requests(prompts=PROMPTS, *, max_tokens=12, seed=5, **sampling):
+  return [Request(p, max_tokens, n=G, seed=seed, rows=[G * i + g for g in range(G)],
+                  **sampling) for i, p in enumerate(prompts)]
+
+
+def _tokens(results):
+  return [c.tokens for r in results for c in r.candidates]
+
+
+def _logprobs(results):
+  return [c.logprobs for r in results for c in r.candidates]
+
+
+@pytest.mark.parametrize("sampling", [dict(temperature=0.0),
+                                      dict(temperature=0.8, top_p=0.9, top_k=20)])
+@pytest.mark.parametrize("page_size", [4, 16])
+def test_tokens_equal_the_static_samplers(model, sampling, page_size):
+  want = generate(model, PROMPTS, max_new_tokens=12, group_size=G, seed=5, **sampling)
+  engine = Engine(model, num_pages=64, page_size=page_size, max_rows=16)
+  results = engine.generate(_requests(**sampling))
+  assert _tokens(results) == want.completions()
+  for got, row in zip(_logprobs(results), want.logprobs):
+    np.testing.assert_allclose(got, row[:len(got)], atol=1e-5, rtol=0)
+
+
+def test_samples_do_not_depend_on_page_size_batch_or_arrival(model):
+  want = _tokens(Engine(model, num_pages=64, page_size=16, max_rows=16)
+                 .generate(_requests(temperature=1.0)))
+  # Two rows at a time, pages of 4, the requests in reverse order and arriving while
+  # others decode.
+  engine = Engine(model, num_pages=64, page_size=4, max_rows=G)
+  requests = _requests(temperature=1.0)
+  done = {}
+  for i in reversed(range(len(requests))):
+    requests[i].on_done = functools.partial(done.__setitem__, i)
+    engine.submit(requests[i])
+    for _ in range(3):
+      engine.step()
+  while not engine.idle():
+    engine.step()
+  assert _tokens([done[i] for i in range(len(requests))]) == want
+
+
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_behaviour_logprobs_equal_the_updates_recomputation(model, temperature):
+  results = Engine(model, num_pages=64, page_size=4, max_rows=16).generate(
+      _requests(temperature=temperature))
+  graphdef, state = nnx.split(model)
+  forward = jax.jit(lambda state, tokens: nnx.merge(graphdef, state)(tokens))
+  for r, prompt in zip(results, PROMPTS):
+    for cand in r.candidates:
+      seq = np.zeros((1, 32), np.int32)
+      seq[0, :len(prompt) + len(cand.tokens)] = prompt + cand.tokens
+      logits = forward(state, jnp.asarray(seq))[:, len(prompt) - 1:len(prompt) - 1 + len(cand.tokens)]
+      want = logprobs.token_logprobs(logits, jnp.asarray([cand.tokens]), temperature)[0]
+      np.testing.assert_allclose(cand.logprobs, np.asarray(want), atol=1e-5, rtol=0)
+      assert cand.versions == [0] * len(cand.tokens)
+
+
+def test_a_prefix_cache_hit_gives_what_a_miss_gives(model):
+  system = list(range(30, 50))  # 20 tokens: five full pages of 4
+  prompts = [system + [3, 4], system + [5, 6, 7]]
+  cold = Engine(model, num_pages=64, page_size=4, max_rows=8, prefix_cache=False)
+  want = [_tokens(cold.generate(_requests([p], temperature=1.0))) for p in prompts]
+  warm = Engine(model, num_pages=64, page_size=4, max_rows=8)
+  first = warm.generate(_requests(prompts[:1], temperature=1.0))
+  second = warm.generate(_requests(prompts[1:], temperature=1.0))
+  assert first[0].cached_tokens == 0 and second[0].cached_tokens == 20
+  assert [_tokens(first), _tokens(second)] == want
+
+
+def test_preemption_with_recompute_gives_what_no_preemption_gives(model):
+  want = _tokens(Engine(model, num_pages=64, page_size=4, max_rows=16)
+                 .generate(_requests(max_tokens=24, temperature=1.0)))
+  # 12 pages of 4 hold one row's 35 positions but not twelve rows'.
+  small = Engine(model, num_pages=13, page_size=4, max_rows=16)
+  results = small.generate(_requests(max_tokens=24, temperature=1.0))
+  assert small.stats["preemptions"] > 0
+  assert _tokens(results) == want
+  assert small.pool.used() == 0
+
+
+def test_published_weights_take_effect_between_steps(model):
+  other = Decoder(CFG, rngs=nnx.Rngs(1)).for_sampling()
+  engine = Engine(model, num_pages=64, page_size=4, max_rows=4)
+  done = []
+  engine.submit(Request([3, 4, 5], 10, temperature=0.0, on_done=done.append))
+  for _ in range(3):  # the prefill's token and a decode step, then two more: four tokens
+    engine.step()
+  engine.publish(nnx.state(other), version=7)
+  while not engine.idle():
+    engine.step()
+  cand = done[0].candidates[0]
+  assert cand.versions == [0] * 4 + [7] * 6 and done[0].policy_version == 0
+  # The prefix cache holds nothing computed with the old weights, even in part.
+  assert engine.pool.page_of == {}
+
+
+def test_stops_and_lengths(model):
+  greedy = Engine(model, num_pages=64, page_size=4, max_rows=4).generate(
+      [Request([3, 4, 5], 8, temperature=0.0)])[0].candidates[0]
+  stop = greedy.tokens[2]
+  got = Engine(model, num_pages=64, page_size=4, max_rows=4).generate(
+      [Request([3, 4, 5], 8, temperature=0.0, stop_tokens=(stop,)),
+       Request([3, 4, 5], 8, temperature=0.0, stop_check=lambda c, toks: len(toks) == 2),
+       Request([t % 60 + 1 for t in range(91)], 50, temperature=0.0)])
+  first_stop = greedy.tokens.index(stop) + 1
+  assert got[0].candidates[0].tokens == greedy.tokens[:first_stop]
+  assert got[0].candidates[0].finish_reason == "stop"
+  assert got[1].candidates[0].tokens == greedy.tokens[:2]
+  assert [len(got[2].candidates[0].tokens), got[2].candidates[0].finish_reason] == [5, "length"]
+
+
+@pytest.mark.parametrize("request_, message", [
+    (Request([], 4), "prompt is empty"),
+    (Request([1] * 96, 4), "context is 96"),
+    (Request([1], 4, n=5), "between 1 and the engine's 4 rows"),
+    (Request([1], 4, n=2, rows=[0]), "rows has 1 entries"),
+    (Request([1], 0), "max_tokens=0"),
+    (Request([1] * 40, 40), "needs 20 pages"),
+])
+def test_bad_requests_are_refused_by_name(model, request_, message):
+  engine = Engine(model, num_pages=8, page_size=4, max_rows=4)
+  with pytest.raises(ValueError, match=message):
+    engine.submit(request_)
+
+
+def test_the_pool_counts_references_and_evicts_the_least_recently_used():
+  pool = PagePool(6, 2)
+  a = pool.allocate(2)
+  assert 0 not in a and pool.available() == 3
+  pool.register([1, 2, 3, 4], a)
+  pool.share(a)
+  pool.release(a)
+  assert pool.used() == 2
+  pool.release(a)
+  assert pool.used() == 0 and pool.available() == 5 and len(pool.evictable) == 2
+  assert pool.lookup([1, 2, 3, 4, 5], limit=2) == a
+  assert pool.lookup([1, 2, 9, 9], limit=2) == a[:1]
+  assert pool.lookup([9, 2, 3, 4], limit=2) == []
+  pool.lookup([1, 2], limit=1)  # block [1, 2] was used last: [3, 4] goes first
+  b = pool.allocate(4)
+  assert a[1] in b and a[0] not in b and pool.stats["evictions"] == 1
+  assert pool.lookup([1, 2, 3, 4], limit=2) == a[:1]
+  assert pool.allocate(2) is None and pool.available() == 1
+  with pytest.raises(ValueError, match="released more often"):
+    pool.release([a[1]] * 2)
+  pool.clear_cache()
+  assert pool.lookup([1, 2], limit=1) == [] and pool.available() == 2
