@@ -13,9 +13,16 @@ class Serve:
   """`rlcode serve`: the OpenAI-compatible server (rlcode.serve).
 
   Attributes:
-    slots: decode slots: the most candidates decoded at once (a request's n at most).
+    slots: the most candidates decoded at once (a request's n at most).
     batching: "continuous" (requests join and leave the running batch between decode
-      steps) or "serial" (one request at a time, on the same compiled step: a baseline).
+      steps) or "serial" (one request at a time, on the same engine: a baseline).
+    page_size: positions per page of the paged KV cache (rlcode.engine).
+    kv_pages: pages in each layer's pool; None: enough for `slots` rows of the whole
+      context (the memory a fixed cache per slot would take).
+    prefill_tokens: the most prompt tokens prefilled in one engine step (chunked prefill
+      beside the decoding rows).
+    prefix_cache: keep finished blocks of KV for later prompts that start with them (a
+      system prompt, a conversation's earlier turns).
     model_name: the model's name in the API (/v1/models, requests' "model"); None: "rlcode".
     log_url: the interaction log's SQLAlchemy URL; None: SQLite at workdir/interactions.sqlite.
     max_body_bytes: a request body larger than this is refused (413).
@@ -32,6 +39,10 @@ class Serve:
 
   slots: int = key(16, ge=1)
   batching: str = key("continuous", choices=("continuous", "serial"))
+  page_size: int = key(16, ge=1)
+  kv_pages: int | None = key(None, ge=2)
+  prefill_tokens: int = key(512, ge=16)
+  prefix_cache: bool = key(True)
   model_name: str | None = key(None)
   log_url: str | None = key(None)
   max_body_bytes: int = key(1 << 20, ge=1024)

@@ -10,7 +10,7 @@ metrics, on FastAPI (Starlette under uvicorn).
     GET  /health                {"status": "ok", "policy_version": ...}; no key needed
     GET  /metrics               requests, errors, queue depth, busy slots, tokens/s, version
 
-A request's tokens come from the engine thread (rlcode.serve.engine) through the event
+A request's tokens come from the engine thread (rlcode.engine) through the event
 loop; every completion is written to the interaction log before the response (or the
 stream's last event) is sent, so a 2xx means it is stored. Responses carry the policy
 version that sampled them ("policy_version", and the X-Policy-Version header; the oldest
@@ -39,7 +39,7 @@ from fastapi.responses import JSONResponse, StreamingResponse
 from starlette.exceptions import HTTPException
 
 from rlcode.models import chat_template
-from rlcode.serve import engine as engine_lib
+from rlcode import engine as engine_lib
 from rlcode.serve import log as log_lib
 from rlcode.serve import protocol, responses, weights
 from rlcode.serve.protocol import APIError
@@ -228,7 +228,7 @@ def _check(served: Served, body, prompts: list[list[int]]) -> list[int]:
   if body.model != served.name:
     raise APIError(404, f"the model {body.model!r} does not exist; this server serves "
                    f"{served.name!r}", param="model", code="model_not_found")
-  n_max = min(served.serve.max_n, served.engine.slots)
+  n_max = min(served.serve.max_n, served.engine.max_rows)
   if body.n * len(prompts) > n_max:
     asked = f"{body.n}" if len(prompts) == 1 else f"{body.n} for each of {len(prompts)} prompts"
     raise APIError(400, f"n: {asked}; at most {n_max} candidates a request", param="n",
@@ -284,7 +284,7 @@ async def _generate(served: Served, body, prompts: list[list[int]], *, chat: boo
 
     requests.append(engine_lib.Request(
         prompt=prompt, max_tokens=budget, n=body.n, temperature=body.temperature,
-        top_p=body.top_p, seed=seed, stop_tokens=stop_ids,
+        top_p=body.top_p, seed=seed, stop_tokens=stop_ids, top_logprobs=True,
         stop_check=(lambda c, toks: text.stopped(toks)) if body.stop else None,
         on_token=on_token, on_done=on_done))
     dones.append(done)
@@ -457,9 +457,12 @@ def _metrics(served: Served) -> dict:
   served.rate[:] = [(t, n) for t, n in served.rate if now - t <= 60]
   t0, n0 = served.rate[0]
   return {"policy_version": eng.version, "queue_depth": eng.queue_depth(),
-          "busy_slots": eng.busy_slots(), "slots": eng.slots, "tokens_total": tokens,
+          "busy_slots": eng.busy_rows(), "slots": eng.max_rows, "tokens_total": tokens,
           "tokens_per_s": (tokens - n0) / (now - t0) if now > t0 else 0.0,
           "engine_steps": eng.stats["steps"], "weight_swaps": eng.stats["swaps"],
+          "kv_pages": eng.pool.num_pages - 1, "kv_pages_used": eng.pool.used(),
+          "prefix_hit_tokens": eng.stats["prefix_hit_tokens"],
+          "preemptions": eng.stats["preemptions"],
           "uptime_s": now - served.started, **served.counters}
 
 
@@ -475,7 +478,7 @@ async def _watch(served: Served) -> None:
       if version is not None and version > served.engine.version:
         state = await anyio.to_thread.run_sync(weights.load, served.publish_dir, version,
                                                served.engine.state)
-        served.engine.publish(version, state)
+        served.engine.publish(state, version)
         log.info("policy version %d published", version)
     except Exception:  # a bad file must not take the server down; it is tried again
       log.exception("loading published weights failed")

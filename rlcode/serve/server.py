@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 import os
 import socket
 import sys
@@ -32,7 +33,7 @@ from rlcode.config import record, serving
 from rlcode.errors import BadInput, MissingInput
 from rlcode.models import chat_template
 from rlcode.parallel import sharding
-from rlcode.serve import engine as engine_lib
+from rlcode import engine as engine_lib
 from rlcode.serve import log as log_lib
 from rlcode.serve import weights
 
@@ -195,8 +196,12 @@ def build(config, checkpoint: str | None = None, api_key: str | None = None,
   from rlcode.serve.app import Served
   got = load(config, checkpoint, move_log_aside)
   serve, tokenizer, template = got.serve, got.tokenizer, got.template
-  eng = engine_lib.Engine(got.model, slots=serve.slots, version=got.version,
-                          mode=serve.batching)
+  pages = serve.kv_pages or serve.slots * math.ceil(got.model.cfg.max_seq_len
+                                                   / serve.page_size) + 1
+  eng = engine_lib.Engine(got.model, num_pages=pages, page_size=serve.page_size,
+                          max_rows=serve.slots, prefill_tokens=serve.prefill_tokens,
+                          prefix_cache=serve.prefix_cache, version=got.version,
+                          mode=serve.batching).start()
   chat_stops = tuple(tokenizer.eos_ids)
   if template is not None:
     eos = template.special_tokens.get("eos_token")
