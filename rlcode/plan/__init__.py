@@ -11,12 +11,14 @@ size is ever allocated):
   * the update step train.py runs (forward, backward and optimiser, one SPMD program
     over the trainer's mesh), for the config's batch (rl.prompts_per_step x
     rl.group_size rows, prompts of --prompt-len tokens, rl.max_new_tokens completions);
-  * the sampler's decode loop (rlcode.sampling: a while loop of one token per row over
-    the KV cache) over the sampler's mesh (config.sampler_mesh or --sampler-mesh on the
-    devices after the trainer's, else the trainer's mesh).
-It prints per device: memory (parameters, optimiser state and KV cache by our own
-accounting from the shardings; activations and temporaries, and the peak, from
-compiled.memory_analysis()), FLOPs (an analytic count next to XLA's cost_analysis,
+  * one inference engine's decode step (rlcode.engine.programs.decode, what each engine
+    step runs) for one data shard of the sampler's mesh (config.sampler_mesh or
+    --sampler-mesh on the devices after the trainer's, else the trainer's mesh): its
+    tensor devices, a pool of pages sized for the shard's live tokens at the end of
+    sampling (rlcode.plan.sampler), pages of serve.page_size's default positions.
+It prints per device: memory (parameters, optimiser state and the engine's pool by our
+own accounting from the shardings, the pool's bytes per live token against the tokens'
+own; activations and temporaries, and the peak, from compiled.memory_analysis()), FLOPs (an analytic count next to XLA's cost_analysis,
 which counts a while loop's body once), the collectives of the optimised HLO with
 their bytes (a loop body's counted once per iteration), and an estimated time from
 the hardware's published peaks. A mesh that does not divide the model (heads, KV
@@ -34,7 +36,8 @@ This package must not allocate a model, run a step, or import the data pipeline.
   hardware.py  the GPUs' published peaks and the systems (h200x8, gb200-nvl72)
   flops.py     analytic FLOP counts of the update, prefill and decoding
   hlo.py       the collectives of optimised HLO, their bytes on the wire and time
-  analysis.py  compile the update and the decode loop abstractly, read XLA's analyses; the estimate
+  sampler.py   one engine's pool of pages for its share of the batch, its decode step compiled
+  analysis.py  compile the update and the engine's step abstractly, read XLA's analyses; the estimate
   report.py    the printed table
 """
 
@@ -64,18 +67,21 @@ def run_worker(args: Mapping) -> dict:
   config = loader.load_config(args["config"], args["overrides"])
   prompt_len = args["prompt_len"] or config.plan.prompt_len
   sampler = args["sampler_mesh"] if args["sampler_mesh"] is not None else config.sampler_mesh
-  return analyse(config, args["devices"], args["mesh"], sampler, prompt_len)
+  return analyse(config, args["devices"], args["mesh"], sampler, prompt_len,
+                 args["page_size"])
 
 
 def plan(config_spec: str, overrides: Sequence[str], devices: str, mesh: str,
          sampler_mesh: str | None = None, hardware: str | None = None,
-         prompt_len: int = 0, timeout: float = 1800) -> tuple[dict, Hardware, dict]:
+         prompt_len: int = 0, timeout: float = 1800,
+         page_size: int | None = None) -> tuple[dict, Hardware, dict]:
   """Runs `analyse` in a subprocess with that many fake CPU devices; returns
-  (measurements, hardware, estimate)."""
+  (measurements, hardware, estimate). The engine's pages hold `page_size` positions
+  (None: serve.page_size's default)."""
   count, hw = resolve_devices(devices, hardware)
   sharding.parse_mesh(mesh, "--mesh")
   args = {"config": config_spec, "overrides": list(overrides), "devices": count, "mesh": mesh,
-          "sampler_mesh": sampler_mesh, "prompt_len": prompt_len}
+          "sampler_mesh": sampler_mesh, "prompt_len": prompt_len, "page_size": page_size}
   root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
   env = dict(os.environ, JAX_PLATFORMS="cpu",
              XLA_FLAGS=f"--xla_force_host_platform_device_count={count}",

@@ -1,4 +1,4 @@
-"""Compiling a config's update step and decode loop on fake devices, and the estimate.
+"""Compiling a config's update step and the engine's decode step on fake devices; the estimate.
 
 `analyse` runs in the worker process that has the devices (rlcode.plan.plan starts it);
 nothing of model size is allocated: the programs are lowered from abstract parameters.
@@ -6,14 +6,15 @@ nothing of model size is allocated: the programs are lowered from abstract param
 The estimate, per device and per program: compute time = FLOPs / peak dense bf16
 FLOP/s (for the update, the larger of the analytic share and XLA's count, which sees
 work the mesh repeats on several devices); memory time = bytes / HBM bandwidth (XLA's
-bytes accessed for the update; for decoding, each step reads the weights as the loop
-holds them and the device's part of the KV cache: XLA gathers fsdp- and data-sharded
-weights once, before the loop, and keeps tensor-parallel splits; the embedding table is
-counted whole, though a lookup reads only its rows. XLA:CPU's bytes accessed for the
-loop body, every operand of every op, are ~8x that for the 7B plan: printed, not used);
+bytes accessed for the update; for decoding, each of the completion's steps reads the
+engine's weights (split over tensor alone; the embedding table counted whole, though a
+lookup reads only its rows) and the device's part of every row's pages up to its length,
+a prompt's shared pages once per row, as the paged attention kernels walk them. XLA:CPU's
+bytes accessed for a step, every operand of every op, are printed, not used);
 collective time = bytes on the wire / link bandwidth (ring algorithms: an all-gather or
 reduce-scatter of S bytes over g devices moves S (g - 1) / g per device, an all-reduce
-twice that; NVLink within a domain, the network beyond). time = max(compute, memory)
+twice that; NVLink within a domain, the network beyond; a decode step's once per
+step). time = max(compute, memory)
 + collectives: no overlap of communication with computation, so an upper bound for a
 well-overlapped program. One GRPO step = rl.num_passes updates + a proximal or
 reference forward when the config needs one (1/3 of an update's FLOPs) + prefill
@@ -23,14 +24,17 @@ devices.
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import os
 from collections.abc import Mapping
+from rlcode.config import serving
 from rlcode.parallel import sharding
 from rlcode.errors import BadInput
 from rlcode.plan import flops
 from rlcode.plan import hardware
 from rlcode.plan import hlo
+from rlcode.plan import sampler as sampler_lib
 
 
 def model_config(config):
@@ -128,19 +132,24 @@ def _cost(compiled) -> dict:
 COMPILE_OPTIONS = {"xla_backend_optimization_level": 0, "xla_llvm_disable_expensive_passes": True}
 
 
-def analyse(config, devices: int, mesh_spec: str, sampler_spec: str, prompt_len: int) -> dict:
-  """Compiles the update step and the decode loop for this process's devices (which must
-  be at least `devices`); returns the measurements (no estimate: see `estimate`)."""
+def analyse(config, devices: int, mesh_spec: str, sampler_spec: str, prompt_len: int,
+            page_size: int | None = None) -> dict:
+  """Compiles the update step and one engine's decode step (pages of `page_size`
+  positions; None: serve.page_size's default) for this process's devices (which must be
+  at least `devices`); returns the measurements (no estimate: see `estimate`)."""
   import jax
   import jax.numpy as jnp
   from flax import nnx
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from rlcode import optim, sampling
+  from rlcode import optim
   from rlcode.models import lora
-  from rlcode.models.decoder import Decoder, KVCache, Prefix
+  from rlcode.models.decoder import Decoder
   from rlcode.rl import grpo, objective, sequences, shared_prefix
 
+  page_size = serving.Serve().page_size if page_size is None else page_size
+  if page_size < 1:
+    raise BadInput(f"page_size={page_size}: a page holds at least 1 position")
   rl = config.rl
   cfg = model_config(config)
   sizes = sharding.parse_mesh(mesh_spec, "--mesh")
@@ -207,38 +216,20 @@ def analyse(config, devices: int, mesh_spec: str, sampler_spec: str, prompt_len:
       micro_batch_rows=rl.micro_batch_rows, trainable=trainable, offload=opt_cfg.offload
   ).lower(state, batch).compile(COMPILE_OPTIONS)
 
-  # The decode loop, as rlcode.sampling.generate calls it with the shared-prompt layout,
-  # on the model a sampler decodes with (Decoder.for_sampling: looped, adapters folded in).
+  # One engine's decode step (rlcode.plan.sampler) on the model an engine samples with
+  # (Decoder.for_sampling: looped, adapters folded in).
   sample_cfg = cfg.replace(scan_layers=False, remat="none", lora=None,
                            param_dtype=(cfg.lora.base_dtype if cfg.lora and cfg.lora.base_dtype
                                         else cfg.param_dtype))
   full_graphdef, full_state = nnx.split(
       nnx.eval_shape(lambda: Decoder(sample_cfg, rngs=nnx.Rngs(0))))
-  sampler_state = placed(full_state, sampler_mesh)
-  with sharding.activate(sampler_mesh):
-    on = lambda axes, shape, dtype: jax.ShapeDtypeStruct(
-        shape, dtype, sharding=sharding.logical_sharding(axes, shape))
-    kv = lambda: on(("batch", "kv_heads", "length", "head_dim"),
-                    (prompts, cfg.num_kv_heads, prompt_len, cfg.head_dim), cfg.jnp_dtype)
-    prefix = Prefix(k=tuple(kv() for _ in range(cfg.num_layers)),
-                    v=tuple(kv() for _ in range(cfg.num_layers)),
-                    lengths=on(("batch",), (prompts,), jnp.int32), head_major=True)
-    cache_shape = jax.eval_shape(lambda: KVCache.zeros(cfg, rows, tc))
-    cache = KVCache(
-        k=tuple(on(("batch", "kv_heads", "length", "head_dim"), x.shape, x.dtype)
-                for x in cache_shape.k),
-        v=tuple(on(("batch", "kv_heads", "length", "head_dim"), x.shape, x.dtype)
-                for x in cache_shape.v),
-        lengths=on(("batch",), (rows,), jnp.int32))
-    first_logits = on(("batch", "vocab"), (rows, cfg.vocab_size), jnp.float32)
-    done = on(("batch",), (rows,), jnp.bool_)
-  key = jax.eval_shape(lambda: jax.random.key(0))
-  decode = sampling.decode.lower(
-      sampler_state, first_logits, prefix, cache, key, done,
-      jax.ShapeDtypeStruct((), jnp.int32),
-      graphdef=full_graphdef, max_new_tokens=tc, temperature=float(rl.temperature), top_k=0,
-      top_p=1.0, stop_tokens=(2,), pad_id=0, mesh=sampler_mesh).compile(COMPILE_OPTIONS)
-
+  tensor = sampler_mesh.shape["tensor"]
+  pool = sampler_lib.engine_pool(prompts, group, prompt_len, tc,
+                                 (n_sample or n_train) // tensor, page_size)
+  decode, sampler_state, pools = sampler_lib.compile_decode(
+      sample_cfg, full_graphdef, full_state, sampler_mesh, pool, COMPILE_OPTIONS)
+  pool_bytes = _shard_bytes(pools)
+  token_bytes = pool_bytes / (pool.pages * pool.page_size)
   forward, train_flops, recompute = flops.update_flops(cfg, prompts, rows, prompt_len, tc,
                                                       rl.shared_prefix)
   host_optimizer = _shard_bytes(opt_state) if opt_cfg.offload else 0
@@ -273,11 +264,15 @@ def analyse(config, devices: int, mesh_spec: str, sampler_spec: str, prompt_len:
       "decode": {
           "parameters": _shard_bytes(sampler_state),
           "weights_read": _decode_weight_bytes(sampler_state, sampler_mesh),
-          "kv_cache": _shard_bytes(prefix) + _shard_bytes(cache),
+          "kv_cache": pool_bytes, "kv_live": pool.live_tokens * token_bytes,
+          # Each row reads its own pages through its page table, a prompt's shared pages
+          # once per row: on average a row holds its prompt and half its completion.
+          "kv_read": pool.rows * (prompt_len + (tc - 1) / 2) * token_bytes,
+          "pool": dataclasses.asdict(pool), "engine_devices": tensor,
           "memory": _memory(decode), "xla": _cost(decode),
-          "flops": flops.decode_flops(cfg, rows, prompt_len, tc) / (n_sample or n_train),
+          "flops": flops.decode_flops(cfg, pool.rows, prompt_len, tc) / tensor,
           "prefill_flops": flops.prefill_flops(cfg, prompts, prompt_len) / (n_sample or n_train),
-          "collectives": hlo.collectives(decode.as_text(), devices, unknown_trips=tc)},
+          "collectives": hlo.collectives(decode.as_text(), devices)},
       "full_params_bytes": cfg.num_params() * jnp.dtype(cfg.jnp_param_dtype).itemsize,
   }
 
@@ -291,11 +286,11 @@ def estimate(result: Mapping, hw: hardware.Hardware) -> dict:
             "memory": up["xla"]["bytes_accessed"] / hw.hbm_bytes_per_s,
             "collectives": hlo.collective_seconds(up["collectives"], hw)}
   update["total"] = max(update["compute"], update["memory"]) + update["collectives"]
-  # Every generated token reads the weights and the KV cache once.
+  # Every generated token is one engine step: the weights and the rows' pages read once.
   steps = b["completion_len"]
   decode = {"compute": dec["flops"] / hw.flops,
-            "memory": steps * (dec["weights_read"] + dec["kv_cache"]) / hw.hbm_bytes_per_s,
-            "collectives": hlo.collective_seconds(dec["collectives"], hw)}
+            "memory": steps * (dec["weights_read"] + dec["kv_read"]) / hw.hbm_bytes_per_s,
+            "collectives": steps * hlo.collective_seconds(dec["collectives"], hw)}
   decode["total"] = max(decode["compute"], decode["memory"]) + decode["collectives"]
   prefill = dec["prefill_flops"] / hw.flops
   # The trainer's params reach the sampler's devices once a step (over NVLink).
