@@ -1,5 +1,6 @@
 """rlcode plan: refusals, the collectives read from optimised HLO, the analytic FLOP count,
-and a whole plan of the default job on 72 fake devices."""
+the engine's pool and its compiled decode step, and a whole plan of the default job on 72
+fake devices."""
 
 import pytest
 import json
@@ -13,6 +14,8 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 
 from rlcode import cli, plan
 from rlcode.models import Decoder, ModelConfig
+from rlcode.parallel import sharding
+from rlcode.plan import analysis, sampler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 QWEN = os.path.join(ROOT, "configs", "qwen2_7b_plan.py")
@@ -72,6 +75,46 @@ def test_collectives_with_their_bytes_groups_and_loop_counts():
   assert plan.collective_seconds([across], hw) == plan.wire_bytes(across) / 1e6
 
 
+def test_engine_pool_is_prompts_once_rows_own_pages_and_scratch():
+  # 3 prompts over 2 engines: 2 a engine, 16 rows; prompts of 250 in pages of 16 (16 pages,
+  # the last partial); each row's copy of it and 20 completion tokens: 3 pages.
+  pool = sampler.engine_pool(3, 8, 250, 20, engines=2, page_size=16)
+  assert (pool.prompts, pool.rows, pool.batch_rows) == (2, 16, 16)
+  assert (pool.prompt_pages, pool.row_pages, pool.table_width) == (16, 3, 17)
+  assert pool.pages == 2 * 16 + 16 * 3 + 1 and pool.live_tokens == 2 * 250 + 16 * 20
+  # Fewer prompts than engines: one each; 6 rows step as the engine's bucket of 8.
+  small = sampler.engine_pool(1, 6, 32, 16, engines=4, page_size=16)
+  assert (small.prompts, small.rows, small.batch_rows, small.pages) == (1, 6, 8, 2 + 12 + 1)
+  with pytest.raises(ValueError, match="engines=0"):
+    sampler.engine_pool(3, 8, 250, 20, engines=0, page_size=16)
+
+
+def test_engine_decode_step_fits_where_whole_row_caches_do_not():
+  """One engine of a data=2, tensor=2 sampler mesh: its donated pools are the formula's
+  pages with KV heads split over tensor, and its whole compiled step (weights, pools,
+  temporaries) takes less than the KV of 16 rows' caches allocated whole would alone."""
+  cfg = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_layers=2,
+                    num_heads=4, num_kv_heads=2, head_dim=16, max_seq_len=1024)
+  graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
+  mesh = sharding.make_mesh(data=2, tensor=2, devices=jax.devices()[:4])
+  pool = sampler.engine_pool(4, 8, 500, 12, engines=2, page_size=16)
+  assert pool.pages == 2 * 32 + 16 * 2 + 1
+  compiled, placed, pools = sampler.compile_decode(cfg, graphdef, state, mesh, pool,
+                                                   analysis.COMPILE_OPTIONS)
+  k = pools[0][0]
+  assert k.shape == (pool.pages, 2, 16, 16)
+  assert k.sharding.shard_shape(k.shape) == (pool.pages, 1, 16, 16)
+  # Per device and position: 2 layers x (k, v) x 1 KV head x 16 x float32.
+  token_bytes = 2 * 2 * 1 * 16 * 4
+  pool_bytes = analysis._shard_bytes(pools)
+  assert pool_bytes == pool.pages * 16 * token_bytes
+  memory = analysis._memory(compiled)
+  assert memory["aliased"] >= pool_bytes  # the pools are updated in place
+  assert memory["peak"] >= pool_bytes + analysis._shard_bytes(placed)
+  whole_rows = pool.rows * (500 + 12) * token_bytes
+  assert memory["peak"] < whole_rows, (memory, whole_rows)
+
+
 @pytest.mark.slow
 def test_analytic_forward_flops_match_xla_on_a_loop_free_forward():
   cfg = ModelConfig(vocab_size=512, hidden_size=256, intermediate_size=768, num_layers=2,
@@ -104,6 +147,8 @@ def test_plan_of_the_default_job_on_72_devices(tmp_path, capsys):
   table = capsys.readouterr().out
   assert "trainer mesh data=8,fsdp=8 (64 devices)" in table
   assert "sampler mesh data=8 (8 devices, its own)" in table
+  assert "one engine per data shard (8 of 1 device(s)" in table
+  assert "the engine's sampling peak" in table
   report = json.loads(out.read_text())
   result, est = report["result"], report["estimate"]
   up, dec = result["update"], result["decode"]
@@ -112,10 +157,19 @@ def test_plan_of_the_default_job_on_72_devices(tmp_path, capsys):
   # sampler's data parallelism holds whole copies.
   assert total / 8 <= up["parameters"] < total / 6
   assert dec["parameters"] == total
-  # No tensor parallelism in the sampler: a decode step reads every weight, and its KV.
+  # No tensor parallelism in the sampler: a decode step reads every weight, and each row's
+  # pages: its prompt of 64 and, on average, half its 40 completion tokens.
   assert dec["weights_read"] == total
+  # 8 engines of one device, 8 prompts each: pages of 16, 4 a prompt, 4 a row's own.
+  assert dec["pool"]["engines"] == 8 and dec["pool"]["rows"] == 64
+  assert dec["pool"]["pages"] == 8 * 4 + 64 * 4 + 1
+  token_bytes = 4 * 2 * 2 * 32 * 4  # layers x (k, v) x KV heads x head_dim x float32
+  assert dec["kv_cache"] == dec["pool"]["pages"] * 16 * token_bytes
+  assert dec["kv_live"] == (8 * 64 + 64 * 40) * token_bytes
+  assert dec["kv_read"] == 64 * (64 + 39 / 2) * token_bytes
+  assert dec["memory"]["peak"] >= dec["kv_cache"] + dec["parameters"]
   np.testing.assert_allclose(est["decode"]["memory"],
-                             40 * (total + dec["kv_cache"]) / plan.GPUS["h200"].hbm_bytes_per_s)
+                             40 * (total + dec["kv_read"]) / plan.GPUS["h200"].hbm_bytes_per_s)
   # Adam's two moments are laid out like their parameters, not replicated.
   assert 2 * up["parameters"] <= up["optimizer"] < 2 * up["parameters"] + 64
   assert up["memory"]["peak"] > up["parameters"] + up["optimizer"]
