@@ -3,6 +3,7 @@ log file, waits on what they print (never fixed sleeps), SIGTERM then SIGKILL to
 
 from __future__ import annotations
 
+import os
 import queue
 import signal
 import subprocess
@@ -16,9 +17,9 @@ from experiments.lib import ROOT
 class Process:
   """A subprocess whose output is kept; `wait_for(text)` blocks until a line has it."""
 
-  def __init__(self, args, log_path):
+  def __init__(self, args, log_path, cwd=ROOT, env=None):
     self.log = open(log_path, "w")
-    self.proc = subprocess.Popen(args, cwd=ROOT, stdout=subprocess.PIPE,
+    self.proc = subprocess.Popen(args, cwd=cwd, env=env, stdout=subprocess.PIPE,
                                  stderr=subprocess.STDOUT, text=True)
     self.lines: queue.Queue = queue.Queue()
     threading.Thread(target=self._read, daemon=True).start()
@@ -50,9 +51,13 @@ class Process:
 
 
 
-def start_server(config: str, flags, log_path: str) -> tuple[Process, str]:
-  """`rlcode serve --config CONFIG FLAGS --port 0`; (the process, its base URL) once it listens."""
+def start_server(config: str, flags, log_path: str, tree: str = ROOT) -> tuple[Process, str]:
+  """`rlcode serve --config CONFIG FLAGS --port 0`; (the process, its base URL) once it listens.
+
+  `tree`: the checkout whose rlcode serves (another commit's worktree, for a baseline that
+  HEAD no longer has), run by this interpreter with the tree first on its path."""
+  env = None if tree == ROOT else {**os.environ, "PYTHONPATH": tree}
   server = Process([sys.executable, "-m", "rlcode", "serve", "--config", config, *flags,
-                    "--port", "0"], log_path)
+                    "--port", "0"], log_path, cwd=tree, env=env)
   line = server.wait_for("listening on ")
   return server, line.split("listening on ")[1].split()[0]

@@ -1,13 +1,15 @@
-"""Serving throughput: continuous batching vs one request at a time, and redeploy latency.
+"""Serving throughput: continuous batching vs one request at a time, against today's and an
+earlier rlcode and against transformers, and redeploy latency.
 
     python -m experiments.speed.serve_throughput [--clients 1,4,16,64] [--tokens 32]
-        [--transformers VENV/bin/transformers]
+        [--transformers VENV/bin/transformers] [--baseline-commit d555ef3]
 
 Three `rlcode serve` processes of the default job's tiny policy (configs/online_tiny.py,
 random weights: every request decodes its whole budget), side by side in one run:
-  continuous   serve.batching=continuous, 64 decode slots
-  serial       serve.batching=serial on the same 64-slot compiled step (one request at a
-               time: the same program, the other slots idle)
+  continuous   serve.batching=continuous, 64 slots, the paged engine's defaults otherwise
+               (serve.page_size=16, serve.kv_pages=None: the memory of 64 whole-context
+               caches)
+  serial       serve.batching=serial, 64 slots (one request at a time on the same engine)
   serial-1     one slot: the cheapest program for one request at a time
 At each concurrency c, c clients (httpx, loopback) send max(16, 2c) requests of `--tokens`
 tokens each; throughput is completion tokens per wall-clock second. Then the redeploy
@@ -18,9 +20,19 @@ and the swap included; `--redeploy-only` measures that alone (10 versions, redep
 
 With --transformers (the `transformers` command of a separate environment with torch,
 `pip install torch transformers[serving]`), the same comparison against `transformers
-serve` (with and without its --continuous-batching) on one checkpoint in Hugging Face
-format that both load: the tiny policy's shape with random weights and a 512-token BPE
-trained on the tiny tasks (rlcode-hf: `rlcode serve` of the same directory, 64 slots).
+serve` (with and without its --continuous-batching) at every client count (1, 4, 16 and 64
+by default) on one checkpoint in Hugging Face format that both load: the tiny policy's
+shape with random weights and a 512-token BPE trained on the tiny tasks (rlcode-hf:
+`rlcode serve` of the same directory, the continuous arm's flags).
+
+With --baseline-commit C, the rlcode of an earlier commit is one more arm, rlcode-C: the
+fixed-slot server that the paged engine replaced is d555ef3, its last commit. It serves
+from a detached git worktree of C under --out (baseline_tree, made once and reused), run by
+this environment's Python with the worktree first on its path, with the continuous arm's
+flags and C's own configs/online_tiny.py, on the Hugging Face checkpoint when
+--transformers is given (beside rlcode-hf) and on the tiny policy otherwise (beside
+continuous). The result records C's full hash and, at each client count, today's tokens
+per second over C's.
 Writes results/speed/serve_throughput/.
 """
 
@@ -112,6 +124,30 @@ def hf_checkpoint(path: str) -> str:
   return path
 
 
+def baseline_tree(commit: str, path: str) -> str:
+  """A detached git worktree of this repository at `commit`, at `path` (added if absent,
+  moved to `commit` if it holds another); `commit`'s full hash."""
+  found = subprocess.run(["git", "rev-parse", "--verify", "--quiet", f"{commit}^{{commit}}"],
+                         cwd=ROOT, check=False, capture_output=True, text=True)
+  if found.returncode:
+    raise ValueError(f"--baseline-commit {commit!r} is not a commit of {ROOT}")
+  sha = found.stdout.strip()
+  git = lambda *a, check=True: subprocess.run(["git", *a], cwd=path, check=check,
+                                              capture_output=True, text=True).stdout.strip()
+  if not os.path.exists(path):
+    # --force: a worktree once registered here and deleted by hand is added again.
+    subprocess.run(["git", "worktree", "add", "--force", "--detach", path, sha], cwd=ROOT,
+                   check=True, capture_output=True)
+  elif (not os.path.isdir(path) or os.path.realpath(git("rev-parse", "--show-toplevel",
+                                                        check=False)) != os.path.realpath(path)):
+    # git in a plain folder inside the repository would act on the main checkout.
+    raise ValueError(f"{path} is in the way of the baseline worktree: it exists and is not "
+                     "a git worktree; remove it")
+  elif git("rev-parse", "HEAD") != sha:
+    git("checkout", "--quiet", "--detach", sha)
+  return sha
+
+
 def start_transformers(command: str, checkpoint: str, flags, log_path: str):
   """`transformers serve CHECKPOINT` on a free loopback port; (process, URL) once healthy."""
   with socket.socket() as s:
@@ -161,6 +197,8 @@ def main():
   parser.add_argument("--redeploy-only", action="store_true")
   parser.add_argument("--transformers", default="",
                       help="the `transformers` command of an environment with torch")
+  parser.add_argument("--baseline-commit", default="",
+                      help="an earlier commit whose `rlcode serve` is one more arm")
   parser.add_argument("--out", default=os.path.join(ROOT, "experiments", "out", "serve_speed"))
   args = parser.parse_args()
   os.makedirs(args.out, exist_ok=True)
@@ -179,6 +217,12 @@ def main():
                                                 "redeploy_median_s": statistics.median(times)},
                   filename="redeploy.json")
     return
+  if args.baseline_commit:
+    tree = os.path.join(args.out, "baseline_tree")
+    baseline_sha = baseline_tree(args.baseline_commit, tree)
+    baseline = f"rlcode-{baseline_sha[:7]}"
+    # The arm it is measured against: the same checkpoint and flags at HEAD.
+    current = "rlcode-hf" if args.transformers else "continuous"
   table, servers = {}, {}  # arm -> (process, url, workdir, model name)
   try:
     for arm, flags in ARMS.items():
@@ -198,6 +242,13 @@ def main():
         proc, url = start_transformers(args.transformers, checkpoint, flags,
                                        os.path.join(args.out, f"{arm}.log"))
         servers[arm] = (proc, url, None, checkpoint)
+    if args.baseline_commit:
+      proc, url = start_server(
+          os.path.join(tree, "configs", "online_tiny.py"),
+          [f"--config.workdir={os.path.join(args.out, baseline)}", "--config.online.init_from=",
+           *([f"--config.model.hf_path={checkpoint}"] if args.transformers else []),
+           *ARMS["continuous"]], os.path.join(args.out, f"{baseline}.log"), tree=tree)
+      servers[baseline] = (proc, url, None, MODEL)
     for c in levels:
       for arm, (_, url, _, model) in servers.items():
         row = asyncio.run(load(url, c, max(16, 2 * c), args.tokens, model))
@@ -217,6 +268,8 @@ def main():
       ratios[str(c)].update({"rlcode-hf/transformers": ratio("rlcode-hf", "transformers", i),
                              "rlcode-hf/transformers-cb": ratio("rlcode-hf", "transformers-cb",
                                                                 i)})
+    if args.baseline_commit:
+      ratios[str(c)][f"{current}/{baseline}"] = ratio(current, baseline, i)
   version = (subprocess.run([args.transformers, "env"], capture_output=True, text=True).stdout
              if args.transformers else "")
   payload = {"throughput": table, "ratio": ratios, "redeploy_seconds": times,
@@ -224,6 +277,8 @@ def main():
              "transformers": ([line.strip() for line in version.splitlines()
                                if "version" in line.lower()] if args.transformers
                               else "not run (no --transformers)"),
+             "baseline": ({"arm": baseline, "commit": baseline_sha, "against": current}
+                          if args.baseline_commit else "not run (no --baseline-commit)"),
              "python": sys.version.split()[0]}
   print(json.dumps(ratios, indent=1), "redeploy median", payload["redeploy_median_s"])
   results.write("speed", "serve_throughput", payload)
