@@ -18,18 +18,20 @@ size is ever allocated):
     sampling (rlcode.plan.sampler), pages of serve.page_size's default positions.
 It prints per device: memory (parameters, optimiser state and the engine's pool by our
 own accounting from the shardings, the pool's bytes per live token against the tokens'
-own; activations and temporaries, and the peak, from compiled.memory_analysis()), FLOPs (an analytic count next to XLA's cost_analysis,
-which counts a while loop's body once), the collectives of the optimised HLO with
-their bytes (a loop body's counted once per iteration), and an estimated time from
-the hardware's published peaks. A mesh that does not divide the model (heads, KV
+own; activations and temporaries, and the peak, from compiled.memory_analysis()), FLOPs
+(an analytic count next to XLA's cost_analysis, which counts a while loop's body once),
+the collectives of the optimised HLO with their bytes (a loop body's counted once per
+iteration), and an estimated time from the hardware's published peaks. A mesh that does not divide the model (heads, KV
 heads, layers, hidden size, MLP width or vocabulary on the mesh axes the sharding rules
 map them to) or the batch is refused with one line (rlcode.errors.BadInput).
 
 What the numbers are not: XLA:CPU compiles these programs, so fusion, activation
 buffers and collective choices are the CPU compiler's, not XLA:GPU's; the attention
-kernels are the CPU ones (blockwise XLA), not Pallas or cuDNN. Parameters, optimiser
-state, KV cache, FLOPs and collective bytes follow from the shardings and hold on any
-backend; activation memory and the time estimate are first-order.
+kernels are the CPU ones (blockwise and paged XLA), not Pallas or cuDNN; with no bfloat16
+matmul, XLA:CPU keeps float32 copies of bfloat16 weights and of the pages a step reads,
+most of an engine step's temporaries. Parameters, optimiser state, KV pool, FLOPs and
+collective bytes follow from the shardings and hold on any backend; activation memory and
+the time estimate are first-order.
 
 This package must not allocate a model, run a step, or import the data pipeline.
 
