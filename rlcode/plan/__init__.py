@@ -11,10 +11,10 @@ size is ever allocated):
   * the update step train.py runs (forward, backward and optimiser, one SPMD program
     over the trainer's mesh), for the config's batch (rl.prompts_per_step x
     rl.group_size rows, prompts of --prompt-len tokens, rl.max_new_tokens completions);
-  * one inference engine's decode step (rlcode.engine.programs.decode, what each engine
-    step runs) for one data shard of the sampler's mesh (config.sampler_mesh or
-    --sampler-mesh on the devices after the trainer's, else the trainer's mesh): its
-    tensor devices, a pool of pages sized for the shard's live tokens at the end of
+  * one inference engine's decode step (the decode program of rlcode.engine.programs,
+    what each engine step runs) for one data shard of the sampler's mesh
+    (config.sampler_mesh or --sampler-mesh on the devices after the trainer's, else the
+    trainer's mesh): its tensor devices, a pool of pages sized for the shard's live tokens at the end of
     sampling (rlcode.plan.sampler), pages of serve.page_size's default positions.
 It prints per device: memory (parameters, optimiser state and the engine's pool by our
 own accounting from the shardings, the pool's bytes per live token against the tokens'

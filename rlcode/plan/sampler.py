@@ -9,8 +9,8 @@ ceil(prompts / engines) groups whole.
 `engine_pool` sizes one engine's pool for its live tokens at the end of sampling: each
 prompt stored once (its G rows share its pages), each row's own pages (the copy of the
 prompt's partial last page and the completion), and the scratch page. `compile_decode`
-lowers `rlcode.engine.programs.decode` (the program every engine step runs, pools
-donated) on a sub-mesh of one shard's tensor devices, from ShapeDtypeStructs.
+lowers the engine's decode program (`rlcode.engine.programs.for_graph(graph).decode`,
+what every engine step runs, pools donated) on a sub-mesh of one shard's tensor devices, from ShapeDtypeStructs.
 
 This module must not allocate a model or run a step.
 """
@@ -113,9 +113,8 @@ def compile_decode(cfg, graphdef, abstract_state, sampler_mesh, pool: EnginePool
   per_row = lambda dtype: jax.ShapeDtypeStruct((r,), dtype, sharding=replicated)
   table = jax.ShapeDtypeStruct((r, pool.table_width), jnp.int32, sharding=replicated)
   with sharding.activate(mesh):
-    compiled = programs.decode.lower(
+    compiled = programs.for_graph(graphdef).decode.lower(
         state, pools, per_row(jnp.int32), table, per_row(jnp.int32), per_row(jnp.int32),
         per_row(jnp.uint32), per_row(jnp.int32), per_row(jnp.int32), per_row(jnp.float32),
-        per_row(jnp.int32), per_row(jnp.float32), graphdef=graphdef
-    ).compile(compile_options)
+        per_row(jnp.int32), per_row(jnp.float32)).compile(compile_options)
   return compiled, state, pools
