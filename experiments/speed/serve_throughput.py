@@ -19,11 +19,12 @@ policy version: writing the file, the server's polling (serve.watch_seconds=0.2)
 and the swap included; `--redeploy-only` measures that alone (10 versions, redeploy.json).
 
 With --transformers (the `transformers` command of a separate environment with torch,
-`pip install torch transformers[serving]`), the same comparison against `transformers
-serve` (with and without its --continuous-batching) at every client count (1, 4, 16 and 64
-by default) on one checkpoint in Hugging Face format that both load: the tiny policy's
-shape with random weights and a 512-token BPE trained on the tiny tasks (rlcode-hf:
-`rlcode serve` of the same directory, the continuous arm's flags).
+`pip install torch transformers[serving] accelerate`: its --device needs accelerate), the
+same comparison against `transformers serve` (with and without its --continuous-batching,
+given the continuous arm's KV memory: 2048 blocks of 16 positions) at every client count
+(1, 4, 16 and 64 by default) on one checkpoint in Hugging Face format that both load: the
+tiny policy's shape with random weights and a 512-token BPE trained on the tiny tasks
+(rlcode-hf: `rlcode serve` of the same directory, the continuous arm's flags).
 
 With --baseline-commit C, the rlcode of an earlier commit is one more arm, rlcode-C: the
 fixed-slot server that the paged engine replaced is d555ef3, its last commit. It serves
@@ -33,6 +34,7 @@ flags and C's own configs/online_tiny.py, on the Hugging Face checkpoint when
 --transformers is given (beside rlcode-hf) and on the tiny policy otherwise (beside
 continuous). The result records C's full hash and, at each client count, today's tokens
 per second over C's.
+
 Writes results/speed/serve_throughput/.
 """
 
@@ -55,6 +57,12 @@ from experiments.lib.serving import Process, start_server
 
 CONFIG = os.path.join(ROOT, "configs", "online_tiny.py")
 MODEL = "rlcode-tiny"
+# The Hugging Face checkpoint's context, and the KV memory transformers-cb gets: the pages
+# rlcode's continuous arm allocates by default (64 slots of the whole context in pages of 16);
+# left to size its cache from free memory, it took 12 GB on a 23 GB machine and was killed.
+HF_CONTEXT = 512
+CB_FLAGS = ["--continuous-batching", "--cb-block-size", "16",
+            "--cb-num-blocks", str(64 * HF_CONTEXT // 16)]
 ARMS = {"continuous": ["--config.serve.slots=64", "--config.serve.batching=continuous"],
         "serial": ["--config.serve.slots=64", "--config.serve.batching=serial"],
         "serial-1": ["--config.serve.slots=1", "--config.serve.batching=serial"]}
@@ -119,7 +127,7 @@ def hf_checkpoint(path: str) -> str:
   cfg = ModelConfig(vocab_size=tok.get_vocab_size(), hidden_size=128, intermediate_size=352,
                     num_layers=4, num_heads=4, num_kv_heads=2, head_dim=32,
                     rope_theta=10000.0, rms_norm_eps=1e-6, qkv_bias=True,
-                    tie_embeddings=True, max_seq_len=512)
+                    tie_embeddings=True, max_seq_len=HF_CONTEXT)
   save_hf(Decoder(cfg, rngs=nnx.Rngs(0)), path)
   return path
 
@@ -132,6 +140,7 @@ def baseline_tree(commit: str, path: str) -> str:
   if found.returncode:
     raise ValueError(f"--baseline-commit {commit!r} is not a commit of {ROOT}")
   sha = found.stdout.strip()
+  path = os.path.abspath(path)
   git = lambda *a, check=True: subprocess.run(["git", *a], cwd=path, check=check,
                                               capture_output=True, text=True).stdout.strip()
   if not os.path.exists(path):
@@ -238,16 +247,18 @@ def main():
                                         f"--config.model.hf_path={checkpoint}", *ARMS[
                                             "continuous"]], os.path.join(args.out, "hf.log"))
       servers["rlcode-hf"] = (proc, url, None, MODEL)
-      for arm, flags in (("transformers", []), ("transformers-cb", ["--continuous-batching"])):
+      for arm, flags in (("transformers", []), ("transformers-cb", CB_FLAGS)):
         proc, url = start_transformers(args.transformers, checkpoint, flags,
                                        os.path.join(args.out, f"{arm}.log"))
         servers[arm] = (proc, url, None, checkpoint)
     if args.baseline_commit:
-      proc, url = start_server(
-          os.path.join(tree, "configs", "online_tiny.py"),
-          [f"--config.workdir={os.path.join(args.out, baseline)}", "--config.online.init_from=",
-           *([f"--config.model.hf_path={checkpoint}"] if args.transformers else []),
-           *ARMS["continuous"]], os.path.join(args.out, f"{baseline}.log"), tree=tree)
+      # A workdir per checkpoint: the interaction log refuses another model's completions.
+      name = baseline + ("-hf" if args.transformers else "")
+      on = [f"--config.model.hf_path={checkpoint}"] if args.transformers else []
+      proc, url = start_server(os.path.join(tree, "configs", "online_tiny.py"),
+                               [f"--config.workdir={os.path.join(args.out, name)}",
+                                "--config.online.init_from=", *on, *ARMS["continuous"]],
+                               os.path.join(args.out, f"{name}.log"), tree=tree)
       servers[baseline] = (proc, url, None, MODEL)
     for c in levels:
       for arm, (_, url, _, model) in servers.items():
