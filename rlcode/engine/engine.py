@@ -104,6 +104,7 @@ class Engine:
     self.cfg = model.cfg
     cache = PagedCache.zeros(self.cfg, num_pages, page_size)
     self.graphdef, self.state = nnx.split(model.for_sampling())
+    self.programs = programs.for_graph(self.graphdef)
     self.pools = (cache.k, cache.v)
     self.bytes_per_token = cache.bytes_per_token()
     self.pool = PagePool(num_pages, page_size, prefix_cache=prefix_cache)
@@ -283,8 +284,8 @@ class Engine:
     for i, (seq, take) in enumerate(batch):
       tokens[i, :take] = seq.tokens[seq.cached:seq.cached + take]
       lengths[i], valid[i] = seq.cached, take
-    self.pools, logits = programs.forward(self.state, self.pools, tokens, table, lengths,
-                                          valid, graphdef=self.graphdef)
+    self.pools, logits = self.programs.forward(self.state, self.pools, tokens, table,
+                                               lengths, valid)
     self.stats["prefill_tokens"] += int(valid.sum())
     ready = []
     for i, (seq, take) in enumerate(batch):
@@ -349,8 +350,8 @@ class Engine:
     for i, seq in enumerate(seqs):
       tokens[i], lengths[i], valid[i] = seq.tokens[-1], seq.cached, 1
     table = self._table(seqs, r)
-    self.pools, *out = programs.decode(self.state, self.pools, tokens, table, lengths, valid,
-                                       *self._params(seqs, r), graphdef=self.graphdef)
+    self.pools, *out = self.programs.decode(self.state, self.pools, tokens, table, lengths,
+                                            valid, *self._params(seqs, r))
     for seq in seqs:
       seq.cached += 1
     self.stats["steps"] += 1

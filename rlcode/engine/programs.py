@@ -3,8 +3,9 @@
     forward(state, pools, tokens [R, T], page_table [R, M], lengths [R], valid [R])
         writes the rows' new keys and values through their page tables and returns the
         pools and the logits after each row's last valid token [R, V]: one program for
-        chunks of prefill (T a bucket of the chunk) and for decoding (T = 1)
+        chunks of prefill (T a bucket of the chunk)
     decode(...)   forward with T = 1 and `sample` fused: the program every step runs
+                  (both per model graph: `for_graph`)
     sample(logits [R, V], seed, row, position, temperature, top_k, top_p)
 
 R, T and M are bucketed by the caller (powers of two), so a stream of requests compiles a
@@ -19,7 +20,9 @@ This module must not know about requests, pages or scheduling (rlcode.engine.eng
 
 from __future__ import annotations
 
+import dataclasses
 import functools
+from collections.abc import Callable
 
 import jax
 import jax.numpy as jnp
@@ -41,16 +44,9 @@ def sample_rows(logits_rv, seed_r, row_r, position_r, temperature_r, top_k_r, to
   logits_rv = logits_rv.astype(jnp.float32)
   greedy = temperature_r <= 0.0
   scaled = logits_rv / jnp.where(greedy, 1.0, temperature_r)[:, None]
-  desc = jnp.sort(scaled, axis=-1)[:, ::-1]
-  use_k = (top_k_r > 0)[:, None]
-  kth = jnp.take_along_axis(desc, jnp.clip(top_k_r - 1, 0, desc.shape[-1] - 1)[:, None], -1)
-  scaled = jnp.where(use_k & (scaled < kth), -jnp.inf, scaled)
-  desc = jnp.where(use_k & (desc < kth), -jnp.inf, desc)
-  probs = jax.nn.softmax(desc, axis=-1)
-  # Keep the smallest prefix whose mass reaches top_p (the first token always).
-  keep = (jnp.cumsum(probs, axis=-1) - probs) < top_p_r[:, None]
-  threshold = jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)
-  scaled = jnp.where((top_p_r < 1.0)[:, None] & (scaled < threshold), -jnp.inf, scaled)
+  # Truncation sorts the vocabulary (slow on a CPU): only when some row asks for it.
+  truncating = jnp.any(top_k_r > 0) | jnp.any(top_p_r < 1.0)
+  scaled = jax.lax.cond(truncating, _truncate, lambda s, k, p: s, scaled, top_k_r, top_p_r)
 
   def draw(seed, position, row, row_logits):
     key = jax.random.fold_in(jax.random.fold_in(jax.random.key(seed), position), row)
@@ -64,6 +60,20 @@ def sample_rows(logits_rv, seed_r, row_r, position_r, temperature_r, top_k_r, to
   return tok, jnp.take_along_axis(logp, tok[:, None], -1)[:, 0], top_ids, top_lp
 
 
+def _truncate(scaled, top_k_r, top_p_r):
+  """Top-k, then top-p, per row (0 and 1 leave a row as it is)."""
+  desc = jnp.sort(scaled, axis=-1)[:, ::-1]
+  use_k = (top_k_r > 0)[:, None]
+  kth = jnp.take_along_axis(desc, jnp.clip(top_k_r - 1, 0, desc.shape[-1] - 1)[:, None], -1)
+  scaled = jnp.where(use_k & (scaled < kth), -jnp.inf, scaled)
+  desc = jnp.where(use_k & (desc < kth), -jnp.inf, desc)
+  probs = jax.nn.softmax(desc, axis=-1)
+  # Keep the smallest prefix whose mass reaches top_p (the first token always).
+  keep = (jnp.cumsum(probs, axis=-1) - probs) < top_p_r[:, None]
+  threshold = jnp.min(jnp.where(keep, desc, jnp.inf), axis=-1, keepdims=True)
+  return jnp.where((top_p_r < 1.0)[:, None] & (scaled < threshold), -jnp.inf, scaled)
+
+
 def _forward(state, pools, tokens_rt, page_table_rm, lengths_r, valid_r, graphdef):
   model: Decoder = nnx.merge(graphdef, state)
   k, v = pools
@@ -73,21 +83,36 @@ def _forward(state, pools, tokens_rt, page_table_rm, lengths_r, valid_r, graphde
   return (cache.k, cache.v), model.logits(last)[:, 0]
 
 
-@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("pools",))
-def forward(state, pools, tokens_rt, page_table_rm, lengths_r, valid_r, *, graphdef):
-  """(pools, logits after each row's last valid token [R, V])."""
-  return _forward(state, pools, tokens_rt, page_table_rm, lengths_r, valid_r, graphdef)
-
-
-@functools.partial(jax.jit, static_argnames=("graphdef",), donate_argnames=("pools",))
-def decode(state, pools, tokens_r, page_table_rm, lengths_r, valid_r, seed_r, row_r,
-           position_r, temperature_r, top_k_r, top_p_r, *, graphdef):
-  """Feeds each row its last token and samples the next: (pools, tokens, log-probs, top
-  ids, top log-probs)."""
+def _decode(state, pools, tokens_r, page_table_rm, lengths_r, valid_r, seed_r, row_r,
+            position_r, temperature_r, top_k_r, top_p_r, graphdef):
   pools, logits = _forward(state, pools, tokens_r[:, None], page_table_rm, lengths_r,
                            valid_r, graphdef)
   return (pools, *sample_rows(logits, seed_r, row_r, position_r, temperature_r, top_k_r,
                               top_p_r))
+
+
+@dataclasses.dataclass(frozen=True)
+class Programs:
+  """The jitted programs of one model graph (the graph closed over, so a call does not
+  hash it again):
+
+    forward(state, pools, tokens [R, T], page_table [R, M], lengths [R], valid [R])
+        -> (pools, logits after each row's last valid token [R, V])
+    decode(state, pools, tokens [R], page_table, lengths, valid, seed, row, position,
+           temperature, top_k, top_p) -> (pools, tokens, log-probs, top ids, top log-probs)
+  """
+
+  forward: Callable
+  decode: Callable
+
+
+@functools.lru_cache(maxsize=8)
+def for_graph(graphdef) -> Programs:
+  """The programs of `graphdef` (compiled per shape on first use, shared by every engine
+  of the same graph)."""
+  return Programs(
+      forward=jax.jit(functools.partial(_forward, graphdef=graphdef), donate_argnums=(1,)),
+      decode=jax.jit(functools.partial(_decode, graphdef=graphdef), donate_argnums=(1,)))
 
 
 sample = jax.jit(sample_rows)
