@@ -39,9 +39,8 @@ def _logprobs(results):
   return [c.logprobs for r in results for c in r.candidates]
 
 
-@pytest.mark.parametrize("sampling", [dict(temperature=0.0),
-                                      dict(temperature=0.8, top_p=0.9, top_k=20)])
-@pytest.mark.parametrize("page_size", [4, 16])
+@pytest.mark.parametrize("sampling, page_size", [
+    (dict(temperature=0.0), 4), (dict(temperature=0.8, top_p=0.9, top_k=20), 16)])
 def test_tokens_equal_the_static_samplers(model, sampling, page_size):
   want = generate(model, PROMPTS, max_new_tokens=12, group_size=G, seed=5, **sampling)
   engine = Engine(model, num_pages=64, page_size=page_size, max_rows=16)
@@ -98,11 +97,11 @@ def test_a_prefix_cache_hit_gives_what_a_miss_gives(model):
 
 
 def test_preemption_with_recompute_gives_what_no_preemption_gives(model):
-  want = _tokens(Engine(model, num_pages=64, page_size=4, max_rows=16)
-                 .generate(_requests(max_tokens=24, temperature=1.0)))
-  # 12 pages of 4 hold one row's 35 positions but not twelve rows'.
-  small = Engine(model, num_pages=13, page_size=4, max_rows=16)
-  results = small.generate(_requests(max_tokens=24, temperature=1.0))
+  requests = lambda: _requests(PROMPTS[:2], max_tokens=20, temperature=1.0)
+  want = _tokens(Engine(model, num_pages=64, page_size=4, max_rows=16).generate(requests()))
+  # 10 pages of 4 hold one row's 31 positions but not six rows'.
+  small = Engine(model, num_pages=11, page_size=4, max_rows=16)
+  results = small.generate(requests())
   assert small.stats["preemptions"] > 0
   assert _tokens(results) == want
   assert small.pool.used() == 0

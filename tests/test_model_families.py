@@ -3,7 +3,7 @@
 The checkpoints under tests/data/hf are tiny random transformers models (every parameter
 drawn, norms and routers included) with transformers' float32 logits and greedy tokens
 (tests/data/hf/make_refs.py, run with torch). Here: logits within 1e-4 and 12 greedy tokens
-equal for each family, float32 checkpoints and a bfloat16 one, single and sharded
+equal for each family (the static sampler's and the engine's), float32 checkpoints and a bfloat16 one, single and sharded
 safetensors, tied and untied embeddings; export writes the same tensors back.
 """
 
@@ -15,6 +15,7 @@ import numpy as np
 import pytest
 from safetensors.numpy import load_file
 
+from rlcode.engine import Engine, Request
 from rlcode.errors import BadInput
 from rlcode.models import hf, load_hf, save_hf
 from rlcode.models.hf_config import FAMILIES, from_hf_config
@@ -46,6 +47,10 @@ def test_logits_and_greedy_tokens_match_transformers(case):
   prompt = refs["greedy_prompt"][0]
   out = generate(model, [prompt], max_new_tokens=12, temperature=0.0)
   assert prompt + out.tokens[0].tolist() == refs["greedy_output"][0]
+  # The engine, on pages smaller than the prompt (several pages, the last one partial).
+  engine = Engine(model, num_pages=16, page_size=4, max_rows=4)
+  got = engine.generate([Request(prompt, 12, temperature=0.0)])[0].candidates[0].tokens
+  assert prompt + got == refs["greedy_output"][0]
 
 
 def test_the_cases_cover_the_storage_variants():
