@@ -7,8 +7,8 @@ Each round runs, with the sandbox's default limits, programs that fork without e
 tools' shell) the same in bash. Every case must score 0 or be cut at its limit, and leave
 nothing behind: no sandbox directory in the temporary directory, no process of ours
 left. A case that does not is printed and counted; the exit status is the number of
-rounds with a miss (0: all held). The CI check of issue 49 ran `.ci/run` three times
-beside this loop.
+rounds with a miss (0: all held). Run `.ci/run` beside this loop to check the suite
+under a hostile neighbour.
 """
 
 from __future__ import annotations

@@ -1,6 +1,7 @@
 """Test setup: eight fake CPU devices, forced before JAX starts.
 
-Multi-device tests run on this fake mesh instead of being skipped (STYLE.md 7).
+Multi-device tests run on this fake mesh instead of being skipped, so every sharded
+path is exercised on any machine.
 
 The suite compiles with XLA's backend optimisation level 0: the same programs
 (optimisation levels change how LLVM lowers a computation, not what it computes),

@@ -1,6 +1,6 @@
 """Does cutting PRs into commits, files and hunks give GRPO a usable signal?
 
-The seed's claim: a whole PR is solved about one time in a thousand, too
+Claim: a whole PR is solved about one time in a thousand, too
 rarely for group-relative advantages to see it, and smaller units (commits,
 files, hunks) reach the usable one-in-a-hundred range. This measures, for one
 policy, on the held-out (test-split) PRs of each repository, at each

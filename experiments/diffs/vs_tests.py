@@ -3,7 +3,7 @@
     python -m experiments.diffs.vs_tests [--seeds 0 1 2] [--out DIR] [--name NAME]
         [--config.a.b=v ...]
 
-The seed's claim: trained on weak tests alone, a policy learns to pass them
+Claim: trained on weak tests alone, a policy learns to pass them
 without making the real change; adding SWE-RL's diff reward pulls it toward
 the real change. Setting: configs/grpo_diffs.py's tasks (the generated edit
 history, data/make_edit_history.py), whose tasks carry two test sets: the

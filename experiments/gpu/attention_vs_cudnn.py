@@ -1,6 +1,6 @@
 """Attention on a GPU against cuDNN: dense, sliding, document (16 documents) and NSA.
 
-Claims (issue 17), at bfloat16, B=1, 32 query heads, 8 KV heads, head_dim 128:
+Claims, at bfloat16, B=1, 32 query heads, 8 KV heads, head_dim 128:
 `impl="auto"` serves dense and sliding attention through cuDNN (so it is as
 fast as cuDNN); document attention with 16 equal documents is at least 4x
 faster than cuDNN dense-causal forward and 3x forward+backward at 32k; NSA

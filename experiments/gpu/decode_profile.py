@@ -1,7 +1,7 @@
 """Where a decode step's time goes: kernel time against the step's wall-clock, per XLA setting.
 
 decode_roofline.py measures a step of `rlcode.sampling.generate` at 5.9x the
-HBM bound (Qwen2-0.5B shapes, batch 64, issue 17). Two explanations predict
+HBM bound (Qwen2-0.5B shapes, batch 64). Two explanations predict
 different things: if the step waits on kernel launches, the GPU's kernels are
 busy for a small part of the step and capturing the loop body as a CUDA graph
 (XLA's command buffers) moves it; if the kernels themselves are slow, the busy

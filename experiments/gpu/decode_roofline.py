@@ -1,6 +1,6 @@
 """Decode steps against the memory-bandwidth bound: bytes that must be read over HBM bandwidth.
 
-Claim (issue 17): with Qwen2-0.5B's shapes (random bfloat16 weights), batch
+Claim: with Qwen2-0.5B's shapes (random bfloat16 weights), batch
 64, 128-token prompts and 256 new tokens, greedy, a decode step of
 `rlcode.sampling.generate` takes at most 2.5x the step's bound: every weight
 read once (the tied embedding is the logits' matrix) plus every row's live

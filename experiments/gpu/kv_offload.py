@@ -1,6 +1,6 @@
 """Decoding over a long prompt whose KV lives in pinned host memory versus on the device.
 
-Claim (the seed's, tested by issue 17): streaming the prompt's KV from host
+Claim: streaming the prompt's KV from host
 memory layer by layer (the next layer's copy issued before this layer
 computes, `rlcode.models.decoder.Decoder.hidden`) costs almost nothing per
 decode step up to about a million tokens of context.

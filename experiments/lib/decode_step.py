@@ -14,7 +14,7 @@ from experiments.lib.timing import best_time
 from rlcode.models import Decoder
 from rlcode.sampling import generate
 
-TARGET = 2.5  # the claim (issue 17): a step within 2.5x of its bound
+TARGET = 2.5  # the claim: a step within 2.5x of its bound
 
 
 def step_bytes(cfg, batch: int, prompt: int, new: int) -> dict:

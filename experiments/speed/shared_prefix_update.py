@@ -1,6 +1,6 @@
 """The shared-prompt GRPO update's time per unique token against the repeated layout's.
 
-Claim (issue 17): on a GPU, with Qwen2-0.5B's shapes (random bfloat16
+Claim: on a GPU, with Qwen2-0.5B's shapes (random bfloat16
 weights), one 2048-token prompt and G=8 completions of 512 tokens, the update
 step (forward, backward, AdamW) with the prompt computed once per group
 (`rlcode.shared_prefix`) spends at most 1.2x the repeated layout's time per
