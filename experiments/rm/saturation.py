@@ -1,6 +1,6 @@
 """Reward-model choice accuracy against training choices seen, with and without ground truth.
 
-Claim (the seed's): a reward model trained on real choices that also sees ground truth
+Claim: a reward model trained on real choices that also sees ground truth
 (test results) saturates later than one that sees only the text.
 
 For each seed and arm, one `rlcode train --config configs/rm_choices.py` run (a fresh process)

@@ -1,6 +1,6 @@
 """How much of the pass@k - pass@1 gap majority voting and a reward model close.
 
-Claim (the seed's): pass@k is far above pass@1; majority voting or a reward model picking
+Claim: pass@k is far above pass@1; majority voting or a reward model picking
 one of k samples closes part of that gap.
 
 For each task set (the tiny held-out problems; HumanEval, the problems whose prompt and
