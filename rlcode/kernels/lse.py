@@ -1,8 +1,10 @@
-"""The exact merge of partial attentions by their log-sum-exp, the one copy of it.
+"""The exact merge of partial attentions by their log-sum-exp, and the online softmax's
+step, the one copy of each.
 
 Attention over a key set split into disjoint parts equals the parts' outputs
 weighted by exp(lse_part - lse_whole). Callers: `kernels.merge` (shared
-prefixes, KV in chunks) and the split-K decode kernel's final reduction.
+prefixes, KV in chunks) and the split-K decode kernel's final reduction; the blockwise
+XLA paths (flash and paged) take `online_step` and `online_finish`.
 
 Must not: know where the parts came from (any implementation's (out, lse) merges).
 """
@@ -51,3 +53,24 @@ def merge(outs, lses):
   out, lse = _merge([o.astype(jnp.float32) for o in outs],
                     [l.astype(jnp.float32) for l in lses])
   return out.astype(outs[0].dtype), lse
+
+
+def online_step(m, l, acc, scores, v, product: str):
+  """One tile of an online softmax: the running max m, sum l and weighted values acc after
+  `scores` (-inf where masked) and their values `v`, combined by einsum `product`
+  (scores, v -> acc's shape). A row with nothing visible yet keeps max -inf; it is shifted
+  by 0, so exp gives 0, not NaN."""
+  m_new = jnp.maximum(m, jnp.max(scores, axis=-1))
+  m_use = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
+  p = jnp.exp(scores - m_use[..., None])
+  alpha = jnp.exp(m - m_use)
+  return (m_new, alpha * l + jnp.sum(p, axis=-1),
+          alpha[..., None] * acc + jnp.einsum(product, p, v))
+
+
+def online_finish(m, l, acc):
+  """The output and log-sum-exp of an online softmax (0 and -inf where nothing was seen)."""
+  seen = l > 0
+  l_use = jnp.where(seen, l, 1.0)
+  return acc / l_use[..., None], jnp.where(seen, m + jnp.log(l_use), -jnp.inf)
+

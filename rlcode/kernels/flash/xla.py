@@ -17,6 +17,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from rlcode.kernels import lse as lse_lib
 from rlcode.kernels import tiling, vjp
 from rlcode.kernels.spec import AttentionSpec
 
@@ -48,21 +49,11 @@ def _forward(q, k, v, lay: tiling.Layout, mask: tiling.Mask, scale: float, bq: i
       m, l, acc = carry
       kj, vj, ok = _key_tile(k, v, lay, mask, q_pos, q_seg, j, bk)
       s = jnp.where(ok, jnp.einsum("bkgqd,bksd->bkgqs", qi, kj), -jnp.inf)
-      m_new = jnp.maximum(m, jnp.max(s, axis=-1))
-      # A row with nothing visible yet keeps max -inf; shift by 0 so exp gives 0, not NaN.
-      m_use = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-      p = jnp.exp(s - m_use[..., None])
-      alpha = jnp.exp(m - m_use)
-      l = alpha * l + jnp.sum(p, axis=-1)
-      acc = alpha[..., None] * acc + jnp.einsum("bkgqs,bksd->bkgqd", p, vj)
-      return m_new, l, acc
+      return lse_lib.online_step(m, l, acc, s, vj, "bkgqs,bksd->bkgqd")
 
     init = (jnp.full((b, kh, g, bq), -jnp.inf, F32), jnp.zeros((b, kh, g, bq), F32),
             jnp.zeros((b, kh, g, bq, d), F32))
-    m, l, acc = lax.fori_loop(lo[i], hi[i], body, init)
-    seen = l > 0
-    out = acc / jnp.where(seen, l, 1.0)[..., None]
-    lse = jnp.where(seen, m + jnp.log(jnp.where(seen, l, 1.0)), -jnp.inf)
+    out, lse = lse_lib.online_finish(*lax.fori_loop(lo[i], hi[i], body, init))
     return out.astype(q.dtype), lse
 
   outs, lses = lax.map(q_tile, jnp.arange(tp // bq))

@@ -17,6 +17,7 @@ from __future__ import annotations
 import jax.numpy as jnp
 from jax import lax
 
+from rlcode.kernels import lse as lse_lib
 from rlcode.kernels import tiling
 
 F32 = jnp.float32
@@ -86,19 +87,11 @@ def attention(q, k_pages, v_pages, page_table, mask: tiling.Mask, *, lengths, q_
     if mask.window:
       ok = ok & (k_pos > row_pos - mask.window)
     scores = jnp.where(ok, scores, -jnp.inf)
-    m_new = jnp.maximum(m, jnp.max(scores, axis=-1))
-    m_safe = jnp.where(jnp.isfinite(m_new), m_new, 0.0)
-    p = jnp.exp(scores - m_safe[..., None])
-    alpha = jnp.exp(m - m_safe)
-    l = alpha * l + jnp.sum(p, axis=-1)
-    acc = alpha[..., None] * acc + jnp.einsum("bkrs,bksd->bkrd", p, vt)
-    return m_new, l, acc
+    return lse_lib.online_step(m, l, acc, scores, vt, "bkrs,bksd->bkrd")
 
   init = (jnp.full((b, kh, g * t), -jnp.inf, F32), jnp.zeros((b, kh, g * t), F32),
           jnp.zeros((b, kh, g * t, d), F32))
-  m, l, acc = lax.fori_loop(first, last, body, init)
-  l_safe = jnp.where(l > 0, l, 1.0)
-  out = (acc / l_safe[..., None]).reshape(b, kh, g, t, d)
-  lse = jnp.where(l > 0, m + jnp.log(l_safe), -jnp.inf).reshape(b, kh, g, t)
+  out, lse = lse_lib.online_finish(*lax.fori_loop(first, last, body, init))
+  out, lse = out.reshape(b, kh, g, t, d), lse.reshape(b, kh, g, t)
   return (out.transpose(0, 3, 1, 2, 4).reshape(b, t, h, d).astype(q.dtype),
           lse.transpose(0, 3, 1, 2).reshape(b, t, h))
