@@ -126,6 +126,8 @@ def _parse(argv: Sequence[str]):
 
 
 def _tasks(spec: str):
+  # Deferred here and below: each command imports its own (heavy) modules, so one command
+  # does not pay for jax, flax or tfds it does not use.
   from rlcode.data import jsonl, sources
   from rlcode.data.humaneval import humaneval_tasks
   if spec == "humaneval":
@@ -155,10 +157,14 @@ def _ks(text: str) -> list[int]:
 
 
 def _eval(parser, args, overrides) -> None:
-  from rlcode.evaluation import policy_eval, scoring, selection, selection_eval
+  # Deferred: scoring and sampling bring in the sandbox, jax and the models.
+  from rlcode.evaluation import scoring, selection, selection_eval
+  from rlcode.policy import policy_eval
+  from rlcode.rm import scorer
   ks = _ks(args.k)
   selectors = [x.strip() for x in args.select.split(",") if x.strip()]
-  select = dict(selectors=selectors, ks=ks, rm_checkpoint=args.rm,
+  select = dict(selectors=selectors, ks=ks,
+                rm_scores=scorer.selection_scorer(args.rm) if args.rm else None,
                 behaviour_inputs=args.inputs)
   if args.completions:
     if not args.tasks or args.checkpoint:
@@ -180,7 +186,7 @@ def _eval(parser, args, overrides) -> None:
     parser.error("eval needs --tasks with --completions, or --config with --checkpoint")
   config = loader.load_config(args.config, overrides)
   if selectors:
-    table = selection_eval.sample_and_select(config, args.checkpoint, **select)
+    table = policy_eval.sample_and_select(config, args.checkpoint, **select)
     print(selection.format_table(table, selectors))
     _write_report(args.out, "selection_report.json", table)
     return
@@ -222,10 +228,10 @@ def _run(parser, args, overrides) -> None:
   if args.command == "eval":
     _eval(parser, args, overrides)
   elif args.command == "plot":
-    from rlcode.runs import plot
+    from rlcode.runs import plot  # deferred: matplotlib
     print(plot.plot(args.workdir))
   elif args.command == "plan":
-    from rlcode import plan
+    from rlcode import plan  # deferred: jax, the models and the compiler's analysis
     result, hw, est = plan.plan(args.config, overrides, args.devices, args.mesh,
                                 args.sampler_mesh, args.hardware, args.prompt_len)
     print(plan.format_table(result, hw, est))
@@ -233,7 +239,7 @@ def _run(parser, args, overrides) -> None:
       with open(args.json, "w") as f:
         json.dump({"hardware": hw.name, "result": result, "estimate": est}, f, indent=1)
   elif args.command == "config":
-    from rlcode.config import describe, schema
+    from rlcode.config import describe, schema  # deferred: the whole schema's sections
     if args.what == "show":
       print(describe.show(loader.load_config(args.config, overrides)))
     else:
@@ -244,7 +250,7 @@ def _run(parser, args, overrides) -> None:
     config = loader.load_config(args.config, overrides)
     _train(config, args)
   elif args.command == "export":
-    from rlcode.runs import export
+    from rlcode.policy import export  # deferred: jax, the models and safetensors
     print(export.export(args.checkpoint, args.out, peft=args.peft,
                         max_shard_gb=args.max_shard_gb))
   elif args.command == "serve":
@@ -254,14 +260,14 @@ def _run(parser, args, overrides) -> None:
     if config.trainer != "online":
       raise BadInput(f"rlcode learn-online runs configs whose trainer is 'online'; "
                      f"{args.config} has trainer {config.trainer!r}")
-    from rlcode.train import online_loop
+    from rlcode.train import online_loop  # deferred: jax, the models and the server's log
     online_loop.train(config)
   else:
     config = loader.load_config(args.config, overrides)
     if config.trainer != "sample":
       raise BadInput(f"rlcode sample runs configs whose trainer is 'sample'; {args.config} "
                      f"has trainer {config.trainer!r} (rlcode train runs it)")
-    from rlcode.sampling import job
+    from rlcode.sampling import job  # deferred: jax and the models
     job.sample(config)
 
 
@@ -271,15 +277,13 @@ def _serve(parser, args, overrides) -> None:
   if not 0 <= args.port <= 65535:
     raise BadInput(f"--port {args.port}: expected 0 (the OS picks) to 65535")
   config = loader.load_config(args.config, overrides) if args.config else None
-  from rlcode.serve import server
+  from rlcode.serve import server  # deferred: jax, the models and the web stack
   server.serve(config, checkpoint=args.checkpoint, host=args.host, port=args.port,
                api_key_file=args.api_key_file, move_log_aside=args.move_log_aside)
 
 
-# What `rlcode train` runs for each config.trainer: (module, function).
-TRAINERS = {"grpo": ("rlcode.train.grpo_loop", "train"),
-            "agent": ("rlcode.train.agent_loop", "train"),
-            "rm": ("rlcode.train.rm_loop", "train")}
+# The configs `rlcode train` runs (config.trainer); their loops are in _train.
+TRAINERS = ("grpo", "agent", "rm")
 
 
 def _train(config, args) -> None:
@@ -290,12 +294,19 @@ def _train(config, args) -> None:
   if multi and config.trainer != "grpo":
     raise BadInput(f"--coordinator/--num-processes: the {config.trainer!r} trainer runs in one "
                    "process (multi-process runs are the grpo trainer's)")
-  import importlib
-  module, function = TRAINERS[config.trainer]
+  # The loops are imported only for the run (jax, the models); the grpo loop after the
+  # processes have joined, as jax.distributed must start before jax's backends.
   if config.trainer == "grpo":
-    from rlcode.parallel import distributed
+    from rlcode.parallel import distributed  # deferred: jax
     distributed.initialize(args.coordinator, args.num_processes, args.process_id)
-  getattr(importlib.import_module(module), function)(config)
+    from rlcode.train import grpo_loop  # deferred: after the processes join
+    grpo_loop.train(config)
+  elif config.trainer == "agent":
+    from rlcode.train import agent_loop  # deferred: jax and the models
+    agent_loop.train(config)
+  else:
+    from rlcode.train import rm_loop  # deferred: jax and the models
+    rm_loop.train(config)
 
 
 if __name__ == "__main__":

@@ -43,7 +43,7 @@ def taught_policy(workdir):
   from rlcode.models.build import build_model
   from rlcode.parallel import sharding
   from rlcode.serve import weights
-  from rlcode.train import sft
+  from rlcode.policy import sft
   template_dir = write_tokenizer_dir(os.path.join(workdir, "template"), "chatml")
   cfg = config(workdir)
   mesh = sharding.make_mesh()

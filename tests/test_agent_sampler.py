@@ -304,7 +304,7 @@ def test_train_on_batches_with_ema_returns_the_moving_average_of_the_steps_param
                                                                                   episodes):
   """ema=0.6 over 3 steps: the first step's params, then avg = 0.6 avg + 0.4 new, from the
   same raw steps as a run without it (numpy on the params each step left)."""
-  from rlcode.train import sft
+  from rlcode.policy import sft
   from rlcode.parallel import sharding
   trajs, _, _ = episodes
   graphdef, params = nnx.split(model, nnx.Param)

@@ -148,7 +148,7 @@ def _not_empty(tmp_path):
 ], ids=["under_a_file", "a_file", "not_empty"])
 def test_export_refuses_a_destination_before_the_restore(where, says, tmp_path, capsys,
                                                          monkeypatch):
-  from rlcode.evaluation import policy_eval
+  from rlcode.policy import policy_eval
   workdir, out = _recorded_run(tmp_path), where(tmp_path)
   monkeypatch.setattr(policy_eval, "restore_policy", None)  # reached: a TypeError
   assert cli.main(["export", workdir, "--out", out]) == 2
@@ -159,7 +159,7 @@ def test_export_refuses_a_destination_before_the_restore(where, says, tmp_path, 
 def test_an_unlistable_destination_is_one_line(tmp_path, capsys, monkeypatch):
   """--out a directory its user may enter but not read (mode 0o300): listing it was a
   PermissionError traceback."""
-  from rlcode.evaluation import policy_eval
+  from rlcode.policy import policy_eval
   workdir, out = _recorded_run(tmp_path), tmp_path / "out"
   out.mkdir()
   out.chmod(0o300)
@@ -182,7 +182,7 @@ def test_an_unlistable_destination_is_one_line(tmp_path, capsys, monkeypatch):
 
 def test_export_into_a_new_nested_directory_writes_it(tmp_path, monkeypatch):
   """The positive control of the check: a missing parent is made, and the restore reached."""
-  from rlcode.evaluation import policy_eval
+  from rlcode.policy import policy_eval
 
   class Reached(Exception):
     pass

@@ -18,12 +18,12 @@ from flax import nnx
 
 from rlcode.runs import checkpoint
 from rlcode.config import loader
-from rlcode.train import sft
+from rlcode.policy import sft
 from rlcode.parallel import sharding
-from rlcode.evaluation import policy_eval
+from rlcode.policy import policy_eval
 from rlcode.rl import rollout
 from rlcode.train import grpo_loop
-from rlcode.train import warm_start
+from rlcode.policy import warm_start
 from rlcode.data.stream import TaskStream
 from rlcode.data import edits, sources
 from rlcode.data.git import EmptyRepositoryError, MiningConfig, NotARepositoryError, mine

@@ -120,7 +120,7 @@ def test_reference_share_makes_tests_only_training_tasks(tmp_path):
   import ml_collections
 
   from rlcode.data import sources
-  from rlcode.train import warm_start
+  from rlcode.policy import warm_start
 
   def data(share):
     return ml_collections.ConfigDict(dict(

@@ -80,7 +80,8 @@ def test_learns_and_scores_through_the_reward(tmp_path):
   coded = Task(id="t", prompt="def f3(x):\n", entry_point="f3",
                tests="def check(candidate):\n    assert candidate(3) == 4\n")
   table = selection_eval.evaluate_selection([coded], [("t", b) for b in BODIES],
-                                      selectors=["rm"], ks=[1, 5], rm_checkpoint=workdir)
+                                            selectors=["rm"], ks=[1, 5],
+                                            rm_scores=scorer_lib.selection_scorer(workdir))
   assert table["first"][5] == pytest.approx(0.2) and table["rm"][5] == 1.0
   assert table["gap_closed"]["rm"][5] == 1.0
   # The reward reads the answer up to the tests reward's stop sequences, so do the tokens.

@@ -111,7 +111,7 @@ def test_checkpoint_of_a_reward_model_run_is_refused(tmp_path, capsys):
 
 def test_a_damaged_log_is_refused_before_the_policy_is_restored(tmp_path, capsys,
                                                                 monkeypatch):
-  from rlcode.evaluation import policy_eval
+  from rlcode.policy import policy_eval
   workdir, _ = _workdir(tmp_path, "grpo")
   log_path = os.path.join(workdir, "interactions.sqlite")
   with open(log_path, "wb") as f:

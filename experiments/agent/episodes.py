@@ -26,7 +26,7 @@ import re
 from experiments.lib.agent import CONFIG, split_tasks
 from rlcode.agent import episodes, sampler
 from rlcode.config import loader
-from rlcode.evaluation import policy_eval
+from rlcode.policy import policy_eval
 from rlcode.parallel import sharding
 
 

@@ -20,7 +20,7 @@ import os
 from experiments.lib import results
 from experiments.lib.agent import CONFIG, evaluate_on, split_tasks
 from rlcode.config import loader
-from rlcode.evaluation import policy_eval
+from rlcode.policy import policy_eval
 from rlcode.parallel import sharding
 
 

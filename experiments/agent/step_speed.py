@@ -43,7 +43,7 @@ from rlcode.agent import episodes as rollout, sampler
 from rlcode.config import loader
 from rlcode.data import sources
 from rlcode.data.stream import TaskStream
-from rlcode.evaluation import policy_eval
+from rlcode.policy import policy_eval
 from rlcode.parallel import sharding
 from rlcode.rl import advantages, objective, shared_prefix
 

@@ -37,7 +37,7 @@ from experiments.lib import ROOT, results, runs, stats
 from experiments.lib.agent import PLAIN, evaluate_on, held_out, load, run_arm, split_tasks
 from rlcode.agent import demos, episodes, evaluate, step_groups
 from rlcode.data import sources
-from rlcode.evaluation import policy_eval
+from rlcode.policy import policy_eval
 from rlcode.parallel import sharding
 
 NAN = float("nan")

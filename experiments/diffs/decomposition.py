@@ -55,7 +55,7 @@ from experiments.lib.stats import group_stats, rate
 from rlcode.config import loader
 from rlcode.data import sources
 from rlcode.data.git import GRANULARITIES
-from rlcode.evaluation import policy_eval
+from rlcode.policy import policy_eval
 from rlcode.parallel import sharding
 from rlcode.rl import rollout
 from rlcode.train import grpo_loop

@@ -24,7 +24,7 @@ import re
 
 from experiments.lib import ROOT, heldout
 from rlcode.config import loader
-from rlcode.evaluation import policy_eval
+from rlcode.policy import policy_eval
 from rlcode.parallel import sharding
 from rlcode.rewards import diffs
 from rlcode.rl import rollout

@@ -29,7 +29,7 @@ from flax import nnx
 
 from experiments.lib import ROOT, results, runs, stats
 from rlcode.config import loader
-from rlcode.evaluation import policy_eval
+from rlcode.policy import policy_eval
 from rlcode.parallel import sharding
 
 CONFIG = os.path.join(ROOT, "configs", "grpo_diffs.py")

@@ -44,7 +44,7 @@ from flax import nnx
 from experiments.lib import ROOT, heldout, results, runs, stats, tables
 from rlcode import rewards
 from rlcode.config import loader
-from rlcode.evaluation import policy_eval
+from rlcode.policy import policy_eval
 from rlcode.parallel import sharding
 from rlcode.rl import rollout
 from rlcode.train import grpo_loop

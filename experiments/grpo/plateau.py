@@ -25,11 +25,11 @@ from experiments.lib import ROOT, results
 from rlcode import optim
 from rlcode.config import loader
 from rlcode.data import sources
-from rlcode.evaluation import policy_eval
+from rlcode.policy import policy_eval
 from rlcode.models.build import build_model
 from rlcode.parallel import sharding
 from rlcode.rl import rollout
-from rlcode.train import sft, warm_start
+from rlcode.policy import sft, warm_start
 
 CONFIG = os.path.join(ROOT, "configs", "grpo_tiny.py")
 
@@ -69,7 +69,7 @@ def main():
                         "curve": curve}, path)
     spent[1] = time.perf_counter()
 
-  ws = config.warmstart  # the warm start's own batches (rlcode.train.warm_start)
+  ws = config.warmstart  # the warm start's own batches (rlcode.policy.warm_start)
   sft.run(graphdef, params, tasks, tokenizer, mesh,
           optimizer=optim.OptimizerConfig.from_config(ws.optimizer), batch_size=ws.batch_size,
           seed=warm_start.warm_start_seed(config) + 1, steps=args.steps,

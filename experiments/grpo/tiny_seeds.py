@@ -43,9 +43,9 @@ from flax import nnx
 from experiments.lib import ROOT, heldout, results, runs, stats
 from rlcode.config import loader
 from rlcode.data import sources
-from rlcode.evaluation import policy_eval
+from rlcode.policy import policy_eval
 from rlcode.parallel import sharding
-from rlcode.train import sft
+from rlcode.policy import sft
 
 CONFIG = os.path.join(ROOT, "configs", "grpo_tiny.py")
 NAN = float("nan")

@@ -12,7 +12,7 @@ import shutil
 from experiments.lib import ROOT, heldout, results, runs, stats, tables
 from rlcode.agent import episodes, evaluate, step_groups
 from rlcode.config import loader, record
-from rlcode.evaluation import policy_eval
+from rlcode.policy import policy_eval
 from rlcode.parallel import sharding
 
 CONFIG = os.path.join(ROOT, "configs", "agent_tiny.py")

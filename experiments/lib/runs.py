@@ -29,12 +29,12 @@ from experiments.lib import ROOT, heldout
 from rlcode import optim
 from rlcode.data import sources
 from rlcode.data.stream import TaskStream
-from rlcode.evaluation import policy_eval
+from rlcode.policy import policy_eval
 from rlcode.models.build import build_model
 from rlcode.parallel import sharding
 from rlcode.rl import rollout, sequences
 from rlcode.runs.metrics import MetricsWriter, read_metrics
-from rlcode.train import sft, warm_start
+from rlcode.policy import sft, warm_start
 
 # The seconds a GRPO step trains: sampling, the reward and the update.
 GRPO_PARTS = ("rollout_seconds", "reward_seconds", "update_seconds")
@@ -85,7 +85,7 @@ def constant_lr(optimizer):
 
 
 def pass_at_1(config, policy, tokenizer, tasks, mesh) -> float:
-  """pass@1 of a policy on `tasks` (rlcode.evaluation.policy_eval.held_out_eval with
+  """pass@1 of a policy on `tasks` (rlcode.policy.policy_eval.held_out_eval with
   config.eval's samples), so that one read of a split serves every policy of a run."""
   return policy_eval.held_out_eval(config, policy, tokenizer, tasks, mesh, ks=(1,))["pass@1"]
 
@@ -120,7 +120,7 @@ def warm_started(config, workdir: str):
   (the training tasks of config.data: the ones GRPO trains on).
 
   The warm start comes from config.warmstart.cache_dir when it holds this
-  config's (rlcode.train.warm_start), so it is the one the GRPO run started from.
+  config's (rlcode.policy.warm_start), so it is the one the GRPO run started from.
   Its step-0 row goes to workdir/metrics.jsonl.
   """
   mesh = sharding.mesh_from_config(config.mesh)

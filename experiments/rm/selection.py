@@ -30,8 +30,10 @@ import time
 from experiments.lib import ROOT, heldout, results
 from rlcode.config.record import recorded_config
 from rlcode.data.humaneval import humaneval_tasks
-from rlcode.evaluation import policy_eval, selection, selection_eval
+from rlcode.policy import policy_eval
+from rlcode.evaluation import selection, selection_eval
 from rlcode.parallel import sharding
+from rlcode.rm import scorer
 
 SELECTORS = ["majority", "rm"]
 
@@ -78,7 +80,8 @@ def main():
       for tid, c in pairs:
         f.write(json.dumps({"task_id": tid, "completion": c}) + "\n")
     table = selection_eval.evaluate_selection(tasks, pairs, selectors=SELECTORS, ks=ks,
-                                        rm_checkpoint=args.rm, workers=args.workers)
+                                              rm_scores=scorer.selection_scorer(args.rm),
+                                              workers=args.workers)
     table.update(fit=fit, minutes=(time.time() - start) / 60, load_before=load_before,
                  load_after=os.getloadavg())
     found["sets"][name] = table

@@ -45,7 +45,7 @@ from experiments.lib import ROOT, heldout, results, runs, stats, tables
 from experiments.lib.runs import continue_cross_entropy, warm_started
 from rlcode.config import loader
 from rlcode.data.stream import TaskStream
-from rlcode.evaluation import policy_eval
+from rlcode.policy import policy_eval
 from rlcode.train import grpo_loop
 
 CONFIG = os.path.join(ROOT, "configs", "section_prediction.py")

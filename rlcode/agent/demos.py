@@ -10,8 +10,8 @@ from __future__ import annotations
 import concurrent.futures
 import time
 import numpy as np
-from rlcode.train import sft
-from rlcode.train.warm_start import warm_start_trainable
+from rlcode.policy import sft
+from rlcode.policy.warm_start import warm_start_trainable
 from rlcode import optim
 from rlcode.agent import expert, episodes, sampler
 from rlcode.agent.workspace import workspace_for

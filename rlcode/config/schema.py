@@ -206,7 +206,7 @@ class RL:
 
 @dataclasses.dataclass(frozen=True)
 class WarmStart:
-  """The supervised warm start before GRPO (rlcode.train.warm_start, rlcode.agent.demos).
+  """The supervised warm start before GRPO (rlcode.policy.warm_start, rlcode.agent.demos).
 
   Attributes:
     steps: supervised steps on the training split's references (agent: demonstrations);
@@ -220,7 +220,7 @@ class WarmStart:
     data: another data section whose train split the warm start also reads (practice
       data); None: none.
     train_repeats: how many times each training task is in the warm start's list.
-    bucket: batch rows of like lengths in pools of this many batches (rlcode.train.sft).
+    bucket: batch rows of like lengths in pools of this many batches (rlcode.policy.sft).
     renumber: show each line-edit row's file with up to this many more lines on top.
     ema: return a moving average of the params with this decay; 0: the last params.
     max_episodes: the agent's demonstrations of only the first this many training tasks;
@@ -275,7 +275,7 @@ class Train:
 
 @dataclasses.dataclass(frozen=True)
 class Eval:
-  """Evaluation during training and of checkpoints (rlcode.evaluation.policy_eval).
+  """Evaluation during training and of checkpoints (rlcode.policy.policy_eval).
 
   Attributes:
     num_samples: samples (agent: episodes) per task.

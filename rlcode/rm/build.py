@@ -17,6 +17,7 @@ from rlcode.data import sources
 from rlcode.data.choices import Choice, ChoicesBuilder, load_choices
 from rlcode.errors import BadInput, MissingInput
 from rlcode.models.build import model_config
+from rlcode.policy import policy_eval
 from rlcode.rm.model import HeadConfig, RewardModel
 
 
@@ -54,7 +55,6 @@ def load_choice_splits(data_cfg) -> dict[str, list[Choice]]:
 def load_backbone(model: RewardModel, path: str, policy_config, mesh: Mesh) -> None:
   """Copies the policy at `path`, trained with `policy_config`, into the reward model's
   decoder (same ModelConfig)."""
-  from rlcode.evaluation import policy_eval
   policy, _, _, _ = policy_eval.restore_policy(policy_config, path, mesh)
   if policy.cfg != model.backbone.cfg:
     differ = [f.name for f in dataclasses.fields(policy.cfg)

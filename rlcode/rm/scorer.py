@@ -20,6 +20,7 @@ from rlcode.parallel import sharding
 from rlcode import optim
 from rlcode.errors import MissingInput
 from rlcode.models.tokenizer import load_tokenizer
+from rlcode.rm import features as features_lib
 from rlcode.rm.batch import pair_rows
 from rlcode.rm.build import build_reward_model
 from rlcode.config.record import recorded_config
@@ -88,3 +89,15 @@ class RewardModelScorer:
 def load(path: str) -> RewardModelScorer:
   """One scorer per checkpoint path for the life of the process (rewards call it often)."""
   return RewardModelScorer(path)
+
+
+def selection_scorer(path: str):
+  """Selection by reward model (rlcode.evaluation.selection_eval's `rm_scores`): the model
+  at `path`, loaded when first asked, scoring each sample's shown code after its prompt."""
+  def scores(row_tasks, texts, stop_sequences, workers) -> list[float]:
+    rm = load(path)
+    shown = [features_lib.shown_code(t, c, stop_sequences) for t, c in zip(row_tasks, texts)]
+    feats = (features_lib.compute(row_tasks, texts, rm.features, stop_sequences=stop_sequences,
+                                  workers=workers) if rm.features else None)
+    return [float(s) for s in rm.score([t.prompt for t in row_tasks], shown, feats)]
+  return scores

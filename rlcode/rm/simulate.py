@@ -113,8 +113,10 @@ def simulate(policy_path: str, out: str, *, k: int, per_task: Mapping[str, int],
              workers: int | None = None) -> dict:
   """Samples candidates from the policy at `policy_path` for every split of its tasks,
   draws the choices, writes them to `out`; returns counts and timings."""
+  # Deferred: sampling a policy brings in jax and the models, which rlcode.serve.users,
+  # reading only the utility and the choice rule, does not need.
   from rlcode.parallel import sharding
-  from rlcode.evaluation import policy_eval
+  from rlcode.policy import policy_eval
   from rlcode.rl import rollout
   from rlcode.data import sources
   from rlcode.config.record import recorded_config

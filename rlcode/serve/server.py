@@ -48,7 +48,7 @@ def published_dir(config) -> str:
 def initial_policy(config, mesh):
   """(model, tokenizer, where from) an online run starts from: online.init_from (with its
   run's recorded config), else config.model as built."""
-  from rlcode.evaluation import policy_eval
+  from rlcode.policy import policy_eval
   from rlcode.models.build import build_model
   init = config.online.init_from
   if init:
@@ -132,7 +132,7 @@ def load(config, checkpoint: str | None = None, move_log_aside: bool = False) ->
   before the policy is restored."""
   from flax import nnx
 
-  from rlcode.evaluation import policy_eval
+  from rlcode.policy import policy_eval
   from rlcode.models.build import build_model
   if checkpoint:
     policy_cfg, workdir = checkpoint_config(checkpoint), _workdir_of(checkpoint)

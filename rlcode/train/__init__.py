@@ -3,6 +3,4 @@
   grpo_loop.py   GRPO on single-turn tasks (`rlcode train`, trainer "grpo")
   agent_loop.py  GRPO over multi-turn tool-use episodes (trainer "agent")
   rm_loop.py     a reward model on user choices (`rlcode train-rm`, trainer "rm")
-  sft.py         supervised steps: warm starts and cross-entropy controls
-  warm_start.py  the warm start before GRPO: its tasks, seed and cache
 """

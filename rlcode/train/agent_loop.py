@@ -44,7 +44,7 @@ from rlcode.parallel import sharding
 from rlcode.rl import advantages, grpo, objective, shared_prefix
 from rlcode.rl.curriculum import SignalCurriculum
 from rlcode.runs import checkpoint, scaffold
-from rlcode.train.policy import PolicyTraining
+from rlcode.policy.training import PolicyTraining
 
 
 def train(config) -> list[dict]:

@@ -32,13 +32,13 @@ from rlcode import optim, rewards
 from rlcode.config import loader
 from rlcode.data import sources
 from rlcode.data.stream import TaskStream
-from rlcode.evaluation import policy_eval
+from rlcode.policy import policy_eval
 from rlcode.models.build import build_model
 from rlcode.parallel import distributed, sharding
 from rlcode.rl import advantages, async_rollouts, grpo, objective, rollout, sequences, shared_prefix
 from rlcode.runs import checkpoint, scaffold
-from rlcode.train import warm_start
-from rlcode.train.policy import PolicyTraining
+from rlcode.policy import warm_start
+from rlcode.policy.training import PolicyTraining
 
 
 def train(config) -> list[dict]:

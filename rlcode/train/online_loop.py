@@ -47,7 +47,7 @@ from rlcode.runs import scaffold
 from rlcode.serve import log as log_lib
 from rlcode.serve import server, weights
 from rlcode.train import online_data
-from rlcode.train.policy import PolicyTraining
+from rlcode.policy.training import PolicyTraining
 
 log = logging.getLogger(__name__)
 

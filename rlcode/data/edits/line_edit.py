@@ -56,7 +56,7 @@ def shift_line_numbers(prompt: str, reference: str, offset: int) -> tuple[str, s
   of an applied diff, the reference's LINES ranges and its locating thought's numbers
   (locating_thought) all move down by `offset`; a file
   shown from its first line gains an omitted range of `offset` lines. The edit itself is
-  the same. For warm starts (train.warm_start's `warmstart.renumber`): a policy that
+  the same. For warm starts (policy.warm_start's `warmstart.renumber`): a policy that
   copies its ranges from the numbered lines still fits; one that recalls likely numbers
   no longer does.
   """

@@ -22,7 +22,13 @@ import os
 import shutil
 import tempfile
 
+from rlcode.config import record
 from rlcode.errors import BadInput
+from rlcode.models import hf, hub
+from rlcode.models import peft as peft_lib
+from rlcode.models import tokenizer as tok_lib
+from rlcode.parallel import sharding
+from rlcode.policy import policy_eval
 
 # What a checkpoint directory holds besides weights and config.json, copied as they are.
 TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json",
@@ -34,11 +40,6 @@ def export(path: str, out: str, *, peft: bool = False, max_shard_gb: float | Non
            config=None) -> str:
   """Writes the latest policy under `path` (a workdir or checkpoint directory) to `out`;
   returns a one-line summary."""
-  from rlcode.config import record
-  from rlcode.evaluation import policy_eval
-  from rlcode.models import hub
-  from rlcode.models import tokenizer as tok_lib
-  from rlcode.parallel import sharding
   config = config or record.recorded_config(path, what="export")
   if config.trainer == "rm":
     raise BadInput(f"export {path!r}: a reward model's run; export writes policies")
@@ -49,7 +50,7 @@ def export(path: str, out: str, *, peft: bool = False, max_shard_gb: float | Non
   model, tokenizer, step, _ = policy_eval.restore_policy(config, path, sharding.make_mesh())
   from safetensors import SafetensorError
   try:
-    what = _write(model, tokenizer, config, base, out, peft, max_shard_gb, tok_lib)
+    what = _write(model, tokenizer, config, base, out, peft, max_shard_gb)
   except (OSError, SafetensorError) as e:
     # safetensors reports a failed write (a full disk) as its own error, not an OSError.
     where = getattr(e, "filename", None) or out
@@ -83,10 +84,8 @@ def writable_destination(out: str) -> None:
                    "name a directory you can write") from None
 
 
-def _write(model, tokenizer, config, base, out, peft, max_shard_gb, tok_lib) -> str:
+def _write(model, tokenizer, config, base, out, peft, max_shard_gb) -> str:
   """The export's files in `out`; what was written, in words."""
-  from rlcode.models import hf
-  from rlcode.models import peft as peft_lib
   if peft:
     peft_lib.save_peft(model, out, base_model=config.model.hf_path or "")
     what = "a PEFT adapter"
@@ -98,12 +97,12 @@ def _write(model, tokenizer, config, base, out, peft, max_shard_gb, tok_lib) -> 
     shard = None if max_shard_gb is None else int(max_shard_gb * 2**30)
     hf.save_hf(model, out, base_config=base_config, max_shard_bytes=shard)
     what = f"a {model.cfg.family or 'Hugging Face'} checkpoint"
-  _write_tokenizer(out, base, config.model.tokenizer, tokenizer, tok_lib)
+  _write_tokenizer(out, base, config.model.tokenizer, tokenizer)
   _write_generation_config(out, base, tokenizer)
   return what
 
 
-def _write_tokenizer(out: str, base: str | None, named: str | None, tokenizer, tok_lib) -> None:
+def _write_tokenizer(out: str, base: str | None, named: str | None, tokenizer) -> None:
   """The base checkpoint's tokenizer files, or a tokenizer.json for the byte tokenizer."""
   if base is not None and not named:
     for name in TOKENIZER_FILES:

@@ -18,8 +18,8 @@ from rlcode import rewards, sandbox
 from rlcode.data import sources
 from rlcode.data.tasks import Task
 from rlcode.errors import MissingInput
-from rlcode.train.policy import PolicyTraining
-from rlcode.evaluation import scoring
+from rlcode.policy.training import PolicyTraining
+from rlcode.evaluation import scoring, selection_eval
 from rlcode.models.build import build_model
 from rlcode.parallel import sharding
 from rlcode.rewards.tests import HUMANEVAL_STOP
@@ -154,3 +154,21 @@ def evaluate_checkpoint(config, path: str, ks=(1,)) -> dict:
   mesh, model, tokenizer, step, directory, tasks = _restored_with_eval_tasks(config, path)
   result = held_out_eval(config, model, tokenizer, tasks, mesh, ks=ks)
   return {"step": step, "checkpoint": directory, **result}
+
+
+def sample_and_select(config, path: str, *, selectors: Sequence[str], ks: Sequence[int],
+                      rm_scores: selection_eval.RewardScores | None = None,
+                      behaviour_inputs: str = "tests") -> dict:
+  """`selection_eval.evaluate_selection` of a saved policy on its config's eval split, with
+  max(max(ks), config.eval.num_samples) samples per task."""
+  mesh, model, tokenizer, step, directory, tasks = _restored_with_eval_tasks(config, path)
+  ev = config.eval
+  row_tasks, texts = sample_completions(
+      model, tokenizer, tasks, num_samples=max(max(ks), ev.num_samples),
+      temperature=ev.temperature, max_new_tokens=ev.max_new_tokens, seed=config.seed + 7919,
+      batch_prompts=ev.batch_prompts, mesh=mesh,
+      progress=config.train.progress_bar)
+  table = selection_eval.evaluate_selection(
+      tasks, [(t.id, c) for t, c in zip(row_tasks, texts)], selectors=selectors, ks=ks,
+      rm_scores=rm_scores, behaviour_inputs=behaviour_inputs, seed=config.seed)
+  return {"step": step, "checkpoint": directory, **table}

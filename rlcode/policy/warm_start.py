@@ -21,7 +21,7 @@ from rlcode.models import lora
 from rlcode.data import sources
 from rlcode.rl import rollout
 from rlcode.runs import checkpoint
-from rlcode.train import sft
+from rlcode.policy import sft
 
 
 def warm_start_tasks(config, tokenizer, max_seq_len: int, train_tasks):
@@ -50,8 +50,8 @@ def warm_start(config, graphdef, params, tasks, tokenizer, mesh, log):
 
   Batches are padded to multiples of `rl.length_multiple`, as the GRPO updates are;
   `warmstart.bucket` > 1 batches rows of similar lengths together
-  (rlcode.train.sft.LengthBuckets); `warmstart.renumber` > 0 shows each line-edit row's
-  file as if it had up to that many more lines on top (rlcode.train.sft.renumber);
+  (rlcode.policy.sft.LengthBuckets); `warmstart.renumber` > 0 shows each line-edit row's
+  file as if it had up to that many more lines on top (rlcode.policy.sft.renumber);
   `warmstart.ema` > 0 returns a moving average of the params. With `warmstart.cache_dir`
   set, the result is kept there under a hash of everything it depends on
   (`warm_start_key`) and a later run with the same key loads it instead of training
