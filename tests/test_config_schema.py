@@ -8,7 +8,8 @@ import ml_collections
 import pytest
 
 from rlcode import cli
-from rlcode.config import describe, fields, loader, record, schema
+from rlcode import fields
+from rlcode.config import describe, loader, record, schema
 from rlcode.errors import BadInput, UnknownKey
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))

@@ -10,7 +10,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Iterator, Mapping
 
-from rlcode.config import fields, loader, schema
+from rlcode import fields
+from rlcode.config import loader, schema
 
 
 def show(config) -> str:

@@ -23,8 +23,8 @@ from typing import Any
 
 import ml_collections
 
-from rlcode import pyast
-from rlcode.config import fields, policy, schema
+from rlcode import fields, pyast
+from rlcode.config import policy, schema
 from rlcode.errors import BadInput, MissingInput, UnknownKey
 
 PREFIX = "--config."

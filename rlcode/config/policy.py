@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rlcode.config.fields import Lazy, key
+from rlcode.fields import Lazy, key
 from rlcode.data.git.config import MiningConfig
 from rlcode.swe.config import SweConfig
 from rlcode.models.config import ModelConfig

@@ -19,7 +19,7 @@ from __future__ import annotations
 import dataclasses
 from typing import Any
 
-from rlcode.config.fields import Lazy, key
+from rlcode.fields import Lazy, key
 from rlcode.config.policy import Mesh, Model
 from rlcode.config.serving import Online, Serve
 from rlcode.data.git.config import MiningConfig

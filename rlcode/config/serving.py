@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import dataclasses
 
-from rlcode.config.fields import key
+from rlcode.fields import key
 
 
 @dataclasses.dataclass(frozen=True)

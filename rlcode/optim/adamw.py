@@ -11,7 +11,7 @@ import dataclasses
 
 import optax
 
-from rlcode.config.fields import check, hints, key
+from rlcode.fields import check, hints, key
 
 SCHEDULES = ("cosine", "wsd")
 

@@ -9,7 +9,9 @@ use), so a key's type, default, allowed values and doc sit in one class.
 `check(path, value, annotation, field)` validates one value and returns it in its
 canonical form (lists become tuples, ints become floats where a float is asked for);
 what is wrong is one BadInput line naming the key. This module must not know any
-particular section.
+particular section, and imports nothing of rlcode but its errors: sections that live beside
+their code (rlcode.optim's OptimizerConfig) declare keys here without importing
+rlcode.config, which composes them.
 """
 
 from __future__ import annotations
