@@ -21,7 +21,7 @@ import subprocess
 import tempfile
 
 from experiments.lib import results, tables
-from rlcode.data import paths
+from rlcode import paths
 from rlcode.data.git.repo import checkout, git_env
 from rlcode.swe import export, patches, tasks
 

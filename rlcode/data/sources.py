@@ -27,13 +27,26 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import os
+from collections.abc import Callable
+from typing import Any
 
-from rlcode.data.paths import resolve
+from rlcode.paths import resolve
 from rlcode.data.tasks import Task, TaskBuilder, load_tasks
 from rlcode.errors import BadInput, MissingInput
 
 SOURCES = ("jsonl", "humaneval", "git", "sections", "swe", "swebench")
 SECTION_COUNTS = ("words", "bytes")
+# The sources another package builds, and that package: it registers its builders when
+# imported (rlcode.swe is, by the config schema), so data/ does not import it.
+ELSEWHERE = {"swe": "rlcode.swe", "swebench": "rlcode.swe"}
+_REGISTERED: dict[str, Callable[[Any, str], TaskBuilder]] = {}
+
+
+def register(source: str, make: Callable[[Any, str], TaskBuilder]) -> None:
+  """Builds config.data.source `source` with `make(data_cfg, data_dir)`."""
+  if source not in ELSEWHERE:
+    raise ValueError(f"register({source!r}): the sources built elsewhere are {sorted(ELSEWHERE)}")
+  _REGISTERED[source] = make
 
 
 def utf8_bytes(text: str) -> int:
@@ -99,20 +112,11 @@ def builder(data_cfg) -> TaskBuilder:
     fields["source"] = resolve(data_cfg.repo)
     mining = MiningConfig(**fields)
     return GitDiffs(data_dir=root, mining=mining)
-  if source == "swe":
-    from rlcode.swe.builder import SweTasks
-    from rlcode.swe.config import SweConfig
-    options = data_cfg.swe.to_dict() if data_cfg.swe is not None else {}
-    fields = {k: (tuple(v) if isinstance(v, list) else v) for k, v in options.items()}
-    fields["source"] = resolve(data_cfg.repo)
-    return SweTasks(data_dir=root, swe=SweConfig(**fields))
-  if source == "swebench":
-    from rlcode.swe.builder import SweBenchFile
-    path = resolve(data_cfg.path)
-    if not os.path.isfile(path):
-      raise MissingInput(f"config.data.path={data_cfg.path!r}: no such file")
-    return SweBenchFile(data_dir=root, path=path,
-                        repo=resolve(data_cfg.repo) if data_cfg.repo else None)
+  if source in ELSEWHERE:
+    if source not in _REGISTERED:
+      raise BadInput(f"config.data.source={source!r} is filled in by {ELSEWHERE[source]}: "
+                     f"import it before building the data")
+    return _REGISTERED[source](data_cfg, root)
   if source == "sections":
     from rlcode.data.sections import SectionOptions, SectionTasks
     counter = _section_counter(data_cfg.count_tokens)

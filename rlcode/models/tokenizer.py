@@ -14,6 +14,9 @@ import re
 from collections.abc import Sequence
 from typing import Protocol
 
+from rlcode import paths
+from rlcode.models.chat_template import load_chat_template
+
 
 class Tokenizer(Protocol):
   vocab_size: int
@@ -204,7 +207,6 @@ class HFTokenizer:
         pad = next((i for i in map(self._tok.token_to_id, _PAD_TOKENS) if i is not None), None)
     self.eos_ids = tuple(eos)
     self.pad_id = pad if pad is not None else (eos[0] if eos else 0)
-    from rlcode.models.chat_template import load_chat_template
     # The checkpoint's chat template, if its directory has one (None otherwise).
     self.chat_template = load_chat_template(directory)
 
@@ -274,5 +276,5 @@ def load_tokenizer(path: str | None) -> Tokenizer:
   base, specials, digits = split_tokenizer_name(path)
   if base == "bytes":
     return ByteTokenizer(specials=specials)
-  from rlcode.data import paths  # a name relative to the repository, from any directory
+  # A name relative to the repository, from any directory.
   return HFTokenizer(paths.resolve(base), specials=specials, digits=digits)

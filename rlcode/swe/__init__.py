@@ -22,11 +22,13 @@ The rooms:
   workspace.py      the agent's workspace over the repository; the scripted gold agent
   export.py         SWE-bench's JSON-lines format, written and read back
   builder.py        the tfds builders (mined, and from a SWE-bench file)
+  sources.py        the "swe" and "swebench" data sources, registered with rlcode.data.sources
   decompose.py      decomposition checked by tests
   command.py        `rlcode mine --tasks swe`
 The reward is rlcode.rewards.swe ("swe_tests", and the diff reward's view of these tasks).
 """
 
+from rlcode.swe import sources  # registers the "swe" and "swebench" data sources
 from rlcode.swe.config import SKIP_REASONS, SweConfig
 from rlcode.swe.mining import SweResult, mine
 

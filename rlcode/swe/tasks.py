@@ -25,7 +25,8 @@ import posixpath
 import types
 from collections.abc import Mapping
 
-from rlcode.data import edits, paths
+from rlcode import paths
+from rlcode.data import edits
 from rlcode.data.git.repo import Git, checkout
 from rlcode.data.tasks import Task
 from rlcode.swe import history, patches
