@@ -76,6 +76,7 @@ class _Seq:
     self.spare: list[int] = []  # a leader's pages for its candidates' copies of the last page
     self.cached = 0
     self.kv_version = -1  # the weights its pages were computed with (if all the same)
+    self.state = "waiting"  # then "prefill", "decode", "resume" (preempted) or "done"
 
   @property
   def candidate(self) -> Candidate:
@@ -262,6 +263,7 @@ class Engine:
         seq.order = self._next_order()
         self.stats["requests"] += 1
       self.stats["prefix_hit_tokens"] += seq.cached
+      seq.state = "prefill"
       self.prefilling.append(seq)
 
   def _next_order(self) -> int:
@@ -337,7 +339,7 @@ class Engine:
 
   def _decode(self) -> None:
     for seq in sorted(self.decoding, key=lambda s: s.order):
-      if seq in self.decoding and seq.cached // self.page_size >= len(seq.pages):
+      if seq.state == "decode" and seq.cached // self.page_size >= len(seq.pages):
         page = self._page_for(seq)
         if page is not None:
           seq.pages.append(page)
@@ -373,9 +375,11 @@ class Engine:
   def _preempt(self, seq: _Seq) -> None:
     self.pool.release(seq.pages + seq.spare)
     seq.pages, seq.spare, seq.cached = [], [], 0
-    for queue in (self.prefilling, self.decoding):
-      if seq in queue:
-        queue.remove(seq)
+    if seq.state == "prefill":
+      self.prefilling.remove(seq)
+    elif seq.state == "decode":
+      self.decoding.remove(seq)
+    seq.state = "resume"
     seq.tokens = list(seq.group.request.prompt) + seq.candidate.tokens
     self.resume.append(seq)
     self.resume.sort(key=lambda s: s.order)
@@ -438,14 +442,14 @@ class Engine:
       except Exception:  # a client's callback never stops the loop
         log.exception("a request's token callback failed")
     if reason is None:
-      if seq.pages and seq not in self.decoding:
+      if seq.pages and seq.state != "decode":
+        seq.state = "decode"
         self.decoding.append(seq)
       return
     cand.finish_reason = reason
-    if seq in self.decoding:
+    if seq.state == "decode":
       self.decoding.remove(seq)
-    if seq in self.resume:
-      self.resume.remove(seq)
+    seq.state = "done"
     self._register(seq)
     self.pool.release(seq.pages)
     seq.pages = []
