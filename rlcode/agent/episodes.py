@@ -145,5 +145,5 @@ def embedder(agent):
   """MiniLM embeddings for semantic search when agent.semantic_search, else None."""
   if not agent.semantic_search:
     return None
-  from rlcode.rewards import semantic
+  from rlcode.rewards import semantic  # deferred: the encoder model, for agents that search
   return lambda texts: semantic.embed(list(texts))

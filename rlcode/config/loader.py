@@ -327,6 +327,7 @@ def _validate(path: str, cls, tree: dict, trainer: str) -> tuple[dict, Any]:
                      f"config's trainer is {trainer!r} (leave it at its default)")
   if cls is schema.Config:
     if "rewards" in values:
+      # Deferred: the rewards package imports every reward's module.
       from rlcode.rewards import registry
       known = registry.names()
       for name in values["rewards"]:

@@ -15,6 +15,7 @@ import os
 
 import ml_collections
 
+from rlcode.config import loader
 from rlcode.errors import BadInput, MissingInput
 
 RUN_CONFIG = "config.json"
@@ -74,7 +75,6 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
   now = flat(plain(config))
   # A key rlcode gained since the run started is absent from its record: the recorded
   # config resolved by today's schema holds its default, which is what the run used.
-  from rlcode.config import loader
   try:
     resolved = flat(plain(loader.resolve(recorded)))
   except BadInput:
@@ -101,7 +101,6 @@ def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:
 def recorded_config(path: str, what: str = "path") -> ml_collections.ConfigDict:
   """The config a run was started with (resolved again): config.json in `path` or the
   directory above it (a workdir's warm_start/ or checkpoints/)."""
-  from rlcode.config import loader
   for where in (path, os.path.dirname(os.path.abspath(path))):
     candidate = os.path.join(where, RUN_CONFIG)
     if os.path.isfile(candidate):

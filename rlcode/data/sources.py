@@ -64,9 +64,7 @@ def _section_counter(unit: str) -> dict:
   if not unit.endswith(".json") or not os.path.isfile(path):
     raise BadInput(f"config.data.count_tokens={unit!r}; expected one of {SECTION_COUNTS} "
                    "or the path of a tokenizer.json")
-  import hashlib
-
-  from rlcode.models.tokenizer import load_tokenizer
+  from rlcode.models.tokenizer import load_tokenizer  # deferred: the tokenizers library
   tokenizer = load_tokenizer(path)
   bos = len(tokenizer.encode(""))
   with open(path, "rb") as f:
@@ -96,17 +94,18 @@ def builders(data_cfg) -> list[TaskBuilder]:
 def builder(data_cfg) -> TaskBuilder:
   source = data_cfg.source
   root = data_dir(data_cfg)
+  # Deferred: each source's builder brings in tfds and its own readers.
   if source == "jsonl":
-    from rlcode.data.jsonl import JsonlTasks
+    from rlcode.data.jsonl import JsonlTasks  # deferred: tfds
     path = resolve(data_cfg.path)
     if not os.path.isfile(path):
       raise MissingInput(f"config.data.path={data_cfg.path!r}: no such file")
     return JsonlTasks(data_dir=root, path=path)
   if source == "humaneval":
-    from rlcode.data.humaneval import HumanEval
+    from rlcode.data.humaneval import HumanEval  # deferred: tfds
     return HumanEval(data_dir=root)
   if source == "git":
-    from rlcode.data.git import GitDiffs, MiningConfig
+    from rlcode.data.git import GitDiffs, MiningConfig  # deferred: tfds
     mining = data_cfg.mining.to_dict() if data_cfg.mining is not None else {}
     fields = {k: (tuple(v) if isinstance(v, list) else v) for k, v in mining.items()}
     fields["source"] = resolve(data_cfg.repo)
@@ -118,7 +117,7 @@ def builder(data_cfg) -> TaskBuilder:
                      f"import it before building the data")
     return _REGISTERED[source](data_cfg, root)
   if source == "sections":
-    from rlcode.data.sections import SectionOptions, SectionTasks
+    from rlcode.data.sections import SectionOptions, SectionTasks  # deferred: tfds
     counter = _section_counter(data_cfg.count_tokens)
     options = SectionOptions(**data_cfg.options.to_dict()) if data_cfg.options else SectionOptions()
     return SectionTasks(data_dir=root, sources=tuple(resolve(s) for s in data_cfg.sources),
