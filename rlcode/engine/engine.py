@@ -8,8 +8,8 @@
     with them
 
 Each `step()` swaps in published weights, admits, runs one chunk of prefill and one decode
-step over the busy rows only (row counts, chunk lengths and page-table widths bucketed to
-powers of two, so a few shapes compile). When a decoding row needs a page and none is
+step over the busy rows only, rows of similar lengths together (row counts, chunk lengths
+and page-table widths bucketed to powers of two, so a few shapes compile). When a decoding row needs a page and none is
 free, the most recently admitted row is preempted: its pages are released and it is
 recomputed from its tokens when it is admitted again (same tokens: randomness is keyed by
 (seed, row, position)). Every token carries the policy version that sampled it and its
@@ -343,21 +343,28 @@ class Engine:
         page = self._page_for(seq)
         if page is not None:
           seq.pages.append(page)
-    if not self.decoding:
-      return
-    seqs = list(self.decoding)
-    r = bucket(len(seqs), MIN_ROWS)
-    tokens = np.zeros(r, np.int32)
-    lengths, valid = np.zeros(r, np.int32), np.zeros(r, np.int32)
-    for i, seq in enumerate(seqs):
-      tokens[i], lengths[i], valid[i] = seq.tokens[-1], seq.cached, 1
-    table = self._table(seqs, r)
-    self.pools, *out = self.programs.decode(self.state, self.pools, tokens, table, lengths,
-                                            valid, *self._params(seqs, r))
-    for seq in seqs:
-      seq.cached += 1
-    self.stats["steps"] += 1
-    self._emit_all(seqs, out)
+    # Rows of similar lengths decode together: attention reads up to the longest row's
+    # pages in a call, so one long row does not make every short one read as far.
+    by_width: dict[int, list[_Seq]] = {}
+    for seq in self.decoding:
+      by_width.setdefault(self._width(len(seq.pages)), []).append(seq)
+    done = []
+    for seqs in by_width.values():
+      r = bucket(len(seqs), MIN_ROWS)
+      tokens = np.zeros(r, np.int32)
+      lengths, valid = np.zeros(r, np.int32), np.zeros(r, np.int32)
+      for i, seq in enumerate(seqs):
+        tokens[i], lengths[i], valid[i] = seq.tokens[-1], seq.cached, 1
+      self.pools, *out = self.programs.decode(self.state, self.pools, tokens,
+                                              self._table(seqs, r), lengths, valid,
+                                              *self._params(seqs, r))
+      done.append((seqs, out))
+    if done:
+      self.stats["steps"] += 1
+    for seqs, out in done:
+      for seq in seqs:
+        seq.cached += 1
+      self._emit_all(seqs, out)
 
   def _page_for(self, seq: _Seq) -> int | None:
     """A page for `seq`, preempting the most recently admitted rows while none is free;
@@ -391,8 +398,12 @@ class Engine:
     if seq.kv_version == self.version:
       self.pool.register(seq.tokens[:seq.cached], seq.pages)
 
+  def _width(self, pages: int) -> int:
+    """The page-table width a row of `pages` pages is called with."""
+    return min(bucket(pages, MIN_PAGES), bucket(self.max_pages))
+
   def _table(self, seqs: list[_Seq], r: int) -> np.ndarray:
-    m = min(bucket(max(len(seq.pages) for seq in seqs), MIN_PAGES), bucket(self.max_pages))
+    m = self._width(max(len(seq.pages) for seq in seqs))
     table = np.full((r, m), SCRATCH_PAGE, np.int32)
     for i, seq in enumerate(seqs):
       table[i, :len(seq.pages)] = seq.pages
