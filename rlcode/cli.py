@@ -115,7 +115,7 @@ def _parse(argv: Sequence[str]):
                       "PEFT adapter directory (default: merged weights)")
   export.add_argument("--max-shard-gb", type=float, default=None,
                       help="split the safetensors into shards of at most this size")
-  # `main` hands `mine` to rlcode.data.git.command, which parses its options.
+  # `main` hands `mine` to rlcode.mine, which parses its options.
   commands.add_parser("mine", help="mine a git history into diff datasets (rlcode mine -h)")
   args, rest = parser.parse_known_args(argv)
   unknown = [a for a in rest if not a.startswith(loader.PREFIX)]
@@ -214,7 +214,7 @@ def main(argv: Sequence[str] | None = None) -> int:
   command = argv[0] if argv else ""
   try:
     if command == "mine":
-      from rlcode.data.git import command as mine  # brings in tfds: only when mining
+      from rlcode import mine  # brings in tfds: only when mining
       return mine.main(argv[1:], parser_class=_Parser)
     parser, args, overrides = _parse(argv)
     _run(parser, args, overrides)

@@ -29,6 +29,11 @@ import math
 import os
 from collections.abc import Mapping
 from rlcode.config import serving
+from rlcode import optim
+from rlcode.models import build, hub, lora
+from rlcode.models import hf_config as model_cfg_lib
+from rlcode.models.decoder import Decoder
+from rlcode.rl import grpo, objective, sequences, shared_prefix
 from rlcode.parallel import sharding
 from rlcode.errors import BadInput
 from rlcode.plan import flops
@@ -39,7 +44,6 @@ from rlcode.plan import sampler as sampler_lib
 
 def model_config(config):
   """The ModelConfig of config.model (from-scratch arch, or a checkpoint's config.json)."""
-  from rlcode.models import build, hf_config as model_cfg_lib, hub
   if config.model.hf_path:
     overrides = build.model_overrides(config.model)
     path = os.path.join(hub.resolve(config.model.hf_path), "config.json")
@@ -142,10 +146,6 @@ def analyse(config, devices: int, mesh_spec: str, sampler_spec: str, prompt_len:
   from flax import nnx
   from jax.sharding import NamedSharding, PartitionSpec as P
 
-  from rlcode import optim
-  from rlcode.models import lora
-  from rlcode.models.decoder import Decoder
-  from rlcode.rl import grpo, objective, sequences, shared_prefix
 
   page_size = serving.Serve().page_size if page_size is None else page_size
   if page_size < 1:

@@ -21,6 +21,8 @@ import dataclasses
 import math
 
 from rlcode.engine.engine import MIN_ROWS, bucket
+from rlcode.engine import programs
+from rlcode.parallel import sharding
 
 
 @dataclasses.dataclass(frozen=True)
@@ -95,8 +97,6 @@ def compile_decode(cfg, graphdef, abstract_state, sampler_mesh, pool: EnginePool
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
 
-  from rlcode.engine import programs
-  from rlcode.parallel import sharding
 
   tensor = sampler_mesh.shape["tensor"]
   mesh = sharding.make_mesh(tensor=tensor, devices=engine_devices(sampler_mesh))

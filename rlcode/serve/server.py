@@ -32,6 +32,9 @@ import ml_collections
 from rlcode.config import record, serving
 from rlcode.errors import BadInput, MissingInput
 from rlcode.models import chat_template
+from rlcode.models.build import build_model
+from rlcode.models.tokenizer import split_tokenizer_name
+from rlcode.policy import policy_eval
 from rlcode.parallel import sharding
 from rlcode import engine as engine_lib
 from rlcode.serve import log as log_lib
@@ -48,8 +51,6 @@ def published_dir(config) -> str:
 def initial_policy(config, mesh):
   """(model, tokenizer, where from) an online run starts from: online.init_from (with its
   run's recorded config), else config.model as built."""
-  from rlcode.policy import policy_eval
-  from rlcode.models.build import build_model
   init = config.online.init_from
   if init:
     model, tokenizer, step, where = policy_eval.restore_policy(
@@ -132,8 +133,6 @@ def load(config, checkpoint: str | None = None, move_log_aside: bool = False) ->
   before the policy is restored."""
   from flax import nnx
 
-  from rlcode.policy import policy_eval
-  from rlcode.models.build import build_model
   if checkpoint:
     policy_cfg, workdir = checkpoint_config(checkpoint), _workdir_of(checkpoint)
   else:
@@ -170,7 +169,6 @@ def load(config, checkpoint: str | None = None, move_log_aside: bool = False) ->
 def template_for(serve, model_cfg):
   """The chat template: serve.chat_template, else the checkpoint's or tokenizer's
   directory's (model.hf_path, model.tokenizer), else None (the compact fallback)."""
-  from rlcode.models.tokenizer import split_tokenizer_name
   if serve.chat_template:
     path = serve.chat_template
     if path.endswith(".jinja") and os.path.isfile(path):
@@ -193,7 +191,7 @@ def build(config, checkpoint: str | None = None, api_key: str | None = None,
           move_log_aside: bool = False):
   """The app's `Served`: what `load` finds, its engine started and warmed up on one
   request."""
-  from rlcode.serve.app import Served
+  from rlcode.serve.app import Served  # deferred: FastAPI (the serve extra), only to serve
   got = load(config, checkpoint, move_log_aside)
   serve, tokenizer, template = got.serve, got.tokenizer, got.template
   pages = serve.kv_pages or serve.slots * math.ceil(got.model.cfg.max_seq_len
@@ -255,7 +253,7 @@ def serve(config, *, checkpoint: str | None, host: str, port: int,
   is renamed aside and a new one begun (`open_log`)."""
   import uvicorn
 
-  from rlcode.serve.app import create_app
+  from rlcode.serve.app import create_app  # deferred: FastAPI (the serve extra)
   api_key = read_api_key(api_key_file)
   sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
   sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)

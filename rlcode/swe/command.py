@@ -34,7 +34,7 @@ DEFAULTS = {"workers": 0, "timeout": 120.0, "hypothesis_examples": 20, "gold_run
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
-  """The options only --tasks swe reads (rlcode.data.git.command adds the shared ones)."""
+  """The options only --tasks swe reads (rlcode.mine adds the shared ones)."""
   swe = parser.add_argument_group("--tasks swe")
   swe.add_argument("--workers", type=int, default=DEFAULTS["workers"],
                    help="PRs evaluated at once (default: the CPUs plus one)")

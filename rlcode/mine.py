@@ -11,8 +11,9 @@ granularity, PRs and tasks per split, ending with the line
 repository, an unknown branch, a shallow or empty history, a corrupt bundle)
 raises BadInput, which rlcode.cli prints as one line on stderr with exit status 2.
 
-This module must not mine or decide anything itself: it parses, calls
-rlcode.data.git and prints.
+This module must not mine or decide anything itself: it parses, calls rlcode.data.git
+(diff tasks) or rlcode.swe (executable tasks) and prints. It sits above both packages, so
+neither imports the other.
 """
 
 from __future__ import annotations
