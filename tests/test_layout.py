@@ -11,6 +11,8 @@ import sys
 
 import pytest
 
+import import_graph
+
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 PACKAGE = os.path.join(ROOT, "rlcode")
 
@@ -57,40 +59,6 @@ def _imports(path: str, module: str, modules: set[str]) -> set[str]:
   return out
 
 
-def _cycles(graph: dict[str, set[str]]) -> list[list[str]]:
-  """Strongly connected components of more than one module (Tarjan)."""
-  index, low, stack, on, out = {}, {}, [], set(), []
-  counter = [0]
-
-  def visit(v):
-    index[v] = low[v] = counter[0]
-    counter[0] += 1
-    stack.append(v)
-    on.add(v)
-    for w in graph.get(v, ()):
-      if w not in index:
-        visit(w)
-        low[v] = min(low[v], low[w])
-      elif w in on:
-        low[v] = min(low[v], index[w])
-    if low[v] == index[v]:
-      component = []
-      while True:
-        w = stack.pop()
-        on.discard(w)
-        component.append(w)
-        if w == v:
-          break
-      if len(component) > 1:
-        out.append(sorted(component))
-
-  sys.setrecursionlimit(10_000)
-  for v in sorted(graph):
-    if v not in index:
-      visit(v)
-  return out
-
-
 def test_no_import_circle():
   modules = _modules()
   names = set(modules)
@@ -100,7 +68,7 @@ def test_no_import_circle():
   for module, path in modules.items():
     edges = _imports(path, module, names)
     graph[module] = {m for m in edges if not module.startswith(m + ".")}
-  assert not _cycles(graph), _cycles(graph)
+  assert not import_graph.cycles(graph), import_graph.cycles(graph)
 
 
 _CONFIG_GET = re.compile(r"\b(config|cfg|rl|ws|agent|ev|tr|rm|data_cfg|model_cfg|mining)"
