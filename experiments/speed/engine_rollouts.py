@@ -167,6 +167,7 @@ def main():
   parser.add_argument("--quick", action="store_true", help="small sizes (a smoke run)")
   parser.add_argument("--out", default=None)
   args = parser.parse_args()
+  results.git_state()  # the commit measured: the one at the start, not after a long run
   model = Decoder(CFG, rngs=nnx.Rngs(0))
   if args.quick:
     sizes = dict(prompts=4, group=4, prompt_len=32, budget=128, median=16, static_groups=2)
