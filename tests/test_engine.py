@@ -51,21 +51,49 @@ def test_tokens_equal_the_static_samplers(model, sampling, page_size):
 
 
 def test_samples_do_not_depend_on_page_size_batch_or_arrival(model):
+  # A 40-token prompt: ten full pages of 4 (its candidates share them all), and three
+  # chunks of prefill at 16 tokens a step.
+  prompts = PROMPTS + [[(7 * i) % 60 + 1 for i in range(40)]]
   want = _tokens(Engine(model, num_pages=64, page_size=16, max_rows=16)
-                 .generate(_requests(temperature=1.0)))
-  # Two rows at a time, pages of 4, the requests in reverse order and arriving while
+                 .generate(_requests(prompts, temperature=1.0)))
+  # Four rows at most, pages of 4, the requests in reverse order and arriving while
   # others decode.
-  engine = Engine(model, num_pages=64, page_size=4, max_rows=G)
-  requests = _requests(temperature=1.0)
-  done = {}
+  engine = Engine(model, num_pages=64, page_size=4, max_rows=4, prefill_tokens=16)
+  requests = _requests(prompts, temperature=1.0)
+  done, busiest = {}, 0
+
+  def step():
+    nonlocal busiest
+    engine.step()
+    busiest = max(busiest, engine.busy_rows(), len(engine.decoding))
+
   for i in reversed(range(len(requests))):
     requests[i].on_done = functools.partial(done.__setitem__, i)
     engine.submit(requests[i])
     for _ in range(3):
-      engine.step()
+      step()
+  while not engine.idle():
+    step()
+  assert _tokens([done[i] for i in range(len(requests))]) == want
+  assert busiest <= 4
+  assert engine.pool.available() == engine.pool.num_pages - 1  # every page back
+
+
+def test_a_failing_stop_check_ends_its_own_request_only(model):
+  def broken(c, tokens):
+    raise RuntimeError("a broken stop check")
+
+  engine = Engine(model, num_pages=64, page_size=4, max_rows=8)
+  done = {}
+  for name, check in (("broken", broken), ("fine", None)):
+    engine.submit(Request([3, 4, 5], 6, n=2, temperature=1.0, stop_check=check,
+                          on_done=functools.partial(done.__setitem__, name)))
   while not engine.idle():
     engine.step()
-  assert _tokens([done[i] for i in range(len(requests))]) == want
+  assert isinstance(done["broken"].error, RuntimeError)
+  assert [c.finish_reason for c in done["broken"].candidates] == ["error", "error"]
+  assert done["fine"].error is None
+  assert [len(c.tokens) for c in done["fine"].candidates] == [6, 6]
 
 
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
@@ -145,6 +173,8 @@ def test_stops_and_lengths(model):
     (Request([1], 4, n=2, rows=[0]), "rows has 1 entries"),
     (Request([1], 0), "max_tokens=0"),
     (Request([1] * 40, 40), "needs 20 pages"),
+    (Request([1] * 17, 4, n=4), "need 8 pages"),  # 5 for the prompt, 3 copies of its last
+    (Request([1], 4, seed=-1), "seed=-1"),
 ])
 def test_bad_requests_are_refused_by_name(model, request_, message):
   engine = Engine(model, num_pages=8, page_size=4, max_rows=4)

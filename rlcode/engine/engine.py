@@ -36,7 +36,9 @@ from flax import nnx
 
 from rlcode.engine import programs
 from rlcode.engine.pages import PagePool
-from rlcode.engine.requests import Candidate, Request, Result
+from rlcode.engine.requests import Request, Result
+from rlcode.engine.rows import Group, Row, bucket
+from rlcode.engine.rows import rows as rows_of
 from rlcode.models.decoder import Decoder
 from rlcode.models.paged import SCRATCH_PAGE, PagedCache
 
@@ -47,40 +49,6 @@ MIN_CHUNK = 16
 # rows or pages cost less than compiling the many small shapes a stream of requests meets.
 MIN_ROWS = 4
 MIN_PAGES = 8
-
-
-def bucket(n: int, minimum: int = 1) -> int:
-  """The smallest power of two >= max(n, minimum)."""
-  return 1 << (max(n, minimum) - 1).bit_length()
-
-
-class _Group:
-  """An admitted request: its candidates' records, and how many are still open."""
-
-  def __init__(self, request: Request, version: int):
-    self.request, self.version = request, version
-    self.candidates = [Candidate() for _ in range(request.n)]
-    self.rows = list(request.rows) if request.rows is not None else list(range(request.n))
-    self.open = request.n
-    self.cached_tokens = 0
-
-
-class _Seq:
-  """One row: the tokens it has (prompt, then its candidate's), the pages holding their
-  keys and values, and how many positions those pages hold (`cached`). A group's leader
-  prefills the prompt once and forks into the group's candidates."""
-
-  def __init__(self, group: _Group, c: int, tokens: list[int], order: int, leader: bool):
-    self.group, self.c, self.tokens, self.order, self.leader = group, c, tokens, order, leader
-    self.pages: list[int] = []
-    self.spare: list[int] = []  # a leader's pages for its candidates' copies of the last page
-    self.cached = 0
-    self.kv_version = -1  # the weights its pages were computed with (if all the same)
-    self.state = "waiting"  # then "prefill", "decode", "resume" (preempted) or "done"
-
-  @property
-  def candidate(self) -> Candidate:
-    return self.group.candidates[self.c]
 
 
 class Engine:
@@ -113,10 +81,10 @@ class Engine:
     self.prefill_tokens = max(prefill_tokens, MIN_CHUNK)
     self.max_pages = math.ceil(self.cfg.max_seq_len / page_size)
     self.version = version
-    self.waiting: collections.deque[_Group] = collections.deque()
-    self.resume: list[_Seq] = []
-    self.prefilling: list[_Seq] = []
-    self.decoding: list[_Seq] = []
+    self.waiting: collections.deque[Group] = collections.deque()
+    self.resume: list[Row] = []
+    self.prefilling: list[Row] = []
+    self.decoding: list[Row] = []
     self._order = 0
     self._pending: tuple[int, object] | None = None
     self._cond = threading.Condition()
@@ -138,14 +106,22 @@ class Engine:
       raise ValueError(f"rows has {len(request.rows)} entries for n={request.n}")
     if request.max_tokens < 1:
       raise ValueError(f"max_tokens={request.max_tokens} must be at least 1")
+    if not 0 <= request.seed < 2 ** 32:
+      raise ValueError(f"seed={request.seed} must be in [0, 2**32)")
     need = math.ceil(min(n_prompt + request.max_tokens, self.cfg.max_seq_len) / self.page_size)
     if need > self.pool.num_pages - 1:
       raise ValueError(f"a candidate of this request needs {need} pages of "
                        f"{self.page_size}; the pool has {self.pool.num_pages - 1}")
+    s = self.page_size
+    group = math.ceil(n_prompt / s) + (request.n - 1 if n_prompt % s else 0)
+    if group > self.pool.num_pages - 1:
+      raise ValueError(f"the prompt and its n={request.n} candidates' copies of its last "
+                       f"page need {group} pages of {s}; the pool has "
+                       f"{self.pool.num_pages - 1}")
     with self._cond:
       if self._stopping:
         raise RuntimeError("the engine is stopping")
-      self.waiting.append(_Group(request, self.version))
+      self.waiting.append(Group(request, self.version))
       self._cond.notify_all()
 
   def publish(self, state, version: int) -> None:
@@ -159,7 +135,8 @@ class Engine:
     return len(self.waiting) + len(self.resume)
 
   def busy_rows(self) -> int:
-    return len(self.prefilling) + len(self.decoding)
+    """Rows admitted: a leader still prefilling counts its group's n."""
+    return sum(rows_of(seq) for seq in self.prefilling) + len(self.decoding)
 
   def idle(self) -> bool:
     return not (self.waiting or self.resume or self.prefilling or self.decoding)
@@ -225,7 +202,7 @@ class Engine:
     if self.decoding:
       self._decode()
 
-  def _live(self) -> list[_Seq]:
+  def _live(self) -> list[Row]:
     return self.prefilling + self.decoding
 
   def _admit(self) -> None:
@@ -235,10 +212,10 @@ class Engine:
         return
       if self.resume:
         seq = self.resume[0]
-        rows = 1
+        rows = rows_of(seq)
       else:
         group = self.waiting[0]
-        seq = _Seq(group, 0, list(group.request.prompt), -1, leader=True)
+        seq = Row(group, 0, list(group.request.prompt), -1, leader=True)
         rows = group.request.n
       if self.busy_rows() + rows > self.max_rows:
         return
@@ -299,16 +276,19 @@ class Engine:
     if ready:
       self._first_tokens(logits, ready)
 
-  def _first_tokens(self, logits, ready: list[tuple[int, _Seq]]) -> None:
+  def _first_tokens(self, logits, ready: list[tuple[int, Row]]) -> None:
     """Forks each finished leader into its group's candidates, and samples every ready
     row's next token from its prompt's logits."""
-    rows: list[tuple[int, _Seq]] = []
+    rows: list[tuple[int, Row]] = []
     copies: list[tuple[int, int]] = []
     for i, seq in ready:
       rows.append((i, seq))
       if seq.leader:
         seq.leader = False
         rows.extend((i, self._fork(seq, c, copies)) for c in range(1, seq.group.request.n))
+    for _, seq in rows:  # decoding from here on, where a failure below finds them
+      seq.state = "decode"
+      self.decoding.append(seq)
     if copies:
       n = bucket(len(copies))
       src = np.full(n, SCRATCH_PAGE, np.int32)
@@ -322,10 +302,10 @@ class Engine:
     out = programs.sample(logits[index], *params)
     self._emit_all([seq for _, seq in rows], out)
 
-  def _fork(self, leader: _Seq, c: int, copies: list[tuple[int, int]]) -> _Seq:
+  def _fork(self, leader: Row, c: int, copies: list[tuple[int, int]]) -> Row:
     """Candidate c of the leader's group: the prompt's full pages shared, its last partial
     page copied into a spare page (the candidates write their own tokens into it)."""
-    twin = _Seq(leader.group, c, list(leader.group.request.prompt), leader.order, False)
+    twin = Row(leader.group, c, list(leader.group.request.prompt), leader.order, False)
     full = len(twin.tokens) // self.page_size
     self.pool.share(leader.pages[:full])
     twin.pages = leader.pages[:full]
@@ -345,7 +325,7 @@ class Engine:
           seq.pages.append(page)
     # Rows of similar lengths decode together: attention reads up to the longest row's
     # pages in a call, so one long row does not make every short one read as far.
-    by_width: dict[int, list[_Seq]] = {}
+    by_width: dict[int, list[Row]] = {}
     for seq in self.decoding:
       by_width.setdefault(self._width(len(seq.pages)), []).append(seq)
     done = []
@@ -366,7 +346,7 @@ class Engine:
         seq.cached += 1
       self._emit_all(seqs, out)
 
-  def _page_for(self, seq: _Seq) -> int | None:
+  def _page_for(self, seq: Row) -> int | None:
     """A page for `seq`, preempting the most recently admitted rows while none is free;
     None if `seq` is the one preempted."""
     while True:
@@ -379,7 +359,7 @@ class Engine:
       if victim is seq:
         return None
 
-  def _preempt(self, seq: _Seq) -> None:
+  def _preempt(self, seq: Row) -> None:
     self.pool.release(seq.pages + seq.spare)
     seq.pages, seq.spare, seq.cached = [], [], 0
     if seq.state == "prefill":
@@ -392,7 +372,7 @@ class Engine:
     self.resume.sort(key=lambda s: s.order)
     self.stats["preemptions"] += 1
 
-  def _register(self, seq: _Seq) -> None:
+  def _register(self, seq: Row) -> None:
     """Offers a row's full blocks to later prompts, unless weights were swapped since it
     began (its pages then hold keys and values of the old weights)."""
     if seq.kv_version == self.version:
@@ -402,14 +382,14 @@ class Engine:
     """The page-table width a row of `pages` pages is called with."""
     return min(bucket(pages, MIN_PAGES), bucket(self.max_pages))
 
-  def _table(self, seqs: list[_Seq], r: int) -> np.ndarray:
+  def _table(self, seqs: list[Row], r: int) -> np.ndarray:
     m = self._width(max(len(seq.pages) for seq in seqs))
     table = np.full((r, m), SCRATCH_PAGE, np.int32)
     for i, seq in enumerate(seqs):
       table[i, :len(seq.pages)] = seq.pages
     return table
 
-  def _params(self, seqs: list[_Seq], r: int):
+  def _params(self, seqs: list[Row], r: int):
     """Per-row sampling arrays: seed, row, position, temperature, top_k, top_p."""
     seed = np.zeros(r, np.uint32)
     row, position, top_k = (np.zeros(r, np.int32) for _ in range(3))
@@ -422,12 +402,12 @@ class Engine:
     return seed, row, position, temperature, top_k, top_p
 
   # ------------------------------------------------------------ tokens out
-  def _emit_all(self, seqs: list[_Seq], out) -> None:
+  def _emit_all(self, seqs: list[Row], out) -> None:
     tok, lp, top_ids, top_lp = jax.device_get(out)
     for i, seq in enumerate(seqs):
       self._emit(seq, int(tok[i]), float(lp[i]), top_ids[i], top_lp[i])
 
-  def _emit(self, seq: _Seq, tok: int, lp: float, top_ids, top_lp) -> None:
+  def _emit(self, seq: Row, tok: int, lp: float, top_ids, top_lp) -> None:
     group, cand = seq.group, seq.candidate
     request = group.request
     cand.tokens.append(tok)
@@ -441,8 +421,8 @@ class Engine:
     reason = None
     if tok in request.stop_tokens:
       reason = "stop"
-    elif request.stop_check is not None and request.stop_check(seq.c, cand.tokens):
-      reason = "stop"
+    elif request.stop_check is not None and self._stops(seq, cand.tokens):
+      reason = "stop" if group.error is None else "error"
     elif len(cand.tokens) >= request.max_tokens:
       reason = "length"
     elif len(seq.tokens) >= self.cfg.max_seq_len:
@@ -453,9 +433,6 @@ class Engine:
       except Exception:  # a client's callback never stops the loop
         log.exception("a request's token callback failed")
     if reason is None:
-      if seq.pages and seq.state != "decode":
-        seq.state = "decode"
-        self.decoding.append(seq)
       return
     cand.finish_reason = reason
     if seq.state == "decode":
@@ -467,7 +444,17 @@ class Engine:
     group.open -= 1
     if group.open == 0:
       _call_done(request, Result(group.candidates, group.version, len(request.prompt),
-                                 group.cached_tokens))
+                                 group.cached_tokens, error=group.error))
+
+  @staticmethod
+  def _stops(seq: Row, tokens: list[int]) -> bool:
+    """The request's stop check; one that raises ends its own request with the error."""
+    try:
+      return bool(seq.group.request.stop_check(seq.c, tokens))
+    except Exception as e:  # a caller's check must not fail the other requests
+      log.exception("a request's stop check failed")
+      seq.group.error = e
+      return True
 
   def _fail_all(self, error: BaseException) -> None:
     groups = {id(s.group): s.group for s in self._live() + self.resume}
@@ -478,6 +465,11 @@ class Engine:
       self.pool.release(seq.pages + seq.spare)
       seq.pages, seq.spare = [], []
     self.prefilling, self.decoding, self.resume = [], [], []
+    if any(x.is_deleted() for x in self.pools[0]):  # donated to the call that failed
+      cache = PagedCache.zeros(self.cfg, self.pool.num_pages, self.page_size)
+      self.pools = (cache.k, cache.v)
+      self.pool = PagePool(self.pool.num_pages, self.page_size,
+                           prefix_cache=self.pool.prefix_cache)
     for group in groups.values():
       _call_done(group.request, Result([], self.version, len(group.request.prompt),
                                        error=error))

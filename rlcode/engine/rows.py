@@ -1,0 +1,46 @@
+"""The engine's records of what it holds: an admitted request (a group of candidates) and
+its rows (rlcode.engine.engine keeps them in its queues)."""
+
+from __future__ import annotations
+
+from rlcode.engine.requests import Candidate, Request
+
+
+def bucket(n: int, minimum: int = 1) -> int:
+  """The smallest power of two >= max(n, minimum)."""
+  return 1 << (max(n, minimum) - 1).bit_length()
+
+
+class Group:
+  """An admitted request: its candidates' records, and how many are still open."""
+
+  def __init__(self, request: Request, version: int):
+    self.request, self.version = request, version
+    self.candidates = [Candidate() for _ in range(request.n)]
+    self.rows = list(request.rows) if request.rows is not None else list(range(request.n))
+    self.open = request.n
+    self.cached_tokens = 0
+    self.error: BaseException | None = None
+
+
+class Row:
+  """One row: the tokens it has (prompt, then its candidate's), the pages holding their
+  keys and values, and how many positions those pages hold (`cached`). A group's leader
+  prefills the prompt once and forks into the group's candidates."""
+
+  def __init__(self, group: Group, c: int, tokens: list[int], order: int, leader: bool):
+    self.group, self.c, self.tokens, self.order, self.leader = group, c, tokens, order, leader
+    self.pages: list[int] = []
+    self.spare: list[int] = []  # a leader's pages for its candidates' copies of the last page
+    self.cached = 0
+    self.kv_version = -1  # the weights its pages were computed with (if all the same)
+    self.state = "waiting"  # then "prefill", "decode", "resume" (preempted) or "done"
+
+  @property
+  def candidate(self) -> Candidate:
+    return self.group.candidates[self.c]
+
+
+def rows(seq: Row) -> int:
+  """The rows a live row stands for: a leader before its fork, its group's n."""
+  return seq.group.request.n if seq.leader else 1
