@@ -1,7 +1,5 @@
 """Serving the policy over HTTP and learning online from what users do with it.
 
-  step.py        the compiled device programs: bucketed prefill, slot insert, one decode step
-  engine.py      continuous batching over fixed decode slots; weights swapped between steps
   protocol.py    the OpenAI request bodies, checked, and the error object
   responses.py   sampled tokens to response objects: text, stop strings, tool calls, log-probs
   app.py         the FastAPI app: completions, chat, models, feedback, health, metrics
@@ -10,5 +8,7 @@
   weights.py     published policy versions (the learner writes, the server swaps in)
   users.py       simulated users: choose among candidates by a hidden utility, report it
 
-The learner that reads the log is rlcode.train.online_loop (`rlcode learn-online`).
+Requests are sampled by rlcode.engine (paged KV, continuous batching, weights swapped
+between steps). The learner that reads the log is rlcode.train.online_loop (`rlcode
+learn-online`).
 """

@@ -8,7 +8,8 @@ metrics, on FastAPI (Starlette under uvicorn).
     GET  /v1/models/{id}        it by its id (a 404 error object for any other)
     POST /v1/feedback           what the user did with a completion (idempotent by id)
     GET  /health                {"status": "ok", "policy_version": ...}; no key needed
-    GET  /metrics               requests, errors, queue depth, busy slots, tokens/s, version
+    GET  /metrics               requests, errors, queue depth, busy rows, KV pages, tokens/s,
+                                version
 
 A request's tokens come from the engine thread (rlcode.engine) through the event
 loop; every completion is written to the interaction log before the response (or the
