@@ -75,7 +75,6 @@ class Engine:
     self.graphdef, self.state = nnx.split(model.for_sampling())
     self.programs = programs.for_graph(self.graphdef)
     self.pools = (cache.k, cache.v)
-    self.bytes_per_token = cache.bytes_per_token()
     self.pool = PagePool(num_pages, page_size, prefix_cache=prefix_cache)
     self.page_size, self.max_rows, self.mode = page_size, max_rows, mode
     self.prefill_tokens = max(prefill_tokens, MIN_CHUNK)

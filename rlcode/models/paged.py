@@ -80,23 +80,8 @@ class PagedCache:
     return cls(k=zeros, v=tuple(jnp.zeros(shape, dtype) for _ in range(cfg.num_layers)),
                page_table=jnp.zeros((0, 1), jnp.int32), lengths=empty, valid=empty)
 
-  @property
-  def page_size(self) -> int:
-    return self.k[0].shape[2]
-
-  @property
-  def num_pages(self) -> int:
-    return self.k[0].shape[0]
-
-  def bytes_per_token(self) -> int:
-    """KV bytes one cached position takes over all layers."""
-    return sum(2 * x.shape[1] * x.shape[3] * x.dtype.itemsize for x in self.k)
-
   def layer(self, i: int) -> PagedLayer:
     return PagedLayer(self.k[i], self.v[i], self.page_table, self.valid)
-
-  def with_rows(self, page_table, lengths, valid) -> PagedCache:
-    return dataclasses.replace(self, page_table=page_table, lengths=lengths, valid=valid)
 
   def with_layers(self, layers: list[PagedLayer]) -> PagedCache:
     """The pools the layers wrote, the rows advanced by their valid tokens."""
