@@ -13,7 +13,7 @@ from flax import nnx
 from rlcode.engine import Engine, PagePool, Request
 from rlcode.models import Decoder, ModelConfig
 from rlcode.rl import logprobs
-from rlcode.sampling import generate
+from rlcode.sampling import static_generate
 
 CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
                   num_heads=4, num_kv_heads=2, qkv_bias=True, max_seq_len=96)
@@ -42,7 +42,7 @@ def _logprobs(results):
 @pytest.mark.parametrize("sampling, page_size", [
     (dict(temperature=0.0), 4), (dict(temperature=0.8, top_p=0.9, top_k=20), 16)])
 def test_tokens_equal_the_static_samplers(model, sampling, page_size):
-  want = generate(model, PROMPTS, max_new_tokens=12, group_size=G, seed=5, **sampling)
+  want = static_generate(model, PROMPTS, max_new_tokens=12, group_size=G, seed=5, **sampling)
   engine = Engine(model, num_pages=64, page_size=page_size, max_rows=16)
   results = engine.generate(_requests(**sampling))
   assert _tokens(results) == want.completions()

@@ -12,6 +12,7 @@ logit, merged and unmerged adapters sample the same tokens, only adapters train.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import re
 
 import jax
@@ -26,7 +27,7 @@ from rlcode.kernels.spec import NSAConfig
 from rlcode.models import Decoder, ModelConfig, lora
 from rlcode.parallel import sharding
 from rlcode.rl import grpo, objective, sequences, shared_prefix
-from rlcode.sampling import generate
+from rlcode.sampling import generate, static_generate
 
 BASE = dict(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=4, num_heads=4,
             num_kv_heads=2, attn_impl="xla", max_seq_len=256)
@@ -398,15 +399,18 @@ def test_offloaded_optimizer_state_gives_the_same_update():
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("share_prompt", [True, False])
+@pytest.mark.parametrize("share_prompt", [True, False, None])
 def test_sampling_on_a_context_parallel_mesh_gives_the_same_tokens(share_prompt):
-  """The prefill of the prompts split over context = 2 (and the decode loop reading a KV
-  cache split the same way) samples what one device samples."""
+  """The static loop's prefill of the prompts split over context = 2 (and its decode loop
+  reading a KV cache split the same way), and the engine (None: one engine per shard of
+  the mesh), sample what one device samples."""
   model = Decoder(ModelConfig(**BASE), rngs=nnx.Rngs(0))
   prompts = [list(range(1, 30)), list(range(5, 37))]
-  kw = dict(max_new_tokens=8, group_size=2, seed=3, temperature=1.0, share_prompt=share_prompt)
-  one = generate(model, prompts, **kw)
+  kw = dict(max_new_tokens=8, group_size=2, seed=3, temperature=1.0)
+  sample = (generate if share_prompt is None
+            else functools.partial(static_generate, share_prompt=share_prompt))
+  one = sample(model, prompts, **kw)
   mesh = sharding.make_mesh(fsdp=2, context=2)
-  split = generate(sharding.shard_module(model, mesh), prompts, mesh=mesh, **kw)
+  split = sample(sharding.shard_module(model, mesh), prompts, mesh=mesh, **kw)
   np.testing.assert_array_equal(one.tokens, split.tokens)
   np.testing.assert_allclose(one.logprobs, split.logprobs, atol=1e-5)

@@ -22,7 +22,9 @@ from rlcode.models.hf_config import FAMILIES, from_hf_config
 from rlcode.sampling import generate
 
 HERE = os.path.join(os.path.dirname(__file__), "data", "hf")
-CASES = sorted(d for d in os.listdir(HERE) if os.path.isdir(os.path.join(HERE, d)))
+# Each case is a directory; Python's bytecode cache (made when make_refs.py is imported) is not.
+CASES = sorted(d for d in os.listdir(HERE)
+               if os.path.isdir(os.path.join(HERE, d)) and d != "__pycache__")
 
 
 def _refs(case):

@@ -12,7 +12,7 @@ from rlcode.rl import logprobs
 from rlcode import sampling
 from rlcode.sampling import generation
 from rlcode.models import Decoder, ModelConfig
-from rlcode.sampling import generate, sample_logits
+from rlcode.sampling import generate, sample_logits, static_generate
 
 CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
                   num_heads=4, num_kv_heads=2, qkv_bias=True, max_seq_len=96)
@@ -146,8 +146,8 @@ def test_bad_input(model):
 def test_shared_prompt_sampler_equals_unshared(model, temperature):
   kwargs = dict(max_new_tokens=10, temperature=temperature, group_size=3, seed=4,
                 stop_tokens=[7])
-  shared = generate(model, PROMPTS, share_prompt=True, **kwargs)
-  private = generate(model, PROMPTS, share_prompt=False, **kwargs)
+  shared = static_generate(model, PROMPTS, share_prompt=True, **kwargs)
+  private = static_generate(model, PROMPTS, share_prompt=False, **kwargs)
   np.testing.assert_array_equal(shared.tokens, private.tokens)
   np.testing.assert_array_equal(shared.lengths, private.lengths)
   np.testing.assert_allclose(shared.logprobs, private.logprobs, atol=1e-5)
@@ -156,8 +156,8 @@ def test_shared_prompt_sampler_equals_unshared(model, temperature):
 @pytest.mark.slow
 def test_host_offloaded_prompt_kv_gives_the_same_samples(model):
   kwargs = dict(max_new_tokens=10, temperature=1.0, group_size=2, seed=6, stop_tokens=[7])
-  device = generate(model, PROMPTS, **kwargs)
-  host = generate(model, PROMPTS, offload_kv=True, **kwargs)
+  device = static_generate(model, PROMPTS, **kwargs)
+  host = generate(model, PROMPTS, offload_kv=True, **kwargs)  # the static loop's
   np.testing.assert_array_equal(host.tokens, device.tokens)
   np.testing.assert_allclose(host.logprobs, device.logprobs, atol=1e-6)
   # The prefill leaves the prompts' KV in pinned host memory, where decoding reads it.

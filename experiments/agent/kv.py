@@ -2,14 +2,14 @@
 
 Setup: 10-turn episodes whose context grows to ~4k tokens: a 200-token prompt, then
 per turn 24 sampled tokens and a 360-token observation. One task, G = 4 episodes
-run together (their prompt is a shared prefix in both modes). The policy is a
+run together (their prompt prefilled once in both modes). The policy is a
 random decoder (~3.0M parameters, 4 layers, width 256, head dim 64, context 4096,
 the tool-calling byte tokenizer) and the environment answers every turn with a
 fixed-length observation, so both modes sample exactly the same tokens (checked)
-and the times measure the sampler alone: rlcode.agent.sampler.run_episodes with
-reuse_kv=True (each row's cache kept, only the new tokens prefilled) against
-reuse_kv=False (every row's whole context prefilled from scratch every turn, what a
-peer without a prefix cache does). Each mode runs once to compile, then `--repeats`
+and the times measure the sampler alone: rlcode.agent.sampler.run_episodes on the engine
+with reuse_kv=True (each episode's pages found in the prefix cache, only the new tokens
+prefilled) against reuse_kv=False (every episode's whole context prefilled from scratch
+every turn, what a server without a prefix cache does). Each mode runs once to compile, then `--repeats`
 timed runs of each, alternating; the table shows the median.
 
     python -m experiments.agent.kv [--repeats 3] [--name agent_kv]
@@ -78,17 +78,17 @@ def main():
   context = max(len(t) for t in tokens[True]) + PROMPT_TOKENS
   print(f"{GROUP} episodes of {TURNS} turns, context {context} tokens, "
         f"{params / 1e6:.1f}M-parameter policy, CPU; median of {args.repeats}")
-  print("| mode | seconds per episode | prefill s | decode s | extend s |")
+  print("| mode | seconds per episode | engine s | prefilled tokens | cached tokens |")
   print("|---|---:|---:|---:|---:|")
   row = {}
   for reuse, name in ((True, "KV kept"), (False, "re-prefilled each turn")):
     runs = timings[reuse]
     total = statistics.median(r[0] for r in runs) / GROUP
     med = lambda f: statistics.median(getattr(r[1], f) for r in runs) / GROUP
-    row[name] = {"seconds_per_episode": total, "prefill": med("prefill"),
-                 "decode": med("decode"), "extend": med("extend")}
-    print(f"| {name} | {total:.2f} | {med('prefill'):.2f} | {med('decode'):.2f} | "
-          f"{med('extend'):.2f} |")
+    row[name] = {"seconds_per_episode": total, "sample": med("sample"),
+                 "prefill_tokens": med("prefill_tokens"), "cached_tokens": med("cached_tokens")}
+    print(f"| {name} | {total:.2f} | {med('sample'):.2f} | {med('prefill_tokens'):.0f} | "
+          f"{med('cached_tokens'):.0f} |")
   speedup = (row["re-prefilled each turn"]["seconds_per_episode"]
              / row["KV kept"]["seconds_per_episode"])
   print(f"load average before {load_before[0]:.1f}, after {load_after[0]:.1f}")

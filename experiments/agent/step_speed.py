@@ -1,20 +1,14 @@
-"""What a GRPO step of configs/agent_tiny.py costs with and without skipping idle work.
-
-Two savings, each exact (the same episodes, the same loss and gradient), timed side by
-side on the same batches:
-
-- rollouts: the sampler cuts its batch down to the live rows once they fit in a
-  quarter of it (`run_episodes(shrink=True)`) against decoding the whole batch to the
-  end of the longest episode (`shrink=False`);
-- the update: only the groups whose rewards differ, cut to the longest trained row
-  (`shared_prefix.drop_idle_groups`, the config's `rl.drop_idle_groups`) against the
-  whole batch.
+"""What a GRPO step of configs/agent_tiny.py costs with and without skipping idle work in
+the update: only the groups whose rewards differ, cut to the longest trained row
+(`shared_prefix.drop_idle_groups`, the config's `rl.drop_idle_groups`) against the whole
+batch; exact (the same loss and gradient), timed side by side on the same batches. (The
+rollouts skip idle rows by themselves: the engine steps only the busy ones.)
 
 For each of `--batches` batches of the config's training tasks (rl.prompts_per_step x
 rl.group_size episodes, its budgets and temperature, played by the policy in
-`--policy`, a run's warm_start/ or checkpoints/ directory) both rollout modes run,
-alternating which goes first, and must give the same episodes; then the update runs on
-the batch both ways, each from the same copy of the optimiser state. The first
+`--policy`, a run's warm_start/ or checkpoints/ directory) the rollouts run once; then
+the update runs on the batch both ways, each from the same copy of the optimiser state.
+The first
 `--warmup` batches are left out of the totals: they compile most of the shapes (the
 totals with them are printed as well).
 
@@ -79,19 +73,12 @@ def main():
   rows, load_before = [], os.getloadavg()
   for i in range(args.batches):
     tasks = stream.next()
-    seconds, episodes = {}, {}
-    for shrink in ((True, False) if i % 2 else (False, True)):
-      timing = sampler.Timing()
-      start = time.perf_counter()
-      trajs = sampler.run_episodes(model, chat, envs, tasks, group_size=rl.group_size,
-                                   budgets=budgets, temperature=rl.temperature,
-                                   seed=config.seed * 1_000_003 + i, mesh=mesh,
-                                   workers=agent.workers, timing=timing, shrink=shrink)
-      seconds[shrink] = (time.perf_counter() - start, timing.decode, timing.shrinks)
-      episodes[shrink] = trajs
-    if ([t.tokens for t in episodes[True]] != [t.tokens for t in episodes[False]]):
-      raise SystemExit(f"batch {i}: the two rollout modes played different episodes")
-    trajs = episodes[True]
+    start = time.perf_counter()
+    trajs = sampler.run_episodes(model, chat, envs, tasks, group_size=rl.group_size,
+                                 budgets=budgets, temperature=rl.temperature,
+                                 seed=config.seed * 1_000_003 + i, mesh=mesh,
+                                 workers=agent.workers)
+    rollout_s = time.perf_counter() - start
     adv = advantage_of(np.array([t.reward for t in trajs], np.float32))
     whole = rollout.grpo_batch(trajs, rl.group_size, adv, pad_id=tokenizer.pad_id,
                                max_len=agent.max_total_tokens, mask_cut=agent.mask_cut)
@@ -105,17 +92,14 @@ def main():
       losses[name] = float(jax.device_get(m["loss"]))
       update_s[name] = time.perf_counter() - start
     rows.append({
-        "batch": i, "rollout_shrink": seconds[True][0], "rollout_plain": seconds[False][0],
-        "decode_shrink": seconds[True][1], "decode_plain": seconds[False][1],
-        "shrinks": seconds[True][2], "update_dropped": update_s["dropped"],
+        "batch": i, "rollout": rollout_s, "update_dropped": update_s["dropped"],
         "update_whole": update_s["whole"], "loss_dropped": losses["dropped"],
         "loss_whole": losses["whole"], "groups_kept": int(dropped.prompt_tokens.shape[0]),
         "width_whole": int(whole.mask.shape[1]), "width_dropped": int(dropped.mask.shape[1]),
         "groups_with_signal": float(np.mean(np.abs(adv.reshape(-1, rl.group_size)).max(1) > 0)),
     })
     r = rows[-1]
-    print(f"batch {i}: rollout {r['rollout_shrink']:.1f} s shrinking ({r['shrinks']} cuts) / "
-          f"{r['rollout_plain']:.1f} s whole; update {r['update_dropped']:.2f} s on "
+    print(f"batch {i}: rollout {r['rollout']:.1f} s; update {r['update_dropped']:.2f} s on "
           f"{r['groups_kept']} groups x {r['width_dropped']} / {r['update_whole']:.2f} s on "
           f"{rl.prompts_per_step} x {r['width_whole']}; loss {r['loss_dropped']:.6f} / "
           f"{r['loss_whole']:.6f}", flush=True)
@@ -127,23 +111,22 @@ def main():
 
   print(f"\n{rl.prompts_per_step} tasks x {rl.group_size} episodes a batch, policy "
         f"{args.policy}; CPU")
-  print("| batches | rollout s: shrinking / whole | ratio | update s: dropped / whole | ratio "
-        "| step s: both / neither | ratio |")
-  print("|---|---:|---:|---:|---:|---:|---:|")
+  print("| batches | rollout s | update s: dropped / whole | ratio | step s: dropped / whole "
+        "| ratio |")
+  print("|---|---:|---:|---:|---:|---:|")
   summary = {}
   for skip, label in ((args.warmup, f"{args.warmup + 1}-{args.batches} (compiled)"),
                       (0, f"1-{args.batches} (with compiling)")):
-    ro = (total("rollout_shrink", skip), total("rollout_plain", skip))
+    ro = total("rollout", skip)
     up = (total("update_dropped", skip), total("update_whole", skip))
-    step = (ro[0] + up[0], ro[1] + up[1])
+    step = (ro + up[0], ro + up[1])
     summary[label] = {"rollout": ro, "update": up, "step": step}
-    print(f"| {label} | {ro[0]:.1f} / {ro[1]:.1f} | {ro[1] / ro[0]:.2f}x | {up[0]:.1f} / "
-          f"{up[1]:.1f} | {up[1] / up[0]:.2f}x | {step[0]:.1f} / {step[1]:.1f} | "
-          f"{step[1] / step[0]:.2f}x |")
+    print(f"| {label} | {ro:.1f} | {up[0]:.1f} / {up[1]:.1f} | {up[1] / up[0]:.2f}x | "
+          f"{step[0]:.1f} / {step[1]:.1f} | {step[1] / step[0]:.2f}x |")
   print(f"load average before {load_before[0]:.1f}, after {load_after[0]:.1f}")
   s = summary[f"{args.warmup + 1}-{args.batches} (compiled)"]
-  print(f"speedup agent step: {s['step'][1] / s['step'][0]:.2f}x (rollout "
-        f"{s['rollout'][1] / s['rollout'][0]:.2f}x, update {s['update'][1] / s['update'][0]:.2f}x)")
+  print(f"speedup agent step: {s['step'][1] / s['step'][0]:.2f}x (update "
+        f"{s['update'][1] / s['update'][0]:.2f}x)")
   print("wrote", results.write("agent", args.name, {
       "rows": rows, "summary": summary, "load": [load_before, load_after],
       "policy": args.policy, "overrides": overrides}, config=config))

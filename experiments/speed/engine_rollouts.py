@@ -8,7 +8,7 @@ side by side in one run:
 1. Rollouts of a heavy-tailed length mix: 16 prompts of 64 tokens, 8 completions each,
    completion lengths log-normal (median 128, sigma 1, capped at the 1,024-token budget:
    a few rows run to the budget, most stop early). The static sampler
-   (`rlcode.sampling.generate`, a while loop over a whole batch) runs 2 groups at a time
+   (`rlcode.sampling.static_generate`, a while loop over a whole batch) runs 2 groups at a time
    (16 rows), every row's cache allocated for the budget; each batch runs until its
    longest row ends (its `max_new_tokens` is that row's length, the most favourable
    budget it could be given; compiles are excluded by running each batch twice). The
@@ -39,7 +39,7 @@ from flax import nnx
 from experiments.lib import results
 from rlcode.engine import Engine, Request
 from rlcode.models import Decoder, ModelConfig
-from rlcode.sampling import generate
+from rlcode.sampling import static_generate
 
 CFG = ModelConfig(vocab_size=4096, hidden_size=256, intermediate_size=704, num_layers=12,
                   num_heads=8, num_kv_heads=2, head_dim=32, qkv_bias=True,
@@ -64,7 +64,7 @@ def rollouts(model, *, prompts, group, prompt_len, budget, median, static_groups
     longest = int(lengths[start:start + static_groups].max())
     for attempt in range(2):
       t0 = time.perf_counter()
-      out = generate(model, batch, max_new_tokens=longest, temperature=1.0,
+      out = static_generate(model, batch, max_new_tokens=longest, temperature=1.0,
                      group_size=group, seed=seed, row_offset=start * group)
       if attempt:
         seconds += time.perf_counter() - t0

@@ -15,7 +15,7 @@ def evaluate(config, model, chat, envs, tasks, budgets, mesh) -> dict:
     trajs += sampler.run_episodes(
         model, chat, envs[:len(chunk) * ev.num_samples], chunk, group_size=ev.num_samples,
         budgets=budgets, temperature=ev.temperature, seed=config.seed + 7919 + start,
-        mesh=mesh, workers=agent.workers, min_tasks=ev.batch_prompts)
+        mesh=mesh, workers=agent.workers)
   return {**episodes.episode_metrics(trajs, agent.success_reward),
           **expert.hint_metrics(trajs), "n_tasks": len(tasks), "n_episodes": len(trajs)}
 

@@ -33,6 +33,7 @@ from collections.abc import Sequence
 import jax
 import numpy as np
 from flax import nnx
+from jax.sharding import Mesh
 
 from rlcode.engine import programs
 from rlcode.engine.pages import PagePool
@@ -40,7 +41,8 @@ from rlcode.engine.requests import Request, Result
 from rlcode.engine.rows import Group, Row, bucket
 from rlcode.engine.rows import rows as rows_of
 from rlcode.models.decoder import Decoder
-from rlcode.models.paged import SCRATCH_PAGE, PagedCache
+from rlcode.models.paged import SCRATCH_PAGE
+from rlcode.parallel import sharding
 
 log = logging.getLogger(__name__)
 MODES = ("continuous", "serial")
@@ -63,18 +65,22 @@ class Engine:
     version: the policy version of `model`'s weights.
     prefix_cache: keep finished blocks for later prompts.
     mode: "continuous", or "serial" (one request at a time: a baseline).
+    mesh: the devices of this engine (one data shard of a sampler mesh): the weights are
+      placed by their axes on it and the pools' KV heads split over its `tensor` axis
+      where that divides them; None: the default device.
   """
 
   def __init__(self, model: Decoder, *, num_pages: int, page_size: int = 16,
                max_rows: int = 64, prefill_tokens: int = 512, version: int = 0,
-               prefix_cache: bool = True, mode: str = "continuous"):
+               prefix_cache: bool = True, mode: str = "continuous", mesh: Mesh | None = None):
     if mode not in MODES:
       raise ValueError(f"engine mode={mode!r}; one of {MODES}")
-    self.cfg = model.cfg
-    cache = PagedCache.zeros(self.cfg, num_pages, page_size)
+    self.cfg, self.mesh = model.cfg, mesh
     self.graphdef, self.state = nnx.split(model.for_sampling())
-    self.programs = programs.for_graph(self.graphdef)
-    self.pools = (cache.k, cache.v)
+    if mesh is not None:
+      self.state = jax.device_put(self.state, sharding.state_shardings(self.state, mesh))
+    self.programs = programs.for_graph(self.graphdef, mesh)
+    self.pools = programs.zero_pools(self.cfg, num_pages, page_size, mesh)
     self.pool = PagePool(num_pages, page_size, prefix_cache=prefix_cache)
     self.page_size, self.max_rows, self.mode = page_size, max_rows, mode
     self.prefill_tokens = max(prefill_tokens, MIN_CHUNK)
@@ -126,6 +132,8 @@ class Engine:
   def publish(self, state, version: int) -> None:
     """New weights (an nnx.State of the sampling model's graph), swapped in before the
     next step. Rows in flight continue on them; the prefix cache is dropped."""
+    if self.mesh is not None:
+      state = jax.device_put(state, sharding.state_shardings(state, self.mesh))
     with self._cond:
       self._pending = (version, state)
       self._cond.notify_all()
@@ -165,12 +173,15 @@ class Engine:
     return self
 
   def stop(self, timeout: float | None = None) -> None:
-    """Finishes what is admitted and waiting, then ends the loop."""
+    """Finishes what is admitted and waiting, then ends the loop (a later `start` runs it
+    again, with its pools and prefix cache as they were)."""
     with self._cond:
       self._stopping = True
       self._cond.notify_all()
     if self._thread is not None:
       self._thread.join(timeout)
+      if not self._thread.is_alive():  # stopped: `start` may run it again
+        self._thread, self._stopping = None, False
 
   def _loop(self) -> None:
     while True:
@@ -465,8 +476,8 @@ class Engine:
       seq.pages, seq.spare = [], []
     self.prefilling, self.decoding, self.resume = [], [], []
     if any(x.is_deleted() for x in self.pools[0]):  # donated to the call that failed
-      cache = PagedCache.zeros(self.cfg, self.pool.num_pages, self.page_size)
-      self.pools = (cache.k, cache.v)
+      self.pools = programs.zero_pools(self.cfg, self.pool.num_pages, self.page_size,
+                                        self.mesh)
       self.pool = PagePool(self.pool.num_pages, self.page_size,
                            prefix_cache=self.pool.prefix_cache)
     for group in groups.values():

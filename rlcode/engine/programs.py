@@ -27,9 +27,11 @@ from collections.abc import Callable
 import jax
 import jax.numpy as jnp
 from flax import nnx
+from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
 from rlcode.models.decoder import Decoder
 from rlcode.models.paged import PagedCache
+from rlcode.parallel import sharding
 
 # The top log-probabilities returned with each token (OpenAI's `top_logprobs` maximum).
 TOP_LOGPROBS = 5
@@ -74,7 +76,10 @@ def _truncate(scaled, top_k_r, top_p_r):
   return jnp.where((top_p_r < 1.0)[:, None] & (scaled < threshold), -jnp.inf, scaled)
 
 
-def _forward(state, pools, tokens_rt, page_table_rm, lengths_r, valid_r, graphdef):
+def _forward(state, pools, tokens_rt, page_table_rm, lengths_r, valid_r, graphdef, mesh=None):
+  if mesh is not None:  # the model's sharding constraints resolve against the engine's mesh
+    with sharding.activate(mesh):
+      return _forward(state, pools, tokens_rt, page_table_rm, lengths_r, valid_r, graphdef)
   model: Decoder = nnx.merge(graphdef, state)
   k, v = pools
   cache = PagedCache(k=k, v=v, page_table=page_table_rm, lengths=lengths_r, valid=valid_r)
@@ -84,9 +89,9 @@ def _forward(state, pools, tokens_rt, page_table_rm, lengths_r, valid_r, graphde
 
 
 def _decode(state, pools, tokens_r, page_table_rm, lengths_r, valid_r, seed_r, row_r,
-            position_r, temperature_r, top_k_r, top_p_r, graphdef):
+            position_r, temperature_r, top_k_r, top_p_r, graphdef, mesh=None):
   pools, logits = _forward(state, pools, tokens_r[:, None], page_table_rm, lengths_r,
-                           valid_r, graphdef)
+                           valid_r, graphdef, mesh)
   return (pools, *sample_rows(logits, seed_r, row_r, position_r, temperature_r, top_k_r,
                               top_p_r))
 
@@ -106,16 +111,33 @@ class Programs:
   decode: Callable
 
 
-@functools.lru_cache(maxsize=8)
-def for_graph(graphdef) -> Programs:
+@functools.lru_cache(maxsize=16)
+def for_graph(graphdef, mesh: Mesh | None = None) -> Programs:
   """The programs of `graphdef` (compiled per shape on first use, shared by every engine
-  of the same graph)."""
+  of the same graph and mesh); with a mesh, traced with it active (rlcode.parallel.sharding),
+  so heads split over its `tensor` axis."""
+  fixed = dict(graphdef=graphdef, mesh=mesh)
   return Programs(
-      forward=jax.jit(functools.partial(_forward, graphdef=graphdef), donate_argnums=(1,)),
-      decode=jax.jit(functools.partial(_decode, graphdef=graphdef), donate_argnums=(1,)))
+      forward=jax.jit(functools.partial(_forward, **fixed), donate_argnums=(1,)),
+      decode=jax.jit(functools.partial(_decode, **fixed), donate_argnums=(1,)))
 
 
 sample = jax.jit(sample_rows)
+
+
+def zero_pools(cfg, num_pages: int, page_size: int, mesh: Mesh | None = None):
+  """Empty (k, v) pools of every layer; on a mesh, KV heads split over its `tensor` axis
+  where that divides them."""
+  cache = PagedCache.zeros(cfg, num_pages, page_size)
+  pools = (cache.k, cache.v)
+  return pools if mesh is None else jax.device_put(pools, pool_sharding(cfg, mesh))
+
+
+def pool_sharding(cfg, mesh: Mesh) -> NamedSharding:
+  """A pool's [pages, KV heads, slots, head dim] on an engine's mesh: heads split over
+  `tensor` where that divides them, else replicated."""
+  heads = "tensor" if cfg.num_kv_heads % mesh.shape.get("tensor", 1) == 0 else None
+  return NamedSharding(mesh, PartitionSpec(None, heads, None, None))
 
 
 @functools.partial(jax.jit, donate_argnames=("pools",))

@@ -23,6 +23,7 @@ import math
 from rlcode.engine.engine import MIN_ROWS, bucket
 from rlcode.engine import programs
 from rlcode.parallel import sharding
+from rlcode.sampling import engines
 
 
 @dataclasses.dataclass(frozen=True)
@@ -81,13 +82,6 @@ def engine_pool(prompts: int, group: int, prompt_len: int, completion_len: int, 
       live_tokens=held * prompt_len + rows * completion_len)
 
 
-def engine_devices(sampler_mesh) -> list:
-  """The devices of one engine: the first data shard's `tensor` devices (tensor is the
-  mesh's innermost axis, so they are consecutive)."""
-  tensor = sampler_mesh.shape["tensor"]
-  return list(sampler_mesh.devices.reshape(-1, tensor)[0])
-
-
 def compile_decode(cfg, graphdef, abstract_state, sampler_mesh, pool: EnginePool,
                    compile_options):
   """(compiled decode step, its placed state, its placed pools) for one engine on its
@@ -97,24 +91,19 @@ def compile_decode(cfg, graphdef, abstract_state, sampler_mesh, pool: EnginePool
   from jax.sharding import NamedSharding
   from jax.sharding import PartitionSpec as P
 
-
-  tensor = sampler_mesh.shape["tensor"]
-  mesh = sharding.make_mesh(tensor=tensor, devices=engine_devices(sampler_mesh))
+  mesh = engines.shard_meshes(sampler_mesh)[0]  # the first data shard's tensor devices
   state = jax.tree.map(lambda v, s: jax.ShapeDtypeStruct(v.shape, v.dtype, sharding=s),
                        abstract_state, sharding.state_shardings(abstract_state, mesh))
-  heads = "tensor" if cfg.num_kv_heads % tensor == 0 else None
-  pool_sharding = NamedSharding(mesh, P(None, heads, None, None))
   page = jax.ShapeDtypeStruct((pool.pages, cfg.num_kv_heads, pool.page_size, cfg.head_dim),
-                              cfg.jnp_dtype, sharding=pool_sharding)
+                              cfg.jnp_dtype, sharding=programs.pool_sharding(cfg, mesh))
   pools = (tuple(page for _ in range(cfg.num_layers)),
            tuple(page for _ in range(cfg.num_layers)))
   replicated = NamedSharding(mesh, P())
   r = pool.batch_rows
   per_row = lambda dtype: jax.ShapeDtypeStruct((r,), dtype, sharding=replicated)
   table = jax.ShapeDtypeStruct((r, pool.table_width), jnp.int32, sharding=replicated)
-  with sharding.activate(mesh):
-    compiled = programs.for_graph(graphdef).decode.lower(
-        state, pools, per_row(jnp.int32), table, per_row(jnp.int32), per_row(jnp.int32),
-        per_row(jnp.uint32), per_row(jnp.int32), per_row(jnp.int32), per_row(jnp.float32),
-        per_row(jnp.int32), per_row(jnp.float32)).compile(compile_options)
+  compiled = programs.for_graph(graphdef, mesh).decode.lower(
+      state, pools, per_row(jnp.int32), table, per_row(jnp.int32), per_row(jnp.int32),
+      per_row(jnp.uint32), per_row(jnp.int32), per_row(jnp.int32), per_row(jnp.float32),
+      per_row(jnp.int32), per_row(jnp.float32)).compile(compile_options)
   return compiled, state, pools

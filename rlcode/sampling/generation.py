@@ -1,6 +1,12 @@
-"""Generation: prefill, then decode in one compiled loop over a KV cache.
+"""Generation: `generate` through the inference engine, and the static loop.
 
-`generate` pads prompts on the right into a few bucketed shapes (powers of
+`generate` samples through rlcode.engine (rlcode.sampling.engines: one engine per data
+shard, paged KV, rows that finish free their pages). What remains of the static loop
+(`static_generate`, `prefill`, `decode`) runs models with NSA layers (an NSA layer's cache
+is per row and cannot be paged), host-offloaded prompt KV, and the agent's turns
+(rlcode.agent.sampler); the engine's benchmarks compare against it.
+
+`static_generate` pads prompts on the right into a few bucketed shapes (powers of
 two), so a stream of prompts of varying lengths compiles a handful of programs,
 not one per length. Two jitted programs: a prefill over each prompt once, then
 a `lax.while_loop` of single-token decode steps that stops when every row has
@@ -32,6 +38,7 @@ from jax.sharding import Mesh
 
 from rlcode.parallel import sharding
 from rlcode.models.decoder import Decoder, KVCache, Prefix
+from rlcode.sampling import engines
 
 MIN_PROMPT_BUCKET = 16
 
@@ -242,8 +249,88 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
              temperature: float = 1.0, top_p: float = 1.0, top_k: int = 0,
              group_size: int = 1, stop_tokens: Sequence[int] = (), seed: int = 0,
              pad_id: int = 0, mesh: Mesh | None = None, share_prompt: bool = True,
-             offload_kv: bool = False, row_offset: int = 0) -> Generation:
-  """Samples `group_size` completions for each prompt.
+             offload_kv: bool = False, row_offset: int = 0, page_size: int = 16,
+             num_pages: int | None = None) -> Generation:
+  """Samples `group_size` completions for each prompt, through the inference engine
+  (rlcode.sampling.engines: paged KV, rows that finish free their pages, the group's
+  prompt stored once).
+
+  Args:
+    model: the decoder.
+    prompts: token id lists, of any lengths (at least one token each).
+    max_new_tokens: the budget per completion.
+    temperature: 0 is greedy.
+    top_p, top_k: nucleus and top-k truncation (1.0 and 0 turn them off).
+    group_size: samples per prompt, G.
+    stop_tokens: a row ends after emitting any of these.
+    seed: the sampling seed, in [0, 2**32).
+    pad_id: the token written after a row's end.
+    mesh: one engine per data shard of this mesh, heads split over its `tensor` axis
+      (default: the active mesh, if any).
+    share_prompt, offload_kv: for `static_generate`, which models with NSA layers (their
+      cache is per row, not pages) and `offload_kv` (the prompts' KV in pinned host
+      memory, streamed to the device layer by layer) still run; the engine always stores
+      a group's prompt once.
+    row_offset: the global index of this call's first row, when the prompts are one
+      process's share of a batch: row r draws the randomness of row row_offset + r.
+    page_size, num_pages: the engine's pages; by default a pool that holds every row at
+      its full length (fewer pages: rows are preempted and recomputed, same tokens).
+
+  Returns:
+    A Generation with P * group_size rows, prompt-major.
+  """
+  cfg = model.cfg
+  if "nsa" in cfg.layer_kinds or offload_kv:
+    return static_generate(model, prompts, max_new_tokens=max_new_tokens,
+                           temperature=temperature, top_p=top_p, top_k=top_k,
+                           group_size=group_size, stop_tokens=stop_tokens, seed=seed,
+                           pad_id=pad_id, mesh=mesh, share_prompt=share_prompt,
+                           offload_kv=offload_kv, row_offset=row_offset)
+  _check(cfg, prompts, max_new_tokens, group_size, temperature, top_p, top_k)
+  if not 0 <= seed < 2 ** 32:
+    raise ValueError(f"generate: seed={seed} must be in [0, 2**32)")
+  mesh = mesh if mesh is not None else sharding.active_mesh()
+  tokens, logprobs, lengths, finished = engines.run(
+      model, prompts, max_new_tokens=max_new_tokens, temperature=float(temperature),
+      top_p=float(top_p), top_k=int(top_k), group_size=group_size,
+      stop_tokens=tuple(int(s) for s in stop_tokens), seed=int(seed), mesh=mesh,
+      row_offset=int(row_offset), page_size=page_size, num_pages=num_pages)
+  tokens[tokens < 0] = pad_id
+  return Generation(tokens=tokens, logprobs=logprobs, lengths=lengths, finished=finished,
+                    prompt_index=np.repeat(np.arange(len(prompts)), group_size))
+
+
+def _check(cfg, prompts, max_new_tokens, group_size, temperature, top_p, top_k) -> None:
+  """One clear error for arguments no sampler can honour."""
+  if not prompts:
+    raise ValueError("generate: no prompts")
+  if max_new_tokens < 1:
+    raise ValueError(f"generate: max_new_tokens={max_new_tokens} must be at least 1")
+  if group_size < 1:
+    raise ValueError(f"generate: group_size={group_size} must be at least 1")
+  if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
+    raise ValueError(f"generate: temperature={temperature} top_p={top_p} top_k={top_k} "
+                     "must satisfy temperature >= 0, 0 < top_p <= 1, top_k >= 0")
+  lengths = [len(p) for p in prompts]
+  for i, n in enumerate(lengths):
+    if n == 0:
+      raise ValueError(f"generate: prompt {i} is empty")
+    if n + max_new_tokens > cfg.max_seq_len:
+      raise ValueError(f"generate: prompt {i} has {n} tokens; with max_new_tokens="
+                       f"{max_new_tokens} that exceeds the model's context of "
+                       f"{cfg.max_seq_len} tokens")
+
+
+def static_generate(model: Decoder, prompts: Sequence[Sequence[int]], *,
+                    max_new_tokens: int, temperature: float = 1.0, top_p: float = 1.0,
+                    top_k: int = 0, group_size: int = 1, stop_tokens: Sequence[int] = (),
+                    seed: int = 0, pad_id: int = 0, mesh: Mesh | None = None,
+                    share_prompt: bool = True, offload_kv: bool = False,
+                    row_offset: int = 0) -> Generation:
+  """`generate` in one static batch: a bucketed prefill, then one `lax.while_loop` until
+  the longest row stops (finished rows keep computing; each row's cache allocated whole).
+  What `generate` runs for models with NSA layers and for host-offloaded KV, and what the
+  engine's benchmarks compare against.
 
   Args:
     model: the decoder.
@@ -277,23 +364,7 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
   if has_nsa and offload_kv:
     raise ValueError("generate: offload_kv is not implemented for models with NSA layers "
                      "(their cache is per row, not a shared prompt prefix)")
-  if not prompts:
-    raise ValueError("generate: no prompts")
-  if max_new_tokens < 1:
-    raise ValueError(f"generate: max_new_tokens={max_new_tokens} must be at least 1")
-  if group_size < 1:
-    raise ValueError(f"generate: group_size={group_size} must be at least 1")
-  if temperature < 0 or not 0 < top_p <= 1 or top_k < 0:
-    raise ValueError(f"generate: temperature={temperature} top_p={top_p} top_k={top_k} "
-                     "must satisfy temperature >= 0, 0 < top_p <= 1, top_k >= 0")
-  lengths = [len(p) for p in prompts]
-  for i, n in enumerate(lengths):
-    if n == 0:
-      raise ValueError(f"generate: prompt {i} is empty")
-    if n + max_new_tokens > cfg.max_seq_len:
-      raise ValueError(f"generate: prompt {i} has {n} tokens; with max_new_tokens="
-                       f"{max_new_tokens} that exceeds the model's context of "
-                       f"{cfg.max_seq_len} tokens")
+  _check(cfg, prompts, max_new_tokens, group_size, temperature, top_p, top_k)
   mesh = mesh if mesh is not None else sharding.active_mesh()
   model = model.for_sampling()
   graphdef, state = nnx.split(model)

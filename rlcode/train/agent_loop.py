@@ -192,9 +192,9 @@ def train(config) -> list[dict]:
           groups_with_signal=float(np.mean(np.abs(adv.reshape(-1, rl.group_size)).max(1) > 0)),
           trained_tokens=trained_tokens, update_groups=float(len(batch.prompt_lengths)),
           rollout_seconds=rollout_s, update_seconds=update_s,
-          decode_seconds=timing.decode, extend_seconds=timing.extend,
-          prefill_seconds=timing.prefill, env_seconds=timing.env,
-          rollout_shrinks=float(timing.shrinks))
+          sample_seconds=timing.sample, env_seconds=timing.env,
+          prefill_tokens=float(timing.prefill_tokens),
+          cached_tokens=float(timing.cached_tokens))
       if memory is not None:
         row["memory_notes"] = float(len(memory))
       if signal_curriculum:

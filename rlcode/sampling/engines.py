@@ -1,0 +1,126 @@
+"""A batch of prompts through the inference engine: what `rlcode.sampling.generate` runs.
+
+    prompts ─► split over the sampler mesh's data shards (contiguous, prompt-major) ─►
+    one rlcode.engine.Engine per shard, on that shard's `tensor` devices, each in its
+    own thread ─► a request per prompt (n = G, rows = the group's global row indices) ─►
+    one Generation, prompt-major
+
+A shard's engine gets a pool that holds all of its rows at their full length (the group's
+prompt stored once), unless `num_pages` says less: then the engine preempts and recomputes.
+Rows finish one by one and free their pages; the batch ends when its last row does.
+Randomness is keyed by (seed, global row, position), so the tokens depend on neither the
+mesh, nor the page size, nor how the prompts were split.
+
+This module must not know about rewards or training.
+"""
+
+from __future__ import annotations
+
+import math
+import threading
+from collections.abc import Sequence
+
+import numpy as np
+from jax.sharding import Mesh
+
+from rlcode.engine import Engine, Request
+from rlcode.parallel import sharding
+
+DEFAULT_PAGE_SIZE = 16
+# The most prompt tokens prefilled in one engine step (bucketed chunks beside decode).
+PREFILL_TOKENS = 2048
+
+
+def shard_meshes(mesh: Mesh | None) -> list[Mesh | None]:
+  """One mesh per engine: each data shard's `tensor` devices (tensor is the mesh's
+  innermost axis, so they are consecutive); [None] without a mesh."""
+  if mesh is None:
+    return [None]
+  tensor = mesh.shape.get("tensor", 1)
+  return [sharding.make_mesh(tensor=tensor, devices=list(devices))
+          for devices in mesh.devices.reshape(-1, tensor)]
+
+
+def pages_needed(prompt_lengths: Sequence[int], group_size: int, max_new_tokens: int,
+                 page_size: int) -> int:
+  """Pages that hold every row at its full length with no preemption: each prompt's full
+  pages once, and each candidate's own pages after them (its copy of the prompt's last,
+  partial page included); plus the scratch page."""
+  total = 1
+  for n in prompt_lengths:
+    shared = n // page_size
+    total += shared + group_size * (math.ceil((n + max_new_tokens) / page_size) - shared)
+  return total
+
+
+def run(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float,
+        top_p: float, top_k: int, group_size: int, stop_tokens: Sequence[int], seed: int,
+        mesh: Mesh | None, row_offset: int, page_size: int = DEFAULT_PAGE_SIZE,
+        num_pages: int | None = None):
+  """(tokens [N, max_new_tokens] padded with -1, logprobs, lengths, finished) of N = P * G
+  rows, prompt-major. Arguments as `rlcode.sampling.generate`'s (checked there)."""
+  meshes = shard_meshes(mesh)
+  shards = [(m, idx) for m, idx in zip(meshes, split(len(prompts), len(meshes))) if idx]
+  g, n_rows = group_size, len(prompts) * group_size
+  tokens = np.full((n_rows, max_new_tokens), -1, np.int32)
+  logprobs = np.zeros((n_rows, max_new_tokens), np.float32)
+  lengths, finished = np.zeros(n_rows, np.int32), np.zeros(n_rows, bool)
+  errors: list[BaseException] = []
+  lock = threading.Lock()
+
+  def done(p, result):
+    with lock:
+      if result.error is not None:
+        errors.append(result.error)
+        return
+      for c, cand in enumerate(result.candidates):
+        r = p * g + c
+        k = len(cand.tokens)
+        tokens[r, :k], logprobs[r, :k] = cand.tokens, cand.logprobs
+        lengths[r], finished[r] = k, cand.finish_reason == "stop"
+
+  def requests(idx):
+    return [Request(prompt=list(prompts[p]), max_tokens=max_new_tokens, n=g,
+                    temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
+                    rows=[row_offset + p * g + c for c in range(g)],
+                    stop_tokens=tuple(stop_tokens), on_done=lambda res, p=p: done(p, res))
+            for p in idx]
+
+  engines = []
+  for m, idx in shards:
+    pages = num_pages or pages_needed([len(prompts[p]) for p in idx], g, max_new_tokens,
+                                      page_size)
+    engines.append(Engine(model, num_pages=pages, page_size=page_size,
+                          max_rows=len(idx) * g, prefill_tokens=PREFILL_TOKENS,
+                          prefix_cache=False, mesh=m))
+  run_all(engines, [requests(idx) for _, idx in shards])
+  if errors:
+    raise errors[0]
+  return tokens, logprobs, lengths, finished
+
+
+def split(n: int, shards: int) -> list[range]:
+  """n items (groups, prompt-major) over `shards` engines: contiguous, the first ones
+  fuller; engines left without items get empty ranges."""
+  per = math.ceil(n / shards)
+  return [range(min(i * per, n), min((i + 1) * per, n)) for i in range(shards)]
+
+
+def run_all(engines: Sequence[Engine | None], requests: Sequence[Sequence[Request]]) -> None:
+  """Runs requests[i] on engines[i] to the end: on this thread for one engine, else each
+  engine stepping in its own thread (their devices then work at once). A request's
+  failure reaches its `on_done`, as `Engine.generate` passes it."""
+  busy = [(e, r) for e, r in zip(engines, requests) if r]
+  if len(busy) == 1:
+    eng, reqs = busy[0]
+    for request in reqs:
+      eng.submit(request)
+    while not eng.idle():
+      eng.step()
+    return
+  for eng, reqs in busy:
+    eng.start()
+    for request in reqs:
+      eng.submit(request)
+  for eng, _ in busy:
+    eng.stop()
