@@ -16,6 +16,7 @@ import serving
 from rlcode.models import chat_template
 from rlcode.sampling import generate
 from rlcode.serve import log as log_lib
+from rlcode.serve import protocol
 
 pytestmark = pytest.mark.slow
 
@@ -303,3 +304,57 @@ def test_logprobs_bytes_are_the_raw_bytes_of_byte_tokens():
     partial = [e for e in content if e["token"] == "\ufffd"]
     assert partial and all(len(e["bytes"]) == 1 and e["bytes"][0] >= 0x80 for e in partial)
     assert all(e["top_logprobs"][0]["bytes"] == e["bytes"] for e in content)
+
+
+# Two tools whose arguments are short by their schemas, so a sampled call always completes.
+FORCED_TOOLS = [
+    {"type": "function", "function": {
+        "name": "get_weather", "parameters": {
+            "type": "object", "properties": {"city": {"type": "string", "maxLength": 12}},
+            "required": ["city"], "additionalProperties": False}}},
+    {"type": "function", "function": {
+        "name": "get_time", "parameters": {
+            "type": "object", "properties": {"zone": {"enum": ["UTC", "CET", "JST"]}},
+            "required": ["zone"], "additionalProperties": False}}}]
+PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in FORCED_TOOLS}
+
+
+@pytest.mark.parametrize("choice", ["get_weather", "get_time", "required"])
+def test_a_forced_tool_choice_always_comes_back_as_a_tool_call(setup, choice):
+  """tool_choice naming a function (or "required"): every sampled choice, asked what the
+  policy was taught to call for and what it was not, is one call of that function (of
+  one of the tools) whose arguments match its parameters."""
+  import jsonschema
+  server, *_ = setup
+  client = server.openai()
+  tool_choice = choice if choice == "required" else {"type": "function",
+                                                      "function": {"name": choice}}
+  for seed, messages in enumerate([serving.ASK, [{"role": "user", "content": "hello"}]]):
+    reply = client.chat.completions.create(
+        model=serving.MODEL, messages=messages, tools=FORCED_TOOLS, tool_choice=tool_choice,
+        temperature=1.0, n=4, seed=seed, max_tokens=120)
+    for c in reply.choices:
+      assert c.finish_reason == "tool_calls", c.message
+      (call,) = c.message.tool_calls
+      assert call.function.name in ([choice] if choice != "required" else PARAMETERS)
+      jsonschema.validate(json.loads(call.function.arguments), PARAMETERS[call.function.name])
+
+
+def test_response_format_json_schema_always_parses_under_it(setup):
+  import jsonschema
+  server, *_ = setup
+  schema = {"type": "object", "properties": {
+      "city": {"type": "string", "maxLength": 10}, "days": {"type": "integer", "minimum": 1,
+                                                           "maximum": 14},
+      "metric": {"type": "boolean"}}, "required": ["city", "days", "metric"],
+      "additionalProperties": False}
+  reply = server.openai().chat.completions.create(
+      model=serving.MODEL, messages=serving.ASK, temperature=1.0, n=4, seed=5, max_tokens=120,
+      response_format={"type": "json_schema", "json_schema": {"name": "w", "schema": schema}})
+  for c in reply.choices:
+    assert c.finish_reason == "stop"
+    jsonschema.validate(json.loads(c.message.content), schema)
+  # json_object is the schema of any object (whose free strings may outrun a budget).
+  body = protocol.ChatRequest.model_validate(
+      {"model": serving.MODEL, "messages": serving.ASK, "response_format": {"type": "json_object"}})
+  assert body.json_format() == {"type": "object"}

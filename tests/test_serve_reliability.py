@@ -155,15 +155,25 @@ NAMED = {
     "strict tool": ("/v1/chat/completions", _chat(tools=_tools({"name": "f", "strict": True})),
                     "tools.0.function.strict"),
     # Fields this server cannot honour, at a value that asks for something.
-    "tool_choice required": ("/v1/chat/completions", _chat(tool_choice="required"),
-                             "tool_choice"),
-    "tool_choice a function": ("/v1/chat/completions", _chat(
-        tools=serving.TOOLS, tool_choice={"type": "function",
-                                          "function": {"name": "get_weather"}}), "tool_choice"),
-    "response_format json_object": ("/v1/chat/completions", _chat(
-        response_format={"type": "json_object"}), "response_format"),
-    "response_format json_schema": ("/v1/chat/completions", _chat(
-        response_format={"type": "json_schema", "json_schema": {"name": "x"}}),
+    # Constrained decoding asked for what cannot be.
+    "tool_choice required without tools": ("/v1/chat/completions",
+                                           _chat(tool_choice="required"), "tool_choice"),
+    "tool_choice a function not in tools": ("/v1/chat/completions", _chat(
+        tools=serving.TOOLS, tool_choice={"type": "function", "function": {"name": "nope"}}),
+        "tool_choice.function.name"),
+    "tool_choice of another type": ("/v1/chat/completions", _chat(
+        tools=serving.TOOLS, tool_choice={"type": "file", "function": {"name": "x"}}),
+        "tool_choice"),
+    "response_format xml": ("/v1/chat/completions", _chat(response_format={"type": "xml"}),
+                            "response_format.type"),
+    "response_format json_schema without one": ("/v1/chat/completions", _chat(
+        response_format={"type": "json_schema"}), "response_format"),
+    "response_format json_schema that does not compile": ("/v1/chat/completions", _chat(
+        response_format={"type": "json_schema", "json_schema": {
+            "name": "x", "schema": {"type": "object", "properties": {"a": {"$ref": "#/no"}}}}}),
+        "response_format.json_schema.schema"),
+    "response_format json beside a forced call": ("/v1/chat/completions", _chat(
+        tools=serving.TOOLS, tool_choice="required", response_format={"type": "json_object"}),
         "response_format"),
     "logit_bias": ("/v1/chat/completions", _chat(logit_bias={"65": 100}), "logit_bias"),
     "presence_penalty": ("/v1/chat/completions", _chat(presence_penalty=0.5),
@@ -173,8 +183,8 @@ NAMED = {
     "penalty given as false": ("/v1/completions", {"model": serving.MODEL, "prompt": "x",
                                                    "frequency_penalty": False},
                                "frequency_penalty"),
-    "parallel_tool_calls false": ("/v1/chat/completions", _chat(parallel_tool_calls=False),
-                                  "parallel_tool_calls"),
+    "parallel_tool_calls false with auto": ("/v1/chat/completions", _chat(
+        tools=serving.TOOLS, parallel_tool_calls=False), "parallel_tool_calls"),
     "audio": ("/v1/chat/completions", _chat(audio={"voice": "alloy", "format": "wav"}),
               "audio"),
     "modalities audio": ("/v1/chat/completions", _chat(modalities=["text", "audio"]),

@@ -38,7 +38,7 @@ from jax.sharding import Mesh
 from rlcode.engine import programs
 from rlcode.engine.pages import PagePool
 from rlcode.engine.requests import Request, Result
-from rlcode.engine.rows import Group, Row, bucket
+from rlcode.engine.rows import Group, Row, bucket, sampling_arrays
 from rlcode.engine.rows import rows as rows_of
 from rlcode.models.decoder import Decoder
 from rlcode.models.paged import SCRATCH_PAGE
@@ -400,16 +400,7 @@ class Engine:
     return table
 
   def _params(self, seqs: list[Row], r: int):
-    """Per-row sampling arrays: seed, row, position, temperature, top_k, top_p."""
-    seed = np.zeros(r, np.uint32)
-    row, position, top_k = (np.zeros(r, np.int32) for _ in range(3))
-    temperature, top_p = np.ones(r, np.float32), np.ones(r, np.float32)
-    for i, seq in enumerate(seqs):
-      request = seq.group.request
-      seed[i], row[i] = request.seed, seq.group.rows[seq.c]
-      position[i] = len(seq.candidate.tokens)
-      temperature[i], top_k[i], top_p[i] = request.temperature, request.top_k, request.top_p
-    return seed, row, position, temperature, top_k, top_p
+    return sampling_arrays(seqs, r, self.cfg.vocab_size)
 
   # ------------------------------------------------------------ tokens out
   def _emit_all(self, seqs: list[Row], out) -> None:
@@ -429,8 +420,8 @@ class Engine:
     seq.tokens.append(tok)
     self.stats["tokens"] += 1
     reason = None
-    if tok in request.stop_tokens:
-      reason = "stop"
+    if tok in request.stop_tokens or group.matchers and self._grammar_ends(seq, tok):
+      reason = "stop" if group.error is None else "error"
     elif request.stop_check is not None and self._stops(seq, cand.tokens):
       reason = "stop" if group.error is None else "error"
     elif len(cand.tokens) >= request.max_tokens:
@@ -455,6 +446,18 @@ class Engine:
     if group.open == 0:
       _call_done(request, Result(group.candidates, group.version, len(request.prompt),
                                  group.cached_tokens, error=group.error))
+
+  @staticmethod
+  def _grammar_ends(seq: Row, tok: int) -> bool:
+    """Advances the row's grammar; whether it is complete (or broken: only a bug sends a
+    token the mask refused, and it ends its own request with the error)."""
+    matcher = seq.group.matchers[seq.c]
+    try:
+      matcher.advance(tok)
+    except RuntimeError as e:
+      seq.group.error = e
+      return True
+    return matcher.done
 
   @staticmethod
   def _stops(seq: Row, tokens: list[int]) -> bool:

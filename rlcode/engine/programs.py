@@ -37,13 +37,18 @@ from rlcode.parallel import sharding
 TOP_LOGPROBS = 5
 
 
-def sample_rows(logits_rv, seed_r, row_r, position_r, temperature_r, top_k_r, top_p_r):
+def sample_rows(logits_rv, seed_r, row_r, position_r, temperature_r, top_k_r, top_p_r,
+                allow_rw=None):
   """One token per row under per-row parameters, its log-probability under the
-  distribution it was drawn from (after temperature, top-k, top-p; at temperature 0,
-  under the model's own), and that distribution's top TOP_LOGPROBS (ids, log-probs).
-  A row's top_k 0 and top_p 1 turn those truncations off, exactly as
-  `rlcode.sampling.generation.sample_logits` does for a whole batch."""
+  distribution it was drawn from (after the grammar's mask, temperature, top-k, top-p; at
+  temperature 0, under the model's own, masked), and that distribution's top
+  TOP_LOGPROBS (ids, log-probs). A row's top_k 0 and top_p 1 turn those truncations off,
+  exactly as `rlcode.sampling.generation.sample_logits` does for a whole batch.
+  `allow_rw`: a grammar bitmask per row (int32 words, bit t % 32 of word t // 32 set
+  where token t is allowed; rlcode.engine.grammar), or None."""
   logits_rv = logits_rv.astype(jnp.float32)
+  if allow_rw is not None:
+    logits_rv = jnp.where(unpack_bits(allow_rw, logits_rv.shape[-1]), logits_rv, -jnp.inf)
   greedy = temperature_r <= 0.0
   scaled = logits_rv / jnp.where(greedy, 1.0, temperature_r)[:, None]
   # Truncation sorts the vocabulary (slow on a CPU): only when some row asks for it.
@@ -60,6 +65,12 @@ def sample_rows(logits_rv, seed_r, row_r, position_r, temperature_r, top_k_r, to
                    jax.nn.log_softmax(scaled, axis=-1))
   top_lp, top_ids = jax.lax.top_k(logp, TOP_LOGPROBS)
   return tok, jnp.take_along_axis(logp, tok[:, None], -1)[:, 0], top_ids, top_lp
+
+
+def unpack_bits(words_rw, vocab_size: int):
+  """A bitmask [R, W] int32 as bool [R, vocab_size]."""
+  bits = (words_rw[:, :, None] >> jnp.arange(32, dtype=jnp.int32)) & 1
+  return bits.reshape(words_rw.shape[0], -1)[:, :vocab_size].astype(bool)
 
 
 def _truncate(scaled, top_k_r, top_p_r):
@@ -89,11 +100,12 @@ def _forward(state, pools, tokens_rt, page_table_rm, lengths_r, valid_r, graphde
 
 
 def _decode(state, pools, tokens_r, page_table_rm, lengths_r, valid_r, seed_r, row_r,
-            position_r, temperature_r, top_k_r, top_p_r, graphdef, mesh=None):
+            position_r, temperature_r, top_k_r, top_p_r, allow_rw=None, *, graphdef,
+            mesh=None):
   pools, logits = _forward(state, pools, tokens_r[:, None], page_table_rm, lengths_r,
                            valid_r, graphdef, mesh)
   return (pools, *sample_rows(logits, seed_r, row_r, position_r, temperature_r, top_k_r,
-                              top_p_r))
+                              top_p_r, allow_rw))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +116,8 @@ class Programs:
     forward(state, pools, tokens [R, T], page_table [R, M], lengths [R], valid [R])
         -> (pools, logits after each row's last valid token [R, V])
     decode(state, pools, tokens [R], page_table, lengths, valid, seed, row, position,
-           temperature, top_k, top_p) -> (pools, tokens, log-probs, top ids, top log-probs)
+           temperature, top_k, top_p, allow) -> (pools, tokens, log-probs, top ids,
+           top log-probs); allow a grammar bitmask [R, W] or None (a program of its own)
   """
 
   forward: Callable

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Sequence
+from typing import Any
 
 
 @dataclasses.dataclass
@@ -31,6 +32,7 @@ class Request:
   top_logprobs: bool = False
   on_token: Callable | None = None
   on_done: Callable | None = None
+  grammar: Any = None
 
 
 @dataclasses.dataclass

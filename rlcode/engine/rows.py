@@ -3,6 +3,9 @@ its rows (rlcode.engine.engine keeps them in its queues)."""
 
 from __future__ import annotations
 
+import numpy as np
+
+from rlcode.engine import grammar as grammar_lib
 from rlcode.engine.requests import Candidate, Request
 
 
@@ -21,6 +24,8 @@ class Group:
     self.open = request.n
     self.cached_tokens = 0
     self.error: BaseException | None = None
+    grammar = request.grammar
+    self.matchers = [grammar.matcher() for _ in range(request.n)] if grammar else None
 
 
 class Row:
@@ -44,3 +49,21 @@ class Row:
 def rows(seq: Row) -> int:
   """The rows a live row stands for: a leader before its fork, its group's n."""
   return seq.group.request.n if seq.leader else 1
+
+
+def sampling_arrays(seqs: list[Row], r: int, vocab_size: int):
+  """Per-row sampling arrays of `seqs` padded to r rows: seed, row, position, temperature,
+  top_k, top_p, and the grammar bitmask [r, words] (None when no row has a grammar)."""
+  seed = np.zeros(r, np.uint32)
+  row, position, top_k = (np.zeros(r, np.int32) for _ in range(3))
+  temperature, top_p = np.ones(r, np.float32), np.ones(r, np.float32)
+  masked = any(seq.group.matchers for seq in seqs)
+  allow = (np.tile(grammar_lib.all_allowed(vocab_size), (r, 1)) if masked else None)
+  for i, seq in enumerate(seqs):
+    request = seq.group.request
+    seed[i], row[i] = request.seed, seq.group.rows[seq.c]
+    position[i] = len(seq.candidate.tokens)
+    temperature[i], top_k[i], top_p[i] = request.temperature, request.top_k, request.top_p
+    if seq.group.matchers:
+      seq.group.matchers[seq.c].fill(allow[i])
+  return seed, row, position, temperature, top_k, top_p, allow

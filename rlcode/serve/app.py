@@ -42,7 +42,7 @@ from starlette.exceptions import HTTPException
 from rlcode.models import chat_template
 from rlcode import engine as engine_lib
 from rlcode.serve import log as log_lib
-from rlcode.serve import protocol, responses, weights
+from rlcode.serve import constrain, protocol, responses, weights
 from rlcode.serve.protocol import APIError
 
 log = logging.getLogger(__name__)
@@ -272,6 +272,8 @@ async def _generate(served: Served, body, prompts: list[list[int]], *, chat: boo
   seed = body.seed if body.seed is not None else secrets.randbits(32)
   loop = asyncio.get_running_loop()
   queue: asyncio.Queue | None = asyncio.Queue() if body.stream else None
+  grammar = (constrain.grammar_for(body, served.tokenizer, served.engine.cfg.vocab_size)
+             if chat else None)
   requests, dones = [], []
   for p, (prompt, budget) in enumerate(zip(prompts, budgets)):
     done: asyncio.Future = loop.create_future()
@@ -287,7 +289,7 @@ async def _generate(served: Served, body, prompts: list[list[int]], *, chat: boo
         prompt=prompt, max_tokens=budget, n=body.n, temperature=body.temperature,
         top_p=body.top_p, seed=seed, stop_tokens=stop_ids, top_logprobs=True,
         stop_check=(lambda c, toks: text.stopped(toks)) if body.stop else None,
-        on_token=on_token, on_done=on_done))
+        on_token=on_token, on_done=on_done, grammar=grammar))
     dones.append(done)
   for request in requests:
     served.engine.submit(request)

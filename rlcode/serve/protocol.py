@@ -11,9 +11,11 @@ that breaks them is a 400 whose OpenAI-style error names the field
 
 Every field of OpenAI's completions and chat-completions requests is honoured or refused
 by name, never dropped: a field this server cannot honour (`logit_bias`, penalties other
-than 0, `response_format` other than text, `tool_choice` "required" or a named function,
-which need constrained decoding, ...) is accepted only at the value that asks for nothing,
-and any other value is a 400 that says why; a field OpenAI does not have is a 400 as well.
+than 0, `parallel_tool_calls` false with tool_choice "auto", ...) is accepted only at the
+value that asks for nothing, and any other value is a 400 that says why; a field OpenAI
+does not have is a 400 as well. `response_format` (a JSON object, or JSON under a schema)
+and `tool_choice` "required" or naming a function are honoured by constrained decoding
+(rlcode.serve.constrain).
 `user` and `metadata` are kept with the completion in the interaction log. This module
 must not know about the engine or storage.
 """
@@ -32,37 +34,22 @@ from pydantic import (
     model_validator,
 )
 
+from rlcode.serve.bodies import MAX_DEPTH, APIError, validation_error
+from rlcode.serve.bodies import refuse as _refuse
+from rlcode.serve.bodies import refused_shape as _refused_shape
+
+__all__ = ["MAX_DEPTH", "APIError", "ChatRequest", "CompletionRequest", "FeedbackRequest",
+           "parse", "validation_error"]
+
 MAX_STOP = 4
 MAX_STOP_CHARS = 256
 MAX_SEED = 2**32 - 1
 MAX_PROMPTS = 16
 MAX_METADATA = 16
-# Arrays and objects inside one another, the body itself the first: a JSON schema of tool
-# parameters needs a handful, a body past this is an attack on the recursion limit.
-MAX_DEPTH = 64
-
-
-class APIError(Exception):
-  """A refusal: the HTTP status and the error object's fields."""
-
-  def __init__(self, status: int, message: str, *, type: str = "invalid_request_error",
-               param: str | None = None, code: str | None = None):
-    super().__init__(message)
-    self.status, self.message, self.type, self.param, self.code = (status, message, type,
-                                                                    param, code)
-
-  def body(self) -> dict:
-    return {"error": {"message": self.message, "type": self.type, "param": self.param,
-                      "code": self.code}}
-
-
-def _refuse(param: str, message: str) -> APIError:
-  return APIError(400, f"{param}: {message}", param=param, code="invalid_value")
 
 
 # OpenAI's fields this server cannot honour: the values that ask for nothing (accepted and
 # dropped) and why any other value is refused.
-_NEEDS_CONSTRAINED = "needs constrained decoding, which this server does not have"
 _NOT_HONOURED = {
     "frequency_penalty": ((None, 0), "penalties are not implemented; only 0 is accepted"),
     "presence_penalty": ((None, 0), "penalties are not implemented; only 0 is accepted"),
@@ -73,11 +60,6 @@ _NOT_HONOURED_COMPLETIONS = {
     "suffix": ((None, ""), "completing before a suffix (insertion) is not implemented"),
 }
 _NOT_HONOURED_CHAT = {
-    "response_format": ((None, {"type": "text"}),
-                        f"only {{\"type\": \"text\"}}: a JSON format {_NEEDS_CONSTRAINED}"),
-    "parallel_tool_calls": ((None, True), ("false (at most one call) would need "
-                                           "constrained decoding; every call the model "
-                                           "writes is returned")),
     "audio": ((None,), "this model writes text only"),
     "modalities": ((None, ["text"]), "this model writes text only; only [\"text\"]"),
     "prediction": ((None,), "predicted outputs are not implemented"),
@@ -253,8 +235,9 @@ class FunctionSpec(BaseModel):
   @classmethod
   def _strict(cls, value):
     if value:
-      raise ValueError(f"arguments that always match the schema {_NEEDS_CONSTRAINED}; "
-                       "send strict false or leave it out")
+      raise ValueError("arguments that always match the schema are honoured when "
+                       "tool_choice forces a call (\"required\" or this function), not per "
+                       "tool; send strict false or leave it out")
     return value
 
 
@@ -284,13 +267,53 @@ class Message(BaseModel):
     return self.content or ""
 
 
+class NamedFunction(BaseModel):
+  model_config = ConfigDict(extra="forbid")
+  name: str
+
+
+class NamedToolChoice(BaseModel):
+  """tool_choice {"type": "function", "function": {"name": ...}}: that call, always."""
+
+  model_config = ConfigDict(extra="forbid")
+  type: Literal["function"]
+  function: NamedFunction
+
+
+class JsonSchemaFormat(BaseModel):
+  model_config = ConfigDict(extra="forbid")
+  name: str = Field(pattern=r"^[A-Za-z0-9_-]{1,64}$")
+  description: str | None = None
+  schema_: dict[str, Any] | None = Field(None, alias="schema")
+  strict: bool | None = None
+
+
+class ResponseFormat(BaseModel):
+  """response_format: "text" (no constraint), "json_object" (one JSON object) or
+  "json_schema" (JSON valid under json_schema.schema; without one, any JSON object)."""
+
+  model_config = ConfigDict(extra="forbid")
+  type: Literal["text", "json_object", "json_schema"]
+  json_schema: JsonSchemaFormat | None = None
+
+  @model_validator(mode="after")
+  def _schema_with_its_type(self):
+    if (self.type == "json_schema") != (self.json_schema is not None):
+      raise ValueError("json_schema is required with type json_schema, and only then")
+    return self
+
+
 class ChatRequest(_Sampling):
   """POST /v1/chat/completions. `tool_choice` "auto" (the default) parses the tool calls
-  the model writes; "none" returns its text as content, calls unparsed."""
+  the model writes; "none" returns its text as content, calls unparsed; "required" and a
+  named function constrain the output to one call (of any tool, or of that one) whose
+  arguments match the tool's parameters."""
 
   messages: list[Message] = Field(min_length=1)
   tools: list[Tool] | None = None
-  tool_choice: Literal["auto", "none"] | None = None
+  tool_choice: Literal["auto", "none", "required"] | NamedToolChoice | None = None
+  response_format: ResponseFormat | None = None
+  parallel_tool_calls: bool | None = None
   max_completion_tokens: int | None = None
   logprobs: bool = False
   top_logprobs: int | None = Field(None, ge=0, le=5)
@@ -301,11 +324,18 @@ class ChatRequest(_Sampling):
   def _honoured_here(cls, raw):
     if not isinstance(raw, dict):
       return raw
-    choice = raw.get("tool_choice")
-    if choice == "required" or isinstance(choice, dict):
-      raise _refuse("tool_choice", f"{json.dumps(choice)}: forcing a tool call "
-                    f"{_NEEDS_CONSTRAINED}; send \"auto\" or \"none\"")
     return _asks_nothing(raw, _NOT_HONOURED_CHAT)
+
+  @field_validator("tool_choice", mode="before")
+  @classmethod
+  def _tool_choice_shape(cls, value):
+    named = (isinstance(value, dict) and value.get("type") == "function"
+             and isinstance(value.get("function"), dict)
+             and isinstance(value["function"].get("name"), str))
+    if not (value in ("auto", "none", "required") or named):
+      raise ValueError('must be "auto", "none", "required" or {"type": "function", '
+                       '"function": {"name": ...}}')
+    return value
 
   @model_validator(mode="after")
   def _budget(self):
@@ -318,7 +348,42 @@ class ChatRequest(_Sampling):
       self.max_tokens = self.max_completion_tokens
     if self.top_logprobs and not self.logprobs:
       raise _refuse("top_logprobs", "needs logprobs: true")
+    self._check_tool_choice()
     return self
+
+  def _check_tool_choice(self) -> None:
+    names = [t.function.name for t in self.tools or []]
+    forced = self.forced_tools()
+    if forced is not None and not names:
+      raise _refuse("tool_choice", "forcing a tool call needs tools")
+    if isinstance(self.tool_choice, NamedToolChoice) and self.tool_choice.function.name not in names:
+      raise _refuse("tool_choice.function.name", f"{self.tool_choice.function.name!r} is "
+                    f"not one of the tools ({', '.join(names)})")
+    if forced is not None and self.json_format() is not None:
+      raise _refuse("response_format", "a JSON response_format contradicts a forced tool "
+                    "call; send one of them")
+    if self.parallel_tool_calls is False and forced is None and self.parses_tool_calls():
+      raise _refuse("parallel_tool_calls", "false (at most one call) is honoured when "
+                    "tool_choice forces a call; with \"auto\" every call the model writes "
+                    "is returned")
+
+  def forced_tools(self) -> list[str] | None:
+    """The tools one of which the output must call (tool_choice "required" or a named
+    function), or None."""
+    if isinstance(self.tool_choice, NamedToolChoice):
+      return [self.tool_choice.function.name]
+    if self.tool_choice == "required":
+      return [t.function.name for t in self.tools or []]
+    return None
+
+  def json_format(self) -> dict | None:
+    """The JSON schema response_format asks for, or None (text)."""
+    fmt = self.response_format
+    if fmt is None or fmt.type == "text":
+      return None
+    if fmt.type == "json_object" or fmt.json_schema.schema_ is None:
+      return {"type": "object"}
+    return fmt.json_schema.schema_
 
   def parses_tool_calls(self) -> bool:
     return bool(self.tools) and self.tool_choice != "none"
@@ -384,42 +449,6 @@ class FeedbackRequest(BaseModel):
     return self
 
 
-def _escaped(key: str) -> str:
-  return key.encode("utf-8", "backslashreplace").decode("utf-8")
-
-
-def _refused_shape(data) -> tuple[str, str] | None:
-  """(path, why) of the first string or key in `data` that is not valid Unicode (a lone
-  surrogate), or of the first array or object nested past MAX_DEPTH ("" for `data`
-  itself); None when neither. Iterative: JSON nests as deep as it likes."""
-  stack: list[tuple[str, Any, int]] = [("", data, 1)]
-  while stack:
-    path, value, depth = stack.pop()
-    if isinstance(value, str):
-      try:
-        value.encode("utf-8")
-      except UnicodeEncodeError:
-        return path, "not valid Unicode text (a lone surrogate); send UTF-8 text"
-      continue
-    if not isinstance(value, (dict, list)):
-      continue
-    if depth > MAX_DEPTH:
-      return path, (f"nested deeper than {MAX_DEPTH} arrays and objects; this server reads "
-                    "no deeper")
-    if isinstance(value, dict):
-      for key, item in reversed(list(value.items())):
-        sub = f"{path}.{_escaped(key)}" if path else _escaped(key)
-        try:
-          key.encode("utf-8")
-        except UnicodeEncodeError:
-          return sub, "not valid Unicode text (a lone surrogate); send UTF-8 text"
-        stack.append((sub, item, depth + 1))
-    else:
-      stack.extend((f"{path}.{i}" if path else str(i), item, depth + 1)
-                   for i, item in reversed(list(enumerate(value))))
-  return None
-
-
 def parse(model: type[BaseModel], body: bytes) -> BaseModel:
   """`body` read as `model`, or an APIError (400) naming what was wrong."""
   try:
@@ -436,16 +465,3 @@ def parse(model: type[BaseModel], body: bytes) -> BaseModel:
     return model.model_validate(data)
   except ValidationError as e:
     raise validation_error(e) from None
-
-
-def validation_error(exc) -> APIError:
-  """A pydantic validation error as one 400 naming the first bad field."""
-  errors = exc.errors()
-  first = errors[0] if errors else {}
-  loc = [str(x) for x in first.get("loc", ())]
-  param = ".".join(loc) or None
-  message = first.get("msg", "invalid request").removeprefix("Value error, ")
-  if first.get("type") == "extra_forbidden":
-    message = "unknown field: not one this endpoint has"
-  return APIError(400, f"{param + ': ' if param else ''}{message}", param=param,
-                  code="invalid_value")
