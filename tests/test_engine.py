@@ -2,6 +2,7 @@
 the arrival order; behaviour log-probs equal to the update's; prefix-cache hits, preemption
 and weight swaps that change nothing they should not."""
 
+import dataclasses
 import functools
 
 import jax
@@ -135,6 +136,27 @@ def test_preemption_with_recompute_gives_what_no_preemption_gives(model):
   assert small.pool.used() == 0
 
 
+def _recomputed(models, temperature, prompt, cand):
+  """Each token's log-probability under a forward of its version's weights over the
+  prompt and the tokens before it (one causal forward of the whole row a version, padded
+  to one shape)."""
+  seq = np.zeros((1, 32), np.int32)
+  seq[0, :len(prompt) + len(cand.tokens)] = prompt + cand.tokens
+  span = slice(len(prompt) - 1, len(prompt) - 1 + len(cand.tokens))
+  by_version = {}
+  for version, m in models.items():
+    graphdef, state = nnx.split(m)
+    logits = _forward(graphdef)(state, jnp.asarray(seq))[:, span]
+    by_version[version] = np.asarray(
+        logprobs.token_logprobs(logits, jnp.asarray([cand.tokens]), temperature))[0]
+  return [float(by_version[v][i]) for i, v in enumerate(cand.versions)]
+
+
+@functools.lru_cache(maxsize=None)
+def _forward(graphdef):
+  return jax.jit(lambda state, tokens: nnx.merge(graphdef, state)(tokens))
+
+
 def test_published_weights_take_effect_between_steps(model):
   other = Decoder(CFG, rngs=nnx.Rngs(1)).for_sampling()
   engine = Engine(model, num_pages=64, page_size=4, max_rows=4)
@@ -147,8 +169,38 @@ def test_published_weights_take_effect_between_steps(model):
     engine.step()
   cand = done[0].candidates[0]
   assert cand.versions == [0] * 4 + [7] * 6 and done[0].policy_version == 0
-  # The prefix cache holds nothing computed with the old weights, even in part.
-  assert engine.pool.page_of == {}
+  np.testing.assert_allclose(cand.logprobs, _recomputed({0: model, 7: other}, 1.0, [3, 4, 5],
+                                                        cand), atol=1e-5, rtol=0)
+
+
+@pytest.mark.parametrize("restart", [False, True])
+def test_partial_rollouts_log_each_tokens_version_and_its_logprob(model, restart):
+  """Weights swapped while groups decode: each candidate continues on the new weights
+  (its context recomputed under them), or with restart starts again from the prompt;
+  every token's logged version and log-probability equal a recomputation under that
+  version's weights (float32, 1e-5)."""
+  other = Decoder(CFG, rngs=nnx.Rngs(1))
+  engine = Engine(model, num_pages=64, page_size=4, max_rows=16)
+  results = {}
+  for i, r in enumerate(_requests(max_tokens=14, temperature=0.8, seed=2)):
+    engine.submit(dataclasses.replace(r, on_done=functools.partial(results.__setitem__, i)))
+  for _ in range(5):
+    engine.step()
+  engine.publish(nnx.state(other.for_sampling()), 1, restart_before=1 if restart else None)
+  while not engine.idle():
+    engine.step()
+  mixed = 0
+  for i, prompt in enumerate(PROMPTS):
+    for cand in results[i].candidates:
+      assert len(cand.versions) == len(cand.tokens) == len(cand.logprobs)
+      assert cand.versions == sorted(cand.versions)
+      mixed += len(set(cand.versions)) == 2
+      if restart:
+        assert set(cand.versions) == {1}
+      np.testing.assert_allclose(cand.logprobs, _recomputed({0: model, 1: other}, 0.8, prompt,
+                                                            cand), atol=1e-5, rtol=0)
+  assert (mixed == 0) if restart else (mixed > 0)
+  assert (engine.stats["restarted"] > 0) == restart
 
 
 def test_stops_and_lengths(model):

@@ -37,8 +37,8 @@ from jax.sharding import Mesh
 
 from rlcode.engine import programs
 from rlcode.engine.pages import PagePool
-from rlcode.engine.requests import Request, Result
-from rlcode.engine.rows import Group, Row, bucket, sampling_arrays
+from rlcode.engine.requests import Request, Result, call_done, with_done
+from rlcode.engine.rows import Group, Row, bucket, grammar_ends, sampling_arrays, stops
 from rlcode.engine.rows import rows as rows_of
 from rlcode.models.decoder import Decoder
 from rlcode.models.paged import SCRATCH_PAGE
@@ -129,13 +129,17 @@ class Engine:
       self.waiting.append(Group(request, self.version))
       self._cond.notify_all()
 
-  def publish(self, state, version: int) -> None:
+  def publish(self, state, version: int, restart_before: int | None = None) -> None:
     """New weights (an nnx.State of the sampling model's graph), swapped in before the
-    next step. Rows in flight continue on them; the prefix cache is dropped."""
+    next step; the prefix cache is dropped. Rows in flight continue on them (partial
+    rollouts: each token keeps the version that sampled it; their contexts are
+    recomputed under the new weights), except that a row holding a token of a version
+    below `restart_before` starts its candidate again from the prompt (abort and
+    resample: `version` restarts every row that has sampled)."""
     if self.mesh is not None:
       state = jax.device_put(state, sharding.state_shardings(state, self.mesh))
     with self._cond:
-      self._pending = (version, state)
+      self._pending = (version, state, restart_before)
       self._cond.notify_all()
 
   def queue_depth(self) -> int:
@@ -158,7 +162,7 @@ class Engine:
         results[i] = result
         if callback is not None:
           callback(result)
-      self.submit(_with_done(request, done))
+      self.submit(with_done(request, done))
     while not self.idle():
       self.step()
     for result in results:
@@ -202,10 +206,11 @@ class Engine:
   def step(self) -> None:
     with self._cond:
       if self._pending is not None:
-        self.version, self.state = self._pending
+        self.version, self.state, restart_before = self._pending
         self._pending = None
         self.pool.clear_cache()
         self.stats["swaps"] += 1
+        self._recompute(restart_before)
       self._admit()
     if self.prefilling:
       self._prefill()
@@ -369,7 +374,7 @@ class Engine:
       if victim is seq:
         return None
 
-  def _preempt(self, seq: Row) -> None:
+  def _preempt(self, seq: Row, count: bool = True) -> None:
     self.pool.release(seq.pages + seq.spare)
     seq.pages, seq.spare, seq.cached = [], [], 0
     if seq.state == "prefill":
@@ -380,7 +385,23 @@ class Engine:
     seq.tokens = list(seq.group.request.prompt) + seq.candidate.tokens
     self.resume.append(seq)
     self.resume.sort(key=lambda s: s.order)
-    self.stats["preemptions"] += 1
+    self.stats["preemptions"] += count
+
+  def _recompute(self, restart_before: int | None) -> None:
+    """After a swap: every row in flight gives up its pages (keys and values of the old
+    weights) and is recomputed under the new ones when admitted again, so each token is
+    drawn from the distribution its version's weights give its whole context; candidates
+    holding a token sampled before version `restart_before` start again from the prompt."""
+    for seq in self._live() + self.resume:
+      cand = seq.candidate
+      if restart_before is not None and cand.versions and min(cand.versions) < restart_before:
+        cand.tokens, cand.logprobs, cand.versions, cand.top = [], [], [], []
+        if seq.group.matchers:
+          seq.group.matchers[seq.c] = seq.group.request.grammar.matcher()
+        self.stats["restarted"] += 1
+      if seq.state != "resume":
+        self._preempt(seq, count=False)
+      seq.tokens = list(seq.group.request.prompt) + cand.tokens
 
   def _register(self, seq: Row) -> None:
     """Offers a row's full blocks to later prompts, unless weights were swapped since it
@@ -420,9 +441,9 @@ class Engine:
     seq.tokens.append(tok)
     self.stats["tokens"] += 1
     reason = None
-    if tok in request.stop_tokens or group.matchers and self._grammar_ends(seq, tok):
+    if tok in request.stop_tokens or group.matchers and grammar_ends(seq, tok):
       reason = "stop" if group.error is None else "error"
-    elif request.stop_check is not None and self._stops(seq, cand.tokens):
+    elif request.stop_check is not None and stops(seq, cand.tokens):
       reason = "stop" if group.error is None else "error"
     elif len(cand.tokens) >= request.max_tokens:
       reason = "length"
@@ -444,30 +465,8 @@ class Engine:
     seq.pages = []
     group.open -= 1
     if group.open == 0:
-      _call_done(request, Result(group.candidates, group.version, len(request.prompt),
+      call_done(request, Result(group.candidates, group.version, len(request.prompt),
                                  group.cached_tokens, error=group.error))
-
-  @staticmethod
-  def _grammar_ends(seq: Row, tok: int) -> bool:
-    """Advances the row's grammar; whether it is complete (or broken: only a bug sends a
-    token the mask refused, and it ends its own request with the error)."""
-    matcher = seq.group.matchers[seq.c]
-    try:
-      matcher.advance(tok)
-    except RuntimeError as e:
-      seq.group.error = e
-      return True
-    return matcher.done
-
-  @staticmethod
-  def _stops(seq: Row, tokens: list[int]) -> bool:
-    """The request's stop check; one that raises ends its own request with the error."""
-    try:
-      return bool(seq.group.request.stop_check(seq.c, tokens))
-    except Exception as e:  # a caller's check must not fail the other requests
-      log.exception("a request's stop check failed")
-      seq.group.error = e
-      return True
 
   def _fail_all(self, error: BaseException) -> None:
     groups = {id(s.group): s.group for s in self._live() + self.resume}
@@ -484,17 +483,5 @@ class Engine:
       self.pool = PagePool(self.pool.num_pages, self.page_size,
                            prefix_cache=self.pool.prefix_cache)
     for group in groups.values():
-      _call_done(group.request, Result([], self.version, len(group.request.prompt),
+      call_done(group.request, Result([], self.version, len(group.request.prompt),
                                        error=error))
-
-
-def _with_done(request: Request, on_done) -> Request:
-  return dataclasses.replace(request, on_done=on_done)
-
-
-def _call_done(request: Request, result: Result) -> None:
-  if request.on_done is not None:
-    try:
-      request.on_done(result)
-    except Exception:
-      log.exception("a request's done callback failed")

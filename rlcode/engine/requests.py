@@ -3,8 +3,11 @@
 from __future__ import annotations
 
 import dataclasses
+import logging
 from collections.abc import Callable, Sequence
 from typing import Any
+
+log = logging.getLogger("rlcode.engine")
 
 
 @dataclasses.dataclass
@@ -57,3 +60,17 @@ class Result:
   prompt_tokens: int
   cached_tokens: int = 0
   error: BaseException | None = None
+
+
+def with_done(request: Request, on_done) -> Request:
+  """`request` with `on_done` in place of its own."""
+  return dataclasses.replace(request, on_done=on_done)
+
+
+def call_done(request: Request, result: Result) -> None:
+  """The request's done callback, whose failure never stops the engine."""
+  if request.on_done is not None:
+    try:
+      request.on_done(result)
+    except Exception:
+      log.exception("a request's done callback failed")

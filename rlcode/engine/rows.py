@@ -1,12 +1,17 @@
 """The engine's records of what it holds: an admitted request (a group of candidates) and
-its rows (rlcode.engine.engine keeps them in its queues)."""
+its rows (rlcode.engine.engine keeps them in its queues); the per-row sampling arrays of a
+step, and the per-row checks of a sampled token (the grammar, the stop check)."""
 
 from __future__ import annotations
+
+import logging
 
 import numpy as np
 
 from rlcode.engine import grammar as grammar_lib
 from rlcode.engine.requests import Candidate, Request
+
+log = logging.getLogger("rlcode.engine")
 
 
 def bucket(n: int, minimum: int = 1) -> int:
@@ -67,3 +72,25 @@ def sampling_arrays(seqs: list[Row], r: int, vocab_size: int):
     if seq.group.matchers:
       seq.group.matchers[seq.c].fill(allow[i])
   return seed, row, position, temperature, top_k, top_p, allow
+
+
+def grammar_ends(seq: Row, tok: int) -> bool:
+  """Advances the row's grammar; whether it is complete (or broken: only a bug sends a
+  token the mask refused, and it ends its own request with the error)."""
+  matcher = seq.group.matchers[seq.c]
+  try:
+    matcher.advance(tok)
+  except RuntimeError as e:
+    seq.group.error = e
+    return True
+  return matcher.done
+
+
+def stops(seq: Row, tokens: list[int]) -> bool:
+  """The request's stop check; one that raises ends its own request with the error."""
+  try:
+    return bool(seq.group.request.stop_check(seq.c, tokens))
+  except Exception as e:  # a caller's check must not fail the other requests
+    log.exception("a request's stop check failed")
+    seq.group.error = e
+    return True
