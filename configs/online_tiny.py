@@ -36,6 +36,8 @@ def get_config(arg: str | None = None):
     config.model.tokenizer = "bytes+tools"
     config.online.update(init_from=None, batch_rows=16)
     config.train.progress_bar = False
+    # Tests start many short-lived servers: none compiles shapes it will not meet.
+    config.serve.warmup = False
   elif arg is not None:
     raise ValueError(f"configs/online_tiny.py:{arg}: the only argument is 'test'")
   return config

@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlcode.engine import Engine, PagePool, Request
+from rlcode.engine import Engine, PagePool, Request, programs
 from rlcode.models import Decoder, ModelConfig
 from rlcode.rl import logprobs
 from rlcode.sampling import static_generate
@@ -201,6 +201,33 @@ def test_partial_rollouts_log_each_tokens_version_and_its_logprob(model, restart
                                                             cand), atol=1e-5, rtol=0)
   assert (mixed == 0) if restart else (mixed > 0)
   assert (engine.stats["restarted"] > 0) == restart
+
+
+def test_a_warmed_up_engine_compiles_nothing_for_requests(model):
+  """Started with warmup, an idle engine compiles every shape its steps can meet; then
+  requests of every size it serves (one row to more than it holds, short and long
+  prompts, several chunks of prefill, pages past the first table width) compile nothing
+  more."""
+  import time
+  engine = Engine(model, num_pages=80, page_size=8, max_rows=4, prefill_tokens=16,
+                  warmup=True).start()
+  deadline = time.time() + 300
+  while engine.warm and time.time() < deadline:
+    time.sleep(0.2)
+  assert not engine.warm
+  time.sleep(0.5)  # the last shape's call returns
+  programs_ = (engine.programs.decode, engine.programs.forward, programs.sample)
+  compiled = [p._cache_size() for p in programs_]
+  rng = np.random.default_rng(0)
+  done = []
+  for n_rows, length in ((1, 3), (3, 20), (6, 70), (7, 40)):
+    for _ in range(n_rows):
+      engine.submit(Request(rng.integers(1, 60, length).tolist(), 6, temperature=1.0,
+                            on_done=done.append))
+    time.sleep(0.3)  # some decode while the next ones arrive
+  engine.stop()  # finishes every request
+  assert len(done) == 17 and all(r.error is None for r in done)
+  assert [p._cache_size() for p in programs_] == compiled
 
 
 def test_stops_and_lengths(model):

@@ -60,4 +60,19 @@ def start_server(config: str, flags, log_path: str, tree: str = ROOT) -> tuple[P
   server = Process([sys.executable, "-m", "rlcode", "serve", "--config", config, *flags,
                     "--port", "0"], log_path, cwd=tree, env=env)
   line = server.wait_for("listening on ")
-  return server, line.split("listening on ")[1].split()[0]
+  url = line.split("listening on ")[1].split()[0]
+  compiled(url)
+  return server, url
+
+
+def compiled(url: str, timeout: float = 900.0) -> None:
+  """Waits until the server's engine has compiled the shapes its warm-up lists
+  (/metrics engine_shapes_to_compile; a server without the key has no warm-up)."""
+  import httpx
+  deadline = time.time() + timeout
+  while time.time() < deadline:
+    left = httpx.get(url + "/metrics", timeout=30).json().get("engine_shapes_to_compile", 0)
+    if not left:
+      return
+    time.sleep(1.0)
+  raise RuntimeError(f"{url}: still compiling after {timeout:.0f} s")

@@ -23,6 +23,9 @@ class Serve:
       beside the decoding rows).
     prefix_cache: keep finished blocks of KV for later prompts that start with them (a
       system prompt, a conversation's earlier turns).
+    warmup: while idle, compile every program shape the engine's steps can meet, so that
+      requests do not wait for compiles (rlcode.engine.warmup); /metrics counts the shapes
+      left (engine_shapes_to_compile).
     model_name: the model's name in the API (/v1/models, requests' "model"); None: "rlcode".
     log_url: the interaction log's SQLAlchemy URL; None: SQLite at workdir/interactions.sqlite.
     max_body_bytes: a request body larger than this is refused (413).
@@ -43,6 +46,7 @@ class Serve:
   kv_pages: int | None = key(None, ge=2)
   prefill_tokens: int = key(512, ge=16)
   prefix_cache: bool = key(True)
+  warmup: bool = key(True)
   model_name: str | None = key(None)
   log_url: str | None = key(None)
   max_body_bytes: int = key(1 << 20, ge=1024)

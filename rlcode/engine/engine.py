@@ -36,6 +36,7 @@ from flax import nnx
 from jax.sharding import Mesh
 
 from rlcode.engine import programs
+from rlcode.engine import warmup as warmup_lib
 from rlcode.engine.pages import PagePool
 from rlcode.engine.requests import Request, Result, call_done, with_done
 from rlcode.engine.rows import Group, Row, bucket, grammar_ends, sampling_arrays, stops
@@ -68,11 +69,14 @@ class Engine:
     mesh: the devices of this engine (one data shard of a sampler mesh): the weights are
       placed by their axes on it and the pools' KV heads split over its `tensor` axis
       where that divides them; None: the default device.
+    warmup: a started engine compiles every program shape its steps can meet while it is
+      idle, one at a time (rlcode.engine.warmup; what a server wants).
   """
 
   def __init__(self, model: Decoder, *, num_pages: int, page_size: int = 16,
                max_rows: int = 64, prefill_tokens: int = 512, version: int = 0,
-               prefix_cache: bool = True, mode: str = "continuous", mesh: Mesh | None = None):
+               prefix_cache: bool = True, mode: str = "continuous", mesh: Mesh | None = None,
+               warmup: bool = False):
     if mode not in MODES:
       raise ValueError(f"engine mode={mode!r}; one of {MODES}")
     self.cfg, self.mesh = model.cfg, mesh
@@ -96,6 +100,8 @@ class Engine:
     self._thread: threading.Thread | None = None
     self._stopping = False
     self.stats = collections.Counter()
+    self.warm = collections.deque(
+        warmup_lib.shapes(self, MIN_ROWS, MIN_PAGES, MIN_CHUNK) if warmup else ())
 
   # ------------------------------------------------------------ outside the loop
   def submit(self, request: Request) -> None:
@@ -190,10 +196,14 @@ class Engine:
   def _loop(self) -> None:
     while True:
       with self._cond:
-        while self.idle() and not (self._pending or self._stopping):
+        while self.idle() and not (self._pending or self._stopping or self.warm):
           self._cond.wait()
         if self._stopping and self.idle():
           return
+        warming = self.idle() and not self._pending
+      if warming:  # nothing to do: compile a shape a later request may meet
+        warmup_lib.run_next(self)
+        continue
       start = time.perf_counter()
       try:
         self.step()

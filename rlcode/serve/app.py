@@ -466,6 +466,7 @@ def _metrics(served: Served) -> dict:
           "kv_pages": eng.pool.num_pages - 1, "kv_pages_used": eng.pool.used(),
           "prefix_hit_tokens": eng.stats["prefix_hit_tokens"],
           "preemptions": eng.stats["preemptions"],
+          "engine_shapes_to_compile": len(eng.warm),
           "uptime_s": now - served.started, **served.counters}
 
 

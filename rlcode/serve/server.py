@@ -199,7 +199,7 @@ def build(config, checkpoint: str | None = None, api_key: str | None = None,
   eng = engine_lib.Engine(got.model, num_pages=pages, page_size=serve.page_size,
                           max_rows=serve.slots, prefill_tokens=serve.prefill_tokens,
                           prefix_cache=serve.prefix_cache, version=got.version,
-                          mode=serve.batching).start()
+                          mode=serve.batching, warmup=serve.warmup).start()
   chat_stops = tuple(tokenizer.eos_ids)
   if template is not None:
     eos = template.special_tokens.get("eos_token")
