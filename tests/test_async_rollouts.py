@@ -276,3 +276,24 @@ def test_stale_rollouts_are_corrected(eta0, tmp_path):
   second = rows[1]
   assert np.isfinite(second["loss"]) and 0 <= second["iw_clip_frac"] <= 1
   assert second["iw_mean"] != 1.0 and 0 < second["iw_mean"] <= 2.0
+
+
+@pytest.mark.slow
+def test_partial_rollouts_train_on_groups_whose_tokens_are_at_most_eta_old(tmp_path):
+  """rl.rollouts=partial, eta = 1, 4 steps: each step trains 4 groups that finished on
+  engines that never stopped (the first to finish), every row's oldest token at most one
+  version behind the trainer; stale rows get the importance correction."""
+  rows = tiny_runs.steps(grpo_loop.train(tiny_runs.config(
+      tmp_path, "--config.rl.max_staleness=1", "--config.rl.rollouts=partial",
+      "--config.train.steps=4", "--config.train.checkpoint_every=4")))
+  assert len(rows) == 4
+  for r in rows:
+    assert r["staleness/0"] + r["staleness/1"] == 32 and np.isfinite(r["loss"])
+    assert 0 <= r["iw_clip_frac"] <= 1 and r["partial_dropped_groups"] >= 0
+  assert rows[0]["staleness/0"] == 32  # nothing was published before the first update
+  assert sum(r["staleness/1"] for r in rows[1:]) > 0  # later groups straddle updates
+
+
+def test_partial_rollouts_need_a_staleness_bound(tmp_path):
+  with pytest.raises(ValueError, match="rl.rollouts=partial needs rl.max_staleness >= 1"):
+    grpo_loop.train(tiny_runs.config(tmp_path, "--config.rl.rollouts=partial"))

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import dataclasses
-import hashlib
 import math
 import time
 from collections.abc import Sequence
@@ -155,8 +154,7 @@ def run_episodes(model: Decoder, chat: ChatFormat, envs: Sequence[ToolEnv],
 
 def turn_seed(seed: int, turn: int) -> int:
   """The engine seed of a turn (any integer seed; a 32-bit result)."""
-  digest = hashlib.blake2b(f"{seed}:{turn}".encode(), digest_size=4).digest()
-  return int.from_bytes(digest, "little")
+  return engines_lib.derived_seed(seed, turn)
 
 
 def _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv, pool,

@@ -146,6 +146,12 @@ class RL:
       the update (eta); 0 is the synchronous loop.
     max_importance_weight: the cap of a stale row's pi_prox / pi_behav weight.
     sample_version: "latest" (the newest allowed weights) or "oldest" (exactly k - eta).
+    rollouts: "batch" (each step's groups sampled together, rlcode.rl.async_rollouts) or
+      "partial" (groups decode on running engines; a step takes the first
+      prompts_per_step to finish; new weights reach rows mid-flight, tokens older than
+      max_staleness versions restarted: rlcode.rl.partial; needs max_staleness >= 1).
+    in_flight_groups: "partial": groups kept decoding; None: (max_staleness + 1) x
+      prompts_per_step.
     expert_slots: that many of each group's slots hold the task's expert episode.
     exclude_task_ids: a regular expression; training tasks whose id matches it are left
       out of GRPO's stream (the warm start still uses them); None: none.
@@ -178,6 +184,8 @@ class RL:
   max_staleness: int = key(0, ge=0, only=("grpo",))
   max_importance_weight: float = key(2.0, ge=1, only=("grpo", "online"))
   sample_version: str = key("latest", choices=("latest", "oldest"), only=("grpo",))
+  rollouts: str = key("batch", choices=("batch", "partial"), only=("grpo",))
+  in_flight_groups: int | None = key(None, ge=1, only=("grpo",))
   expert_slots: int = key(0, ge=0, only=("agent",))
   exclude_task_ids: str | None = key(None, only=("agent",))
   sample_rounds: int = key(1, ge=1, only=("agent",))

@@ -38,7 +38,7 @@ from jax.sharding import Mesh
 from rlcode.engine import programs
 from rlcode.engine import warmup as warmup_lib
 from rlcode.engine.pages import PagePool
-from rlcode.engine.requests import Request, Result, call_done, with_done
+from rlcode.engine.requests import Request, Result, call_done, check, with_done
 from rlcode.engine.rows import Group, Row, bucket, grammar_ends, sampling_arrays, stops
 from rlcode.engine.rows import rows as rows_of
 from rlcode.models.decoder import Decoder
@@ -98,37 +98,14 @@ class Engine:
     self._pending: tuple[int, object] | None = None
     self._cond = threading.Condition()
     self._thread: threading.Thread | None = None
-    self._stopping = False
+    self._stopping = self._cancel = False
     self.stats = collections.Counter()
     self.warm = collections.deque(
         warmup_lib.shapes(self, MIN_ROWS, MIN_PAGES, MIN_CHUNK) if warmup else ())
 
   # ------------------------------------------------------------ outside the loop
   def submit(self, request: Request) -> None:
-    n_prompt = len(request.prompt)
-    if n_prompt == 0:
-      raise ValueError("the prompt is empty")
-    if n_prompt >= self.cfg.max_seq_len:
-      raise ValueError(f"the prompt has {n_prompt} tokens; the model's context is "
-                       f"{self.cfg.max_seq_len}")
-    if not 1 <= request.n <= self.max_rows:
-      raise ValueError(f"n={request.n} must be between 1 and the engine's {self.max_rows} rows")
-    if request.rows is not None and len(request.rows) != request.n:
-      raise ValueError(f"rows has {len(request.rows)} entries for n={request.n}")
-    if request.max_tokens < 1:
-      raise ValueError(f"max_tokens={request.max_tokens} must be at least 1")
-    if not 0 <= request.seed < 2 ** 32:
-      raise ValueError(f"seed={request.seed} must be in [0, 2**32)")
-    need = math.ceil(min(n_prompt + request.max_tokens, self.cfg.max_seq_len) / self.page_size)
-    if need > self.pool.num_pages - 1:
-      raise ValueError(f"a candidate of this request needs {need} pages of "
-                       f"{self.page_size}; the pool has {self.pool.num_pages - 1}")
-    s = self.page_size
-    group = math.ceil(n_prompt / s) + (request.n - 1 if n_prompt % s else 0)
-    if group > self.pool.num_pages - 1:
-      raise ValueError(f"the prompt and its n={request.n} candidates' copies of its last "
-                       f"page need {group} pages of {s}; the pool has "
-                       f"{self.pool.num_pages - 1}")
+    check(request, self.cfg.max_seq_len, self.max_rows, self.page_size, self.pool.num_pages)
     with self._cond:
       if self._stopping:
         raise RuntimeError("the engine is stopping")
@@ -182,24 +159,24 @@ class Engine:
     self._thread.start()
     return self
 
-  def stop(self, timeout: float | None = None) -> None:
-    """Finishes what is admitted and waiting, then ends the loop (a later `start` runs it
-    again, with its pools and prefix cache as they were)."""
+  def stop(self, timeout: float | None = None, cancel: bool = False) -> None:
+    """Finishes what is admitted and waiting (with `cancel`: fails it, each request's
+    on_done told), then ends the loop (a later `start` runs it again)."""
     with self._cond:
-      self._stopping = True
+      self._stopping, self._cancel = True, cancel
       self._cond.notify_all()
     if self._thread is not None:
       self._thread.join(timeout)
       if not self._thread.is_alive():  # stopped: `start` may run it again
-        self._thread, self._stopping = None, False
+        self._thread, self._stopping, self._cancel = None, False, False
 
   def _loop(self) -> None:
     while True:
       with self._cond:
         while self.idle() and not (self._pending or self._stopping or self.warm):
           self._cond.wait()
-        if self._stopping and self.idle():
-          return
+        if self._stopping and (self.idle() or self._cancel):
+          break
         warming = self.idle() and not self._pending
       if warming:  # nothing to do: compile a shape a later request may meet
         warmup_lib.run_next(self)
@@ -211,6 +188,8 @@ class Engine:
         log.exception("an engine step failed")
         self._fail_all(e)
       self.stats["busy_seconds"] += time.perf_counter() - start
+    if not self.idle():  # stopped with cancel
+      self._fail_all(RuntimeError("the engine was stopped"))
 
   # ------------------------------------------------------------ one step
   def step(self) -> None:

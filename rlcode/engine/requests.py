@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import math
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -74,3 +75,32 @@ def call_done(request: Request, result: Result) -> None:
       request.on_done(result)
     except Exception:
       log.exception("a request's done callback failed")
+
+
+def check(request: Request, max_seq_len: int, max_rows: int, page_size: int,
+          num_pages: int) -> None:
+  """A ValueError naming what an engine of these sizes cannot take from `request`."""
+  n_prompt = len(request.prompt)
+  if n_prompt == 0:
+    raise ValueError("the prompt is empty")
+  if n_prompt >= max_seq_len:
+    raise ValueError(f"the prompt has {n_prompt} tokens; the model's context is "
+                     f"{max_seq_len}")
+  if not 1 <= request.n <= max_rows:
+    raise ValueError(f"n={request.n} must be between 1 and the engine's {max_rows} rows")
+  if request.rows is not None and len(request.rows) != request.n:
+    raise ValueError(f"rows has {len(request.rows)} entries for n={request.n}")
+  if request.max_tokens < 1:
+    raise ValueError(f"max_tokens={request.max_tokens} must be at least 1")
+  if not 0 <= request.seed < 2 ** 32:
+    raise ValueError(f"seed={request.seed} must be in [0, 2**32)")
+  need = math.ceil(min(n_prompt + request.max_tokens, max_seq_len) / page_size)
+  if need > num_pages - 1:
+    raise ValueError(f"a candidate of this request needs {need} pages of "
+                     f"{page_size}; the pool has {num_pages - 1}")
+  s = page_size
+  group = math.ceil(n_prompt / s) + (request.n - 1 if n_prompt % s else 0)
+  if group > num_pages - 1:
+    raise ValueError(f"the prompt and its n={request.n} candidates' copies of its last "
+                     f"page need {group} pages of {s}; the pool has "
+                     f"{num_pages - 1}")

@@ -16,6 +16,7 @@ This module must not know about rewards or training.
 
 from __future__ import annotations
 
+import hashlib
 import math
 import threading
 from collections.abc import Sequence
@@ -29,6 +30,13 @@ from rlcode.parallel import sharding
 DEFAULT_PAGE_SIZE = 16
 # The most prompt tokens prefilled in one engine step (bucketed chunks beside decode).
 PREFILL_TOKENS = 2048
+
+
+def derived_seed(seed: int, *parts: int) -> int:
+  """A 32-bit engine seed of any integer seed and the parts that tell its uses apart (an
+  agent's turn, a partial rollout's group)."""
+  text = ":".join(str(int(x)) for x in (seed, *parts))
+  return int.from_bytes(hashlib.blake2b(text.encode(), digest_size=4).digest(), "little")
 
 
 def shard_meshes(mesh: Mesh | None) -> list[Mesh | None]:

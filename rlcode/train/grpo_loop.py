@@ -10,7 +10,10 @@ of an uninterrupted run (at rl.max_staleness = 0).
 
 Rollouts (sample, then score in the sandbox) come from a sampler thread
 (rlcode.rl.async_rollouts) that works ahead of the update by up to rl.max_staleness
-policy versions; at 0 it waits for every update, which is the synchronous loop.
+policy versions; at 0 it waits for every update, which is the synchronous loop. With
+rl.rollouts = "partial" they come from engines that never stop decoding
+(rlcode.rl.partial): a step takes the first groups to finish, and new weights reach
+rows mid-flight.
 config.sampler_mesh puts the sampler on its own devices. The same command runs as N
 processes (rlcode.parallel.distributed): each samples its share of the prompts, the
 update is one program over all of them, and process 0 writes the files.
@@ -27,6 +30,7 @@ import time
 
 import jax
 import numpy as np
+from flax import nnx
 
 from rlcode import optim, rewards
 from rlcode.config import loader
@@ -35,7 +39,9 @@ from rlcode.data.stream import TaskStream
 from rlcode.policy import policy_eval
 from rlcode.models.build import build_model
 from rlcode.parallel import distributed, sharding
-from rlcode.rl import advantages, async_rollouts, grpo, objective, rollout, sequences, shared_prefix
+from rlcode.rl import (advantages, async_rollouts, grpo, objective, partial, rollout, sequences,
+                       shared_prefix)
+from rlcode.sampling.engines import derived_seed
 from rlcode.runs import checkpoint, scaffold
 from rlcode.policy import warm_start
 from rlcode.policy.training import PolicyTraining
@@ -157,8 +163,13 @@ def train(config) -> list[dict]:
     # ════════════════════════════════════════════════════════════ 6. loop
     if run.eval_at_start():
       run_eval(0, test=True)
-    with async_rollouts.AsyncRollouts(produce, store, start=run.start_step,
-                                      stop=config.train.steps) as rollouts:
+    if rl.rollouts == "partial":
+      rollouts_cm = _partial(config, policy(store.latest()[1]), tokenizer, stream, share,
+                             train_tasks, sampler_mesh, advantage_of, run.start_step)
+    else:
+      rollouts_cm = async_rollouts.AsyncRollouts(produce, store, start=run.start_step,
+                                                 stop=config.train.steps)
+    with rollouts_cm as rollouts:
       for step in run.steps():
         step_start = time.perf_counter()
         got, trainer_idle_s = rollouts.next()
@@ -184,10 +195,14 @@ def train(config) -> list[dict]:
                                               on_nonfinite=config.train.on_nonfinite)
         weights, sync_s = sync(state.params)
         store.publish(step + 1, weights)
+        if rl.rollouts == "partial":
+          rollouts.publish(step + 1, nnx.state(policy(weights).for_sampling()))
 
         row = _step_row(m, seen, lag, iw, ro, batch, rl, update_s=update_s,
                         proximal_s=proximal_s, sync_s=sync_s, trainer_idle_s=trainer_idle_s,
                         step_s=time.perf_counter() - step_start)
+        if rl.rollouts == "partial":
+          row.update(rollouts.stats())
         run.log(step + 1, row)
         run.postfix(reward=row["reward_mean"], loss=row["loss"])
 
@@ -198,6 +213,29 @@ def train(config) -> list[dict]:
           run.save(done, trained.bundle(state, ref_params),
                    {"data_position": position, "seed": config.seed, "step": done})
   return run.rows
+
+
+def _partial(config, model, tokenizer, stream, share, train_tasks, sampler_mesh,
+             advantage_of, start):
+  """Partial rollouts (rl.rollouts = "partial"): this process's groups on running engines."""
+  rl = config.rl
+  if rl.max_staleness < 1:
+    raise ValueError("rl.rollouts=partial needs rl.max_staleness >= 1: a step trains on "
+                     "groups that were decoding while the update before it ran")
+
+  def score(ro):
+    start_s = time.perf_counter()
+    reward = rollout.score(ro, dict(config.rewards), rewards.options(config.reward_options))
+    return advantage_of(reward.scores), time.perf_counter() - start_s
+
+  longest = max(len(p) for p in rollout.encode_prompts(tokenizer, train_tasks))
+  return partial.PartialRollouts(
+      model, next_tasks=lambda: share.take(stream.next()), position=lambda: stream.position,
+      tokenizer=tokenizer, group_size=rl.group_size, max_new_tokens=rl.max_new_tokens,
+      temperature=rl.temperature, seed=derived_seed(config.seed, jax.process_index()),
+      prompts_per_step=share.stop - share.start, max_staleness=rl.max_staleness,
+      score=score, mesh=sampler_mesh, start=start, in_flight=rl.in_flight_groups,
+      max_prompt_tokens=longest)
 
 
 def _step_row(m, seen, lag, iw, ro, batch, rl, *, update_s, proximal_s, sync_s,
@@ -238,7 +276,7 @@ def _row_stats(got: async_rollouts.Produced) -> dict[str, np.ndarray]:
   return {
       "scores": reward.scores, "passed": np.array(passed, np.int32), "adv": adv,
       "lengths": ro.generation.lengths, "loss_lengths": ro.loss_lengths,
-      "version": np.full(len(adv), got.version, np.int32),
+      "version": np.broadcast_to(np.asarray(got.version, np.int32), (len(adv),)).copy(),
       "widths": np.array(rollout.batch_widths(ro), np.int32),
       "rollout_seconds": one(ro.seconds), "reward_seconds": one(reward_s),
       "sampler_idle_seconds": one(got.sampler_idle_seconds)}

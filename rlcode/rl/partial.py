@@ -1,0 +1,186 @@
+"""Partial rollouts: groups decode on a running engine while the trainer updates.
+
+    feeder   keeps `in_flight` groups submitted, in the task stream's order, to the
+             engines of the sampler mesh (one per data shard, each stepping in its own
+             thread); a group that finishes makes room for the next
+    trainer  next(): the first P groups to finish (scored and turned into advantages
+             there) ─► update ─► publish(version, weights): swapped in between two engine
+             steps; rows in flight are recomputed under the new weights and continue,
+             each token keeping the version that sampled it (AReaL's interruptible,
+             PipelineRL's in-flight swap), and a row holding a token older than
+             version - eta starts again from its prompt
+
+So a step waits for the P fastest of its groups, not for the slowest row of a batch, and
+the engine never drains between updates. Staleness is bounded per token: a group is
+trained at step k only if every token it holds came from version >= k - eta (eta =
+rl.max_staleness); groups that finished before a publish with older tokens are dropped
+and counted (`partial_dropped_groups`). The loss's correction reads each row's oldest
+version (rlcode.rl.grpo.make_proximal_fn) and each token's own behaviour log-probability.
+Randomness: group i draws from (a seed of the run's seed and i, row, position).
+
+What is approximated: the rewards of a step's groups are computed when the trainer takes
+them (on its thread, as the synchronous loop does); a resumed run continues the task
+stream after the groups that were in flight at its checkpoint, which are not trained.
+This module must not know about losses or models beyond their weights.
+"""
+
+from __future__ import annotations
+
+import collections
+import math
+import threading
+import time
+from collections.abc import Callable, Sequence
+
+import numpy as np
+
+from rlcode.engine import Engine, Request
+from rlcode.rl import rollout
+from rlcode.rl.async_rollouts import Produced
+from rlcode.sampling import Generation, engines as engines_lib
+
+PAGE_SIZE = 16
+
+
+class PartialRollouts:
+  """Rollouts of a GRPO run on running engines (see the module docstring).
+
+  Args:
+    model: the policy whose weights the engines start with (version `start`).
+    next_tasks: the task stream's next batch (called whenever the feeder needs tasks).
+    position: the stream's position (for checkpoints).
+    tokenizer, group_size, max_new_tokens, temperature, seed: the rollouts'.
+    prompts_per_step: groups the trainer takes a step.
+    max_staleness: eta; in_flight: groups kept submitted (default (eta + 1) x P).
+    score: (Rollout) -> (advantages, reward seconds): rewards and advantages of groups.
+    mesh: the sampler mesh (one engine per data shard).
+    max_prompt_tokens: the longest prompt (the pools hold in_flight groups at full length).
+  """
+
+  def __init__(self, model, *, next_tasks: Callable[[], Sequence], position: Callable[[], int],
+               tokenizer, group_size: int, max_new_tokens: int, temperature: float,
+               seed: int, prompts_per_step: int, max_staleness: int, score: Callable,
+               mesh=None, start: int = 0, in_flight: int | None = None,
+               max_prompt_tokens: int):
+    self.tokenizer, self.g, self.p = tokenizer, group_size, prompts_per_step
+    self.max_new, self.temperature, self.seed = max_new_tokens, temperature, seed
+    self.eta, self.score, self.next_step = max_staleness, score, start
+    self._next_tasks, self._position = next_tasks, position
+    self.in_flight = in_flight or (max_staleness + 1) * prompts_per_step
+    meshes = engines_lib.shard_meshes(mesh)
+    per_engine = math.ceil(self.in_flight / len(meshes))
+    pages = 1 + per_engine * group_size * math.ceil(
+        (max_prompt_tokens + max_new_tokens) / PAGE_SIZE)
+    self.engines = [Engine(model, num_pages=pages, page_size=PAGE_SIZE,
+                           max_rows=per_engine * group_size, version=start,
+                           prefill_tokens=engines_lib.PREFILL_TOKENS, prefix_cache=False,
+                           mesh=m).start() for m in meshes]
+    self._load = [0] * len(self.engines)
+    self._cond = threading.Condition()
+    self._ready: collections.deque = collections.deque()
+    self._tasks: collections.deque = collections.deque()
+    self._submitted = 0
+    self._error: BaseException | None = None
+    self.dropped = 0
+    self._last = time.perf_counter()
+    for _ in range(self.in_flight):
+      self._submit()
+
+  def _submit(self) -> None:
+    """The next group of the stream, to the engine with the fewest groups."""
+    if not self._tasks:
+      self._tasks.extend(self._next_tasks())
+    task, index = self._tasks.popleft(), self._submitted
+    self._submitted += 1
+    prompt = rollout.encode_prompts(self.tokenizer, [task])[0]
+    e = int(np.argmin(self._load))
+    self._load[e] += 1
+    self.engines[e].submit(Request(
+        prompt, self.max_new, n=self.g, temperature=self.temperature,
+        seed=engines_lib.derived_seed(self.seed, index), stop_tokens=self.tokenizer.eos_ids,
+        on_done=lambda result: self._done(e, index, task, prompt, result)))
+
+  def _done(self, e: int, index: int, task, prompt, result) -> None:
+    """In an engine's thread: the group is ready; the next one goes in."""
+    with self._cond:
+      self._load[e] -= 1
+      if result.error is not None:
+        self._error = result.error
+      else:
+        self._ready.append((index, task, prompt, result.candidates))
+        try:
+          self._submit()
+        except BaseException as err:  # handed to the trainer, which raises it
+          self._error = err
+      self._cond.notify_all()
+
+  def next(self) -> tuple[Produced, float]:
+    """(the step's rollouts: the first P groups to finish whose tokens are all recent
+    enough, seconds the trainer waited)."""
+    step, start = self.next_step, time.perf_counter()
+    oldest = step - self.eta
+    groups = []
+    with self._cond:
+      while len(groups) < self.p:
+        if self._error is not None:
+          raise self._error
+        if not self._ready:
+          self._cond.wait(timeout=1.0)
+          continue
+        group = self._ready.popleft()
+        if min((min(c.versions) for c in group[3] if c.versions), default=step) < oldest:
+          self.dropped += 1  # tokens older than the bound: not trained
+          continue
+        groups.append(group)
+    waited = time.perf_counter() - start
+    self.next_step += 1
+    ro, versions = self._rollout(groups)
+    adv, reward_s = self.score(ro)
+    idle = 0.0  # the engines never wait for the trainer
+    return Produced(step, versions, (ro, adv, reward_s, self._position()), idle), waited
+
+  def _rollout(self, groups) -> tuple[rollout.Rollout, np.ndarray]:
+    """One Rollout of the groups, prompt-major, and each row's oldest token version."""
+    n = len(groups) * self.g
+    tokens = np.full((n, self.max_new), self.tokenizer.pad_id, np.int32)
+    logprobs = np.zeros((n, self.max_new), np.float32)
+    lengths, finished = np.zeros(n, np.int32), np.zeros(n, bool)
+    versions = np.zeros(n, np.int32)
+    for i, (_, _, _, cands) in enumerate(groups):
+      for c, cand in enumerate(cands):
+        r, k = i * self.g + c, len(cand.tokens)
+        tokens[r, :k], logprobs[r, :k] = cand.tokens, cand.logprobs
+        lengths[r], finished[r] = k, cand.finish_reason == "stop"
+        versions[r] = min(cand.versions) if cand.versions else self.next_step - 1
+    gen = Generation(tokens=tokens, logprobs=logprobs, lengths=lengths, finished=finished,
+                     prompt_index=np.repeat(np.arange(len(groups)), self.g))
+    eos = set(self.tokenizer.eos_ids)
+    texts = [self.tokenizer.decode([t for t in c if t not in eos]) for c in gen.completions()]
+    now = time.perf_counter()
+    seconds, self._last = now - self._last, now
+    ro = rollout.Rollout([g[1] for g in groups], [g[2] for g in groups], gen, texts, seconds,
+                         self.tokenizer)
+    return ro, versions
+
+  def publish(self, version: int, state) -> None:
+    """New weights (the sampling model's nnx.State) for every engine, between steps."""
+    restart = version - self.eta if self.eta else None
+    for e in self.engines:
+      e.publish(state, version, restart_before=restart)
+
+  def stats(self) -> dict[str, float]:
+    busy = sum(e.stats["busy_seconds"] for e in self.engines)
+    return {"partial_dropped_groups": float(self.dropped),
+            "partial_restarted_rows": float(sum(e.stats["restarted"] for e in self.engines)),
+            "engine_busy_seconds": busy}
+
+  def close(self) -> None:
+    """Stops the engines; the groups in flight are dropped."""
+    for e in self.engines:
+      e.stop(cancel=True)
+
+  def __enter__(self) -> PartialRollouts:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
