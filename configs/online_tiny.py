@@ -8,7 +8,7 @@
 
 The server starts from the warm-started policy (online.init_from), logs every completion
 to workdir/interactions.sqlite and swaps in each version the learner publishes in
-workdir/published. Result: docs/results.md ("Serving and online learning").
+workdir/published. Result: docs/results.md ("users_learn: learning online from simulated users").
 """
 
 import ml_collections
