@@ -31,6 +31,7 @@ from rlcode.parallel import sharding
 from rlcode.rl import shared_prefix
 from rlcode import optim
 from rlcode.rl import advantages
+from rlcode.rl import correction
 from rlcode.rl import grpo
 from rlcode.rl import objective
 from rlcode.rl import sequences
@@ -99,7 +100,8 @@ def _log_probs(shared, mesh_shape):
   batch = _placed(_rollouts(7)[0], "grpo", shared, mesh)
   stale = jax.device_put(np.ones(rows, bool), optim.batch_shardings(mesh, _example(shared)).adv)
   behaviour = grpo.make_logprob_fn(graphdef, mesh, 1.0, fn, rows)
-  proximal = grpo.make_proximal_fn(graphdef, mesh, 1.0, 2.0, rows, fn)
+  proximal = grpo.make_proximal_fn(graphdef, mesh, 1.0, correction.Correction.decoupled(2.0),
+                                   rows, fn)
   return (behaviour.lower(state.params, batch).compile(FAST),
           proximal.lower(state.params, batch, stale).compile(FAST), stale)
 
@@ -129,7 +131,7 @@ def _run(aggregation, advantage, shared, eta, mesh_shape):
     batch.old_logp = behaviour(versions[sampled_with], batch) * batch.mask
     metrics = {}
     if sampled_with < step:
-      batch.old_logp, batch.weight, metrics = proximal(state.params, batch, stale)
+      batch.old_logp, batch.weight, batch.mask, metrics = proximal(state.params, batch, stale)
     state, m = update(state, batch)
     out.append({**jax.device_get(m), **jax.device_get(metrics)})
     versions.append(jax.tree.map(lambda x: x.copy(), state.params))

@@ -16,6 +16,7 @@ from rlcode.parallel import distributed, sharding
 from rlcode import rewards
 from rlcode import optim
 from rlcode.rl import advantages
+from rlcode.rl import correction
 from rlcode.rl import grpo
 from rlcode.rl import objective
 from rlcode.rl import rollout
@@ -152,8 +153,9 @@ def test_proximal_fn_recomputes_stale_rows_only():
   behav = (prox + rng.normal(0, 0.6, prox.shape)).astype(np.float32) * batch.mask
   batch.old_logp = behav
   stale = np.array([True, False, True, False])
-  fn = grpo.make_proximal_fn(graphdef, mesh, 1.0, 1.5, rows=4)
-  old, weight, metrics = jax.device_get(fn(params, batch, stale))
+  fn = grpo.make_proximal_fn(graphdef, mesh, 1.0, correction.Correction.decoupled(1.5), rows=4)
+  old, weight, mask, metrics = jax.device_get(fn(params, batch, stale))
+  np.testing.assert_array_equal(mask, batch.mask)  # truncation masks nothing
   valid = batch.mask > 0
   raw = np.exp(prox - behav)
   want_w = np.where(stale[:, None] & valid, np.minimum(raw, 1.5), 1.0)
@@ -166,7 +168,7 @@ def test_proximal_fn_recomputes_stale_rows_only():
   np.testing.assert_allclose(metrics["iw_clip_frac"], truncated[valid].mean(), rtol=1e-6)
   np.testing.assert_allclose(metrics["iw_mean"], want_w[valid].mean(), rtol=1e-5)
   with pytest.raises(ValueError, match="max_importance_weight"):
-    grpo.make_proximal_fn(graphdef, mesh, 1.0, 0.5, rows=4)
+    correction.Correction.decoupled(0.5)
 
 
 # --------------------------------------------------------------------------- weight sync

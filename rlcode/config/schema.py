@@ -21,6 +21,7 @@ from typing import Any
 
 from rlcode.fields import Lazy, key
 from rlcode.config.policy import Mesh, Model
+from rlcode.config.rl import RL
 from rlcode.config.serving import Online, Serve
 from rlcode.data.git.config import MiningConfig
 from rlcode.data.sections.tasks import SectionOptions
@@ -116,100 +117,6 @@ class Data:
       raise ValueError(f"eval_split={self.eval_split!r} is a held-out split: a training "
                        "loop evaluates on a split to tune on (validation); read a held-out "
                        "one through data.test_split")
-
-
-@dataclasses.dataclass(frozen=True)
-class RL:
-  """GRPO: sampling, advantages, the clipped objective, asynchrony (rlcode.rl).
-
-  Attributes:
-    group_size: completions sampled per prompt (G).
-    prompts_per_step: prompts (groups) per step.
-    temperature: the sampling temperature, also applied in the update's log-probs.
-    max_new_tokens: the completion budget.
-    num_passes: updates per batch.
-    micro_batch_rows: accumulate the update's gradient over micro-batches of this many
-      rows (whole groups: a multiple of group_size), in one jitted scan; the same update
-      with one micro-batch's activations alive at a time. None: the whole batch at once.
-    advantage: "grpo" (centred, scaled by the group's std) or "dr_grpo" (centred only).
-    negative_weight: the weight of negative advantages: 1 is GRPO as published, 0 keeps
-      the positive ones only.
-    shared_prefix: run each group's prompt once in the update (rlcode.rl.shared_prefix).
-    loss_aggregation: "seq_mean_token_mean" (GRPO), "token_mean" (DAPO) or
-      "seq_mean_token_sum_norm" (Dr.GRPO).
-    clip_eps_low: PPO's clip below 1.
-    clip_eps_high: PPO's clip above 1 (DAPO's clip-higher when larger than the low one).
-    beta: the coefficient of the k3 KL to the frozen reference.
-    log_kl: log the KL to the warm start as `kl` also when beta is 0.
-    length_multiple: training batches are padded to multiples of this many tokens.
-    max_staleness: asynchronous rollouts: sample up to this many policy versions ahead of
-      the update (eta); 0 is the synchronous loop.
-    max_importance_weight: the cap of a stale row's pi_prox / pi_behav weight.
-    sample_version: "latest" (the newest allowed weights) or "oldest" (exactly k - eta).
-    rollouts: "batch" (each step's groups sampled together, rlcode.rl.async_rollouts) or
-      "partial" (groups decode on running engines; a step takes the first
-      prompts_per_step to finish; new weights reach rows mid-flight, tokens older than
-      max_staleness versions restarted: rlcode.rl.partial; needs max_staleness >= 1).
-    in_flight_groups: "partial": groups kept decoding; None: (max_staleness + 1) x
-      prompts_per_step.
-    expert_slots: that many of each group's slots hold the task's expert episode.
-    exclude_task_ids: a regular expression; training tasks whose id matches it are left
-      out of GRPO's stream (the warm start still uses them); None: none.
-    sample_rounds: DAPO's dynamic sampling, capped: up to this many rounds of tasks a
-      step, keeping the groups whose rewards differ.
-    drop_idle_groups: the update runs only the groups whose rewards differ, with the loss
-      and gradient of the whole batch.
-    curriculum: "plain" (the seeded stream) or "signal" (families weighted by their recent
-      groups with a signal, rlcode.rl.curriculum).
-    curriculum_decay: "signal": the decay of each family's counts per update.
-    curriculum_floor: "signal": the least weight a family keeps.
-  """
-
-  group_size: int = key(8, ge=1)
-  prompts_per_step: int = key(16, ge=1)
-  temperature: float = key(1.0, gt=0)
-  max_new_tokens: int = key(256, ge=1, only=("grpo",))
-  num_passes: int = key(1, ge=1)
-  micro_batch_rows: int | None = key(None, ge=1)
-  advantage: str = key("grpo", choices=("grpo", "dr_grpo"))
-  negative_weight: float = key(1.0, ge=0, le=1)
-  shared_prefix: bool = key(True, only=("grpo",))
-  loss_aggregation: str = key("seq_mean_token_mean", choices=(
-      "seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"))
-  clip_eps_low: float = key(0.2, ge=0)
-  clip_eps_high: float = key(0.28, ge=0)
-  beta: float = key(0.0, ge=0)
-  log_kl: bool = key(False)
-  length_multiple: int = key(32, ge=1, only=("grpo",))
-  max_staleness: int = key(0, ge=0, only=("grpo",))
-  max_importance_weight: float = key(2.0, ge=1, only=("grpo", "online"))
-  sample_version: str = key("latest", choices=("latest", "oldest"), only=("grpo",))
-  rollouts: str = key("batch", choices=("batch", "partial"), only=("grpo",))
-  in_flight_groups: int | None = key(None, ge=1, only=("grpo",))
-  expert_slots: int = key(0, ge=0, only=("agent",))
-  exclude_task_ids: str | None = key(None, only=("agent",))
-  sample_rounds: int = key(1, ge=1, only=("agent",))
-  drop_idle_groups: bool = key(True, only=("agent",))
-  curriculum: str = key("plain", choices=("plain", "signal"), only=("agent",))
-  curriculum_decay: float = key(0.8, ge=0, lt=1, only=("agent",))
-  curriculum_floor: float = key(0.05, gt=0, le=1, only=("agent",))
-
-  def __post_init__(self):
-    rows = self.prompts_per_step * self.group_size
-    if self.micro_batch_rows is not None and (
-        rows % self.micro_batch_rows or self.micro_batch_rows % self.group_size):
-      raise ValueError(f"rl.micro_batch_rows={self.micro_batch_rows} must divide the "
-                       f"{rows} rows of a step into whole groups of {self.group_size}")
-    if self.expert_slots >= self.group_size:
-      raise ValueError(f"rl.expert_slots={self.expert_slots} must be < rl.group_size="
-                       f"{self.group_size}: a group needs at least one sampled trajectory")
-    if self.exclude_task_ids is not None:
-      import re
-      try:
-        re.compile(self.exclude_task_ids)
-      except re.error as e:
-        raise ValueError(f"rl.exclude_task_ids={self.exclude_task_ids!r} is not a regular "
-                         f"expression: {e}") from None
 
 
 @dataclasses.dataclass(frozen=True)

@@ -4,7 +4,9 @@
 rlcode.rl.sequences, by default; rlcode.rl.shared_prefix passes the shared-prompt one) and
 returns (state, batch) -> (state, metrics) with explicit in/out shardings. A step whose
 loss or gradient is not finite is skipped and counted. `make_logprob_fn` gives
-reference log-probs; `make_proximal_fn` the decoupled-PPO correction of stale rows.
+reference log-probs; `make_proximal_fn` the importance correction of recomputed rows
+(rlcode.rl.correction): the decoupled-PPO correction of stale rows, or the rollout
+correction of every row.
 
 Stale samples (rlcode.rl.async_rollouts: drawn from a policy some versions behind the
 trainer) are corrected by the decoupled PPO objective (Hilton et al. 2021, "Batch
@@ -12,8 +14,9 @@ size-invariance for policy optimization"; AReaL, Fu et al. 2025): the ratio is
 clipped against the proximal policy (the trainer's at the start of the step) instead
 of the behaviour policy, and each token is weighted by pi_prox / pi_behav truncated
 at a cap. For an on-policy sample the proximal policy is the behaviour policy: its
-log-probs are used as they are and the weight is exactly 1. This module must not know
-where rewards come from.
+log-probs are used as they are and the weight is exactly 1, unless rl.rollout_correction
+recomputes every row (the sampler's numbers and the trainer's differ under the same
+weights). This module must not know where rewards come from.
 """
 
 from __future__ import annotations
@@ -30,6 +33,7 @@ from rlcode import optim
 from rlcode.errors import BadInput
 from rlcode.models import lora, moe
 from rlcode.parallel import sharding
+from rlcode.rl import correction as correction_lib
 from rlcode.rl import objective, sequences
 
 
@@ -146,37 +150,27 @@ def make_logprob_fn(graphdef, mesh: Mesh, temperature: float, logprob_fn=None,
   return jax.jit(run, out_shardings=None if rows is None else _rows_sharding(mesh, rows))
 
 
-def make_proximal_fn(graphdef, mesh: Mesh, temperature: float, max_weight: float, rows: int,
-                     logprob_fn=None):
-  """The decoupled-PPO correction of a batch some of whose rows are stale.
+def make_proximal_fn(graphdef, mesh: Mesh, temperature: float,
+                     correction: correction_lib.Correction, rows: int, logprob_fn=None):
+  """The importance correction of a batch's recomputed rows (rlcode.rl.correction): the
+  decoupled-PPO correction of stale rows, or the rollout correction of every row.
 
-  Returns jitted (params, batch, stale_n) -> (old_logp, weight, metrics): for rows
-  with stale_n true, old_logp becomes the proximal log-probs (under `params`, the
-  trainer's policy at the start of the step) and weight min(pi_prox / pi_behav,
-  max_weight), from the behaviour log-probs the batch's old_logp holds; other rows
-  keep their behaviour log-probs and weight 1. metrics: "iw_clip_frac", the
-  fraction of the batch's trained tokens whose weight was truncated, and "iw_mean",
-  their mean weight after truncation.
+  Returns jitted (params, batch, rows_n) -> (old_logp, weight, mask, metrics): for rows
+  with rows_n true, old_logp becomes the proximal log-probs (under `params`, the
+  trainer's policy at the start of the step) and weight and mask the correction's, from
+  the behaviour log-probs the batch's old_logp holds (correction_lib.correct, which says
+  what the metrics are); other rows keep their behaviour log-probs, weight 1 and mask.
   """
-  if not max_weight >= 1.0:
-    raise ValueError(f"rl.max_importance_weight={max_weight} must be >= 1 (an on-policy "
-                     "token's weight is 1)")
   if logprob_fn is None:
     logprob_fn = lambda model, batch: sequences.sequence_logprobs(model, batch, temperature)
 
-  def run(params, batch, stale_n):
+  def run(params, batch, rows_n):
     with sharding.activate(mesh):
       prox, _ = logprob_fn(nnx.merge(graphdef, jax.lax.stop_gradient(params)), batch)
-    valid = batch.mask > 0
-    stale = stale_n[:, None] & valid
-    # The log-ratio is selected before exp, as in policy_loss.
-    raw = jnp.exp(jnp.where(stale, prox - batch.old_logp, 0.0))
-    weight = jnp.where(stale, jnp.minimum(raw, max_weight), 1.0)
-    old = jnp.where(stale_n[:, None], prox, batch.old_logp)
-    mask = valid.astype(jnp.float32)
-    metrics = {"iw_clip_frac": objective.masked_mean((raw > max_weight).astype(jnp.float32), mask),
-               "iw_mean": objective.masked_mean(weight, mask)}
-    return old, weight, metrics
+    weight, mask, metrics = correction_lib.correct(prox, batch.old_logp, batch.mask, rows_n,
+                                                   correction)
+    old = jnp.where(rows_n[:, None], prox, batch.old_logp)
+    return old, weight, mask, metrics
 
   rows_sh = _rows_sharding(mesh, rows)
-  return jax.jit(run, out_shardings=(rows_sh, rows_sh, None))
+  return jax.jit(run, out_shardings=(rows_sh, rows_sh, rows_sh, None))

@@ -13,7 +13,10 @@ Rollouts (sample, then score in the sandbox) come from a sampler thread
 policy versions; at 0 it waits for every update, which is the synchronous loop. With
 rl.rollouts = "partial" they come from engines that never stop decoding
 (rlcode.rl.partial): a step takes the first groups to finish, and new weights reach
-rows mid-flight.
+rows mid-flight. Rewards become advantages after DAPO's overlong shaping
+(rlcode.rl.overlong: rl.overlong_buffer's penalty, rl.overlong_filter), for both kinds of
+rollouts. Stale rows, and every row with rl.rollout_correction, are recomputed under the
+trainer's weights and corrected (rlcode.rl.correction) before the update.
 config.sampler_mesh puts the sampler on its own devices. The same command runs as N
 processes (rlcode.parallel.distributed): each samples its share of the prompts, the
 update is one program over all of them, and process 0 writes the files.
@@ -39,8 +42,8 @@ from rlcode.data.stream import TaskStream
 from rlcode.policy import policy_eval
 from rlcode.models.build import build_model
 from rlcode.parallel import distributed, sharding
-from rlcode.rl import (advantages, async_rollouts, grpo, objective, partial, rollout, sequences,
-                       shared_prefix)
+from rlcode.rl import (advantages, async_rollouts, correction, grpo, objective, overlong, partial,
+                       rollout, sequences, shared_prefix)
 from rlcode.sampling.engines import derived_seed
 from rlcode.runs import checkpoint, scaffold
 from rlcode.policy import warm_start
@@ -86,6 +89,7 @@ def train(config) -> list[dict]:
   trained = PolicyTraining(model, config, mesh, keeps_reference=keeps_reference)
   graphdef, params, policy = trained.graphdef, trained.params, trained.model
   advantage_of = advantages.advantages_from_config(rl)
+  score = _scorer(config, advantage_of)
   grpo.check_micro_batch_rows(rl, dp)
 
   with scaffold.Run(config, desc="grpo", main=distributed.is_main()) as run:
@@ -129,9 +133,10 @@ def train(config) -> list[dict]:
     ref_logprobs = (grpo.make_logprob_fn(graphdef, mesh, rl.temperature, logprob_fn, n_rows)
                     if keeps_reference else None)
     # Rows sampled with an older policy version than the trainer's get the decoupled
-    # PPO correction (clip against the trainer's policy, truncated importance weight).
-    proximal = grpo.make_proximal_fn(graphdef, mesh, rl.temperature,
-                                     rl.max_importance_weight, n_rows, logprob_fn)
+    # PPO correction (clip against the trainer's policy, truncated importance weight);
+    # with rl.rollout_correction every row is recomputed and corrected.
+    fix = correction.Correction.from_config(rl)
+    proximal = grpo.make_proximal_fn(graphdef, mesh, rl.temperature, fix, n_rows, logprob_fn)
     sync = async_rollouts.WeightSync(mesh, sampler_mesh, state.params)
     store = async_rollouts.WeightStore(rl.max_staleness, rl.sample_version)
     store.publish(run.start_step, sync(state.params)[0])
@@ -155,17 +160,15 @@ def train(config) -> list[dict]:
                           max_new_tokens=rl.max_new_tokens, temperature=rl.temperature,
                           seed=config.seed * 1_000_003 + step, mesh=sampler_mesh,
                           row_offset=share.row_offset)
-      start = time.perf_counter()
-      reward = rollout.score(ro, dict(config.rewards), rewards.options(config.reward_options))
-      reward_s = time.perf_counter() - start
-      return ro, advantage_of(reward.scores), reward_s, stream.position
+      adv, reward_s = score(ro)
+      return ro, adv, reward_s, stream.position
 
     # ════════════════════════════════════════════════════════════ 6. loop
     if run.eval_at_start():
       run_eval(0, test=True)
     if rl.rollouts == "partial":
       rollouts_cm = _partial(config, policy(store.latest()[1]), tokenizer, stream, share,
-                             train_tasks, sampler_mesh, advantage_of, run.start_step)
+                             train_tasks, sampler_mesh, score, run.start_step)
     else:
       rollouts_cm = async_rollouts.AsyncRollouts(produce, store, start=run.start_step,
                                                  stop=config.train.steps)
@@ -183,9 +186,9 @@ def train(config) -> list[dict]:
 
         start = time.perf_counter()
         iw = {"iw_clip_frac": 0.0, "iw_mean": 1.0}
-        if lag.any():
-          stale = distributed.put_global(lag > 0, batch_sh.adv)
-          batch.old_logp, batch.weight, iw = proximal(state.params, batch, stale)
+        if fix.every_row or lag.any():
+          rows = distributed.put_global(fix.every_row | (lag > 0), batch_sh.adv)
+          batch.old_logp, batch.weight, batch.mask, iw = proximal(state.params, batch, rows)
         if ref_logprobs is not None:
           batch.ref_logp = ref_logprobs(trained.reference_params(ref_params, state), batch)
         jax.block_until_ready((batch.old_logp, batch.ref_logp))
@@ -215,19 +218,28 @@ def train(config) -> list[dict]:
   return run.rows
 
 
-def _partial(config, model, tokenizer, stream, share, train_tasks, sampler_mesh,
-             advantage_of, start):
-  """Partial rollouts (rl.rollouts = "partial"): this process's groups on running engines."""
+def _scorer(config, advantage_of):
+  """(Rollout) -> (advantages, reward seconds): the rewards of a step's completions,
+  DAPO's overlong shaping (rlcode.rl.overlong: the soft penalty on the rewards, the
+  filter on the trained tokens), then the group advantages; for batch and partial
+  rollouts alike."""
+  shaping = overlong.Overlong.from_config(config.rl)
+
+  def score(ro):
+    start = time.perf_counter()
+    reward = rollout.score(ro, dict(config.rewards), rewards.options(config.reward_options))
+    adv = advantage_of(shaping.apply(ro, reward.scores))
+    return adv, time.perf_counter() - start
+  return score
+
+
+def _partial(config, model, tokenizer, stream, share, train_tasks, sampler_mesh, score, start):
+  """Partial rollouts (rl.rollouts = "partial"): this process's groups on running engines;
+  score: `_scorer`'s."""
   rl = config.rl
   if rl.max_staleness < 1:
     raise ValueError("rl.rollouts=partial needs rl.max_staleness >= 1: a step trains on "
                      "groups that were decoding while the update before it ran")
-
-  def score(ro):
-    start_s = time.perf_counter()
-    reward = rollout.score(ro, dict(config.rewards), rewards.options(config.reward_options))
-    return advantage_of(reward.scores), time.perf_counter() - start_s
-
   longest = max(len(p) for p in rollout.encode_prompts(tokenizer, train_tasks))
   return partial.PartialRollouts(
       model, next_tasks=lambda: share.take(stream.next()), position=lambda: stream.position,
@@ -250,6 +262,7 @@ def _step_row(m, seen, lag, iw, ro, batch, rl, *, update_s, proximal_s, sync_s,
       groups_with_signal=float(np.mean(
           np.abs(seen["adv"].reshape(-1, rl.group_size)).max(1) > 0)),
       completion_len=float(seen["lengths"].mean()),
+      truncated_frac=float(seen["truncated"].mean()),
       trained_len=float(seen["loss_lengths"].mean()),
       rollout_tokens_per_s=n_tokens / rollout_s,
       update_tokens_per_s=_batch_tokens(batch) * rl.num_passes / update_s,
@@ -262,6 +275,9 @@ def _step_row(m, seen, lag, iw, ro, batch, rl, *, update_s, proximal_s, sync_s,
       **{f"staleness/{k}": int((lag == k).sum()) for k in range(rl.max_staleness + 1)},
       **{f"reward/{k}": v
          for k, v in distributed.mean_over_processes(ro.reward.metrics).items()})
+  if rl.overlong_buffer:
+    row["overlong_penalty"] = float(overlong.Overlong.from_config(rl).penalty(
+        seen["lengths"]).mean())
   return row
 
 
@@ -276,6 +292,7 @@ def _row_stats(got: async_rollouts.Produced) -> dict[str, np.ndarray]:
   return {
       "scores": reward.scores, "passed": np.array(passed, np.int32), "adv": adv,
       "lengths": ro.generation.lengths, "loss_lengths": ro.loss_lengths,
+      "truncated": (~ro.generation.finished).astype(np.int32),
       "version": np.broadcast_to(np.asarray(got.version, np.int32), (len(adv),)).copy(),
       "widths": np.array(rollout.batch_widths(ro), np.int32),
       "rollout_seconds": one(ro.seconds), "reward_seconds": one(reward_s),

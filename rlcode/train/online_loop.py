@@ -42,7 +42,7 @@ import numpy as np
 from rlcode import optim
 from rlcode.config import loader
 from rlcode.parallel import sharding
-from rlcode.rl import grpo, objective, sequences
+from rlcode.rl import correction, grpo, objective, sequences
 from rlcode.runs import scaffold
 from rlcode.serve import log as log_lib
 from rlcode.serve import server, weights
@@ -99,7 +99,8 @@ def train(config, stop=None) -> list[dict]:
     update = grpo.make_update_step(trained.graphdef, trained.optimizer, loss_cfg, mesh, state,
                                    example, trainable=trained.trainable, offload=trained.offload)
     proximal = grpo.make_proximal_fn(trained.graphdef, mesh, rl.temperature,
-                                     rl.max_importance_weight, rows)
+                                     correction.Correction.decoupled(rl.max_importance_weight),
+                                     rows)
     pending: list = []  # feedback rows read, not yet trained on
 
     # ════════════════════════════════════════════════════════════ 4. loop
@@ -130,7 +131,7 @@ def train(config, stop=None) -> list[dict]:
       batch = jax.device_put(batch, batch_sh)
       start = time.perf_counter()
       stale = jax.device_put(np.arange(rows) < len(batch_rows), batch_sh.adv)
-      batch.old_logp, batch.weight, iw = proximal(state.params, batch, stale)
+      batch.old_logp, batch.weight, batch.mask, iw = proximal(state.params, batch, stale)
       state, m, update_s = optim.run_passes(update, state, batch, rl.num_passes, step=step,
                                             on_nonfinite=config.train.on_nonfinite)
       publish_start = time.perf_counter()
