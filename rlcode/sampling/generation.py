@@ -332,17 +332,7 @@ def static_generate(model: Decoder, prompts: Sequence[Sequence[int]], *,
   What `generate` runs for models with NSA layers and for host-offloaded KV, and what the
   engine's benchmarks compare against.
 
-  Args:
-    model: the decoder.
-    prompts: token id lists, of any lengths (at least one token each).
-    max_new_tokens: the budget per completion.
-    temperature: 0 is greedy.
-    top_p, top_k: nucleus and top-k truncation (1.0 and 0 turn them off).
-    group_size: samples per prompt, G.
-    stop_tokens: a row ends after emitting any of these.
-    seed: the sampling seed.
-    pad_id: the token written after a row's end (and in prompt padding).
-    mesh: shard the batch over this mesh (default: the active one, if any).
+  Arguments as `generate`'s (its `seed` any integer), and:
     share_prompt: with group_size > 1, keep one copy of each prompt's KV that
       its G rows read as a shared prefix (decode attention merges prefix and
       own-token parts by log-sum-exp); False gives every row its own copy.
@@ -352,12 +342,6 @@ def static_generate(model: Decoder, prompts: Sequence[Sequence[int]], *,
       layer's part to the device while the layer before it computes (implies
       the shared-prompt layout). Same samples; on a GPU it trades device
       memory for host-to-device bandwidth.
-    row_offset: the global index of this call's first row, when the prompts
-      are one process's share of a batch: row r draws the randomness of row
-      row_offset + r.
-
-  Returns:
-    A Generation with P * group_size rows, prompt-major.
   """
   cfg = model.cfg
   has_nsa = "nsa" in cfg.layer_kinds
