@@ -210,6 +210,7 @@ def main():
                       help="an earlier commit whose `rlcode serve` is one more arm")
   parser.add_argument("--out", default=os.path.join(ROOT, "experiments", "out", "serve_speed"))
   args = parser.parse_args()
+  args.out = os.path.abspath(args.out)  # servers of another tree run from their own directory
   os.makedirs(args.out, exist_ok=True)
   levels = [int(c) for c in args.clients.split(",")]
   if args.redeploy_only:
