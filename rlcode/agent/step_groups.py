@@ -1,5 +1,5 @@
 """Which tasks and groups an agent step trains on: task selection, expert-guided groups,
-DAPO's dynamic sampling with a cap.
+and DAPO's dynamic sampling with a cap (rlcode.rl.dynamic's, which the GRPO loop shares).
 """
 
 from __future__ import annotations
@@ -7,6 +7,10 @@ from __future__ import annotations
 import re
 import numpy as np
 from rlcode.errors import BadInput
+from rlcode.rl.dynamic import fill_with_signal, has_signal, round_seed
+
+__all__ = ["fill_with_signal", "grpo_tasks", "guide_groups", "has_signal", "round_seed",
+           "select_variants"]
 
 
 def guide_groups(trajs, experts, group_size: int, slots: int):
@@ -23,43 +27,6 @@ def guide_groups(trajs, experts, group_size: int, slots: int):
       for i in range((g + 1) * group_size - slots, (g + 1) * group_size):
         out[i], guided[i] = episode, True
   return out, guided
-
-
-def has_signal(group, reward) -> bool:
-  """Whether a group's rewards (reward(item) of each) are not all equal."""
-  return len({reward(item) for item in group}) > 1
-
-
-def fill_with_signal(sample_round, group_size: int, groups: int, rounds: int, *,
-                     reward=lambda item: item.reward):
-  """DAPO's dynamic sampling (Yu et al. 2025), with a cap on the rounds.
-
-  sample_round(r) returns round r's items (`groups` groups of `group_size`, group-major;
-  reward(item) is an item's final reward). Rounds run until `groups` groups whose
-  rewards are not all equal have been kept, or `rounds` rounds have run. A batch still
-  short then is filled with the last round's flat groups, whose advantages are 0 (with
-  beta = 0 they add nothing to the gradient, as in plain GRPO). rounds = 1 is plain
-  GRPO: the first round's groups as they came.
-
-  Returns (the batch's items, groups * group_size of them; every item drawn, in order;
-  the rounds run).
-  """
-  kept, drawn = [], []
-  for r in range(rounds):
-    items = sample_round(r)
-    if len(items) != groups * group_size:
-      raise ValueError(f"round {r}: {len(items)} items, expected {groups} x {group_size}")
-    drawn += items
-    if rounds == 1:
-      return items, drawn, 1
-    flat = []
-    for i in range(0, len(items), group_size):
-      chunk = items[i:i + group_size]
-      (kept if has_signal(chunk, reward) else flat).append(chunk)
-    if len(kept) >= groups:
-      break
-  batch = (kept + flat)[:groups]
-  return [item for chunk in batch for item in chunk], drawn, r + 1
 
 
 def grpo_tasks(config, tasks):

@@ -67,13 +67,21 @@ class RL:
     exclude_task_ids: a regular expression; training tasks whose id matches it are left
       out of GRPO's stream (the warm start still uses them); None: none.
     sample_rounds: DAPO's dynamic sampling, capped: up to this many rounds of tasks a
-      step, keeping the groups whose rewards differ.
+      step, keeping the groups whose rewards differ (rlcode.rl.dynamic); 1: plain GRPO.
+      Not with rollouts = "partial".
     drop_idle_groups: the update runs only the groups whose rewards differ, with the loss
       and gradient of the whole batch.
     curriculum: "plain" (the seeded stream) or "signal" (families weighted by their recent
       groups with a signal, rlcode.rl.curriculum).
     curriculum_decay: "signal": the decay of each family's counts per update.
     curriculum_floor: "signal": the least weight a family keeps.
+    distill_teacher: on-policy distillation (rlcode.rl.distill): a teacher sharing the
+      tokenizer, a run's workdir or checkpoint directory or a Hugging Face checkpoint,
+      scores the sampled tokens; None: no teacher.
+    distill_coef: each trained token's advantage gains this times (teacher log-prob -
+      sampler log-prob), the negative of the per-token reverse KL estimate.
+    distill_only: the advantage is the distillation term alone (no task advantage; the
+      rewards are still computed and logged).
   """
 
   group_size: int = key(8, ge=1)
@@ -109,11 +117,14 @@ class RL:
   in_flight_groups: int | None = key(None, ge=1, only=("grpo",))
   expert_slots: int = key(0, ge=0, only=("agent",))
   exclude_task_ids: str | None = key(None, only=("agent",))
-  sample_rounds: int = key(1, ge=1, only=("agent",))
+  sample_rounds: int = key(1, ge=1, only=("grpo", "agent"))
   drop_idle_groups: bool = key(True, only=("agent",))
   curriculum: str = key("plain", choices=("plain", "signal"), only=("agent",))
   curriculum_decay: float = key(0.8, ge=0, lt=1, only=("agent",))
   curriculum_floor: float = key(0.05, gt=0, le=1, only=("agent",))
+  distill_teacher: str | None = key(None, only=("grpo",))
+  distill_coef: float = key(1.0, ge=0, only=("grpo",))
+  distill_only: bool = key(False, only=("grpo",))
 
   def __post_init__(self):
     rows = self.prompts_per_step * self.group_size
@@ -127,6 +138,14 @@ class RL:
     if self.expert_slots >= self.group_size:
       raise ValueError(f"rl.expert_slots={self.expert_slots} must be < rl.group_size="
                        f"{self.group_size}: a group needs at least one sampled trajectory")
+    if self.sample_rounds > 1 and self.rollouts == "partial":
+      raise ValueError(f"rl.sample_rounds={self.sample_rounds} needs rl.rollouts=batch: "
+                       "partial rollouts train the first groups to finish, one round")
+    if self.distill_only and not self.distill_teacher:
+      raise ValueError("rl.distill_only=true needs a teacher: set rl.distill_teacher")
+    if self.distill_only and self.sample_rounds > 1:
+      raise ValueError(f"rl.sample_rounds={self.sample_rounds} keeps groups by their task "
+                       "rewards, which rl.distill_only=true does not train on: set one of them")
     if self.exclude_task_ids is not None:
       import re
       try:

@@ -10,4 +10,6 @@ rollouts, asynchronous rollouts and curricula.
   rollout.py         tasks -> samples -> rewards (host side)
   async_rollouts.py  the sampler thread: versioned weights, bounded staleness, weight sync
   curriculum.py      task streams weighted by the share of groups with a signal
+  dynamic.py         DAPO's dynamic sampling: rounds until the groups carry a signal
+  distill.py         on-policy distillation: a teacher's log-probs as a per-token reward
 """

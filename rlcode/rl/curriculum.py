@@ -2,7 +2,7 @@
 
 A GRPO group teaches only when its rewards differ: a task family the policy always
 solves, or never does, fills a batch with groups whose advantages are all 0. DAPO's
-dynamic sampling (rlcode.agent.train.fill_with_signal) samples more and throws the
+dynamic sampling (rlcode.rl.dynamic) samples more and throws the
 flat groups away, at the cost of the rollouts; this stream instead draws the next
 tasks by family, each family weighted by the share of its recent groups that had a
 signal (online difficulty filtering at the level of a family, in the spirit of Bae et

@@ -128,7 +128,7 @@ def check_micro_batch_rows(rl, data_parallel: int) -> None:
                    f"{data_parallel} data-parallel devices of the mesh")
 
 
-def _rows_sharding(mesh: Mesh, rows: int) -> NamedSharding:
+def rows_sharding(mesh: Mesh, rows: int) -> NamedSharding:
   """The sharding of an [N, W] leaf of a batch of `rows` rows (as batch_shardings)."""
   return NamedSharding(mesh, sharding.logical_to_spec(("batch", None), (rows, 1), mesh=mesh,
                                                       what="batch"))
@@ -147,7 +147,7 @@ def make_logprob_fn(graphdef, mesh: Mesh, temperature: float, logprob_fn=None,
   def run(params, batch):
     with sharding.activate(mesh):
       return logprob_fn(nnx.merge(graphdef, params), batch)[0]
-  return jax.jit(run, out_shardings=None if rows is None else _rows_sharding(mesh, rows))
+  return jax.jit(run, out_shardings=None if rows is None else rows_sharding(mesh, rows))
 
 
 def make_proximal_fn(graphdef, mesh: Mesh, temperature: float,
@@ -172,5 +172,5 @@ def make_proximal_fn(graphdef, mesh: Mesh, temperature: float,
     old = jnp.where(rows_n[:, None], prox, batch.old_logp)
     return old, weight, mask, metrics
 
-  rows_sh = _rows_sharding(mesh, rows)
+  rows_sh = rows_sharding(mesh, rows)
   return jax.jit(run, out_shardings=(rows_sh, rows_sh, rows_sh, None))

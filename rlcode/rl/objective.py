@@ -59,10 +59,15 @@ class Totals:
                tokens=jnp.sum(valid), rows=jnp.float32(mask_nt.shape[0]))
 
 
+def _per_token(adv):
+  """An advantage per row [N] as [N, 1]; one per token [N, W] (rlcode.rl.distill) as it is."""
+  return adv[:, None] if adv.ndim == 1 else adv
+
+
 def _ppo(logp_nt, old_logp_nt, adv_n, valid, cfg):
   # PPO: r = exp(logp - old), min(r * A, clip(r) * A) per token.
   ratio = jnp.exp(jnp.where(valid, logp_nt - old_logp_nt, 0.0))
-  adv = adv_n[:, None]
+  adv = _per_token(adv_n)
   clipped = jnp.clip(ratio, 1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high)
   return jnp.minimum(ratio * adv, clipped * adv), ratio, ratio != clipped
 
@@ -78,7 +83,7 @@ def _gspo(logp_nt, old_logp_nt, adv_n, valid, cfg):
   # GSPO: s = exp(mean_t(logp - old)) per sequence, min(s * A, clip(s) * A), the
   # sequence's value on each of its tokens.
   s = jnp.exp(_sequence_log_ratio(logp_nt, old_logp_nt, valid))
-  adv = adv_n[:, None]
+  adv = _per_token(adv_n)
   clipped = jnp.clip(s, 1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high)
   shape = logp_nt.shape
   return (jnp.broadcast_to(jnp.minimum(s * adv, clipped * adv), shape),
@@ -91,7 +96,7 @@ def _gspo_token(logp_nt, old_logp_nt, adv_n, valid, cfg):
   seq = jax.lax.stop_gradient(_sequence_log_ratio(logp_nt, old_logp_nt, valid))
   lp = jnp.where(valid, logp_nt, 0.0)
   s = jnp.exp(seq + (lp - jax.lax.stop_gradient(lp)))
-  adv = adv_n[:, None]
+  adv = _per_token(adv_n)
   clipped = jnp.clip(s, 1.0 - cfg.clip_eps_low, 1.0 + cfg.clip_eps_high)
   return jnp.minimum(s * adv, clipped * adv), s, s != clipped
 
@@ -102,12 +107,12 @@ def _cispo(logp_nt, old_logp_nt, adv_n, valid, cfg):
   ratio = jnp.exp(jnp.where(valid, logp_nt - old_logp_nt, 0.0))
   low = None if cfg.cispo_clip_low is None else 1.0 - cfg.cispo_clip_low
   w = jnp.clip(ratio, low, 1.0 + cfg.cispo_clip_high)
-  surrogate = jax.lax.stop_gradient(w) * adv_n[:, None] * jnp.where(valid, logp_nt, 0.0)
+  surrogate = jax.lax.stop_gradient(w) * _per_token(adv_n) * jnp.where(valid, logp_nt, 0.0)
   return surrogate, ratio, ratio != w
 
 
-# name -> (logp, old_logp, adv, valid, cfg) -> (surrogate [N, W], ratio [N, W], clipped
-# [N, W] bool); the per-token loss is -weight * surrogate.
+# name -> (logp, old_logp, adv [N] or [N, W], valid, cfg) -> (surrogate [N, W], ratio
+# [N, W], clipped [N, W] bool); the per-token loss is -weight * surrogate.
 OBJECTIVES: dict[str, Callable] = {
     "ppo": _ppo,
     "gspo": _gspo,
@@ -176,6 +181,8 @@ def policy_loss(logp_nt, old_logp_nt, adv_n, mask_nt, cfg: LossConfig, ref_logp_
                 weight_nt=None, totals: Totals | None = None):
   """The objective's surrogate plus beta * KL(policy || reference), aggregated by name.
 
+  adv_n is a row's advantage [N], or each token's [N, W] (on-policy distillation,
+  rlcode.rl.distill): A below is then the token's own.
   Per token: -w * surrogate + beta * k3, with w = weight_nt (the importance weight of
   rlcode.rl.correction: a stale row's truncated proximal/behaviour weight or the rollout
   correction's; 1 when not given) and k3 = exp(ref - logp) - (ref - logp) - 1

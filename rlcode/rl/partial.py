@@ -137,7 +137,7 @@ class PartialRollouts:
     ro, versions = self._rollout(groups)
     adv, reward_s = self.score(ro)
     idle = 0.0  # the engines never wait for the trainer
-    return Produced(step, versions, (ro, adv, reward_s, self._position()), idle), waited
+    return Produced(step, versions, (ro, adv, reward_s, self._position(), {}), idle), waited
 
   def _rollout(self, groups) -> tuple[rollout.Rollout, np.ndarray]:
     """One Rollout of the groups, prompt-major, and each row's oldest token version."""

@@ -32,7 +32,8 @@ class SequenceBatch:
   first completion token (its prompt's length - 1). mask, old_logp, ref_logp, weight:
   [N, W], aligned with the targets tokens[i, start[i] + 1 + j] (mask 1 on completion
   tokens, proximal and reference log-probabilities there, 0 elsewhere; weight the
-  importance weight of rlcode.rl.correction, 1 for rows it did not recompute). adv: [N].
+  importance weight of rlcode.rl.correction, 1 for rows it did not recompute). adv: [N],
+  or [N, W] per token (on-policy distillation, rlcode.rl.distill).
   The output layer runs on the W window positions only: a prompt's positions never
   become logits (what TRL calls logits_to_keep).
   """

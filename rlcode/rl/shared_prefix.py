@@ -42,7 +42,7 @@ class GroupedBatch:
   prompt_tokens: [P, Tp] right-padded; prompt_lengths: [P].
   completion_tokens: [N, Tc] right-padded. mask, old_logp, ref_logp, weight: [N, Tc],
   aligned with the completion tokens (mask 1 on real tokens; weight as in
-  grpo.SequenceBatch). adv: [N].
+  grpo.SequenceBatch). adv: [N], or [N, Tc] per token (rlcode.rl.distill).
   """
 
   prompt_tokens: jax.Array

@@ -18,7 +18,8 @@ and gradient of the whole batch (rlcode.rl.shared_prefix.drop_idle_groups);
 update_groups counts the groups the update ran. rl.curriculum = "signal" draws tasks by
 family, weighted by the share of each family's recent groups with a signal
 (rlcode.rl.curriculum; rows curriculum/<family>). rl.sample_rounds = n > 1 samples up to
-n rounds a step and trains on the groups whose rewards differ (DAPO's dynamic sampling).
+n rounds a step and trains on the groups whose rewards differ (DAPO's dynamic sampling,
+rlcode.rl.dynamic, shared with the GRPO loop).
 
 Evaluation rows: eval/success (the share of episodes whose final reward reaches
 agent.success_reward), eval/success/<family>, eval/tool_calls_per_episode and the other
@@ -129,7 +130,7 @@ def train(config) -> list[dict]:
       """One round of the step's rollouts: G episodes of the stream's next tasks (expert
       slots filled when set), as (trajectory, is it the expert's) pairs, task-major."""
       tasks = stream.next()
-      seed = config.seed * 1_000_003 + step + r * 104_729  # round 0: the plain loop's seed
+      seed = step_groups.round_seed(config.seed, step, r)  # round 0: the plain loop's seed
       trajs = sampler.run_episodes(
           policy(state.params), chat, envs, tasks, group_size=rl.group_size, budgets=budgets,
           temperature=rl.temperature, seed=seed, mesh=mesh, workers=agent.workers,

@@ -13,10 +13,16 @@ Rollouts (sample, then score in the sandbox) come from a sampler thread
 policy versions; at 0 it waits for every update, which is the synchronous loop. With
 rl.rollouts = "partial" they come from engines that never stop decoding
 (rlcode.rl.partial): a step takes the first groups to finish, and new weights reach
-rows mid-flight. Rewards become advantages after DAPO's overlong shaping
-(rlcode.rl.overlong: rl.overlong_buffer's penalty, rl.overlong_filter), for both kinds of
-rollouts. Stale rows, and every row with rl.rollout_correction, are recomputed under the
-trainer's weights and corrected (rlcode.rl.correction) before the update.
+rows mid-flight. With rl.sample_rounds = n > 1 a batch step samples up to n rounds of
+tasks and keeps the groups whose rewards differ (DAPO's dynamic sampling,
+rlcode.rl.dynamic, shared with the agent loop). Rewards become advantages after DAPO's
+overlong shaping (rlcode.rl.overlong: rl.overlong_buffer's penalty, rl.overlong_filter),
+for both kinds of rollouts. Stale rows, and every row with rl.rollout_correction, are
+recomputed under the trainer's weights and corrected (rlcode.rl.correction) before the
+update. With rl.distill_teacher a teacher on the trainer's mesh scores the sampled tokens,
+and each token's advantage gains rl.distill_coef times the teacher's log-prob of it minus
+the sampler's (on-policy distillation, rlcode.rl.distill; rlcode.policy.teacher loads the
+teacher).
 config.sampler_mesh puts the sampler on its own devices. The same command runs as N
 processes (rlcode.parallel.distributed): each samples its share of the prompts, the
 update is one program over all of them, and process 0 writes the files.
@@ -42,10 +48,12 @@ from rlcode.data.stream import TaskStream
 from rlcode.policy import policy_eval
 from rlcode.models.build import build_model
 from rlcode.parallel import distributed, sharding
-from rlcode.rl import (advantages, async_rollouts, correction, grpo, objective, overlong, partial,
-                       rollout, sequences, shared_prefix)
+from rlcode.errors import BadInput
+from rlcode.rl import (advantages, async_rollouts, correction, distill, dynamic, grpo, objective,
+                       overlong, partial, rollout, sequences, shared_prefix)
 from rlcode.sampling.engines import derived_seed
 from rlcode.runs import checkpoint, scaffold
+from rlcode.policy import teacher as teacher_lib
 from rlcode.policy import warm_start
 from rlcode.policy.training import PolicyTraining
 
@@ -64,6 +72,9 @@ def train(config) -> list[dict]:
     raise ValueError(f"rl.prompts_per_step * rl.group_size = {n_rows} rows do not split "
                      f"over the {dp} data-parallel devices of the mesh")
   share = distributed.Share.of(rl.prompts_per_step, rl.group_size, dp)
+  if rl.sample_rounds > 1 and jax.process_count() > 1:
+    raise BadInput(f"rl.sample_rounds={rl.sample_rounds} runs in one process: processes "
+                   "would draw different numbers of rounds from the task stream")
 
   # ══════════════════════════════════════════════════════════════ 2. data
   # Every process reads the tasks; the first prepares them on disk when that is needed.
@@ -91,6 +102,7 @@ def train(config) -> list[dict]:
   advantage_of = advantages.advantages_from_config(rl)
   score = _scorer(config, advantage_of)
   grpo.check_micro_batch_rows(rl, dp)
+  teacher_model = teacher_lib.load(config, mesh, tokenizer)  # None without rl.distill_teacher
 
   with scaffold.Run(config, desc="grpo", main=distributed.is_main()) as run:
     # ════════════════════════════════════════════════════════════ 4. fresh or resumed
@@ -137,6 +149,9 @@ def train(config) -> list[dict]:
     # with rl.rollout_correction every row is recomputed and corrected.
     fix = correction.Correction.from_config(rl)
     proximal = grpo.make_proximal_fn(graphdef, mesh, rl.temperature, fix, n_rows, logprob_fn)
+    teacher = (distill.Teacher(*teacher_model, mesh, rl.temperature, n_rows,
+                               distill.Distill.from_config(rl), logprob_fn)
+               if teacher_model is not None else None)
     sync = async_rollouts.WeightSync(mesh, sampler_mesh, state.params)
     store = async_rollouts.WeightStore(rl.max_staleness, rl.sample_version)
     store.publish(run.start_step, sync(state.params)[0])
@@ -154,14 +169,19 @@ def train(config) -> list[dict]:
       run.log(step, row)
 
     def produce(step, version, weights):
-      """In the sampler thread: this process's share of step `step`'s rollouts."""
-      tasks = share.take(stream.next())
-      ro = rollout.sample(policy(weights), tokenizer, tasks, group_size=rl.group_size,
-                          max_new_tokens=rl.max_new_tokens, temperature=rl.temperature,
-                          seed=config.seed * 1_000_003 + step, mesh=sampler_mesh,
-                          row_offset=share.row_offset)
-      adv, reward_s = score(ro)
-      return ro, adv, reward_s, stream.position
+      """In the sampler thread: this process's share of step `step`'s rollouts, scored; in
+      rounds until its groups carry a signal with rl.sample_rounds > 1 (rlcode.rl.dynamic:
+      round r draws from (seed, step, r); one round is the plain loop's sample)."""
+      def sample_round(r):
+        ro = rollout.sample(policy(weights), tokenizer, share.take(stream.next()),
+                            group_size=rl.group_size, max_new_tokens=rl.max_new_tokens,
+                            temperature=rl.temperature,
+                            seed=dynamic.round_seed(config.seed, step, r), mesh=sampler_mesh,
+                            row_offset=share.row_offset)
+        return (ro, *score(ro))
+      ro, adv, reward_s, rounds = dynamic.fill_rollouts(
+          sample_round, rl.group_size, share.stop - share.start, rl.sample_rounds)
+      return ro, adv, reward_s, stream.position, rounds
 
     # ════════════════════════════════════════════════════════════ 6. loop
     if run.eval_at_start():
@@ -176,13 +196,19 @@ def train(config) -> list[dict]:
       for step in run.steps():
         step_start = time.perf_counter()
         got, trainer_idle_s = rollouts.next()
-        ro, adv, _, position = got.value
+        ro, adv, _, position, rounds = got.value
         seen = distributed.gather(_row_stats(got))
         widths = tuple(int(w) for w in seen["widths"].reshape(-1, 2).max(0))
         batch = distributed.global_batch(
             make_batch(ro, adv, tokenizer.pad_id, rl.max_new_tokens, rl.length_multiple,
                        widths), batch_sh)
         lag = step - seen["version"]
+
+        start, distilled = time.perf_counter(), {}
+        if teacher is not None:  # while old_logp holds the sampler's log-probs
+          batch.adv, _, dm = teacher(batch)
+          distilled = {**{k: float(v) for k, v in jax.device_get(dm).items()},
+                       "distill_seconds": time.perf_counter() - start}
 
         start = time.perf_counter()
         iw = {"iw_clip_frac": 0.0, "iw_mean": 1.0}
@@ -204,6 +230,7 @@ def train(config) -> list[dict]:
         row = _step_row(m, seen, lag, iw, ro, batch, rl, update_s=update_s,
                         proximal_s=proximal_s, sync_s=sync_s, trainer_idle_s=trainer_idle_s,
                         step_s=time.perf_counter() - step_start)
+        row.update(rounds, **distilled)
         if rl.rollouts == "partial":
           row.update(rollouts.stats())
         run.log(step + 1, row)
@@ -284,7 +311,7 @@ def _step_row(m, seen, lag, iw, ro, batch, rl, *, update_s, proximal_s, sync_s,
 def _row_stats(got: async_rollouts.Produced) -> dict[str, np.ndarray]:
   """What the step's metrics are computed from, for this process's rows (per-row
   arrays) and its timings (one entry each); rlcode.parallel.distributed.gather joins them."""
-  ro, adv, reward_s, _ = got.value
+  ro, adv, reward_s, _, _ = got.value
   reward = ro.reward
   passed = [_passed(d) for d in reward.details] if reward.details else [False] * len(adv)
   # 32-bit types: they cross processes as JAX arrays.
