@@ -7,6 +7,7 @@ metrics, on FastAPI (Starlette under uvicorn).
     GET  /v1/models             the one model served
     GET  /v1/models/{id}        it by its id (a 404 error object for any other)
     POST /v1/feedback           what the user did with a completion (idempotent by id)
+    GET  /v1/episodes/{id}      a harness episode's tokens (rlcode.harness); DELETE drops it
     GET  /health                {"status": "ok", "policy_version": ...}; no key needed
     GET  /metrics               requests, errors, queue depth, busy rows, KV pages, tokens/s,
                                 version
@@ -41,6 +42,7 @@ from starlette.exceptions import HTTPException
 
 from rlcode.models import chat_template
 from rlcode import engine as engine_lib
+from rlcode.harness import Recorder, routes as episodes
 from rlcode.serve import log as log_lib
 from rlcode.serve import constrain, protocol, responses, weights
 from rlcode.serve.protocol import APIError
@@ -65,6 +67,7 @@ class Served:
   counters: dict = dataclasses.field(default_factory=dict)
   rate: list = dataclasses.field(default_factory=list)
   started: float = dataclasses.field(default_factory=time.time)
+  episodes: Recorder = dataclasses.field(default_factory=Recorder)  # X-Episode-Id calls
 
   def count(self, key: str) -> None:
     self.counters[key] = self.counters.get(key, 0) + 1
@@ -179,12 +182,14 @@ def create_app(served: Served) -> FastAPI:
     served.count("requests_completions")
     prompts = [p if isinstance(p, list) else served.tokenizer.encode(p)
                for p in body.prompts()]
-    return await _generate(served, body, prompts, chat=False)
+    episode = episodes.episode_of(request.headers, body.n, len(prompts))
+    return await _generate(served, body, prompts, chat=False, episode=episode)
 
   @app.post("/v1/chat/completions")
   async def chat(request: Request):
     body = protocol.parse(protocol.ChatRequest, await request.body())
     served.count("requests_chat")
+    episode = episodes.episode_of(request.headers, body.n)
     try:
       messages = body.template_messages()
     except ValueError as e:
@@ -202,7 +207,7 @@ def create_app(served: Served) -> FastAPI:
       prompt = chat_template.encode(served.tokenizer, text)
     else:
       prompt = served.tokenizer.encode(chat_template.fallback_prompt(messages, tools))
-    return await _generate(served, body, [prompt], chat=True)
+    return await _generate(served, body, [prompt], chat=True, episode=episode)
 
   @app.post("/v1/feedback")
   async def feedback(request: Request):
@@ -220,6 +225,7 @@ def create_app(served: Served) -> FastAPI:
       raise APIError(400, str(e), code="invalid_value") from None
     return {"id": body.id, "object": "feedback", "recorded": new}
 
+  episodes.add_routes(app, served.episodes, served.count)
   return Gate(app, served)
 
 
@@ -264,7 +270,8 @@ def _check(served: Served, body, prompts: list[list[int]]) -> list[int]:
   return budgets
 
 
-async def _generate(served: Served, body, prompts: list[list[int]], *, chat: bool):
+async def _generate(served: Served, body, prompts: list[list[int]], *, chat: bool,
+                    episode: str | None = None):
   """One engine request a prompt, each of n candidates; choice p*n + j is prompt p's j-th."""
   budgets = _check(served, body, prompts)
   stop_ids = served.chat_stop_ids if chat else served.stop_ids
@@ -303,13 +310,13 @@ async def _generate(served: Served, body, prompts: list[list[int]], *, chat: boo
   all_done = asyncio.gather(*dones)
   if body.stream:
     return StreamingResponse(
-        _stream(served, body, rid, requests, text, params, all_done, queue, chat),
+        _stream(served, body, rid, requests, text, params, all_done, queue, chat, episode),
         media_type="text/event-stream")
   results = await all_done
   if any(r.error is not None for r in results):
     raise APIError(500, "generation failed", type="server_error")
   out = _choices(served, body, results, text, chat)
-  await _record(served, rid, requests, results, out, text, params)
+  await _record(served, rid, requests, results, out, text, params, episode)
   version = min(r.policy_version for r in results)
   return JSONResponse(
       {"id": rid, "object": "chat.completion" if chat else "text_completion",
@@ -349,7 +356,7 @@ def _choices(served, body, results, text, chat: bool) -> list[dict]:
   return out
 
 
-async def _record(served, rid, requests, results, choices, text, params) -> None:
+async def _record(served, rid, requests, results, choices, text, params, episode) -> None:
   """The candidates in the log (their text as sampled, tool calls unparsed), each with its
   own prompt and policy version; `n` counts the response's choices, which feedback's
   `chosen` and `index` name."""
@@ -362,9 +369,11 @@ async def _record(served, rid, requests, results, choices, text, params) -> None
       params=dict(params, max_tokens=request.max_tokens), n=len(choices))
       for i, ((request, result, c), choice) in enumerate(zip(cands, choices))]
   await anyio.to_thread.run_sync(served.log.record, rows)
+  if episode is not None:  # an episode's call: its tokens appended to its trajectory
+    episodes.record(served.episodes, episode, rid, requests, results)
 
 
-async def _stream(served, body, rid, requests, text, params, done, queue, chat):
+async def _stream(served, body, rid, requests, text, params, done, queue, chat, episode):
   """Server-sent events: a chunk per decoded piece of text (with its tokens' log-probs
   when asked: the chunks' together are the unstreamed response's), the finish reasons,
   the usage when stream_options asks for it (a last chunk with no choices, as OpenAI
@@ -447,7 +456,7 @@ async def _stream(served, body, rid, requests, text, params, done, queue, chat):
     if rest or extra or lp:
       yield chunk(i, rest, None, extra, lp)
     yield chunk(i, "", choice["finish_reason"])
-  await _record(served, rid, requests, results, final, text, params)
+  await _record(served, rid, requests, results, final, text, params, episode)
   if body.include_usage:
     yield event([], usage=_usage(requests, results))
   yield "data: [DONE]\n\n"
@@ -467,7 +476,8 @@ def _metrics(served: Served) -> dict:
           "prefix_hit_tokens": eng.stats["prefix_hit_tokens"],
           "preemptions": eng.stats["preemptions"],
           "engine_shapes_to_compile": len(eng.warm),
-          "uptime_s": now - served.started, **served.counters}
+          "uptime_s": now - served.started, **served.counters,
+          **served.episodes.stats()}
 
 
 async def _watch(served: Served) -> None:
