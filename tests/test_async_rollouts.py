@@ -291,7 +291,7 @@ def test_partial_rollouts_train_on_groups_whose_tokens_are_at_most_eta_old(tmp_p
   assert len(rows) == 4
   for r in rows:
     assert r["staleness/0"] + r["staleness/1"] == 32 and np.isfinite(r["loss"])
-    assert 0 <= r["iw_clip_frac"] <= 1 and r["partial_dropped_groups"] >= 0
+    assert 0 <= r["iw_clip_frac"] <= 1
   assert rows[0]["staleness/0"] == 32  # nothing was published before the first update
   assert sum(r["staleness/1"] for r in rows[1:]) > 0  # later groups straddle updates
 

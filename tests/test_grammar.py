@@ -137,3 +137,27 @@ def test_device_unpacking_equals_llguidance_bitmask():
 def test_a_schema_that_does_not_compile_is_refused():
   with pytest.raises(ValueError, match="not valid"):
     Grammar.lark(TOK, CFG.vocab_size, "start: undefined_rule\n")
+
+
+def test_forced_calls_of_tools_whose_parameters_have_definitions(engine):
+  """A pydantic-made tool schema refers to its own $defs; forced ("required") over two
+  such tools, every call parses and its arguments validate under the tool's schema."""
+  from rlcode.serve import constrain, protocol, responses
+  params = {"type": "object", "required": ["loc"], "additionalProperties": False,
+            "properties": {"loc": {"$ref": "#/$defs/Loc"}},
+            "$defs": {"Loc": {"type": "object", "required": ["city"],
+                              "additionalProperties": False,
+                              "properties": {"city": {"type": "string", "maxLength": 6}}}}}
+  tools = [{"type": "function", "function": {"name": n, "parameters": params}}
+           for n in ("weather", "time")]
+  body = protocol.ChatRequest.model_validate(
+      {"model": "m", "messages": [{"role": "user", "content": "x"}], "tools": tools,
+       "tool_choice": "required"})
+  g = constrain.grammar_for(body, TOK, CFG.vocab_size)
+  (result,) = engine.generate([Request(TOK.encode("x"), BUDGET, n=4, temperature=1.0, seed=3,
+                                       grammar=g, stop_tokens=TOK.eos_ids)])
+  for cand in result.candidates:
+    content, calls = responses.tool_calls(_text(cand.tokens))
+    assert content is None and len(calls) == 1
+    assert calls[0]["function"]["name"] in ("weather", "time")
+    jsonschema.validate(json.loads(calls[0]["function"]["arguments"]), params)

@@ -173,10 +173,11 @@ def _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv
                        f"max_total_tokens={budgets.max_total_tokens}")
   trajs = [Trajectory(tasks[i // g], prompts[i // g]) for i in range(len(envs))]
   # One engine per data shard, each playing a contiguous run of the tasks; its pool holds
-  # every one of its episodes at the whole token budget (kept pages are never evicted).
+  # every one of its episodes at the whole token budget and one token past it (a turn
+  # samples at most one token more than the budget leaves, to see that it would not fit).
   meshes = engines_lib.shard_meshes(mesh)
   shards = engines_lib.split(len(tasks), len(meshes))
-  per_row = math.ceil(budgets.max_total_tokens / PAGE_SIZE)
+  per_row = math.ceil((budgets.max_total_tokens + 1) / PAGE_SIZE)
   engines = [Engine(model, num_pages=1 + len(idx) * g * per_row, page_size=PAGE_SIZE,
                     max_rows=len(idx) * g, prefill_tokens=engines_lib.PREFILL_TOKENS,
                     prefix_cache=reuse_kv, mesh=m) if idx else None
@@ -194,19 +195,22 @@ def _run(model, chat, envs, tasks, g, budgets, temperature, seed, mesh, reuse_kv
       for b, cand in zip(rows, result.candidates):
         outs[b] = (cand.tokens, cand.logprobs)
 
-    common = dict(max_tokens=budgets.max_turn_tokens, temperature=float(temperature),
-                  seed=turn_seed(seed, turn), stop_tokens=tuple(int(s) for s in chat.stop_ids))
+    common = dict(temperature=float(temperature), seed=turn_seed(seed, turn),
+                  stop_tokens=tuple(int(s) for s in chat.stop_ids))
+    budget = lambda context: min(budgets.max_turn_tokens,
+                                 budgets.max_total_tokens - context + 1)
     requests: list[list[Request]] = [[] for _ in engines]
     if turn == 0:  # one request a task: its prompt prefilled once for its G episodes
       for p, prompt in enumerate(prompts):
         requests[shard_of[p]].append(Request(
-            list(prompt), n=g, rows=[p * g + c for c in range(g)],
+            list(prompt), budget(len(prompt)), n=g, rows=[p * g + c for c in range(g)],
             on_done=lambda res, p=p: keep(range(p * g, p * g + g), res), **common))
     else:
       for b in sorted(live):
         t = trajs[b]
         requests[shard_of[b // g]].append(Request(
-            t.prompt + t.tokens, rows=[b], on_done=lambda res, b=b: keep([b], res), **common))
+            t.prompt + t.tokens, budget(t.context_tokens), rows=[b],
+            on_done=lambda res, b=b: keep([b], res), **common))
     before = [e.stats.copy() if e is not None else None for e in engines]
     start = time.perf_counter()
     engines_lib.run_all(engines, requests)

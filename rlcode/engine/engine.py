@@ -69,8 +69,8 @@ class Engine:
     mesh: the devices of this engine (one data shard of a sampler mesh): the weights are
       placed by their axes on it and the pools' KV heads split over its `tensor` axis
       where that divides them; None: the default device.
-    warmup: a started engine compiles every program shape its steps can meet while it is
-      idle, one at a time (rlcode.engine.warmup; what a server wants).
+    warmup: a started engine compiles the program shapes its steps meet (unconstrained,
+      rlcode.engine.warmup) while it is idle, one at a time (what a server wants).
   """
 
   def __init__(self, model: Decoder, *, num_pages: int, page_size: int = 16,
@@ -106,10 +106,11 @@ class Engine:
   # ------------------------------------------------------------ outside the loop
   def submit(self, request: Request) -> None:
     check(request, self.cfg.max_seq_len, self.max_rows, self.page_size, self.pool.num_pages)
+    group = Group(request, self.version)  # a grammar's matchers are built outside the lock
     with self._cond:
       if self._stopping:
         raise RuntimeError("the engine is stopping")
-      self.waiting.append(Group(request, self.version))
+      self.waiting.append(group)
       self._cond.notify_all()
 
   def publish(self, state, version: int, restart_before: int | None = None) -> None:
@@ -385,6 +386,7 @@ class Engine:
       cand = seq.candidate
       if restart_before is not None and cand.versions and min(cand.versions) < restart_before:
         cand.tokens, cand.logprobs, cand.versions, cand.top = [], [], [], []
+        cand.restarts += 1
         if seq.group.matchers:
           seq.group.matchers[seq.c] = seq.group.request.grammar.matcher()
         self.stats["restarted"] += 1
@@ -424,7 +426,9 @@ class Engine:
     cand.tokens.append(tok)
     cand.logprobs.append(lp)
     cand.versions.append(self.version)
-    top = [(int(i), float(x)) for i, x in zip(top_ids, top_lp)] if request.top_logprobs else []
+    # Tokens a grammar or top-p left out have no probability: not among the top ones.
+    top = ([(int(i), float(x)) for i, x in zip(top_ids, top_lp) if math.isfinite(x)]
+           if request.top_logprobs else [])
     if request.top_logprobs:
       cand.top.append(top)
     seq.tokens.append(tok)

@@ -49,6 +49,7 @@ class Candidate:
   versions: list[int] = dataclasses.field(default_factory=list)
   top: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
   finish_reason: str | None = None
+  restarts: int = 0  # times a weight swap sent it back to its prompt (rlcode.engine.engine)
 
 
 @dataclasses.dataclass

@@ -12,6 +12,7 @@ from rlcode.engine import grammar as grammar_lib
 from rlcode.engine.requests import Candidate, Request
 
 log = logging.getLogger("rlcode.engine")
+RESTART_STRIDE = 1 << 20
 
 
 def bucket(n: int, minimum: int = 1) -> int:
@@ -67,7 +68,9 @@ def sampling_arrays(seqs: list[Row], r: int, vocab_size: int):
   for i, seq in enumerate(seqs):
     request = seq.group.request
     seed[i], row[i] = request.seed, seq.group.rows[seq.c]
-    position[i] = len(seq.candidate.tokens)
+    # A restarted candidate draws fresh keys: its restarts move it to positions no first
+    # draw reaches.
+    position[i] = len(seq.candidate.tokens) + seq.candidate.restarts * RESTART_STRIDE
     temperature[i], top_k[i], top_p[i] = request.temperature, request.top_k, request.top_p
     if seq.group.matchers:
       seq.group.matchers[seq.c].fill(allow[i])

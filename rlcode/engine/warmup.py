@@ -4,7 +4,8 @@ An engine compiles a program per bucketed shape on first use: rows, page-table w
 chunk length are powers of two, so a stream of requests meets a few dozen shapes, and on
 a CPU each costs a second or more to compile. A benchmark of 16 concurrent clients spent
 most of its time compiling the shapes 16 rows first met. `shapes(engine)` lists the shapes
-a request can meet, the likeliest first (decode steps of few rows, then prefill chunks of
+an unconstrained request of one candidate can meet (a grammar's masked programs and the
+page copies of n > 1 candidates still compile on first use), the likeliest first (decode steps of few rows, then prefill chunks of
 few rows); the engine's loop compiles one whenever it is idle (`Engine(warmup=True)`, what
 `rlcode serve` runs), so a request waits for at most one compile that is not its own.
 
@@ -55,13 +56,19 @@ def shapes(engine, min_rows: int, min_pages: int, min_chunk: int) -> list[tuple]
 
 
 def run_next(engine) -> None:
-  """The next shape of `engine.warm`; a failure is logged and ends the warm-up (never
-  fatal: a shape not compiled here compiles when a request meets it)."""
+  """The next shape of `engine.warm`, taken off the list once it ran (an empty list means
+  every listed shape is compiled); a failure is logged and ends the warm-up (never fatal:
+  a shape not compiled here compiles when a request meets it), the pools rebuilt if the
+  failed call held them."""
   try:
-    run(engine, engine.warm.popleft())
+    run(engine, engine.warm[0])
+    engine.warm.popleft()
   except Exception:
     log.exception("an engine warm-up call failed")
     engine.warm.clear()
+    if any(x.is_deleted() for x in engine.pools[0]):
+      engine.pools = programs.zero_pools(engine.cfg, engine.pool.num_pages, engine.page_size,
+                                         engine.mesh)
 
 
 def run(engine, shape: tuple) -> None:

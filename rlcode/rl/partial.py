@@ -7,16 +7,19 @@
              there) ─► update ─► publish(version, weights): swapped in between two engine
              steps; rows in flight are recomputed under the new weights and continue,
              each token keeping the version that sampled it (AReaL's interruptible,
-             PipelineRL's in-flight swap), and a row holding a token older than
-             version - eta starts again from its prompt
+             PipelineRL's in-flight swap)
 
 So a step waits for the P fastest of its groups, not for the slowest row of a batch, and
-the engine never drains between updates. Staleness is bounded per token: a group is
-trained at step k only if every token it holds came from version >= k - eta (eta =
-rl.max_staleness); groups that finished before a publish with older tokens are dropped
-and counted (`partial_dropped_groups`). The loss's correction reads each row's oldest
-version (rlcode.rl.grpo.make_proximal_fn) and each token's own behaviour log-probability.
-Randomness: group i draws from (a seed of the run's seed and i, row, position).
+the engine never drains between updates; groups decoding or waiting to be taken are kept
+at `in_flight`, so a trainer slower than the engines does not pile up stale ones.
+Staleness is bounded per token: a group is trained at step k only if every token it holds
+came from version >= k - eta (eta = rl.max_staleness); a group with an older token is
+dropped, counted (`partial_dropped_groups`) and its task sampled again, so the groups
+trained lean towards those that finish within eta updates (long completions are the ones
+dropped). The loss's correction reads each row's oldest version
+(rlcode.rl.grpo.make_proximal_fn) and each token's own behaviour log-probability.
+Randomness: group i of a run started at step s draws from (a seed of the run's seed, s
+and i; row; position).
 
 What is approximated: the rewards of a step's groups are computed when the trainer takes
 them (on its thread, as the synchronous loop does); a resumed run continues the task
@@ -64,7 +67,7 @@ class PartialRollouts:
                max_prompt_tokens: int):
     self.tokenizer, self.g, self.p = tokenizer, group_size, prompts_per_step
     self.max_new, self.temperature, self.seed = max_new_tokens, temperature, seed
-    self.eta, self.score, self.next_step = max_staleness, score, start
+    self.eta, self.score, self.next_step, self.start = max_staleness, score, start, start
     self._next_tasks, self._position = next_tasks, position
     self.in_flight = in_flight or (max_staleness + 1) * prompts_per_step
     meshes = engines_lib.shard_meshes(mesh)
@@ -81,23 +84,32 @@ class PartialRollouts:
     self._tasks: collections.deque = collections.deque()
     self._submitted = 0
     self._error: BaseException | None = None
+    self._closing = False
     self.dropped = 0
     self._last = time.perf_counter()
-    for _ in range(self.in_flight):
-      self._submit()
+    with self._cond:  # engines already run: a group may finish while the rest go in
+      self._top_up()
 
-  def _submit(self) -> None:
-    """The next group of the stream, to the engine with the fewest groups."""
-    if not self._tasks:
-      self._tasks.extend(self._next_tasks())
-    task, index = self._tasks.popleft(), self._submitted
+  def _top_up(self) -> None:
+    """Submits groups while fewer than `in_flight` are decoding or waiting to be taken
+    (so a trainer slower than the engines does not pile up stale groups); `_cond` held."""
+    while (not self._closing and self._error is None
+           and sum(self._load) + len(self._ready) < self.in_flight):
+      if not self._tasks:
+        self._tasks.extend(self._next_tasks())
+      self._submit(self._tasks.popleft())
+
+  def _submit(self, task) -> None:
+    """A group of `task` to the engine with the fewest groups; `_cond` held."""
+    index = self._submitted
     self._submitted += 1
     prompt = rollout.encode_prompts(self.tokenizer, [task])[0]
     e = int(np.argmin(self._load))
     self._load[e] += 1
     self.engines[e].submit(Request(
         prompt, self.max_new, n=self.g, temperature=self.temperature,
-        seed=engines_lib.derived_seed(self.seed, index), stop_tokens=self.tokenizer.eos_ids,
+        seed=engines_lib.derived_seed(self.seed, self.start, index),
+        stop_tokens=self.tokenizer.eos_ids,
         on_done=lambda result: self._done(e, index, task, prompt, result)))
 
   def _done(self, e: int, index: int, task, prompt, result) -> None:
@@ -105,11 +117,12 @@ class PartialRollouts:
     with self._cond:
       self._load[e] -= 1
       if result.error is not None:
-        self._error = result.error
+        if not self._closing:
+          self._error = result.error
       else:
         self._ready.append((index, task, prompt, result.candidates))
         try:
-          self._submit()
+          self._top_up()
         except BaseException as err:  # handed to the trainer, which raises it
           self._error = err
       self._cond.notify_all()
@@ -129,9 +142,11 @@ class PartialRollouts:
           continue
         group = self._ready.popleft()
         if min((min(c.versions) for c in group[3] if c.versions), default=step) < oldest:
-          self.dropped += 1  # tokens older than the bound: not trained
+          self.dropped += 1  # tokens older than the bound: not trained, its task again
+          self._submit(group[1])
           continue
         groups.append(group)
+      self._top_up()
     waited = time.perf_counter() - start
     self.next_step += 1
     ro, versions = self._rollout(groups)
@@ -163,19 +178,20 @@ class PartialRollouts:
     return ro, versions
 
   def publish(self, version: int, state) -> None:
-    """New weights (the sampling model's nnx.State) for every engine, between steps."""
-    restart = version - self.eta if self.eta else None
+    """New weights (the sampling model's nnx.State) for every engine, between steps: the
+    rows in flight continue on them (recomputed)."""
     for e in self.engines:
-      e.publish(state, version, restart_before=restart)
+      e.publish(state, version)
 
   def stats(self) -> dict[str, float]:
     busy = sum(e.stats["busy_seconds"] for e in self.engines)
     return {"partial_dropped_groups": float(self.dropped),
-            "partial_restarted_rows": float(sum(e.stats["restarted"] for e in self.engines)),
             "engine_busy_seconds": busy}
 
   def close(self) -> None:
     """Stops the engines; the groups in flight are dropped."""
+    with self._cond:
+      self._closing = True
     for e in self.engines:
       e.stop(cancel=True)
 

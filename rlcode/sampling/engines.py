@@ -81,6 +81,7 @@ def run(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, tempera
       if result.error is not None:
         errors.append(result.error)
         return
+      got.add(p)
       for c, cand in enumerate(result.candidates):
         r = p * g + c
         k = len(cand.tokens)
@@ -101,9 +102,12 @@ def run(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, tempera
     engines.append(Engine(model, num_pages=pages, page_size=page_size,
                           max_rows=len(idx) * g, prefill_tokens=PREFILL_TOKENS,
                           prefix_cache=False, mesh=m))
+  got: set[int] = set()
   run_all(engines, [requests(idx) for _, idx in shards])
   if errors:
     raise errors[0]
+  if len(got) != len(prompts):
+    raise RuntimeError(f"the engines answered {len(got)} of {len(prompts)} prompts")
   return tokens, logprobs, lengths, finished
 
 
@@ -126,9 +130,13 @@ def run_all(engines: Sequence[Engine | None], requests: Sequence[Sequence[Reques
     while not eng.idle():
       eng.step()
     return
-  for eng, reqs in busy:
-    eng.start()
-    for request in reqs:
-      eng.submit(request)
-  for eng, _ in busy:
-    eng.stop()
+  finished = False
+  try:
+    for eng, reqs in busy:
+      eng.start()
+      for request in reqs:
+        eng.submit(request)
+    finished = True
+  finally:  # a refused request stops every engine, failing what they hold
+    for eng, _ in busy:
+      eng.stop(cancel=not finished)

@@ -3,8 +3,8 @@
 `generate` samples through rlcode.engine (rlcode.sampling.engines: one engine per data
 shard, paged KV, rows that finish free their pages). What remains of the static loop
 (`static_generate`, `prefill`, `decode`) runs models with NSA layers (an NSA layer's cache
-is per row and cannot be paged), host-offloaded prompt KV, and the agent's turns
-(rlcode.agent.sampler); the engine's benchmarks compare against it.
+is per row and cannot be paged) and host-offloaded prompt KV; the engine's benchmarks
+compare against it.
 
 `static_generate` pads prompts on the right into a few bucketed shapes (powers of
 two), so a stream of prompts of varying lengths compiles a handful of programs,
@@ -263,7 +263,7 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
     top_p, top_k: nucleus and top-k truncation (1.0 and 0 turn them off).
     group_size: samples per prompt, G.
     stop_tokens: a row ends after emitting any of these.
-    seed: the sampling seed, in [0, 2**32).
+    seed: the sampling seed (outside [0, 2**32), hashed into it: `engines.derived_seed`).
     pad_id: the token written after a row's end.
     mesh: one engine per data shard of this mesh, heads split over its `tensor` axis
       (default: the active mesh, if any).
@@ -287,8 +287,8 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
                            pad_id=pad_id, mesh=mesh, share_prompt=share_prompt,
                            offload_kv=offload_kv, row_offset=row_offset)
   _check(cfg, prompts, max_new_tokens, group_size, temperature, top_p, top_k)
-  if not 0 <= seed < 2 ** 32:
-    raise ValueError(f"generate: seed={seed} must be in [0, 2**32)")
+  if not 0 <= seed < 2 ** 32:  # the engine's keys take 32 bits: any other seed is hashed
+    seed = engines.derived_seed(seed)
   mesh = mesh if mesh is not None else sharding.active_mesh()
   tokens, logprobs, lengths, finished = engines.run(
       model, prompts, max_new_tokens=max_new_tokens, temperature=float(temperature),

@@ -279,7 +279,8 @@ async def _generate(served: Served, body, prompts: list[list[int]], *, chat: boo
   seed = body.seed if body.seed is not None else secrets.randbits(32)
   loop = asyncio.get_running_loop()
   queue: asyncio.Queue | None = asyncio.Queue() if body.stream else None
-  grammar = (constrain.grammar_for(body, served.tokenizer, served.engine.cfg.vocab_size)
+  grammar = (await anyio.to_thread.run_sync(  # a first grammar builds the token trie
+      constrain.grammar_for, body, served.tokenizer, served.engine.cfg.vocab_size)
              if chat else None)
   requests, dones = [], []
   for p, (prompt, budget) in enumerate(zip(prompts, budgets)):

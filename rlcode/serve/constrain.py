@@ -29,7 +29,10 @@ def grammar_for(body: ChatRequest, tokenizer, vocab_size: int) -> Grammar | None
   if forced is not None:
     tools = {t.function.name: (i, t) for i, t in enumerate(body.tools or [])}
     calls = [_call_schema(name, tools[name][1].function.parameters) for name in forced]
+    defs = {k: v for c in calls for k, v in c.pop("$defs", {}).items()}
     call = calls[0] if len(calls) == 1 else {"anyOf": calls}
+    if defs:
+      call = dict(call, **{"$defs": defs})
     lark = (f"start: {json.dumps(CALL_OPEN)} \"\\n\"? call \"\\n\"? {json.dumps(CALL_CLOSE)}\n"
             f"call: %json {json.dumps(dict(call, **{'x-guidance': JSON_STYLE}))}\n")
     where = (f"tools.{tools[forced[0]][0]}.function.parameters" if len(forced) == 1
@@ -44,10 +47,33 @@ def grammar_for(body: ChatRequest, tokenizer, vocab_size: int) -> Grammar | None
 
 
 def _call_schema(name: str, parameters: dict | None) -> dict:
-  return {"type": "object",
-          "properties": {"name": {"const": name},
-                         "arguments": parameters if parameters else {"type": "object"}},
+  """A call of tool `name` whose arguments match `parameters`; the parameters' own
+  definitions ($defs, definitions) move to the call's root, renamed for the tool, and
+  their references follow (a pydantic-made schema refers to #/$defs/...)."""
+  params, defs = _hoisted(name, parameters if parameters else {"type": "object"})
+  call = {"type": "object",
+          "properties": {"name": {"const": name}, "arguments": params},
           "required": ["name", "arguments"], "additionalProperties": False}
+  return dict(call, **({"$defs": defs} if defs else {}))
+
+
+def _hoisted(name: str, schema: dict) -> tuple[dict, dict]:
+  """(schema without its definitions, its definitions under "<name>.<def>"), every
+  "#/$defs/<def>" or "#/definitions/<def>" inside rewritten to the new place."""
+  defs = {**schema.get("definitions", {}), **schema.get("$defs", {})}
+  if not defs:
+    return schema, {}
+  renamed = {f"#/{kind}/{d}": f"#/$defs/{name}.{d}"
+             for kind in ("$defs", "definitions") for d in defs}
+
+  def fix(node):
+    if isinstance(node, dict):
+      return {k: (renamed.get(v, v) if k == "$ref" and isinstance(v, str) else fix(v))
+              for k, v in node.items()}
+    return [fix(x) for x in node] if isinstance(node, list) else node
+
+  body = fix({k: v for k, v in schema.items() if k not in ("$defs", "definitions")})
+  return body, {f"{name}.{d}": fix(v) for d, v in defs.items()}
 
 
 def _compiled(make, where: str) -> Grammar:
