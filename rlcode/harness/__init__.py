@@ -4,8 +4,9 @@ token-exact trajectories.
   segments.py   calls to segments: a call continues its segment when its prompt extends
                 the segment's context, else a new segment starts (the split counted)
   recorder.py   the episodes, by id, in memory and thread-safe: calls, segments, splits
-  routes.py     the server's side: the X-Episode-Id header, GET and DELETE
-                /v1/episodes/{id}
+
+The server's side (the X-Episode-Id header, GET and DELETE /v1/episodes/{id}) is
+rlcode.serve.episodes.
 
 A segment carries what `rlcode.agent.episodes.grpo_batch` reads of a trajectory (prompt,
 tokens, mask, logprobs), so a segment trains as the built-in agent's episodes do.

@@ -1,6 +1,9 @@
 """Serving the policy over HTTP and learning online from what users do with it.
 
-  protocol.py    the OpenAI request bodies, checked, and the error object
+  protocol.py    the OpenAI request bodies, checked
+  bodies.py      the error object, and a body's shape checked before its fields
+  constrain.py   the grammar a request's output must follow (response_format, tool_choice)
+  episodes.py    harness episodes: the X-Episode-Id header, /v1/episodes (rlcode.harness)
   responses.py   sampled tokens to response objects: text, stop strings, tool calls, log-probs
   app.py         the FastAPI app: completions, chat, models, feedback, health, metrics
   server.py      `rlcode serve`: what is served, under uvicorn

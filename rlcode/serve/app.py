@@ -42,7 +42,8 @@ from starlette.exceptions import HTTPException
 
 from rlcode.models import chat_template
 from rlcode import engine as engine_lib
-from rlcode.harness import Recorder, routes as episodes
+from rlcode.harness import Recorder
+from rlcode.serve import episodes
 from rlcode.serve import log as log_lib
 from rlcode.serve import constrain, protocol, responses, weights
 from rlcode.serve.protocol import APIError
