@@ -282,13 +282,13 @@ def test_stale_rollouts_are_corrected(eta0, tmp_path):
 
 @pytest.mark.slow
 def test_partial_rollouts_train_on_groups_whose_tokens_are_at_most_eta_old(tmp_path):
-  """rl.rollouts=partial, eta = 1, 4 steps: each step trains 4 groups that finished on
+  """rl.rollouts=partial, eta = 1, 3 steps: each step trains 4 groups that finished on
   engines that never stopped (the first to finish), every row's oldest token at most one
   version behind the trainer; stale rows get the importance correction."""
   rows = tiny_runs.steps(grpo_loop.train(tiny_runs.config(
       tmp_path, "--config.rl.max_staleness=1", "--config.rl.rollouts=partial",
-      "--config.train.steps=4", "--config.train.checkpoint_every=4")))
-  assert len(rows) == 4
+      "--config.train.steps=3", "--config.train.checkpoint_every=3")))
+  assert len(rows) == 3
   for r in rows:
     assert r["staleness/0"] + r["staleness/1"] == 32 and np.isfinite(r["loss"])
     assert 0 <= r["iw_clip_frac"] <= 1

@@ -66,7 +66,7 @@ def _text(tokens):
   return TOK.decode([t for t in tokens if t not in TOK.eos_ids])
 
 
-@settings(max_examples=25, deadline=None, derandomize=True,
+@settings(max_examples=12, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.function_scoped_fixture, HealthCheck.too_slow])
 @given(schema=_schema, seed=st.integers(0, 2**32 - 1))
 def test_constrained_output_always_parses_under_its_schema(engine, schema, seed):

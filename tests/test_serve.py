@@ -319,7 +319,7 @@ FORCED_TOOLS = [
 PARAMETERS = {t["function"]["name"]: t["function"]["parameters"] for t in FORCED_TOOLS}
 
 
-@pytest.mark.parametrize("choice", ["get_weather", "get_time", "required"])
+@pytest.mark.parametrize("choice", ["get_time", "required"])
 def test_a_forced_tool_choice_always_comes_back_as_a_tool_call(setup, choice):
   """tool_choice naming a function (or "required"): every sampled choice, asked what the
   policy was taught to call for and what it was not, is one call of that function (of
