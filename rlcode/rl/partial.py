@@ -156,17 +156,11 @@ class PartialRollouts:
 
   def _rollout(self, groups) -> tuple[rollout.Rollout, np.ndarray]:
     """One Rollout of the groups, prompt-major, and each row's oldest token version."""
-    n = len(groups) * self.g
-    tokens = np.full((n, self.max_new), self.tokenizer.pad_id, np.int32)
-    logprobs = np.zeros((n, self.max_new), np.float32)
-    lengths, finished = np.zeros(n, np.int32), np.zeros(n, bool)
-    versions = np.zeros(n, np.int32)
-    for i, (_, _, _, cands) in enumerate(groups):
-      for c, cand in enumerate(cands):
-        r, k = i * self.g + c, len(cand.tokens)
-        tokens[r, :k], logprobs[r, :k] = cand.tokens, cand.logprobs
-        lengths[r], finished[r] = k, cand.finish_reason == "stop"
-        versions[r] = min(cand.versions) if cand.versions else self.next_step - 1
+    cands = [cand for group in groups for cand in group[3]]
+    tokens, logprobs, lengths, finished = engines_lib.candidate_arrays(
+        cands, self.max_new, self.tokenizer.pad_id)
+    versions = np.array([min(c.versions) if c.versions else self.next_step - 1
+                         for c in cands], np.int32)
     gen = Generation(tokens=tokens, logprobs=logprobs, lengths=lengths, finished=finished,
                      prompt_index=np.repeat(np.arange(len(groups)), self.g))
     eos = set(self.tokenizer.eos_ids)

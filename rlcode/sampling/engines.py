@@ -69,10 +69,8 @@ def run(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, tempera
   rows, prompt-major. Arguments as `rlcode.sampling.generate`'s (checked there)."""
   meshes = shard_meshes(mesh)
   shards = [(m, idx) for m, idx in zip(meshes, split(len(prompts), len(meshes))) if idx]
-  g, n_rows = group_size, len(prompts) * group_size
-  tokens = np.full((n_rows, max_new_tokens), -1, np.int32)
-  logprobs = np.zeros((n_rows, max_new_tokens), np.float32)
-  lengths, finished = np.zeros(n_rows, np.int32), np.zeros(n_rows, bool)
+  g = group_size
+  results: dict[int, list] = {}
   errors: list[BaseException] = []
   lock = threading.Lock()
 
@@ -80,13 +78,8 @@ def run(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, tempera
     with lock:
       if result.error is not None:
         errors.append(result.error)
-        return
-      got.add(p)
-      for c, cand in enumerate(result.candidates):
-        r = p * g + c
-        k = len(cand.tokens)
-        tokens[r, :k], logprobs[r, :k] = cand.tokens, cand.logprobs
-        lengths[r], finished[r] = k, cand.finish_reason == "stop"
+      else:
+        results[p] = result.candidates
 
   def requests(idx):
     return [Request(prompt=list(prompts[p]), max_tokens=max_new_tokens, n=g,
@@ -102,12 +95,26 @@ def run(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, tempera
     engines.append(Engine(model, num_pages=pages, page_size=page_size,
                           max_rows=len(idx) * g, prefill_tokens=PREFILL_TOKENS,
                           prefix_cache=False, mesh=m))
-  got: set[int] = set()
   run_all(engines, [requests(idx) for _, idx in shards])
   if errors:
     raise errors[0]
-  if len(got) != len(prompts):
-    raise RuntimeError(f"the engines answered {len(got)} of {len(prompts)} prompts")
+  if len(results) != len(prompts):
+    raise RuntimeError(f"the engines answered {len(results)} of {len(prompts)} prompts")
+  return candidate_arrays([c for p in range(len(prompts)) for c in results[p]],
+                          max_new_tokens, -1)
+
+
+def candidate_arrays(candidates, max_new_tokens: int, pad_id: int):
+  """(tokens [N, max_new_tokens] padded with pad_id, logprobs, lengths, finished) of N
+  candidates (rlcode.engine.Candidate), in order."""
+  n = len(candidates)
+  tokens = np.full((n, max_new_tokens), pad_id, np.int32)
+  logprobs = np.zeros((n, max_new_tokens), np.float32)
+  lengths, finished = np.zeros(n, np.int32), np.zeros(n, bool)
+  for r, cand in enumerate(candidates):
+    k = len(cand.tokens)
+    tokens[r, :k], logprobs[r, :k] = cand.tokens, cand.logprobs
+    lengths[r], finished[r] = k, cand.finish_reason == "stop"
   return tokens, logprobs, lengths, finished
 
 
