@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
-from rlcode.engine import Engine, PagePool, Request, programs
+from rlcode.engine import Engine, PagePool, Request, pages, programs
 from rlcode.models import Decoder, ModelConfig
 from rlcode.rl import logprobs
 from rlcode.sampling import static_generate
@@ -298,3 +298,38 @@ def test_the_pool_counts_references_and_evicts_the_least_recently_used():
     pool.release([a[1]] * 2)
   pool.clear_cache()
   assert pool.lookup([1, 2], limit=1) == [] and pool.available() == 2
+
+
+def test_pool_sizes_are_few_and_at_most_a_sixteenth_over():
+  sizes = {pages.pool_pages(n) for n in range(1, 4097)}
+  assert len(sizes) == 8 * 16 + 1  # 16-32, ..., 2048-4096: 16 each; 4096 itself
+  for n in range(1, 4097):
+    assert max(n, 16) <= pages.pool_pages(n) <= max(n, 16) * 17 / 16
+
+
+def test_batches_of_other_prompt_lengths_reuse_the_compiled_programs(model):
+  """generate's pool is rounded to a few sizes, and the pool's shape is every program's:
+  batches whose prompts need other page counts compile nothing once the first has run
+  (before, each such batch compiled every program again, and a long GRPO run's
+  executables outgrew the process's memory maps)."""
+  import jax.monitoring
+  from rlcode.sampling import engines, generate
+  rng = np.random.default_rng(0)
+  # Batches of 11 prompts that need 33 or 34 pages (a pool of 34), alike otherwise.
+  lengths = [[20] * 11, [20] * 10 + [8], [8] + [20] * 10, [20] * 5 + [8] + [20] * 5]
+  batches = [[rng.integers(1, 60, n).tolist() for n in ls] for ls in lengths]
+  needed = [engines.pages_needed(ls, 2, 6, 16) for ls in lengths]
+  assert set(needed) == {33, 34} and {pages.pool_pages(n) for n in needed} == {34}, needed
+  compiles = []
+
+  def count(event, duration, **_):
+    if event == "/jax/core/compile/backend_compile_duration":
+      compiles.append(duration)
+  generate(model, batches[0], max_new_tokens=6, group_size=2, seed=0, temperature=1.0)
+  jax.monitoring.register_event_duration_secs_listener(count)
+  try:
+    for seed, prompts in enumerate(batches[1:], 1):
+      generate(model, prompts, max_new_tokens=6, group_size=2, seed=seed, temperature=1.0)
+  finally:
+    jax.monitoring.unregister_event_duration_listener(count)
+  assert compiles == []

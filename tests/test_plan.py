@@ -15,6 +15,7 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 from rlcode import cli, plan
 from rlcode.models import Decoder, ModelConfig
 from rlcode.parallel import sharding
+from rlcode.engine.pages import pool_pages
 from rlcode.plan import analysis, sampler
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -81,10 +82,10 @@ def test_engine_pool_is_prompts_once_rows_own_pages_and_scratch():
   pool = sampler.engine_pool(3, 8, 250, 20, engines=2, page_size=16)
   assert (pool.prompts, pool.rows, pool.batch_rows) == (2, 16, 16)
   assert (pool.prompt_pages, pool.row_pages, pool.table_width) == (16, 3, 17)
-  assert pool.pages == 2 * 16 + 16 * 3 + 1 and pool.live_tokens == 2 * 250 + 16 * 20
+  assert pool.pages == pool_pages(2 * 16 + 16 * 3 + 1) and pool.live_tokens == 2 * 250 + 16 * 20
   # Fewer prompts than engines: one each; 6 rows step as the engine's bucket of 8.
   small = sampler.engine_pool(1, 6, 32, 16, engines=4, page_size=16)
-  assert (small.prompts, small.rows, small.batch_rows, small.pages) == (1, 6, 8, 2 + 12 + 1)
+  assert (small.prompts, small.rows, small.batch_rows, small.pages) == (1, 6, 8, pool_pages(2 + 12 + 1))
   with pytest.raises(ValueError, match="engines=0"):
     sampler.engine_pool(3, 8, 250, 20, engines=0, page_size=16)
 
@@ -98,7 +99,7 @@ def test_engine_decode_step_fits_where_whole_row_caches_do_not():
   graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
   mesh = sharding.make_mesh(data=2, tensor=2, devices=jax.devices()[:4])
   pool = sampler.engine_pool(4, 8, 500, 12, engines=2, page_size=16)
-  assert pool.pages == 2 * 32 + 16 * 2 + 1
+  assert pool.pages == pool_pages(2 * 32 + 16 * 2 + 1)
   compiled, placed, pools = sampler.compile_decode(cfg, graphdef, state, mesh, pool,
                                                    analysis.COMPILE_OPTIONS)
   k = pools[0][0]
@@ -160,9 +161,10 @@ def test_plan_of_the_default_job_on_72_devices(tmp_path, capsys):
   # No tensor parallelism in the sampler: a decode step reads every weight, and each row's
   # pages: its prompt of 64 and, on average, half its 40 completion tokens.
   assert dec["weights_read"] == total
-  # 8 engines of one device, 8 prompts each: pages of 16, 4 a prompt, 4 a row's own.
+  # 8 engines of one device, 8 prompts each: pages of 16, 4 a prompt, 4 a row's own (the
+  # pool rounded up to the size generate allocates).
   assert dec["pool"]["engines"] == 8 and dec["pool"]["rows"] == 64
-  assert dec["pool"]["pages"] == 8 * 4 + 64 * 4 + 1
+  assert dec["pool"]["pages"] == pool_pages(8 * 4 + 64 * 4 + 1)  # 289, allocated as 320
   token_bytes = 4 * 2 * 2 * 32 * 4  # layers x (k, v) x KV heads x head_dim x float32
   assert dec["kv_cache"] == dec["pool"]["pages"] * 16 * token_bytes
   assert dec["kv_live"] == (8 * 64 + 64 * 40) * token_bytes

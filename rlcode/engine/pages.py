@@ -27,6 +27,20 @@ import numpy as np
 from rlcode.models.paged import SCRATCH_PAGE
 
 
+# A pool of n pages is allocated as the next of 2**POOL_SIZE_BITS sizes per power of two.
+POOL_SIZE_BITS = 4
+
+
+def pool_pages(n: int) -> int:
+  """The pool allocated for `n` pages: n rounded up to one of 16 sizes per power of two (at
+  most 1/16 more; 16 at least). The pool's shape is every engine program's:
+  batches that need a few pages more or less share one size, so a run of them compiles
+  each program once rather than once a batch."""
+  n = max(int(n), 16)
+  step = 1 << max(n.bit_length() - 1 - POOL_SIZE_BITS, 0)
+  return -(-n // step) * step
+
+
 def block_keys(tokens: Sequence[int], page_size: int) -> list[bytes]:
   """The chained keys of `tokens`' full blocks of `page_size`."""
   keys, parent = [], b""

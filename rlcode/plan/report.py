@@ -37,8 +37,9 @@ def _engine(dec: Mapping) -> str:
   return (f"sampling: one engine per data shard ({p['engines']} of {dec['engine_devices']} "
           f"device(s), KV heads split over tensor), each {p['prompts']} prompt(s) stored once "
           f"and {p['rows']} rows (steps compiled for {p['batch_rows']}); pool of "
-          f"{p['pages']} pages of {p['page_size']} = {p['prompts']} x {p['prompt_pages']} "
-          f"prompt + {p['rows']} x {p['row_pages']} row + 1 scratch")
+          f"{p['pages']} pages of {p['page_size']} ({p['prompts']} x {p['prompt_pages']} "
+          f"prompt + {p['rows']} x {p['row_pages']} row + 1 scratch, rounded up to a pool "
+          f"size)")
 
 
 def format_table(result: Mapping, hw: hardware.Hardware, est: Mapping) -> str:

@@ -8,7 +8,8 @@ ceil(prompts / engines) groups whole.
 
 `engine_pool` sizes one engine's pool for its live tokens at the end of sampling: each
 prompt stored once (its G rows share its pages), each row's own pages (the copy of the
-prompt's partial last page and the completion), and the scratch page. `compile_decode`
+prompt's partial last page and the completion), and the scratch page, rounded up to the
+pool size `generate` allocates. `compile_decode`
 lowers the engine's decode program (`rlcode.engine.programs.for_graph(graph).decode`,
 what every engine step runs, pools donated) on a sub-mesh of one shard's tensor devices, from ShapeDtypeStructs.
 
@@ -22,6 +23,7 @@ import math
 
 from rlcode.engine.engine import MIN_ROWS, bucket
 from rlcode.engine import programs
+from rlcode.engine.pages import pool_pages
 from rlcode.parallel import sharding
 from rlcode.sampling import engines
 
@@ -39,7 +41,8 @@ class EnginePool:
     prompt_pages: pages of one prompt, stored once for its rows.
     row_pages: one row's own pages (its copy of the prompt's partial last page and its
       completion).
-    pages: the pool: every prompt's pages, every row's own, and the scratch page.
+    pages: the pool: every prompt's pages, every row's own, and the scratch page, rounded
+      up as `rlcode.sampling.generate` rounds them (rlcode.engine.pages.pool_pages).
     table_width: page-table columns per row (prompt and completion).
     live_tokens: positions the engine holds at the end (its prompts once, its completions).
   """
@@ -77,7 +80,7 @@ def engine_pool(prompts: int, group: int, prompt_len: int, completion_len: int, 
   return EnginePool(
       engines=engines, prompts=held, rows=rows, batch_rows=bucket(rows, MIN_ROWS),
       page_size=page_size, prompt_pages=prompt_pages, row_pages=row_pages,
-      pages=held * prompt_pages + rows * row_pages + 1,
+      pages=pool_pages(held * prompt_pages + rows * row_pages + 1),
       table_width=math.ceil((prompt_len + completion_len) / page_size),
       live_tokens=held * prompt_len + rows * completion_len)
 

@@ -6,7 +6,9 @@
     one Generation, prompt-major
 
 A shard's engine gets a pool that holds all of its rows at their full length (the group's
-prompt stored once), unless `num_pages` says less: then the engine preempts and recomputes.
+prompt stored once), rounded up to one of a few sizes (`rlcode.engine.pages.pool_pages`:
+the pool's shape is every program's, so batches of other lengths reuse them), unless
+`num_pages` says less: then the engine preempts and recomputes.
 Rows finish one by one and free their pages; the batch ends when its last row does.
 Randomness is keyed by (seed, global row, position), so the tokens depend on neither the
 mesh, nor the page size, nor how the prompts were split.
@@ -25,6 +27,7 @@ import numpy as np
 from jax.sharding import Mesh
 
 from rlcode.engine import Engine, Request
+from rlcode.engine.pages import pool_pages
 from rlcode.parallel import sharding
 
 DEFAULT_PAGE_SIZE = 16
@@ -90,8 +93,8 @@ def run(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, tempera
 
   engines = []
   for m, idx in shards:
-    pages = num_pages or pages_needed([len(prompts[p]) for p in idx], g, max_new_tokens,
-                                      page_size)
+    pages = num_pages or pool_pages(pages_needed([len(prompts[p]) for p in idx], g,
+                                                 max_new_tokens, page_size))
     engines.append(Engine(model, num_pages=pages, page_size=page_size,
                           max_rows=len(idx) * g, prefill_tokens=PREFILL_TOKENS,
                           prefix_cache=False, mesh=m))
