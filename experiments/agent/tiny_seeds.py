@@ -17,7 +17,7 @@ For each seed:
         [--plain] [--name agent_tiny_seeds] [--config.a.b=value ...]
 
 --plain runs the config as it was before the stale notes (experiments.lib.agent.PLAIN);
-the sections of docs/journal.md written before 2026-12-04 need it to reproduce.
+the agent results recorded before 2026-12-04 (results/agent/) need it to reproduce.
 --no-held-out with --arms grpo is the tuning mode (validation only). --warm-start-from
 runs an arm that differs only after the warm start (its minutes are then the GRPO
 phase's alone). Prints a table with mean and standard error over seeds. The runs and

@@ -18,7 +18,7 @@ from rlcode.parallel import sharding
 CONFIG = os.path.join(ROOT, "configs", "agent_tiny.py")
 # configs/agent_tiny.py before the stale notes (2026-12-04): the plain tasks, the perfect
 # expert, 600 warm-start steps, GRPO on every training task at lr 1e-4 for 20 steps.
-# The sections of docs/journal.md written before then ran with these settings;
+# The agent results recorded before then (results/agent/) ran with these settings;
 # agent/tools.py, agent/think.py, agent/step_speed.py and agent/warm_start.py pin them so
 # that their tables still reproduce. (An empty exclude_task_ids meant "none" then; it is
 # None now.)
