@@ -74,11 +74,22 @@ class Segment:
     self.logprobs += [float(x) for x in logprobs]
     self.versions += [int(v) for v in versions]
 
-  def trajectory(self, task, *, status: str = "", reward: float = 0.0):
-    """The segment as a `rlcode.agent.sampler.Trajectory` of `task` (copies of its lists)."""
+  def trajectory(self, task, *, status: str = "", reward: float = 0.0,
+                 shared: int | None = None):
+    """The segment as a `rlcode.agent.sampler.Trajectory` of `task` (copies of its lists).
+
+    shared: the trajectory's prompt is the segment's first `shared` prompt tokens (a prefix
+    the segments of a group share, computed once in the update); the rest of the prompt
+    leads its tokens as observations (mask 0, log-prob 0). None: the whole prompt."""
     from rlcode.agent import sampler  # deferred: the agent's sampler imports the engine
-    return sampler.Trajectory(task=task, prompt=list(self.prompt), tokens=list(self.tokens),
-                              mask=list(self.mask), logprobs=list(self.logprobs),
+    shared = len(self.prompt) if shared is None else shared
+    if not 1 <= shared <= len(self.prompt):
+      raise ValueError(f"shared={shared}: a segment's prompt of {len(self.prompt)} tokens "
+                       "keeps 1 to all of them as the trajectory's prompt")
+    rest = self.prompt[shared:]
+    return sampler.Trajectory(task=task, prompt=self.prompt[:shared],
+                              tokens=rest + self.tokens, mask=[0] * len(rest) + self.mask,
+                              logprobs=[0.0] * len(rest) + self.logprobs,
                               status=status, reward=reward)
 
   def to_json(self) -> dict:

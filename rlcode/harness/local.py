@@ -1,0 +1,148 @@
+"""A policy served in this process: rlcode's engine behind rlcode's HTTP API, under uvicorn
+on a thread, listening on a loopback port (the OS picks it unless one is given).
+
+A trainer starts one over its policy, lets harnesses call it with the openai client (their
+calls, named by X-Episode-Id, recorded token-exactly in `recorder`, rlcode.harness), and
+publishes each new version of its weights to the engine (`publish`: requests that arrive
+afterwards sample with them; each token records the version that sampled it).
+
+The interaction log: with `log_url` every completion is written there, as `rlcode serve`
+does; without it nothing is logged (the episodes' records are what a trainer reads) and
+/v1/feedback answers 404.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import math
+import socket
+import threading
+import time
+
+from rlcode import engine as engine_lib
+from rlcode.config import serving
+from rlcode.errors import BadInput
+
+log = logging.getLogger(__name__)
+
+
+class _NoLog:
+  """The interaction log of a server that keeps none (`LocalServer` without log_url)."""
+
+  def record(self, rows) -> None:
+    del rows
+
+  def feedback(self, body):
+    from rlcode.serve import log as log_lib
+    raise log_lib.UnknownCompletion(body.get("id"))
+
+  def close(self) -> None:
+    pass
+
+
+class LocalServer:
+  """rlcode's server over `model` in this process (a context manager; `close` stops it).
+
+  Args:
+    model: the policy (an rlcode Decoder); its weights are version `version`.
+    tokenizer: its tokenizer.
+    template: the chat template (rlcode.models.chat_template.ChatTemplate) chat calls are
+      rendered with; None: the compact fallback format.
+    host, port: where to listen (port 0: a free port the OS picks).
+    api_key: the key every /v1 call must carry (None: none needed).
+    name: the model's name in the API.
+    serve: fields of rlcode.config.serving.Serve to override (slots, page_size, kv_pages,
+      prefill_tokens, prefix_cache, max_n, ...); warm-up is off unless asked for.
+    log_url: the interaction log's SQLAlchemy URL; None: no log.
+    start_timeout: seconds to wait for the server to listen.
+  """
+
+  def __init__(self, model, tokenizer, *, template=None, host: str = "127.0.0.1",
+               port: int = 0, api_key: str | None = None, name: str = "rlcode",
+               serve: dict | None = None, log_url: str | None = None, version: int = 0,
+               start_timeout: float = 120.0):
+    import uvicorn
+
+    from rlcode.serve import app as app_lib  # deferred: FastAPI, only to serve
+    from rlcode.serve import log as log_lib
+    fields = {f.name for f in dataclasses.fields(serving.Serve)}
+    unknown = sorted(set(serve or {}) - fields)
+    if unknown:
+      raise BadInput(f"LocalServer serve={unknown}: not fields of the serve section; known: "
+                     f"{sorted(fields)}")
+    self.serve = dataclasses.replace(serving.Serve(), **{"warmup": False, "watch_seconds": 0,
+                                                         "model_name": name, **(serve or {})})
+    cfg = self.serve
+    self.api_key, self.name = api_key, name
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+      sock.bind((host, port))
+    except OSError as e:
+      sock.close()
+      raise BadInput(f"LocalServer host={host!r} port={port}: cannot listen there "
+                     f"({e.strerror})") from None
+    # As rlcode.serve.server.build makes its engine: enough pages for every slot's context.
+    pages = cfg.kv_pages or cfg.slots * math.ceil(model.cfg.max_seq_len / cfg.page_size) + 1
+    self.engine = engine_lib.Engine(model, num_pages=pages, page_size=cfg.page_size,
+                                    max_rows=cfg.slots, prefill_tokens=cfg.prefill_tokens,
+                                    prefix_cache=cfg.prefix_cache, version=version,
+                                    mode=cfg.batching, warmup=cfg.warmup).start()
+    chat_stops = tuple(tokenizer.eos_ids)
+    eos = template.special_tokens.get("eos_token") if template is not None else None
+    eos_id = tokenizer.special_id(eos) if eos else None
+    if eos_id is not None and eos_id not in chat_stops:
+      chat_stops += (eos_id,)
+    store = (log_lib.InteractionLog(log_url, {"name": name, "served_by": "LocalServer"})
+             if log_url else _NoLog())
+    self.served = app_lib.Served(engine=self.engine, tokenizer=tokenizer, template=template,
+                                 name=name, log=store, serve=cfg, api_key=api_key,
+                                 stop_ids=tuple(tokenizer.eos_ids), chat_stop_ids=chat_stops)
+    self._server = uvicorn.Server(uvicorn.Config(
+        app_lib.create_app(self.served), log_level="warning", access_log=False,
+        lifespan="on", timeout_graceful_shutdown=int(cfg.graceful_seconds)))
+    self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
+                                    name="rlcode-local-server", daemon=True)
+    self._thread.start()
+    deadline = time.monotonic() + start_timeout
+    while not self._server.started:  # uvicorn offers no event to wait on
+      if not self._thread.is_alive() or time.monotonic() > deadline:
+        self.close()
+        raise RuntimeError(f"LocalServer on {host}:{port}: the server did not start")
+      time.sleep(0.01)
+    bound = sock.getsockname()
+    self.url = f"http://{'[' + bound[0] + ']' if ':' in bound[0] else bound[0]}:{bound[1]}"
+    log.info("serving %s at %s (policy version %d)", name, self.url, version)
+
+  @property
+  def base_url(self) -> str:
+    """What an openai client's base_url is."""
+    return self.url + "/v1"
+
+  @property
+  def recorder(self):
+    """The episodes its calls recorded (rlcode.harness.Recorder)."""
+    return self.served.episodes
+
+  @property
+  def version(self) -> int:
+    return self.engine.version
+
+  def publish(self, model, version: int) -> None:
+    """`model`'s weights as policy version `version`: calls submitted afterwards sample
+    with them (the engine swaps them in before its next step)."""
+    from flax import nnx
+    self.engine.publish(nnx.state(model.for_sampling()), version)
+
+  def close(self) -> None:
+    """Stops listening, lets the calls in flight finish, stops the engine."""
+    if self._thread.is_alive():
+      self._server.should_exit = True
+      self._thread.join()
+    self.engine.stop(cancel=True)  # the app's shutdown stopped it, unless it never started
+
+  def __enter__(self) -> LocalServer:
+    return self
+
+  def __exit__(self, *exc) -> None:
+    self.close()
