@@ -1,5 +1,5 @@
 """Harness rollouts for GRPO (rlcode.harness.rollouts): a tiny random policy served in this
-process (rlcode.harness.local.LocalServer: the real app under uvicorn on 127.0.0.1), toy
+process (rlcode.serve.local.LocalServer: the real app under uvicorn on 127.0.0.1), toy
 harnesses written here that talk to it with the openai client, a toy environment's reward.
 
 One rollout plays G episodes of four tasks: a two-call agent whose second call extends the
@@ -33,7 +33,7 @@ MODEL = "rlcode-tiny"
 def policy(tmp_path_factory):
   import serving
   from chat_templates import write_tokenizer_dir
-  from rlcode.harness.local import LocalServer
+  from rlcode.serve.local import LocalServer
   from rlcode.models import chat_template
   from rlcode.models.build import build_model
   from rlcode.parallel import sharding
@@ -197,6 +197,10 @@ def test_every_episode_failing_is_an_error_naming_why(policy):
 
   with pytest.raises(rollouts.AllFailed, match="reward: 1.*the harness returned a list"):
     rollouts.rollout(no_reward, TASKS[:1], 1, server, pad_id=0, max_len=model.cfg.max_seq_len)
+  with pytest.raises(TypeError, match="the harness is a str, not a callable"):
+    rollouts.rollout("mod:fn", TASKS[:1], 1, server, pad_id=0, max_len=1)
+  with pytest.raises(ValueError, match="group_size=0"):
+    rollouts.rollout(no_reward, TASKS[:1], 0, server, pad_id=0, max_len=1)
 
 
 def test_rewards_from_the_environment_result():

@@ -4,14 +4,13 @@ token-exact trajectories.
   segments.py   calls to segments: a call continues its segment when its prompt extends
                 the segment's context, else a new segment starts (the split counted)
   recorder.py   the episodes, by id, in memory and thread-safe: calls, segments, splits
-  local.py      LocalServer: rlcode's server over a policy in this process (uvicorn on a
-                thread, a loopback port), new weights published to its engine
   rollouts.py   GRPO rollouts of any harness(task, base_url, api_key, episode_id): G
                 episodes a task on bounded threads, their segments and the environment's
                 rewards as the shared-prompt batch, failed episodes' groups dropped, counted
 
 The server's side (the X-Episode-Id header, GET and DELETE /v1/episodes/{id}) is
-rlcode.serve.episodes.
+rlcode.serve.episodes; rlcode.serve.local.LocalServer serves a policy in this process (a
+loopback port), the server the rollouts take.
 
 A segment carries what `rlcode.agent.episodes.grpo_batch` reads of a trajectory (prompt,
 tokens, mask, logprobs), so a segment trains as the built-in agent's episodes do.

@@ -233,8 +233,7 @@ def segment_batch(groups: Sequence[Sequence[Played]], adv: np.ndarray, *, pad_id
   """(the shared-prompt batch, rows) of the groups' segments, each row its episode's
   advantage (`adv`: per episode, group-major); rows: (index of the episode in the flat
   list of `groups`' episodes, segment index) per row, None on padding rows."""
-  from rlcode.agent import episodes as episodes_lib  # deferred: the agent imports the engine
-  from rlcode.agent import sampler
+  from rlcode.agent import episodes as episodes_lib, sampler  # deferred: they import JAX
   flat = [p for group in groups for p in group]
   if len(adv) != len(flat):
     raise ValueError(f"{len(adv)} advantages for {len(flat)} episodes")
@@ -307,7 +306,7 @@ def rollout(harness: Harness, tasks: Sequence, group_size: int, server, *,
             reward: Reward | None = None, advantage: Callable[[np.ndarray], np.ndarray] | None
             = None, pad_id: int, max_len: int, workers: int = 8, timeout: float | None = None,
             step: int = 0) -> Rollout:
-  """G episodes of each task through `server` (a rlcode.harness.local.LocalServer, or
+  """G episodes of each task through `server` (a rlcode.serve.local.LocalServer, or
   anything with base_url, api_key and recorder; with an engine, its prefix-cache hits are
   counted), their groups without a failed episode laid out for the update.
 
@@ -317,6 +316,12 @@ def rollout(harness: Harness, tasks: Sequence, group_size: int, server, *,
   from rlcode.rl import advantages  # deferred: the rl package imports JAX
   if not tasks:
     raise ValueError("rollout: no tasks")
+  if not callable(harness):
+    raise TypeError(f"rollout: the harness is a {type(harness).__name__}, not a callable "
+                    "harness(task, base_url, api_key, episode_id)")
+  if reward is not None and not callable(reward):
+    raise TypeError(f"rollout: the reward is a {type(reward).__name__}, not a callable "
+                    "reward(task, result) or None")
   if advantage is None:
     advantage = lambda r: advantages.group_advantages(r, group_size)
   engine = getattr(server, "engine", None)

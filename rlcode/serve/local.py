@@ -2,7 +2,8 @@
 on a thread, listening on a loopback port (the OS picks it unless one is given).
 
 A trainer starts one over its policy, lets harnesses call it with the openai client (their
-calls, named by X-Episode-Id, recorded token-exactly in `recorder`, rlcode.harness), and
+calls, named by X-Episode-Id, recorded token-exactly in `recorder`: rlcode.harness; its
+rollouts, rlcode.harness.rollouts, take such a server), and
 publishes each new version of its weights to the engine (`publish`: requests that arrive
 afterwards sample with them; each token records the version that sampled it).
 
@@ -23,6 +24,7 @@ import time
 from rlcode import engine as engine_lib
 from rlcode.config import serving
 from rlcode.errors import BadInput
+from rlcode.serve import log as log_lib
 
 log = logging.getLogger(__name__)
 
@@ -34,7 +36,6 @@ class _NoLog:
     del rows
 
   def feedback(self, body):
-    from rlcode.serve import log as log_lib
     raise log_lib.UnknownCompletion(body.get("id"))
 
   def close(self) -> None:
@@ -65,7 +66,6 @@ class LocalServer:
     import uvicorn
 
     from rlcode.serve import app as app_lib  # deferred: FastAPI, only to serve
-    from rlcode.serve import log as log_lib
     fields = {f.name for f in dataclasses.fields(serving.Serve)}
     unknown = sorted(set(serve or {}) - fields)
     if unknown:
