@@ -70,6 +70,13 @@ def test_every_key_has_a_doc_and_every_doc_a_key():
     ("--config.rl.expert_slots=2", ("config.rl.expert_slots", "agent trainer only")),
     ("--config.agent.max_turns=3", ("config.agent", "reads no 'agent'")),
     ("--config.mesh.data=0", ("config.mesh.data=0", "-1 or >= 1")),
+    ("--config.reward_options.tests.mode=most", ("config.reward_options.tests.mode='most'",
+                                                 "'all', 'fraction'")),
+    ("--config.reward_options.tests.timeout=3", ("reward_options.tests", "'timeout'")),
+    ("--config.reward_options.tests.limits.wall_seconds=x",
+     ("config.reward_options.tests.limits.wall_seconds", "float")),
+    ("--config.reward_options.semantic.lexical_weight=2",
+     ("config.reward_options.semantic.lexical_weight=2.0", "in [0, 1]")),
 ])
 def test_a_bad_key_type_or_value_is_one_line_naming_the_key(capsys, flag, needles):
   assert cli.main(["config", "show", GRPO, flag]) == 2
@@ -192,3 +199,30 @@ def test_held_out_splits_stay_readable_where_they_belong():
   assert rm.data.eval_split == "held_out"
   swe = loader.load_config(os.path.join(ROOT, "configs", "agent_swe.py"))
   assert swe.data.eval_split == "validation" and swe.data.swe.validation_fraction > 0
+
+
+def test_each_rewards_typed_options_are_its_functions_keywords_with_their_defaults():
+  """config.reward_options.<reward> (rlcode.rewards.config) declares the keyword options
+  of the reward's function, with the same defaults: a loaded section is what the function
+  would use unset, the sandbox limits' defaults included."""
+  import dataclasses
+  import inspect
+
+  from rlcode import rewards, sandbox
+  from rlcode.rewards import config as reward_config
+  loaded = loader.load_config(GRPO, [])
+  kwargs = rewards.options(loaded.reward_options)
+  assert sorted(kwargs) == sorted(f.name for f in dataclasses.fields(
+      reward_config.RewardOptions))
+  limits = {f.name: f.default for f in dataclasses.fields(sandbox.Limits)}
+  for name, got in kwargs.items():
+    params = inspect.signature(rewards.get(name)).parameters
+    # (the semantic reward's `mesh` is a caller's device mesh, not a setting)
+    declared = {k: p.default for k, p in params.items()
+                if p.default is not p.empty and p.kind is not p.VAR_KEYWORD and k != "mesh"}
+    takes_limits = any(p.kind is p.VAR_KEYWORD for p in params.values())
+    assert set(got) == set(declared) | (set(limits) if takes_limits else set()), name
+    for key, value in got.items():
+      default = declared[key] if key in declared else limits[key]
+      assert value == (tuple(default) if isinstance(default, (list, tuple)) else default), (
+          name, key)

@@ -17,7 +17,6 @@ section tasks, the optimiser) are the dataclasses their code constructs.
 from __future__ import annotations
 
 import dataclasses
-from typing import Any
 
 from rlcode.fields import Lazy, key
 from rlcode.config.policy import Mesh, Model
@@ -26,6 +25,7 @@ from rlcode.config.serving import Online, Serve
 from rlcode.data.git.config import MiningConfig
 from rlcode.data.sections.tasks import SectionOptions
 from rlcode.optim.adamw import OptimizerConfig
+from rlcode.rewards.config import RewardOptions
 from rlcode.swe.config import SweConfig
 
 TRAINERS = ("grpo", "agent", "rm", "sample", "online")
@@ -345,7 +345,7 @@ class Config:
     model: the policy.
     data: the tasks (choices for "rm").
     rewards: reward name -> weight (rlcode.rewards registry).
-    reward_options: reward name -> its options.
+    reward_options: each reward's options, under its name.
     rl: GRPO's settings.
     optimizer: the optimiser (decay_steps derived from train.steps).
     warmstart: the supervised warm start.
@@ -369,7 +369,7 @@ class Config:
   model: Model = key({})
   data: Data = key({})
   rewards: dict[str, float] = key({}, check=lambda r: bool(r), allowed="at least one reward")
-  reward_options: dict[str, dict[str, Any]] = key({})
+  reward_options: RewardOptions = key({})
   rl: RL = key({})
   optimizer: OptimizerConfig = key({})
   warmstart: WarmStart = key({})

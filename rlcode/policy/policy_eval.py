@@ -56,8 +56,9 @@ def evaluate_policy(model, tokenizer, tasks: Sequence[Task], *, num_samples: int
   Returns {"pass@k": ... for each k <= num_samples, "n_tasks", "n_samples"};
   at temperature 0 use num_samples=1 (greedy pass@1).
   """
-  options = dict(reward_options or {})
+  options = dict(reward_options or {})  # the tests reward's (rlcode.rewards.config)
   options.pop("mode", None)
+  options.pop("test_set", None)  # pass@k is always on the hidden tests
   row_tasks, texts = sample_completions(
       model, tokenizer, tasks, num_samples=num_samples, temperature=temperature,
       max_new_tokens=max_new_tokens, seed=seed, batch_prompts=batch_prompts, mesh=mesh,

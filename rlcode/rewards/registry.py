@@ -10,6 +10,7 @@ from typing import Any
 import numpy as np
 
 from rlcode.data.tasks import Task
+from rlcode.rewards.config import kwargs
 
 
 @dataclasses.dataclass
@@ -137,5 +138,6 @@ def compute(weights: Mapping[str, float], tasks: Sequence[Task],
 
 
 def options(reward_options: Mapping[str, Mapping[str, Any]]) -> dict[str, dict[str, Any]]:
-  """A config's reward_options section as plain dicts (reward name -> keyword options)."""
-  return {name: dict(opts) for name, opts in reward_options.items()}
+  """A config's reward_options section (rlcode.rewards.config.RewardOptions) as each
+  reward's keyword options (reward name -> keywords)."""
+  return {name: kwargs(opts) for name, opts in reward_options.items()}

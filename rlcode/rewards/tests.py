@@ -49,12 +49,10 @@ import numpy as np
 from rlcode import pyast, sandbox
 from rlcode.data import edits
 from rlcode.data.tasks import Task
+from rlcode.rewards.config import FORMAT_CHECKS, HUMANEVAL_STOP, TEST_SETS
 from rlcode.rewards.registry import RewardOutput, register, register_answer_end
 
-HUMANEVAL_STOP = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
 ASSEMBLE_STYLES = ("prompt+completion", "completion", "files", "chat")
-TEST_SETS = ("hidden", "visible")
-FORMAT_CHECKS = ("parses", "non_empty", "entry_point", "no_stray_text")
 _PYTHON_TAGS = ("python", "python3", "py")
 # Larger sources are not parsed: they fail "parses" outright.
 _MAX_PARSE_CHARS = 1 << 20
