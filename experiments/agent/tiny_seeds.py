@@ -74,8 +74,8 @@ def main():
                            "script) instead of a warm start of its own")
   parser.add_argument("--plain", action="store_true",
                       help="the config as it was before the stale notes (PLAIN: the plain "
-                           "tasks, the perfect expert), as the sections of "
-                           "docs/journal.md written before 2026-12-04 ran it")
+                           "tasks, the perfect expert), as the results before 2026-12-04 "
+                           "ran it")
   parser.add_argument("--name", default="agent_tiny_seeds",
                       help="the result's name under results/agent/")
   args, overrides = parser.parse_known_args()
