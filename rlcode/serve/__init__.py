@@ -7,6 +7,7 @@
   responses.py   sampled tokens to response objects: text, stop strings, tool calls, log-probs
   app.py         the FastAPI app: completions, chat, models, feedback, health, metrics
   server.py      `rlcode serve`: what is served, under uvicorn
+  local.py       a policy served inside a training process on a loopback port (harness rollouts)
   log.py         the interaction log (SQLAlchemy: SQLite by default, any URL)
   weights.py     published policy versions (the learner writes, the server swaps in)
   users.py       simulated users: choose among candidates by a hidden utility, report it
