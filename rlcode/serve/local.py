@@ -16,15 +16,14 @@ from __future__ import annotations
 
 import dataclasses
 import logging
-import math
 import socket
 import threading
 import time
 
-from rlcode import engine as engine_lib
 from rlcode.config import serving
 from rlcode.errors import BadInput
 from rlcode.serve import log as log_lib
+from rlcode.serve import server
 
 log = logging.getLogger(__name__)
 
@@ -82,17 +81,8 @@ class LocalServer:
       sock.close()
       raise BadInput(f"LocalServer host={host!r} port={port}: cannot listen there "
                      f"({e.strerror})") from None
-    # As rlcode.serve.server.build makes its engine: enough pages for every slot's context.
-    pages = cfg.kv_pages or cfg.slots * math.ceil(model.cfg.max_seq_len / cfg.page_size) + 1
-    self.engine = engine_lib.Engine(model, num_pages=pages, page_size=cfg.page_size,
-                                    max_rows=cfg.slots, prefill_tokens=cfg.prefill_tokens,
-                                    prefix_cache=cfg.prefix_cache, version=version,
-                                    mode=cfg.batching, warmup=cfg.warmup).start()
-    chat_stops = tuple(tokenizer.eos_ids)
-    eos = template.special_tokens.get("eos_token") if template is not None else None
-    eos_id = tokenizer.special_id(eos) if eos else None
-    if eos_id is not None and eos_id not in chat_stops:
-      chat_stops += (eos_id,)
+    self.engine = server.start_engine(model, cfg, version)
+    chat_stops = server.chat_stop_ids(tokenizer, template)
     store = (log_lib.InteractionLog(log_url, {"name": name, "served_by": "LocalServer"})
              if log_url else _NoLog())
     self.served = app_lib.Served(engine=self.engine, tokenizer=tokenizer, template=template,

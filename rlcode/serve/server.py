@@ -187,6 +187,25 @@ def template_for(serve, model_cfg):
   return None
 
 
+def start_engine(model, serve: serving.Serve, version: int = 0) -> engine_lib.Engine:
+  """The served engine, started: enough pages for every slot's whole context unless
+  `serve.kv_pages` says how many."""
+  pages = serve.kv_pages or serve.slots * math.ceil(model.cfg.max_seq_len
+                                                   / serve.page_size) + 1
+  return engine_lib.Engine(model, num_pages=pages, page_size=serve.page_size,
+                           max_rows=serve.slots, prefill_tokens=serve.prefill_tokens,
+                           prefix_cache=serve.prefix_cache, version=version,
+                           mode=serve.batching, warmup=serve.warmup).start()
+
+
+def chat_stop_ids(tokenizer, template) -> tuple[int, ...]:
+  """Where a chat completion stops: the tokenizer's end tokens and the template's own."""
+  stops = tuple(tokenizer.eos_ids)
+  eos = template.special_tokens.get("eos_token") if template is not None else None
+  eos_id = tokenizer.special_id(eos) if eos else None
+  return stops + (eos_id,) if eos_id is not None and eos_id not in stops else stops
+
+
 def build(config, checkpoint: str | None = None, api_key: str | None = None,
           move_log_aside: bool = False):
   """The app's `Served`: what `load` finds, its engine started and warmed up on one
@@ -194,18 +213,8 @@ def build(config, checkpoint: str | None = None, api_key: str | None = None,
   from rlcode.serve.app import Served  # deferred: FastAPI (the serve extra), only to serve
   got = load(config, checkpoint, move_log_aside)
   serve, tokenizer, template = got.serve, got.tokenizer, got.template
-  pages = serve.kv_pages or serve.slots * math.ceil(got.model.cfg.max_seq_len
-                                                   / serve.page_size) + 1
-  eng = engine_lib.Engine(got.model, num_pages=pages, page_size=serve.page_size,
-                          max_rows=serve.slots, prefill_tokens=serve.prefill_tokens,
-                          prefix_cache=serve.prefix_cache, version=got.version,
-                          mode=serve.batching, warmup=serve.warmup).start()
-  chat_stops = tuple(tokenizer.eos_ids)
-  if template is not None:
-    eos = template.special_tokens.get("eos_token")
-    eos_id = tokenizer.special_id(eos) if eos else None
-    if eos_id is not None and eos_id not in chat_stops:
-      chat_stops += (eos_id,)
+  eng = start_engine(got.model, serve, got.version)
+  chat_stops = chat_stop_ids(tokenizer, template)
   served = Served(
       engine=eng, tokenizer=tokenizer, template=template,
       name=serve.model_name or "rlcode",
