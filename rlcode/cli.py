@@ -46,7 +46,7 @@ def _parse(argv: Sequence[str]):
   commands = parser.add_subparsers(dest="command", required=True, parser_class=_Parser)
   config_help = "configs/NAME.py[:arg]; override keys with --config.a.b=value"
   train = commands.add_parser("train", help="train what the config's trainer says: a policy "
-                              "with GRPO (grpo, agent) or a reward model (rm)")
+                              "with GRPO (grpo, agent, harness) or a reward model (rm)")
   train.add_argument("--config", required=True, help=config_help)
   # One run over N processes (rlcode.distributed); the JAX_* variables stand in for
   # flags left out, and with neither the run is one process.
@@ -283,7 +283,7 @@ def _serve(parser, args, overrides) -> None:
 
 
 # The configs `rlcode train` runs (config.trainer); their loops are in _train.
-TRAINERS = ("grpo", "agent", "rm")
+TRAINERS = ("grpo", "agent", "rm", "harness")
 
 
 def _train(config, args) -> None:
@@ -304,6 +304,9 @@ def _train(config, args) -> None:
   elif config.trainer == "agent":
     from rlcode.train import agent_loop  # deferred: jax and the models
     agent_loop.train(config)
+  elif config.trainer == "harness":
+    from rlcode.train import harness_loop  # deferred: jax, the models and the web stack
+    harness_loop.train(config)
   else:
     from rlcode.train import rm_loop  # deferred: jax and the models
     rm_loop.train(config)

@@ -19,6 +19,7 @@ from __future__ import annotations
 import dataclasses
 
 from rlcode.fields import Lazy, key
+from rlcode.config.harness import Harness
 from rlcode.config.policy import Mesh, Model
 from rlcode.config.rl import RL
 from rlcode.config.serving import Online, Serve
@@ -28,7 +29,7 @@ from rlcode.optim.adamw import OptimizerConfig
 from rlcode.rewards.config import RewardOptions
 from rlcode.swe.config import SweConfig
 
-TRAINERS = ("grpo", "agent", "rm", "sample", "online")
+TRAINERS = ("grpo", "agent", "rm", "sample", "online", "harness")
 SOURCES = ("jsonl", "humaneval", "git", "sections", "choices", "swe", "swebench")
 # The held-out splits' names across the sources ("test": git, swe, humaneval; "held_out":
 # jsonl, choices). A policy loop's periodic evaluation is what a run is tuned on, so it may
@@ -335,7 +336,8 @@ class Config:
   Attributes:
     trainer: what `rlcode train` runs: "grpo" (GRPO on single-turn tasks), "agent" (GRPO
       over tool-use episodes), "rm" (a reward model on choices), "sample" (`rlcode
-      sample`) or "online" (`rlcode serve` and `rlcode learn-online`).
+      sample`), "online" (`rlcode serve` and `rlcode learn-online`) or "harness" (GRPO whose
+      rollouts are an outside harness's episodes through the OpenAI API).
     workdir: where the run writes metrics, checkpoints and its config; local, as its
       metrics and config are written with local file calls.
     seed: every random draw derives from it.
@@ -356,8 +358,9 @@ class Config:
     sampling: `rlcode sample`'s sampling.
     prompts: `rlcode sample`'s prompts.
     plan: `rlcode plan`'s shapes.
-    serve: `rlcode serve`'s server.
+    serve: `rlcode serve`'s server (and the harness trainer's, in its process).
     online: `rlcode learn-online`'s learner.
+    harness: the harness trainer's harness, its reward and how its episodes run.
     logging: metrics writers.
   """
 
@@ -382,6 +385,7 @@ class Config:
   plan: Plan = key({})
   serve: Serve = key({})
   online: Online = key({})
+  harness: Harness = key({})
   logging: Logging = key({})
 
 
@@ -394,6 +398,7 @@ TRAINER_SECTIONS = {
     "rm": _COMMON + ("data", "rm", "optimizer", "train"),
     "sample": _COMMON + ("sampling", "prompts", "serve"),
     "online": _COMMON + ("data", "rl", "optimizer", "train", "serve", "online"),
+    "harness": _COMMON + ("data", "rl", "optimizer", "train", "serve", "harness"),
 }
 
 # Derived keys: (key, the key it follows, the trainers it is derived for).

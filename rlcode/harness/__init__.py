@@ -7,10 +7,13 @@ token-exact trajectories.
   rollouts.py   GRPO rollouts of any harness(task, base_url, api_key, episode_id): G
                 episodes a task on bounded threads, their segments and the environment's
                 rewards as the shared-prompt batch, failed episodes' groups dropped, counted
+  examples.py   an example harness (the openai client, two calls a code task, the tests
+                between them) and its reward; configs/harness_tiny.py trains on it
 
 The server's side (the X-Episode-Id header, GET and DELETE /v1/episodes/{id}) is
 rlcode.serve.episodes; rlcode.serve.local.LocalServer serves a policy in this process (a
-loopback port), the server the rollouts take.
+loopback port), the server the rollouts take; rlcode.train.harness_loop (trainer
+"harness") is the GRPO loop on them.
 
 A segment carries what `rlcode.agent.episodes.grpo_batch` reads of a trajectory (prompt,
 tokens, mask, logprobs), so a segment trains as the built-in agent's episodes do.
