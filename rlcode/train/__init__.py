@@ -2,5 +2,7 @@
 
   grpo_loop.py   GRPO on single-turn tasks (`rlcode train`, trainer "grpo")
   agent_loop.py  GRPO over multi-turn tool-use episodes (trainer "agent")
+  harness_loop.py  GRPO on an outside harness's episodes through the OpenAI API (trainer
+                 "harness"): the policy served in process, rlcode.harness's rollouts
   rm_loop.py     a reward model on user choices (`rlcode train-rm`, trainer "rm")
 """
