@@ -82,6 +82,11 @@ class RL:
       sampler log-prob), the negative of the per-token reverse KL estimate.
     distill_only: the advantage is the distillation term alone (no task advantage; the
       rewards are still computed and logged).
+    routing_replay: MoE policies: the update's forward uses the experts the sampler
+      chose for each token (recorded with the samples) instead of re-routing them, the
+      gate weights from the current router (rlcode.models.moe.route); without it the
+      trainer's router may pick other experts than the sampler's for the same tokens and
+      the importance ratios blow up (Qwen3-30B-A3B GRPO collapse).
   """
 
   group_size: int = key(8, ge=1)
@@ -125,6 +130,7 @@ class RL:
   distill_teacher: str | None = key(None, only=("grpo",))
   distill_coef: float = key(1.0, ge=0, only=("grpo",))
   distill_only: bool = key(False, only=("grpo",))
+  routing_replay: bool = key(False, only=("grpo",))
 
   def __post_init__(self):
     rows = self.prompts_per_step * self.group_size

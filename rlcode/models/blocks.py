@@ -353,9 +353,10 @@ class Block(nnx.Module):
       self.mlp_post_norm = norm()
 
   def __call__(self, x, rope, *, segment_ids=None, cache_kv=None,
-               cache_lengths=None, prefix_kv=None):
+               cache_lengths=None, prefix_kv=None, experts=None):
     """(x, kv, aux): the block's output, its keys/values (as Attention returns them) and
-    the MoE router's statistics ({} for a plain MLP)."""
+    the MoE router's statistics and chosen experts ({} for a plain MLP). experts [B, T,
+    k]: an MoE layer replays this choice (rlcode.models.moe.route)."""
     rope = rope_for(rope, self.kind)
     h = x if self.layout == "post" else self.attn_norm(x)
     if self.kind == "nsa":
@@ -378,7 +379,7 @@ class Block(nnx.Module):
     h = x if self.layout == "post" else self.mlp_norm(x)
     aux = {}
     if isinstance(self.mlp, MoE):
-      m, aux = self.mlp(h)
+      m, aux = self.mlp(h, experts)
     else:
       m = self.mlp(h)
     if self.layout != "pre":

@@ -145,7 +145,7 @@ class Decoder(nnx.Module):
     return [stack_lib.layer_slice(self.layers[i % p], i // p) for i in range(self.cfg.num_layers)]
 
   def hidden(self, tokens_bt, positions_bt=None, *, cache: KVCache | PagedCache | None = None,
-             prefix: Prefix | None = None, segment_ids=None):
+             prefix: Prefix | None = None, segment_ids=None, experts=None):
     """Final hidden states [B, T, E] and the keys/values.
 
     Without a cache: causal self-attention over the tokens; returns the
@@ -159,6 +159,9 @@ class Decoder(nnx.Module):
     the query): document layers attend within documents and from the query
     to everything; positions restart per document or continue
     (cfg.document_positions).
+    With experts [B, T, moe layers, top_k] int32: routing replay, each MoE layer uses
+    the experts recorded for each token (rlcode.models.moe.route; a token with an id
+    of -1 is routed). Each MoE layer's choice comes back through moe.collect_experts.
     """
     self._check_tokens(tokens_bt, positions_bt)
     b, t = tokens_bt.shape
@@ -180,7 +183,8 @@ class Decoder(nnx.Module):
     rope = rope_tables(self.cfg, positions_bt)
     if self.cfg.scan_layers and cache is None and not (prefix is not None and prefix.on_host):
       x, kvs, auxes = stack_lib.scan_stacks(self.cfg, list(self.layers), x, rope,
-                                            segment_ids=segment_ids, prefix=prefix)
+                                            segment_ids=segment_ids, prefix=prefix,
+                                            experts=experts)
       moe_lib.record(self.cfg, auxes)
       return self.final_norm(x), kvs
     kvs, auxes = [], []
@@ -201,7 +205,8 @@ class Decoder(nnx.Module):
       with lora_lib.in_layer(i):
         x, kv, aux = stack_lib.block_call(
             self.cfg, layer, x, rope, segment_ids=segment_ids, cache_kv=cache_kv,
-            prefix_kv=prefix_kv, cache_lengths=None if cache is None else cache.lengths)
+            prefix_kv=prefix_kv, cache_lengths=None if cache is None else cache.lengths,
+            experts=moe_lib.layer_replay(self.cfg, experts, i))
       kvs.append(kv)
       auxes.append(aux)
     moe_lib.record(self.cfg, auxes)
@@ -228,8 +233,8 @@ class Decoder(nnx.Module):
     logits = dense(h_btd, self.output_weight().astype(self.cfg.jnp_dtype))
     return sharding.constrain(logits.astype(jnp.float32), ("batch", "length", "vocab"))
 
-  def __call__(self, tokens_bt, positions_bt=None, segment_ids=None) -> jax.Array:
-    h, _ = self.hidden(tokens_bt, positions_bt, segment_ids=segment_ids)
+  def __call__(self, tokens_bt, positions_bt=None, segment_ids=None, experts=None) -> jax.Array:
+    h, _ = self.hidden(tokens_bt, positions_bt, segment_ids=segment_ids, experts=experts)
     return self.logits(h)
 
   def looped(self) -> Decoder:

@@ -23,6 +23,12 @@ Router statistics (each expert's share of the assignments, the router's mean ent
 the Switch load-balancing loss X * sum_e f_e P_e) come back with the output, averaged
 over all tokens the call saw (padding included), for the trainer to log and, when
 MoEConfig.aux_loss_weight > 0, to add to its loss. This module knows no loss.
+
+Routing replay (the sampler's choice of experts reused by the update, so that the
+trainer's router picking other experts for the same tokens cannot blow up the importance
+ratios): each layer also returns the experts it chose ([B, T, k], `collect_experts`
+gathers them per forward), and takes a choice to replay instead (`route`), whose gate
+weights come from the current router, so the router still learns.
 """
 
 from __future__ import annotations
@@ -114,14 +120,28 @@ def resolved_impl(moe: MoEConfig) -> str:
 
 # ------------------------------------------------------------------ routing and experts
 
-def route(x_nd: jax.Array, router_dx: jax.Array, moe: MoEConfig):
-  """(expert ids [N, k] int32, weights [N, k] in x's dtype, probabilities [N, X] f32)."""
+def route(x_nd: jax.Array, router_dx: jax.Array, moe: MoEConfig,
+          replay_nk: jax.Array | None = None):
+  """(expert ids [N, k] int32, weights [N, k] in x's dtype, probabilities [N, X] f32).
+
+  replay_nk [N, k] int32 (routing replay): a token whose k ids are all in [0, X) uses
+  those experts instead of its top k, weighted by the current router's probabilities at
+  them (renormalised when the config renormalises the top k), so the router still gets
+  gradients; a token with an id out of range (-1: not recorded, padding) is routed. None:
+  every token is routed, exactly as without replay."""
   logits = dense(x_nd, router_dx.astype(x_nd.dtype)).astype(jnp.float32)
   probs = jax.nn.softmax(logits, axis=-1)
   top_p, top_i = jax.lax.top_k(probs, moe.top_k)
+  top_i = top_i.astype(jnp.int32)
+  if replay_nk is not None:
+    replay_nk = replay_nk.astype(jnp.int32)
+    use = jnp.all((replay_nk >= 0) & (replay_nk < moe.num_experts), axis=-1, keepdims=True)
+    ids = jnp.clip(replay_nk, 0, moe.num_experts - 1)
+    top_i = jnp.where(use, ids, top_i)
+    top_p = jnp.where(use, jnp.take_along_axis(probs, ids, axis=-1), top_p)
   if moe.norm_topk_prob:
     top_p = top_p / jnp.sum(top_p, axis=-1, keepdims=True)
-  return top_i.astype(jnp.int32), top_p.astype(x_nd.dtype), probs
+  return top_i, top_p.astype(x_nd.dtype), probs
 
 
 def expert_outputs(x_nd, top_i, weights, w_gate_up, w_down, first, act, impl, tile):
@@ -189,8 +209,10 @@ class MoE(nnx.Module):
     if shared_mlp is not None:
       self.shared_gate = nnx.Param(normal((e, 1)), axes=("embed", None))
 
-  def __call__(self, x_btd):
-    """(output [B, T, E], router statistics)."""
+  def __call__(self, x_btd, replay_btk=None):
+    """(output [B, T, E], router statistics and `experts`: the chosen ids [B, T, k]).
+
+    replay_btk [B, T, k] int32: routing replay (`route`'s replay_nk); None: routed."""
     cfg, moe = self.cfg, self.moe
     dt = cfg.jnp_dtype
     act = activation(cfg.mlp_act)
@@ -199,16 +221,18 @@ class MoE(nnx.Module):
     w_down = self.experts_down[...].astype(dt)
     router = self.router[...]
 
-    def local(x_btd, router, w_gu, w_down, split_experts=False, gather=False,
-              split_f=False, reduce_axes=()):
+    def local(x_btd, router, w_gu, w_down, replay_btk=None, split_experts=False,
+              gather=False, split_f=False, reduce_axes=()):
       """The layer on one device's tokens and experts. split_experts: this device holds
       experts [i * X_local, (i + 1) * X_local) of the `expert` axis's i-th device; gather:
       the tokens are split over `expert` too, so they are gathered first and the outputs
       reduce-scattered back (else the outputs are summed over `expert`)."""
       b, t, e = x_btd.shape
       x_nd = x_btd.reshape(b * t, e)
-      top_i, weights, probs = route(x_nd, router, moe)
+      replay = None if replay_btk is None else replay_btk.reshape(b * t, -1)
+      top_i, weights, probs = route(x_nd, router, moe, replay)
       sums = router_stats(top_i, probs, moe.num_experts)
+      chosen = top_i.reshape(b, t, -1)
       first = jax.lax.axis_index(AXIS) * w_gu.shape[0] if split_experts else 0
       if gather:
         x_nd, top_i, weights = (jax.lax.all_gather(a, AXIS, axis=0, tiled=True)
@@ -222,21 +246,21 @@ class MoE(nnx.Module):
         out = jax.lax.psum(out, AXIS)
       if reduce_axes:
         sums = jax.lax.psum(sums, reduce_axes)
-      return out.reshape(b, t, e), sums
+      return out.reshape(b, t, e), sums, chosen
 
     mesh = sharding.active_mesh()
     if mesh is None or all(size == 1 for size in dict(mesh.shape).values()):
-      out, sums = local(x_btd, router, w_gu, w_down)
+      out, sums, chosen = local(x_btd, router, w_gu, w_down, replay_btk)
     else:
-      out, sums = self._sharded(local, mesh, x_btd, router, w_gu, w_down)
+      out, sums, chosen = self._sharded(local, mesh, x_btd, router, w_gu, w_down, replay_btk)
     out = out.astype(dt)
     if self.shared is not None:
       gate = jax.nn.sigmoid(dense(x_btd, self.shared_gate[...].astype(dt)))
       out = out + gate * self.shared(x_btd)
     return (sharding.constrain(out, ("batch", "length", "embed")),
-            with_balance_loss(sums, moe.top_k))
+            dict(with_balance_loss(sums, moe.top_k), experts=chosen))
 
-  def _sharded(self, local, mesh, x_btd, router, w_gu, w_down):
+  def _sharded(self, local, mesh, x_btd, router, w_gu, w_down, replay_btk=None):
     """`local` in a shard_map: tokens as the mesh splits them, experts over `expert`,
     their width over `tensor`."""
     shape = dict(mesh.shape)
@@ -248,13 +272,19 @@ class MoE(nnx.Module):
     experts = AXIS if ep > 1 and w_gu.shape[0] % ep == 0 else None
     split_f = shape.get("tensor", 1) > 1 and w_gu.shape[-1] % shape["tensor"] == 0
     tensor = "tensor" if split_f else None
-    fn = lambda x, r, wg, wd: local(
-        x, r, wg, wd, split_experts=experts is not None,
-        gather=experts is not None and AXIS in token_axes, split_f=split_f,
-        reduce_axes=tuple(token_axes))
+    options = dict(split_experts=experts is not None,
+                   gather=experts is not None and AXIS in token_axes, split_f=split_f,
+                   reduce_axes=tuple(token_axes))
+    k_spec = P(x_spec[0], x_spec[1], None)  # [B, T, k] ids split as the tokens are
     in_specs = (x_spec, P(), P(experts, None, None, tensor), P(experts, tensor, None))
-    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=(x_spec, P()),
-                         check_vma=False)(x_btd, router, w_gu, w_down)
+    args = (x_btd, router, w_gu, w_down)
+    if replay_btk is None:
+      fn = lambda x, r, wg, wd: local(x, r, wg, wd, **options)
+    else:
+      fn = lambda x, r, wg, wd, ids: local(x, r, wg, wd, ids, **options)
+      in_specs, args = in_specs + (k_spec,), args + (replay_btk,)
+    return jax.shard_map(fn, mesh=mesh, in_specs=in_specs, out_specs=(x_spec, P(), k_spec),
+                         check_vma=False)(*args)
 
 
 # ------------------------------------------------------------------ statistics out
@@ -276,12 +306,54 @@ def collect():
 
 
 def record(cfg: ModelConfig, per_layer: list[dict]) -> None:
-  """A forward's statistics, summed over its MoE layers, for `collect`."""
-  box = _COLLECTED.get()
+  """A forward's statistics, summed over its MoE layers, for `collect`, and its chosen
+  experts, stacked over its MoE layers, for `collect_experts`."""
   layers = [aux for aux in per_layer if aux]
-  if box is None or cfg.moe is None or not layers:
+  if cfg.moe is None or not layers:
     return
-  box.append(jax.tree.map(lambda *xs: sum(xs), *layers))
+  box = _COLLECTED.get()
+  if box is not None:
+    stats = [{k: v for k, v in aux.items() if k != "experts"} for aux in layers]
+    box.append(jax.tree.map(lambda *xs: sum(xs), *stats))
+  chosen = _EXPERTS.get()
+  if chosen is not None:
+    chosen.append(jnp.stack([aux["experts"] for aux in layers], axis=2))
+
+
+# ------------------------------------------------------------------ routing replay
+
+_EXPERTS: contextvars.ContextVar = contextvars.ContextVar("rlcode_moe_experts", default=None)
+
+
+@contextlib.contextmanager
+def collect_experts():
+  """Inside the block, each decoder forward appends the experts its MoE layers chose for
+  its tokens, [B, T, moe layers, top_k] int32 (layers in order), to the yielded list:
+  values of the trace that computed them (as `collect`). What routing replay records."""
+  box: list = []
+  token = _EXPERTS.set(box)
+  try:
+    yield box
+  finally:
+    _EXPERTS.reset(token)
+
+
+def moe_layer_index(cfg: ModelConfig) -> dict[int, int]:
+  """{layer index: its index among the MoE layers} of the MoE layers."""
+  moe_layers = [i for i in range(cfg.num_layers) if cfg.is_moe_layer(i)]
+  return {i: j for j, i in enumerate(moe_layers)}
+
+
+def layer_replay(cfg: ModelConfig, experts_btlk, layer: int):
+  """Layer `layer`'s part [B, T, k] of recorded experts [B, T, moe layers, k] (None for
+  a dense layer or without a recording)."""
+  index = moe_layer_index(cfg)
+  if experts_btlk is None or layer not in index:
+    return None
+  if experts_btlk.shape[2] != len(index) or experts_btlk.shape[3] != cfg.moe.top_k:
+    raise ValueError(f"replayed experts {tuple(experts_btlk.shape)}: expected [B, T, "
+                     f"{len(index)} MoE layers, top_k={cfg.moe.top_k}]")
+  return experts_btlk[:, :, index[layer]]
 
 
 def router_terms(cfg: ModelConfig, collected: list[dict], share: float = 1.0):

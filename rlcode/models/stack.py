@@ -34,6 +34,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from rlcode.models import lora as lora_lib
+from rlcode.models import moe as moe_lib
 from rlcode.models.blocks import Block
 
 REMAT_POLICIES = {
@@ -78,59 +79,70 @@ def layer_slice(stack: Block, m: int) -> Block:
   return nnx.merge(graphdef, jax.tree.map(lambda a: a[m], state))
 
 
-def _apply(graphdef, state, x, rope, segment_ids, cache_kv, cache_lengths, prefix_kv):
+def _apply(graphdef, state, x, rope, segment_ids, cache_kv, cache_lengths, prefix_kv,
+           experts=None):
   block = nnx.merge(graphdef, state)
   return block(x, rope, segment_ids=segment_ids, cache_kv=cache_kv,
-               cache_lengths=cache_lengths, prefix_kv=prefix_kv)
+               cache_lengths=cache_lengths, prefix_kv=prefix_kv, experts=experts)
 
 
 def block_call(cfg, block: Block, x, rope, *, segment_ids=None, cache_kv=None,
-               cache_lengths=None, prefix_kv=None):
+               cache_lengths=None, prefix_kv=None, experts=None):
   """One block, rematerialised under cfg.remat when nothing is cached (a forward to be
-  differentiated); returns (x, kv, aux) as Block does."""
+  differentiated); returns (x, kv, aux) as Block does. experts [B, T, k]: an MoE
+  layer's replayed choice (rlcode.models.moe.route)."""
   policy = REMAT_POLICIES[cfg.remat]
   if policy is None or cache_kv is not None:
     return block(x, rope, segment_ids=segment_ids, cache_kv=cache_kv,
-                 cache_lengths=cache_lengths, prefix_kv=prefix_kv)
+                 cache_lengths=cache_lengths, prefix_kv=prefix_kv, experts=experts)
   graphdef, state = nnx.split(block)
   # The prefix's layout flag is static: it goes by closure, the arrays as arguments.
   head_major = None if prefix_kv is None else prefix_kv[3]
   arrays = None if prefix_kv is None else prefix_kv[:3]
 
-  def apply(state, x, rope, segment_ids, arrays):
+  def apply(state, x, rope, segment_ids, arrays, experts):
     prefix = None if arrays is None else (*arrays, head_major)
-    return _apply(graphdef, state, x, rope, segment_ids, None, None, prefix)
-  return jax.checkpoint(apply, policy=policy)(state, x, rope, segment_ids, arrays)
+    return _apply(graphdef, state, x, rope, segment_ids, None, None, prefix, experts)
+  return jax.checkpoint(apply, policy=policy)(state, x, rope, segment_ids, arrays, experts)
 
 
-def scan_stacks(cfg, stacks: list[Block], x, rope, *, segment_ids=None, prefix=None):
+def scan_stacks(cfg, stacks: list[Block], x, rope, *, segment_ids=None, prefix=None,
+                experts=None):
   """The forward without a cache through scanned stacks: (x, per-layer kvs, per-layer
   router statistics).
 
   `prefix` is a Prefix (per-layer tuples): each scan step reads its layers' parts,
   stacked once outside the scan. The kvs come back as a per-layer sequence (LayerKVs),
-  as the looped forward returns them.
+  as the looped forward returns them. `experts` [B, T, moe layers, k]: the MoE layers
+  replay them (rlcode.models.moe.layer_replay), each step reading its layers' parts.
   """
   p, n = len(stacks), cfg.num_layers // len(stacks)
   split = [nnx.split(stack) for stack in stacks]
   prefix_xs = None
   if prefix is not None:
     prefix_xs = [(jnp.stack(prefix.k[j::p]), jnp.stack(prefix.v[j::p])) for j in range(p)]
+  experts_xs = None
+  if experts is not None:
+    # Stack j's layers are all MoE or all dense (the period counts the MLP's kind).
+    replay = [moe_lib.layer_replay(cfg, experts, i) for i in range(cfg.num_layers)]
+    experts_xs = [None if replay[j] is None else jnp.stack(replay[j::p]) for j in range(p)]
 
   def body(x, xs):
-    states, prefix_m, m = xs
+    states, prefix_m, experts_m, m = xs
     kvs, auxes = [], []
     for j, (graphdef, _) in enumerate(split):
       prefix_kv = (None if prefix_m is None else
                    (*prefix_m[j], prefix.lengths, prefix.head_major))
       with lora_lib.in_layer(m * p + j):
         x, kv, aux = block_call(cfg, nnx.merge(graphdef, states[j]), x, rope,
-                                segment_ids=segment_ids, prefix_kv=prefix_kv)
+                                segment_ids=segment_ids, prefix_kv=prefix_kv,
+                                experts=None if experts_m is None else experts_m[j])
       kvs.append(kv)
       auxes.append(aux)
     return x, (kvs, auxes)
 
-  xs = ([state for _, state in split], prefix_xs, jnp.arange(n, dtype=jnp.int32))
+  xs = ([state for _, state in split], prefix_xs, experts_xs,
+        jnp.arange(n, dtype=jnp.int32))
   x, (kvs, auxes) = jax.lax.scan(body, x, xs)
   # Each stack's statistics [n, ...] back to one per layer, in layer order.
   per_layer = [jax.tree.map(lambda a, m=i // p: a[m], auxes[i % p])

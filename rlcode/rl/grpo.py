@@ -21,6 +21,7 @@ weights). This module must not know where rewards come from.
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import jax
@@ -60,6 +61,9 @@ def make_update_step(graphdef, optimizer: optax.GradientTransformation, cfg: obj
   trains (LoRA: the adapters).
   dropout_seed: the adapters' dropout draws from this seed and the step. offload: the
   optimiser state lives in host memory (optim.init_state's `offload`).
+  cfg.routing_replay: the forward replays the experts the batch recorded (MoE routing
+  replay; `with_routing`), else it routes. The log-prob functions replay whatever
+  record a batch carries: make_logprob_fn and make_proximal_fn replay it when given one.
   """
   if logprob_fn is None:
     logprob_fn = lambda model, batch: sequences.sequence_logprobs(model, batch, cfg.temperature)
@@ -78,6 +82,7 @@ def make_update_step(graphdef, optimizer: optax.GradientTransformation, cfg: obj
     return loss + balance, metrics
 
   def step(state, batch):
+    batch = with_routing(batch, cfg.routing_replay)
     key = (None if dropout_seed is None
            else jax.random.fold_in(jax.random.key(dropout_seed), state.step))
     m = micro_count(batch.mask.shape[0], micro_batch_rows)
@@ -90,6 +95,20 @@ def make_update_step(graphdef, optimizer: optax.GradientTransformation, cfg: obj
   state_sh = optim.state_shardings(state, mesh)
   return jax.jit(step, in_shardings=(state_sh, optim.batch_shardings(mesh, example_batch)),
                  out_shardings=(state_sh, None), donate_argnums=(0,))
+
+
+EXPERT_FIELDS = ("experts", "prompt_experts", "completion_experts")
+
+
+def with_routing(batch, replay: bool):
+  """The batch as the update's forward reads it: with routing replay, as it is (it must
+  carry the sampler's recorded experts); without, its record dropped (the forward routes)."""
+  names = [f.name for f in dataclasses.fields(batch) if f.name in EXPERT_FIELDS]
+  recorded = any(getattr(batch, name) is not None for name in names)
+  if replay and not recorded:
+    raise ValueError("rl.routing_replay=true needs a batch with the sampler's recorded "
+                     "experts (its `experts`), and this one has none")
+  return batch if replay else dataclasses.replace(batch, **{name: None for name in names})
 
 
 def _accumulated(loss_fn, params, batch, *, micro_batches: int, mesh: Mesh):

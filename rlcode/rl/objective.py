@@ -148,6 +148,9 @@ class LossConfig:
   # None: no lower bound.
   cispo_clip_low: float | None = None
   cispo_clip_high: float = 5.0
+  # Routing replay: the update's forward uses the experts the batch recorded
+  # (rlcode.rl.grpo); False: it routes, and a batch's record is left unread.
+  routing_replay: bool = False
 
   def __post_init__(self):
     if self.aggregation not in AGGREGATIONS:
@@ -166,7 +169,8 @@ class LossConfig:
                log_kl=bool(rl.log_kl), aggregation=rl.loss_aggregation,
                max_completion_len=max_completion_len, temperature=rl.temperature,
                objective=rl.objective, cispo_clip_low=rl.cispo_clip_low,
-               cispo_clip_high=rl.cispo_clip_high)
+               cispo_clip_high=rl.cispo_clip_high,
+               routing_replay=bool(getattr(rl, "routing_replay", False)))
 
 
 def masked_mean(x_nt, mask_nt, totals: Totals | None = None):

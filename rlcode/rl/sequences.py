@@ -3,7 +3,8 @@
 `SequenceBatch` rows are right-padded to one length with a window of W target positions
 per row where that row's completion is predicted; the output layer runs on the window
 only (what TRL calls logits_to_keep). The shared-prompt layout is rlcode.rl.shared_prefix.
-`sequence_batch` builds the host arrays; `rl_batch` a rollout's batch of trained tokens;
+`sequence_batch` builds the host arrays (with the sampler's recorded experts, for routing
+replay, when given); `rl_batch` a rollout's batch of trained tokens;
 `sft_batch` prompt + reference rows for supervised steps.
 """
 
@@ -36,6 +37,9 @@ class SequenceBatch:
   or [N, W] per token (on-policy distillation, rlcode.rl.distill).
   The output layer runs on the W window positions only: a prompt's positions never
   become logits (what TRL calls logits_to_keep).
+  experts: [N, L, moe layers, top_k] int32 or None: the experts the sampler chose for
+  each token (-1 where none was recorded), which the forward replays (routing replay,
+  rlcode.models.moe.route); None: the forward routes.
   """
 
   tokens: jax.Array
@@ -45,16 +49,20 @@ class SequenceBatch:
   ref_logp: jax.Array
   adv: jax.Array
   weight: jax.Array
+  experts: jax.Array | None = None
 
   @classmethod
-  def abstract(cls, rows: int) -> SequenceBatch:
+  def abstract(cls, rows: int, experts: tuple[int, int] | None = None) -> SequenceBatch:
     """Leaves with the true row count and rank (lengths vary per step and do not matter):
-    enough to choose the batch's shardings before the first batch exists."""
+    enough to choose the batch's shardings before the first batch exists. experts:
+    (moe layers, top_k) when the batch carries recorded experts."""
     f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
     return cls(tokens=jax.ShapeDtypeStruct((rows, 2), jnp.int32),
                start=jax.ShapeDtypeStruct((rows,), jnp.int32), mask=f32(rows, 1),
                old_logp=f32(rows, 1), ref_logp=f32(rows, 1), adv=f32(rows),
-               weight=f32(rows, 1))
+               weight=f32(rows, 1),
+               experts=None if experts is None else
+               jax.ShapeDtypeStruct((rows, 2, *experts), jnp.int32))
 
   def micro_batches(self, m: int) -> SequenceBatch:
     """The rows dealt into m micro-batches (row r to micro-batch r % m), each leaf
@@ -77,7 +85,7 @@ def window_hidden(model, batch: SequenceBatch) -> tuple[jax.Array, jax.Array]:
   they predict. The decoder runs over every position (attention needs the prompt); the
   last one's state is never read (it predicts nothing), but running it keeps the length
   the batch's multiple, which context parallelism splits."""
-  h, _ = model.hidden(batch.tokens)
+  h, _ = model.hidden(batch.tokens, experts=batch.experts)
   w = batch.mask.shape[1]
   pos = jnp.minimum(batch.start[:, None] + jnp.arange(w, dtype=jnp.int32)[None, :],
                     batch.tokens.shape[1] - 2)
@@ -108,7 +116,8 @@ def sequence_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Seque
                    prompt_index: Sequence[int], *, pad_id: int, old_logp=None,
                    adv=None, window: int | None = None,
                    multiple: int = LENGTH_MULTIPLE,
-                   min_prompt_len: int = 0) -> SequenceBatch:
+                   min_prompt_len: int = 0, prompt_experts=None,
+                   completion_experts=None) -> SequenceBatch:
   """Host arrays of prompt + completion rows and each row's completion window.
 
   The window is `window` positions wide (default: the longest completion rounded up to
@@ -121,6 +130,11 @@ def sequence_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Seque
 
   old_logp[i] holds the behaviour log-probabilities of completion i's tokens
   (its first len(completions[i]) entries are used).
+  prompt_experts[p] [len(prompts[p]), moe layers, k] and completion_experts[i] [at
+  least len(completions[i]) - 1, moe layers, k] (routing replay: the experts the
+  sampler chose for each token it processed; a row's last token is never processed,
+  and a value -1 stands for none recorded) become the batch's `experts`, aligned with
+  its tokens; both or neither.
   """
   n = len(completions)
   longest = max(len(c) for c in completions)
@@ -142,9 +156,40 @@ def sequence_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Seque
     if old_logp is not None:
       old[i, :len(c)] = old_logp[i][:len(c)]
   adv = np.zeros((n,), np.float32) if adv is None else np.asarray(adv, np.float32)
+  experts = None
+  if (prompt_experts is None) != (completion_experts is None):
+    raise ValueError("sequence_batch: prompt_experts and completion_experts go together")
+  if prompt_experts is not None:
+    experts = aligned_experts(prompts, completions, prompt_index, prompt_experts,
+                              completion_experts, seq_len)
   return SequenceBatch(tokens=tokens, start=np.asarray(plens, np.int32) - 1, mask=mask,
                             old_logp=old, ref_logp=np.zeros_like(old), adv=adv,
-                            weight=np.ones_like(old))
+                            weight=np.ones_like(old), experts=experts)
+
+
+def aligned_experts(prompts, completions, prompt_index, prompt_experts, completion_experts,
+                    seq_len: int) -> np.ndarray:
+  """[N, seq_len, moe layers, k] int32: row i's prompt's recorded experts, then its
+  completion's (a completion's record is cut to its tokens, its last token's left -1:
+  the sampler never processed it), -1 past them."""
+  out = np.full((len(completions), seq_len, *np.shape(prompt_experts[0])[-2:]), -1, np.int32)
+  for i, (p, c) in enumerate(zip(prompt_index, completions)):
+    plen = len(prompts[p])
+    pe = np.asarray(prompt_experts[p])[:plen]
+    out[i, :len(pe)] = pe
+    ce = np.asarray(completion_experts[i])[:max(len(c) - 1, 0)]
+    out[i, plen:plen + len(ce)] = ce
+  return out
+
+
+def padded_records(records, lengths, width: int) -> np.ndarray:
+  """[len(records), width, moe layers, k] int32: record i cut to lengths[i] tokens, -1
+  past it."""
+  out = np.full((len(records), width, *np.shape(records[0])[-2:]), -1, np.int32)
+  for i, (r, n) in enumerate(zip(records, lengths)):
+    r = np.asarray(r)[:n]
+    out[i, :len(r)] = r
+  return out
 
 
 def rl_batch(ro: rollout.Rollout, adv: np.ndarray, pad_id: int, max_completion_len: int,
@@ -158,9 +203,11 @@ def rl_batch(ro: rollout.Rollout, adv: np.ndarray, pad_id: int, max_completion_l
   completions, behaviour = rollout.trained_completions(ro)
   longest, longest_prompt = widths or rollout.batch_widths(ro)
   window = min(round_up(longest, multiple), max_completion_len)
-  return sequence_batch(ro.prompts, completions, ro.generation.prompt_index,
+  gen = ro.generation
+  return sequence_batch(ro.prompts, completions, gen.prompt_index,
                         pad_id=pad_id, old_logp=behaviour, adv=adv, window=window,
-                        multiple=multiple, min_prompt_len=longest_prompt)
+                        multiple=multiple, min_prompt_len=longest_prompt,
+                        prompt_experts=gen.prompt_experts, completion_experts=gen.experts)
 
 
 def sft_batch(tokenizer: Tokenizer, tasks: Sequence[Task],

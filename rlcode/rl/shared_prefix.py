@@ -43,6 +43,9 @@ class GroupedBatch:
   completion_tokens: [N, Tc] right-padded. mask, old_logp, ref_logp, weight: [N, Tc],
   aligned with the completion tokens (mask 1 on real tokens; weight as in
   grpo.SequenceBatch). adv: [N], or [N, Tc] per token (rlcode.rl.distill).
+  prompt_experts [P, Tp, moe layers, k] and completion_experts [N, Tc, moe layers, k]
+  int32, or None: the experts the sampler chose for each token (-1 where none was
+  recorded), replayed by the forward (routing replay, rlcode.models.moe.route).
   """
 
   prompt_tokens: jax.Array
@@ -53,31 +56,39 @@ class GroupedBatch:
   ref_logp: jax.Array
   adv: jax.Array
   weight: jax.Array
+  prompt_experts: jax.Array | None = None
+  completion_experts: jax.Array | None = None
 
   @classmethod
-  def abstract(cls, prompts: int, rows: int) -> GroupedBatch:
+  def abstract(cls, prompts: int, rows: int,
+               experts: tuple[int, int] | None = None) -> GroupedBatch:
     """Leaves with the true prompt and row counts (lengths do not matter): enough to
-    choose the batch's shardings before the first batch exists."""
+    choose the batch's shardings before the first batch exists. experts: (moe layers,
+    top_k) when the batch carries recorded experts."""
     f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
     i32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.int32)
+    ex = (lambda n: None) if experts is None else (lambda n: i32(n, 1, *experts))
     return cls(prompt_tokens=i32(prompts, 1), prompt_lengths=i32(prompts),
                completion_tokens=i32(rows, 1), mask=f32(rows, 1), old_logp=f32(rows, 1),
-               ref_logp=f32(rows, 1), adv=f32(rows), weight=f32(rows, 1))
+               ref_logp=f32(rows, 1), adv=f32(rows), weight=f32(rows, 1),
+               prompt_experts=ex(prompts), completion_experts=ex(rows))
 
   def micro_batches(self, m: int) -> GroupedBatch:
     """Whole groups dealt into m micro-batches (prompt p, with its G rows, to micro-batch
     p % m), each leaf [m, ...]: a group's prompt still runs once."""
     p = self.prompt_tokens.shape[0]
     g = self.completion_tokens.shape[0] // p
-    prompts = {"prompt_tokens", "prompt_lengths"}
-    return GroupedBatch(**{f.name: sequences.deal(getattr(self, f.name), m,
-                                                  1 if f.name in prompts else g)
+    prompts = {"prompt_tokens", "prompt_lengths", "prompt_experts"}
+    deal = lambda name, x: None if x is None else sequences.deal(
+        x, m, 1 if name in prompts else g)
+    return GroupedBatch(**{f.name: deal(f.name, getattr(self, f.name))
                            for f in dataclasses.fields(self)})
 
 
-def prompt_prefix(model, prompt_tokens_pt, prompt_lengths_p):
-  """The prompts' final hidden states [P, Tp, E] and their per-layer keys/values."""
-  h, kvs = model.hidden(prompt_tokens_pt)
+def prompt_prefix(model, prompt_tokens_pt, prompt_lengths_p, experts=None):
+  """The prompts' final hidden states [P, Tp, E] and their per-layer keys/values
+  (experts: the prompts' recorded experts, replayed)."""
+  h, kvs = model.hidden(prompt_tokens_pt, experts=experts)
   return h, Prefix(k=tuple(k for k, _ in kvs), v=tuple(v for _, v in kvs),
                    lengths=prompt_lengths_p)
 
@@ -86,8 +97,10 @@ def grouped_logprobs(model, batch: GroupedBatch, temperature: float):
   """Log-probabilities and entropies [N, Tc] of the completion tokens."""
   p = batch.prompt_tokens.shape[0]
   n = batch.completion_tokens.shape[0]
-  h_prompt, prefix = prompt_prefix(model, batch.prompt_tokens, batch.prompt_lengths)
-  h_comp, _ = model.hidden(batch.completion_tokens, prefix=prefix)
+  h_prompt, prefix = prompt_prefix(model, batch.prompt_tokens, batch.prompt_lengths,
+                                   batch.prompt_experts)
+  h_comp, _ = model.hidden(batch.completion_tokens, prefix=prefix,
+                           experts=batch.completion_experts)
   last = jnp.take_along_axis(h_prompt, (batch.prompt_lengths - 1)[:, None, None], axis=1)
   # Position t predicts completion token t: the prompt's last state, then the
   # completion's own states shifted by one.
@@ -104,7 +117,8 @@ def logprob_fn(temperature: float):
 def grouped_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
                   pad_id: int, completion_len: int, old_logp=None, adv=None,
                   padding_side: str = "right", prompt_multiple: int = PROMPT_MULTIPLE,
-                  masks=None, min_prompt_len: int = 0) -> GroupedBatch:
+                  masks=None, min_prompt_len: int = 0, prompt_experts=None,
+                  completion_experts=None) -> GroupedBatch:
   """Host arrays for the shared-prefix update.
 
   prompts: P token lists; completions: P*G token lists, prompt-major.
@@ -117,11 +131,18 @@ def grouped_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequen
   prompt_multiple: prompts are padded to a multiple of this, and for at least
   `min_prompt_len` tokens (processes that each build part of one batch agree on its
   shape).
+  prompt_experts[p] [its length, moe layers, k] and completion_experts[i] [at least
+  len(completions[i]) - 1, moe layers, k]: routing replay's record (as
+  rlcode.rl.sequences.sequence_batch takes it; a left-padded prompt's record is
+  unpadded the same way); both or neither.
   """
   if padding_side not in ("left", "right"):
     raise ValueError(f"padding_side={padding_side!r}: expected 'left' or 'right'")
   if padding_side == "left":
-    prompts = [list(np.asarray(p)[np.argmax(np.asarray(p) != pad_id):]) for p in prompts]
+    starts = [int(np.argmax(np.asarray(p) != pad_id)) for p in prompts]
+    prompts = [list(np.asarray(p)[s:]) for p, s in zip(prompts, starts)]
+    if prompt_experts is not None:
+      prompt_experts = [np.asarray(e)[s:] for e, s in zip(prompt_experts, starts)]
   p, n = len(prompts), len(completions)
   if n % p:
     raise ValueError(f"{n} completions do not split into groups over {p} prompts")
@@ -145,9 +166,18 @@ def grouped_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequen
     if old_logp is not None:
       old[i, :len(c)] = old_logp[i][:len(c)]
   adv = np.zeros((n,), np.float32) if adv is None else np.asarray(adv, np.float32)
+  if (prompt_experts is None) != (completion_experts is None):
+    raise ValueError("grouped_batch: prompt_experts and completion_experts go together")
+  pe = ce = None
+  if prompt_experts is not None:
+    pe = sequences.padded_records(prompt_experts, lengths, tp)
+    # A completion's last token is never processed by the sampler: nothing to replay.
+    ce = sequences.padded_records(completion_experts,
+                                  [max(len(c) - 1, 0) for c in completions], completion_len)
   return GroupedBatch(prompt_tokens=prompt_tokens, prompt_lengths=lengths,
                       completion_tokens=tokens, mask=mask, old_logp=old,
-                      ref_logp=np.zeros_like(old), adv=adv, weight=np.ones_like(old))
+                      ref_logp=np.zeros_like(old), adv=adv, weight=np.ones_like(old),
+                      prompt_experts=pe, completion_experts=ce)
 
 
 COMPLETION_MULTIPLE = 32
@@ -163,9 +193,11 @@ def rl_batch(ro: rollout.Rollout, adv: np.ndarray, pad_id: int, max_completion_l
   completions, logprobs = rollout.trained_completions(ro)
   longest, longest_prompt = widths or rollout.batch_widths(ro)
   length = min(round_up(longest, multiple), max_completion_len)
+  gen = ro.generation
   return grouped_batch(ro.prompts, completions, pad_id=pad_id, completion_len=length,
                        old_logp=logprobs, adv=adv, prompt_multiple=multiple,
-                       min_prompt_len=longest_prompt)
+                       min_prompt_len=longest_prompt, prompt_experts=gen.prompt_experts,
+                       completion_experts=gen.experts)
 
 
 def update_step(graphdef, optimizer, cfg: objective.LossConfig, mesh, state, example: GroupedBatch,
@@ -234,7 +266,10 @@ def drop_idle_groups(batch: GroupedBatch, group_size: int, cfg: objective.LossCo
   old, new = _denominator(mask, cfg.aggregation), _denominator(new_mask, cfg.aggregation)
   scale = new / old if old > 0 else 1.0
   take = lambda x: np.asarray(x)[rows, :width]
+  recorded = batch.prompt_experts is not None
   return GroupedBatch(
+      prompt_experts=np.asarray(batch.prompt_experts)[groups] if recorded else None,
+      completion_experts=take(batch.completion_experts) if recorded else None,
       prompt_tokens=np.asarray(batch.prompt_tokens)[groups],
       prompt_lengths=np.asarray(batch.prompt_lengths)[groups],
       completion_tokens=take(batch.completion_tokens), mask=new_mask,

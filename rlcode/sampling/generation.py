@@ -56,6 +56,11 @@ class Generation:
     lengths: [N] generated tokens per row, the stop token included.
     finished: [N] True where the row ended with a stop token.
     prompt_index: [N] the prompt each row continues.
+    experts: routing replay's record, or None when not asked for: [N, max_new_tokens,
+      moe layers, top_k] int32, the experts each MoE layer chose for each completion
+      token when it was processed (-1 where none was: a row's last token, padding).
+    prompt_experts: with `experts`, per prompt [its length, moe layers, top_k]: the
+      experts chosen for its tokens (once per group).
   """
 
   tokens: np.ndarray
@@ -63,6 +68,8 @@ class Generation:
   lengths: np.ndarray
   finished: np.ndarray
   prompt_index: np.ndarray
+  experts: np.ndarray | None = None
+  prompt_experts: list | None = None
 
   def completions(self) -> list[list[int]]:
     return [row[:n].tolist() for row, n in zip(self.tokens, self.lengths)]
