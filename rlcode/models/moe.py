@@ -293,16 +293,21 @@ _COLLECTED: contextvars.ContextVar = contextvars.ContextVar("rlcode_moe_stats", 
 
 
 @contextlib.contextmanager
+def _collecting(var: contextvars.ContextVar):
+  """A list that `record` appends to while the block runs (`var` names which)."""
+  box: list = []
+  token = var.set(box)
+  try:
+    yield box
+  finally:
+    var.reset(token)
+
+
 def collect():
   """Inside the block, each decoder forward appends its router statistics (`record`) to
   the yielded list: values of the trace that computed them, to be read in that same trace
   (the trainer's loss function wraps its forward in it)."""
-  box: list = []
-  token = _COLLECTED.set(box)
-  try:
-    yield box
-  finally:
-    _COLLECTED.reset(token)
+  return _collecting(_COLLECTED)
 
 
 def record(cfg: ModelConfig, per_layer: list[dict]) -> None:
@@ -325,17 +330,11 @@ def record(cfg: ModelConfig, per_layer: list[dict]) -> None:
 _EXPERTS: contextvars.ContextVar = contextvars.ContextVar("rlcode_moe_experts", default=None)
 
 
-@contextlib.contextmanager
 def collect_experts():
   """Inside the block, each decoder forward appends the experts its MoE layers chose for
   its tokens, [B, T, moe layers, top_k] int32 (layers in order), to the yielded list:
   values of the trace that computed them (as `collect`). What routing replay records."""
-  box: list = []
-  token = _EXPERTS.set(box)
-  try:
-    yield box
-  finally:
-    _EXPERTS.reset(token)
+  return _collecting(_EXPERTS)
 
 
 def moe_layer_index(cfg: ModelConfig) -> dict[int, int]:
