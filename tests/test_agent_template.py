@@ -34,9 +34,9 @@ def _env():
 
 
 def test_auto_picks_the_template_when_the_tokenizer_has_one(base):
-  config = types.SimpleNamespace(agent=types.SimpleNamespace(chat_format="auto"))
-  assert episodes.chat_format(config, load_tokenizer(base)).name == "template"
-  assert episodes.chat_format(config, load_tokenizer("bytes+tools")).name == "compact"
+  agent = types.SimpleNamespace(chat_format="auto")
+  assert episodes.chat_format(agent, load_tokenizer(base)).name == "template"
+  assert episodes.chat_format(agent, load_tokenizer("bytes+tools")).name == "compact"
 
 
 def test_an_episode_is_the_templates_rendering_of_its_conversation(base):

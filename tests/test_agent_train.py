@@ -82,19 +82,16 @@ def test_guide_groups_puts_the_expert_in_the_last_slots():
 
 
 def test_grpo_tasks_leaves_out_the_matching_ids():
-  import ml_collections
-
   from rlcode.agent.step_groups import grpo_tasks
   from rlcode.data.tasks import Task
   from rlcode.errors import BadInput
   tasks = [Task(id=i, prompt="p") for i in ("agent/file/a", "agent/practice/file/b",
                                             "agent/practice/tests/c", "agent/tests/d")]
-  config = lambda pattern: ml_collections.ConfigDict({"rl": {"exclude_task_ids": pattern}})
-  assert [t.id for t in grpo_tasks(config("^agent/practice/"), tasks)] == [
+  assert [t.id for t in grpo_tasks("^agent/practice/", tasks)] == [
       "agent/file/a", "agent/tests/d"]
-  assert grpo_tasks(config(None), tasks) == tasks
+  assert grpo_tasks(None, tasks) == tasks
   with pytest.raises(BadInput, match="excludes all 4 training tasks"):
-    grpo_tasks(config("^agent/"), tasks)
+    grpo_tasks("^agent/", tasks)
 
 
 def test_demonstrations_need_a_stale_note_to_trust():
@@ -105,7 +102,7 @@ def test_demonstrations_need_a_stale_note_to_trust():
   config = loader.load_config(CONFIG, ["--config.warmstart.note_trust=0.5"])
   plain = [Task(id="agent/file/add/k7/LIMIT", prompt="p", extra={"hint": {"variant": "file"}})]
   with pytest.raises(BadInput, match="no training task has a stale note"):
-    demonstrations(config, plain, [], None, None)
+    demonstrations(config.warmstart, config.agent, config.seed, plain, [], None, None)
 
 
 def test_fill_with_signal_keeps_groups_whose_rewards_differ():

@@ -121,19 +121,23 @@ def _save_teacher(workdir, seed, *overrides):
   return os.path.join(workdir, checkpoint.WARM_START), params
 
 
+def _load_teacher(config, mesh, tokenizer):
+  return teacher_lib.load(config.rl.distill_teacher, config.model, mesh, tokenizer, config.seed)
+
+
 def test_teacher_is_loaded_on_the_mesh_and_must_share_the_tokenizer(tmp_path):
   path, params = _save_teacher(str(tmp_path / "teacher"), 7)
   config = tiny_runs.config(str(tmp_path / "student"), f"--config.rl.distill_teacher={path}")
   mesh = sharding.mesh_from_config(config.mesh)
   _, tokenizer = build_model(config.model, mesh, 0)
-  graphdef, loaded = teacher_lib.load(config, mesh, tokenizer)
+  graphdef, loaded = _load_teacher(config, mesh, tokenizer)
   for a, b in zip(jax.tree.leaves(loaded), jax.tree.leaves(params)):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
-  assert teacher_lib.load(tiny_runs.config(str(tmp_path / "s2")), mesh, tokenizer) is None
+  assert _load_teacher(tiny_runs.config(str(tmp_path / "s2")), mesh, tokenizer) is None
   other, _ = _save_teacher(str(tmp_path / "other"), 7, "--config.model.tokenizer=bytes+tools")
   config = tiny_runs.config(str(tmp_path / "s3"), f"--config.rl.distill_teacher={other}")
   with pytest.raises(BadInput, match="does not share the student's tokenizer"):
-    teacher_lib.load(config, mesh, tokenizer)
+    _load_teacher(config, mesh, tokenizer)
 
 
 def test_a_hugging_face_teacher_is_built_with_the_students_model_section(tmp_path):
@@ -144,14 +148,14 @@ def test_a_hugging_face_teacher_is_built_with_the_students_model_section(tmp_pat
                             f"--config.rl.distill_teacher={base}")
   mesh = sharding.mesh_from_config(config.mesh)
   _, tokenizer = build_model(config.model, mesh, 0)
-  _, params = teacher_lib.load(config, mesh, tokenizer)
+  _, params = _load_teacher(config, mesh, tokenizer)
   want, _ = load_hf(base, mesh=mesh)
   for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(nnx.split(want, nnx.Param)[1])):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
   config = tiny_runs.config(str(tmp_path / "b"), f"--config.rl.distill_teacher={base}")
   _, tokenizer = build_model(config.model, mesh, 0)
   with pytest.raises(BadInput, match="vocab_size"):
-    teacher_lib.load(config, mesh, tokenizer)
+    _load_teacher(config, mesh, tokenizer)
 
 
 @pytest.mark.parametrize("flags, needle", [

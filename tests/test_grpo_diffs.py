@@ -121,18 +121,23 @@ def _config(shop, tmp_path, *extra, extra_data=True):
   return loader.resolve(config)
 
 
+def _job(config):
+  return warm_start.Job.of(config.warmstart, seed=config.seed, model=config.model,
+                           data=config.data, rl=config.rl)
+
+
 def test_warm_start_tasks_add_the_extra_sections_train_split_unless_it_is_off(shop, tmp_path):
   config = _config(shop, tmp_path)
   own = sources.load(config.data, "train")
-  tasks, counts = warm_start.warm_start_tasks(config, ByteTokenizer(), 4096, own)
+  tasks, counts = warm_start.warm_start_tasks(_job(config), ByteTokenizer(), 4096, own)
   assert tasks == own + own and counts == {
       "data/warmstart_kept": len(own), "data/warmstart_prompt_too_long": 0,
       "data/warmstart_reference_too_long": 0}
   config = _config(shop, tmp_path, extra_data=False)  # as --config.warmstart.data=None
-  assert warm_start.warm_start_tasks(config, ByteTokenizer(), 4096, own) == (own, {})
+  assert warm_start.warm_start_tasks(_job(config), ByteTokenizer(), 4096, own) == (own, {})
   # train_repeats weighs the training split against the extra section's.
   config = _config(shop, tmp_path, "--config.warmstart.train_repeats=3")
-  tasks, _ = warm_start.warm_start_tasks(config, ByteTokenizer(), 4096, own)
+  tasks, _ = warm_start.warm_start_tasks(_job(config), ByteTokenizer(), 4096, own)
   assert tasks == own * 3 + own
   with pytest.raises(BadInput, match="train_repeats=0"):
     _config(shop, tmp_path, "--config.warmstart.train_repeats=0")
@@ -178,12 +183,14 @@ def test_warm_start_cache_is_reused_for_the_same_key_only(shop, tmp_path, monkey
   first = _config(shop, tmp_path / "a", *only_warm_start)
   grpo_loop.train(first)
   [key] = os.listdir(tmp_path / "cache")
-  assert key == warm_start.warm_start_key(first)
+  assert key == warm_start.warm_start_key(_job(first))
   # `rlcode eval --checkpoint` reads a cache entry (the parameters alone) as it reads the
   # workdir's warm_start/ (a whole train state): the same policy.
   mesh = sharding.mesh_from_config(first.mesh)
-  cached, _, _, _ = policy_eval.restore_policy(first, str(tmp_path / "cache" / key), mesh)
-  kept, _, _, _ = policy_eval.restore_policy(first, str(tmp_path / "a" / "work" / "warm_start"), mesh)
+  recipe = policy_eval.Recipe.of(first.model, first.optimizer, first.rl, first.seed)
+  cached, _, _, _ = policy_eval.restore_policy(recipe, str(tmp_path / "cache" / key), mesh)
+  kept, _, _, _ = policy_eval.restore_policy(recipe, str(tmp_path / "a" / "work" / "warm_start"),
+                                             mesh)
   for a, b in zip(jax.tree.leaves(nnx.state(cached, nnx.Param)),
                   jax.tree.leaves(nnx.state(kept, nnx.Param)), strict=True):
     np.testing.assert_array_equal(np.asarray(a), np.asarray(b))
@@ -198,20 +205,20 @@ def test_warm_start_cache_is_reused_for_the_same_key_only(shop, tmp_path, monkey
   monkeypatch.setattr(sft, "make_sft_step", refuse)
   # The same warm start (the evaluation splits and the workdir do not change it): loaded.
   again = _config(shop, tmp_path / "b", *only_warm_start, "--config.data.test_split=test")
-  assert warm_start.warm_start_key(again) == key
+  assert warm_start.warm_start_key(_job(again)) == key
   grpo_loop.train(again)
   sft_rows = [[r for r in read_metrics(str(tmp_path / d / "work")) if "sft_loss_last" in r]
               for d in ("a", "b")]
   assert sft_rows[0] == sft_rows[1] and len(sft_rows[0]) == 1
   # Another seed is another warm start: it must train.
   other = _config(shop, tmp_path / "c", *only_warm_start, "--config.seed=1")
-  assert warm_start.warm_start_key(other) != key
+  assert warm_start.warm_start_key(_job(other)) != key
   with pytest.raises(AssertionError, match="ran again"):
     grpo_loop.train(other)
   # Unless the warm start has a seed of its own: then run seeds 0 and 1 share it.
   shared = _config(shop, tmp_path / "d", *only_warm_start, "--config.seed=1",
                    "--config.warmstart.seed=0")
-  assert warm_start.warm_start_seed(shared) == 0 and warm_start.warm_start_key(shared) == key
+  assert _job(shared).seed == 0 and warm_start.warm_start_key(_job(shared)) == key
   grpo_loop.train(shared)
   assert [r for r in read_metrics(str(tmp_path / "d" / "work")) if "sft_loss_last" in r] == \
       sft_rows[0]

@@ -144,11 +144,12 @@ def test_reference_share_makes_tests_only_training_tasks(tmp_path):
   # Held-out splits keep theirs (nothing trains on them).
   assert all(t.reference for t in sources.load(data(0.3), "held_out"))
   # The warm start trains on the references alone; a task without tests keeps its reference.
-  config = ml_collections.ConfigDict(dict(
-      warmstart=dict(train_repeats=2, data=None), data=dict(reference_share=0.3)))
+  job = warm_start.Job(ws=ml_collections.ConfigDict(dict(train_repeats=2, data=None)), seed=0,
+                       model=None, data=ml_collections.ConfigDict(dict(reference_share=0.3)),
+                       length_multiple=1, max_new_tokens=64)
   tasks = sources.load(data(0.3), "train")
   no_tests = dc.replace(tasks[0], reference="", tests="")
-  own, _ = warm_start.warm_start_tasks(config, None, 64, tasks + [no_tests])
+  own, _ = warm_start.warm_start_tasks(job, None, 64, tasks + [no_tests])
   assert sorted(t.id for t in own) == sorted(2 * [*kept[0.3], no_tests.id])
   with pytest.raises(BadInput, match="no reference solution"):
-    warm_start.warm_start_tasks(config, None, 64, [t for t in tasks if not t.reference])
+    warm_start.warm_start_tasks(job, None, 64, [t for t in tasks if not t.reference])

@@ -98,7 +98,8 @@ def test_learn_online_end_to_end_and_resume(tmp_path):
   config = serving.config(workdir, *common[1:], "--config.train.steps=2")
   from rlcode.parallel import sharding
   from rlcode.serve import server
-  model, tokenizer, _ = server.initial_policy(config, sharding.make_mesh())
+  model, tokenizer, _ = server.initial_policy(config.online.init_from, config.model,
+                                             config.seed, sharding.make_mesh())
   store = log_lib.InteractionLog(log_lib.default_url(workdir))
   prompts = [tokenizer.encode("def add(a, b):"), tokenizer.encode("# sort a list")]
   ids = []
@@ -195,7 +196,7 @@ class Killed(Exception):
 def _kill_at(monkeypatch, step):
   """Run.save of `step` kills the learner instead: every earlier row, version and
   checkpoint is on disk, that step's checkpoint is not."""
-  from rlcode.runs import scaffold
+  from rlcode.train import scaffold
   real = scaffold.Run.save
 
   def save(self, at, tree, meta):

@@ -23,10 +23,10 @@ import argparse
 import collections
 import re
 
+from experiments.lib import agent as agent_lib, runs
 from experiments.lib.agent import CONFIG, split_tasks
 from rlcode.agent import episodes, sampler
 from rlcode.config import loader
-from rlcode.policy import policy_eval
 from rlcode.parallel import sharding
 
 
@@ -43,14 +43,14 @@ def main():
   args, overrides = parser.parse_known_args()
   config = loader.load_config(CONFIG, overrides)
   mesh = sharding.mesh_from_config(config.mesh)
-  model, tokenizer, _, _ = policy_eval.restore_policy(config, args.policy, mesh)
+  model, tokenizer, _, _ = runs.restore_policy(config, args.policy, mesh)
   pattern = re.compile(args.tasks)
   tasks = [t for t in split_tasks(config, args.split) if pattern.search(t.id)][:args.max_tasks]
   if not tasks:
     raise SystemExit(f"--tasks {args.tasks!r}: no task of the {args.split} split matches")
-  chat = episodes.chat_format(config, tokenizer)
-  envs = episodes.make_envs(config, len(tasks) * args.samples,
-                           embed=episodes.embedder(config.agent))
+  chat = episodes.chat_format(config.agent, tokenizer)
+  envs = agent_lib.make_envs(config, len(tasks) * args.samples,
+                             embed=episodes.embedder(config.agent))
   try:
     trajs = sampler.run_episodes(model, chat, envs, tasks, group_size=args.samples,
                                  budgets=episodes.budgets(config.agent),

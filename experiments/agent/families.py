@@ -5,7 +5,7 @@
 
 OUT is an experiments/agent/tiny_seeds.py output directory (OUT/seed{S} holding a run's
 workdir with its warm_start/). Each policy is scored as agent/tiny_seeds.py scores it
-(rlcode.agent.evaluate.evaluate_policy: config.eval.num_samples episodes of every task of the
+(experiments.lib.agent.evaluate_on: config.eval.num_samples episodes of every task of the
 split), and the rows give eval/success and success per task family (the second
 component of the task id: file, search, tests), and on tasks with a decoy line the
 share of episodes that wrote the live constant and the decoy's (decoy/live,
@@ -17,10 +17,9 @@ from __future__ import annotations
 import argparse
 import os
 
-from experiments.lib import results
+from experiments.lib import results, runs
 from experiments.lib.agent import CONFIG, evaluate_on, split_tasks
 from rlcode.config import loader
-from rlcode.policy import policy_eval
 from rlcode.parallel import sharding
 
 
@@ -41,7 +40,7 @@ def main():
     tasks = {split: split_tasks(config, split) for split in args.splits}  # read once a seed
     for arm, directory in (("warm_start", os.path.join(workdir, "warm_start")),
                            ("final", workdir)):
-      model, tokenizer, _, _ = policy_eval.restore_policy(config, directory, mesh)
+      model, tokenizer, _, _ = runs.restore_policy(config, directory, mesh)
       for split in args.splits:
         scores = evaluate_on(config, model, tokenizer, tasks[split], mesh)
         row = {k: v for k, v in scores.items()

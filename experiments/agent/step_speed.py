@@ -30,14 +30,14 @@ import jax
 import numpy as np
 from flax import nnx
 
-from experiments.lib import results
+from experiments.lib import results, runs
+from experiments.lib import agent as agent_lib
 from experiments.lib.agent import CONFIG, PLAIN  # PLAIN: the settings its tables were made with
 from rlcode import optim
 from rlcode.agent import episodes as rollout, sampler
 from rlcode.config import loader
 from rlcode.data import sources
 from rlcode.data.stream import TaskStream
-from rlcode.policy import policy_eval
 from rlcode.parallel import sharding
 from rlcode.rl import advantages, objective, shared_prefix
 
@@ -55,9 +55,9 @@ def main():
   config = loader.load_config(CONFIG, [*PLAIN, *overrides])
   rl, agent = config.rl, config.agent
   mesh = sharding.mesh_from_config(config.mesh)
-  model, tokenizer, _, _ = policy_eval.restore_policy(config, args.policy, mesh)
-  chat = rollout.chat_format(config, tokenizer)
-  envs = rollout.make_envs(config, rl.prompts_per_step * rl.group_size)
+  model, tokenizer, _, _ = runs.restore_policy(config, args.policy, mesh)
+  chat = rollout.chat_format(agent, tokenizer)
+  envs = agent_lib.make_envs(config, rl.prompts_per_step * rl.group_size)
   budgets = rollout.budgets(agent)
   stream = TaskStream(sources.load(config.data, config.data.train_split),
                       rl.prompts_per_step, config.seed)

@@ -34,10 +34,10 @@ import os
 from flax import nnx
 
 from experiments.lib import ROOT, results, runs, stats
+from experiments.lib import agent as agent_lib
 from experiments.lib.agent import PLAIN, evaluate_on, held_out, load, run_arm, split_tasks
-from rlcode.agent import demos, episodes, evaluate, step_groups
+from rlcode.agent import demos, episodes, step_groups
 from rlcode.data import sources
-from rlcode.policy import policy_eval
 from rlcode.parallel import sharding
 
 NAN = float("nan")
@@ -46,12 +46,14 @@ NAN = float("nan")
 def control(config, workdir, seconds, mesh):
   """Cross-entropy on the warm start's episodes (the expert's, and the guesses of
   warmstart.guess_fraction) from the run's warm start for `seconds`."""
-  model, tokenizer, _, _ = policy_eval.restore_policy(
+  model, tokenizer, _, _ = runs.restore_policy(
       config, os.path.join(workdir, "warm_start"), mesh)
-  chat = episodes.chat_format(config, tokenizer)
-  envs = episodes.make_envs(config, 16)
-  tasks = step_groups.select_variants(config, sources.load(config.data, config.data.train_split))
-  trajs = demos.demonstrations(config, tasks, envs, chat, episodes.budgets(config.agent))
+  chat = episodes.chat_format(config.agent, tokenizer)
+  envs = agent_lib.make_envs(config, 16)
+  tasks = step_groups.select_variants(config.agent.variants,
+                                      sources.load(config.data, config.data.train_split))
+  trajs = demos.demonstrations(config.warmstart, config.agent, config.seed, tasks, envs, chat,
+                               episodes.budgets(config.agent))
   for env in envs:
     env.close()
   graphdef, params = nnx.split(model, nnx.Param)
@@ -98,7 +100,7 @@ def main():
                          "grpo": held_out(config, workdir, mesh, held_tasks)}
     if "ce" in args.arms:
       policy, tokenizer, ce = control(config, workdir, run["train_seconds"], mesh)
-      ce["val"] = evaluate.evaluate_policy(config, policy, tokenizer, "validation", mesh)
+      ce["val"] = agent_lib.evaluate_split(config, policy, tokenizer, "validation", mesh)
       if not args.no_held_out:
         run["held_out"]["ce"] = evaluate_on(config, policy, tokenizer, held_tasks, mesh)
       run["ce"] = ce

@@ -37,6 +37,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
+from experiments.lib import agent as agent_lib
 from experiments.lib.agent import CONFIG, PLAIN  # PLAIN: the settings its tables were made with
 from rlcode import optim
 from rlcode.agent import episodes
@@ -77,14 +78,16 @@ def main(argv=None):
 
   mesh = sharding.mesh_from_config(config.mesh)
   model, tok = build_model(config.model, mesh, config.seed)
-  chat = episodes.chat_format(config, tok)
+  chat = episodes.chat_format(config.agent, tok)
   budgets = episodes.budgets(config.agent)
-  envs = episodes.make_envs(config, 8)
+  envs = agent_lib.make_envs(config, 8)
   start = time.perf_counter()
-  train = expert_trajectories(config, select_variants(
-      config, sources.load(config.data, config.data.train_split)), envs, chat, budgets)
-  val = expert_trajectories(config, select_variants(
-      config, sources.load(config.data, config.data.eval_split)), envs, chat, budgets)
+  train = expert_trajectories(config.agent, config.seed, select_variants(
+      config.agent.variants, sources.load(config.data, config.data.train_split)), envs, chat,
+      budgets)
+  val = expert_trajectories(config.agent, config.seed, select_variants(
+      config.agent.variants, sources.load(config.data, config.data.eval_split)), envs, chat,
+      budgets)
   for env in envs:
     env.close()
   print(f"expert episodes: {len(train)} train, {len(val)} validation "

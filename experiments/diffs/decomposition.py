@@ -50,12 +50,11 @@ import time
 
 import numpy as np
 
-from experiments.lib import ROOT, heldout, results, tables
+from experiments.lib import ROOT, heldout, results, runs, tables
 from experiments.lib.stats import group_stats, rate
 from rlcode.config import loader
 from rlcode.data import sources
 from rlcode.data.git import GRANULARITIES
-from rlcode.policy import policy_eval
 from rlcode.parallel import sharding
 from rlcode.rl import rollout
 from rlcode.train import grpo_loop
@@ -179,7 +178,7 @@ def main(argv=None):
   if trained_here:
     print(f"no checkpoint in {args.workdir}: training the policy there", file=sys.stderr)
     grpo_loop.train(config)
-  model, tokenizer, step, _ = policy_eval.restore_policy(config, args.workdir, mesh)
+  model, tokenizer, step, _ = runs.restore_policy(config, args.workdir, mesh)
   repos = config.data.repo if isinstance(config.data.repo, tuple) else (config.data.repo,)
   rows = [measure(config, model, tokenizer, mesh, repo, g, args.split, samples,
                   args.max_tasks, config.seed + 7919)

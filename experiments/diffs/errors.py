@@ -22,7 +22,7 @@ import collections
 import os
 import re
 
-from experiments.lib import ROOT, heldout
+from experiments.lib import ROOT, heldout, runs
 from rlcode.config import loader
 from rlcode.policy import policy_eval
 from rlcode.parallel import sharding
@@ -66,7 +66,7 @@ def main():
       parser.error(f"unknown argument {item!r}")
   config = loader.load_config(CONFIG, extra + ["--config.train.progress_bar=false"])
   mesh = sharding.mesh_from_config(config.mesh)
-  model, tokenizer, step, directory = policy_eval.restore_policy(config, args.policy, mesh)
+  model, tokenizer, step, directory = runs.restore_policy(config, args.policy, mesh)
   tasks, _ = rollout.fit_tasks(heldout.tasks(config, args.split), tokenizer, split=args.split,
                                max_seq_len=model.cfg.max_seq_len,
                                max_new_tokens=config.eval.max_new_tokens,

@@ -29,7 +29,6 @@ from flax import nnx
 
 from experiments.lib import ROOT, results, runs, stats
 from rlcode.config import loader
-from rlcode.policy import policy_eval
 from rlcode.parallel import sharding
 
 CONFIG = os.path.join(ROOT, "configs", "grpo_diffs.py")
@@ -48,7 +47,7 @@ def evaluate_seed(out: str, seed: int, samples: int, held_out: bool,
   mesh = sharding.mesh_from_config(config.mesh)
   result = {}
   for name, path in (("warm_start", os.path.join(workdir, "warm_start")), ("last", workdir)):
-    model, tokenizer, step, _ = policy_eval.restore_policy(config, path, mesh)
+    model, tokenizer, step, _ = runs.restore_policy(config, path, mesh)
     graphdef, params = nnx.split(model, nnx.Param)
     start = time.time()
     for split, row in runs.eval_splits(config, graphdef, params, tokenizer, mesh,

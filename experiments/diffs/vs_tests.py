@@ -103,7 +103,7 @@ def run_seed(seed: int, out: str, overrides: list[str]) -> dict:
     rows = grpo_loop.train(config)
     steps = [r for r in rows if "loss" in r]
     mesh = sharding.mesh_from_config(config.mesh)
-    model, tokenizer, _, _ = policy_eval.restore_policy(config, config.workdir, mesh)
+    model, tokenizer, _, _ = runs.restore_policy(config, config.workdir, mesh)
     tasks = tasks or test_tasks(config, tokenizer)  # the arms differ in their reward only
     result[arm] = {**held_out(config, model, tokenizer, tasks, mesh),
                    "minutes": (time.time() - wall) / 60,

@@ -66,14 +66,16 @@ def warm_start_digest(steps: int) -> tuple[str, float]:
       os.path.join(ROOT, "configs", "grpo_tiny.py"),
       [f"--config.warmstart.steps={steps}", "--config.seed=0"]))
   mesh = sharding.make_mesh()
-  model, tok = build_model(config.model, mesh, warm_start.warm_start_seed(config))
+  job = warm_start.Job.of(config.warmstart, seed=config.seed, model=config.model,
+                          data=config.data, rl=config.rl, progress=config.train.progress_bar)
+  model, tok = build_model(config.model, mesh, job.seed)
   train = sources.load(config.data, config.data.train_split)
   train, _ = rollout.fit_tasks(train, tok, split="train", max_seq_len=model.cfg.max_seq_len,
                                max_new_tokens=config.rl.max_new_tokens, drop_too_long=False)
   graphdef, params = nnx.split(model, nnx.Param)
-  tasks, _ = warm_start.warm_start_tasks(config, tok, model.cfg.max_seq_len, train)
+  tasks, _ = warm_start.warm_start_tasks(job, tok, model.cfg.max_seq_len, train)
   start = time.time()
-  params = warm_start.warm_start(config, graphdef, params, tasks, tok, mesh,
+  params = warm_start.warm_start(job, graphdef, params, tasks, tok, mesh,
                                  lambda *a, **k: None)
   return digest(*jax.tree.leaves(jax.device_get(params))), time.time() - start
 

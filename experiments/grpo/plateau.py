@@ -21,11 +21,10 @@ import time
 
 from flax import nnx
 
-from experiments.lib import ROOT, results
+from experiments.lib import ROOT, results, runs
 from rlcode import optim
 from rlcode.config import loader
 from rlcode.data import sources
-from rlcode.policy import policy_eval
 from rlcode.models.build import build_model
 from rlcode.parallel import sharding
 from rlcode.rl import rollout
@@ -44,12 +43,14 @@ def main():
   config = loader.load_config(CONFIG, [f"--config.seed={args.seed}",
                                        f"--config.warmstart.steps={args.steps}", *overrides])
   mesh = sharding.mesh_from_config(config.mesh)
-  model, tokenizer = build_model(config.model, mesh, warm_start.warm_start_seed(config))
+  job = warm_start.Job.of(config.warmstart, seed=config.seed, model=config.model,
+                          data=config.data, rl=config.rl)
+  model, tokenizer = build_model(config.model, mesh, job.seed)
   train, _ = rollout.fit_tasks(sources.load(config.data, config.data.train_split), tokenizer,
                                split="train", max_seq_len=model.cfg.max_seq_len,
                                max_new_tokens=config.rl.max_new_tokens,
                                drop_too_long=bool(config.data.drop_too_long))
-  tasks, _ = warm_start.warm_start_tasks(config, tokenizer, model.cfg.max_seq_len, train)
+  tasks, _ = warm_start.warm_start_tasks(job, tokenizer, model.cfg.max_seq_len, train)
   val = sources.load_eval(config.data)
   graphdef, params = nnx.split(model, nnx.Param)
   curve, spent = [], [0.0, time.perf_counter()]
@@ -59,8 +60,7 @@ def main():
     if step % args.every:
       return
     spent[0] += time.perf_counter() - spent[1]
-    p1 = policy_eval.held_out_eval(config, nnx.merge(graphdef, params), tokenizer, val, mesh,
-                                   ks=(1,))["pass@1"]
+    p1 = runs.pass_at_1(config, nnx.merge(graphdef, params), tokenizer, val, mesh)
     curve.append({"step": step, "train_seconds": spent[0], "loss": float(loss),
                   "val_pass@1": p1})
     print(f"step {step:5d}  {spent[0]:7.1f} s  loss {float(loss):.4f}  val pass@1 {p1:.3f}",
@@ -72,7 +72,7 @@ def main():
   ws = config.warmstart  # the warm start's own batches (rlcode.policy.warm_start)
   sft.run(graphdef, params, tasks, tokenizer, mesh,
           optimizer=optim.OptimizerConfig.from_config(ws.optimizer), batch_size=ws.batch_size,
-          seed=warm_start.warm_start_seed(config) + 1, steps=args.steps,
+          seed=job.seed + 1, steps=args.steps,
           multiple=config.rl.length_multiple, on_step=on_step)
   print(json.dumps(curve[-1]))
 

@@ -43,7 +43,6 @@ from flax import nnx
 from experiments.lib import ROOT, heldout, results, runs, stats
 from rlcode.config import loader
 from rlcode.data import sources
-from rlcode.policy import policy_eval
 from rlcode.parallel import sharding
 from rlcode.policy import sft
 
@@ -83,7 +82,7 @@ def control_arm(config, workdir, seconds, mesh, marks=()):
   the tests-only tasks have none) for `seconds` of training: (policy, tokenizer, stats,
   {mark: params at the first step that reached `mark` seconds}), the clock started
   before the optimiser is built, as the budget's is."""
-  model, tokenizer, _, _ = policy_eval.restore_policy(config, os.path.join(workdir, "warm_start"),
+  model, tokenizer, _, _ = runs.restore_policy(config, os.path.join(workdir, "warm_start"),
                                                       mesh)
   graphdef, params = nnx.split(model, nnx.Param)
   references = sources.with_references(sources.load(config.data, config.data.train_split))

@@ -12,7 +12,7 @@ import shutil
 from experiments.lib import ROOT, heldout, results, runs, stats, tables
 from rlcode.agent import episodes, evaluate, step_groups
 from rlcode.config import loader, record
-from rlcode.policy import policy_eval
+from rlcode.data import sources
 from rlcode.parallel import sharding
 
 CONFIG = os.path.join(ROOT, "configs", "agent_tiny.py")
@@ -64,22 +64,36 @@ def split_tasks(config, split: str):
   """The tasks of a split of config.data of the families config.agent.variants names,
   read once to score every policy of a run on them (a held-out split through
   experiments.lib.heldout, which records the read)."""
-  return step_groups.select_variants(config, heldout.tasks(config, split))
+  return step_groups.select_variants(config.agent.variants, heldout.tasks(config, split))
+
+
+def make_envs(config, n: int, embed=None):
+  """n environments of a config's agent section, scored by its rewards."""
+  return episodes.make_envs(config.agent, n, rewards_cfg=config.rewards,
+                            reward_options=config.reward_options, embed=embed)
 
 
 def evaluate_on(config, model, tokenizer, tasks, mesh) -> dict:
-  """rlcode.agent.evaluate.evaluate_policy's scores of a policy on tasks already read."""
-  chat = episodes.chat_format(config, tokenizer)
-  envs = episodes.make_envs(config, config.eval.batch_prompts * config.eval.num_samples,
-                            embed=episodes.embedder(config.agent))
+  """The agent loop's evaluation (rlcode.agent.evaluate.evaluate, config.eval's episodes)
+  of a policy on tasks already read."""
+  chat = episodes.chat_format(config.agent, tokenizer)
+  envs = make_envs(config, config.eval.batch_prompts * config.eval.num_samples,
+                   embed=episodes.embedder(config.agent))
   with episodes.closing(envs):
-    return evaluate.evaluate(config, model, chat, envs, tasks, episodes.budgets(config.agent),
-                             mesh)
+    return evaluate.evaluate(config.eval, config.agent, model, chat, envs, tasks,
+                             episodes.budgets(config.agent), mesh, seed=config.seed)
+
+
+def evaluate_split(config, model, tokenizer, split: str, mesh) -> dict:
+  """evaluate_on the tasks of a split of config.data (families as config.agent.variants),
+  read without a record: for the tuning splits."""
+  tasks = step_groups.select_variants(config.agent.variants, sources.load(config.data, split))
+  return evaluate_on(config, model, tokenizer, tasks, mesh)
 
 
 def held_out(config, directory, mesh, tasks) -> dict:
   """evaluate_on the held-out `tasks` of the policy saved in `directory`."""
-  model, tokenizer, _, _ = policy_eval.restore_policy(config, directory, mesh)
+  model, tokenizer, _, _ = runs.restore_policy(config, directory, mesh)
   return evaluate_on(config, model, tokenizer, tasks, mesh)
 
 

@@ -84,21 +84,33 @@ def constant_lr(optimizer):
   return dataclasses.replace(optim.OptimizerConfig.from_config(optimizer), end_lr_fraction=1.0)
 
 
+def evaluation(config) -> policy_eval.Evaluation:
+  """A config's evaluation (its eval section, rewards, seed and progress bar)."""
+  return policy_eval.Evaluation(config.eval, config.rewards, config.reward_options,
+                                config.seed, config.train.progress_bar)
+
+
 def pass_at_1(config, policy, tokenizer, tasks, mesh) -> float:
-  """pass@1 of a policy on `tasks` (rlcode.policy.policy_eval.held_out_eval with
-  config.eval's samples), so that one read of a split serves every policy of a run."""
-  return policy_eval.held_out_eval(config, policy, tokenizer, tasks, mesh, ks=(1,))["pass@1"]
+  """pass@1 of a policy on `tasks` (the config's evaluation, with config.eval's samples),
+  so that one read of a split serves every policy of a run."""
+  return evaluation(config)(policy, tokenizer, tasks, mesh, ks=(1,))["pass@1"]
+
+
+def restore_policy(config, path: str, mesh, step: int | None = None):
+  """rlcode.policy.policy_eval.restore_policy of a run trained with `config`."""
+  recipe = policy_eval.Recipe.of(config.model, config.optimizer, config.rl, config.seed)
+  return policy_eval.restore_policy(recipe, path, mesh, step)
 
 
 def restored_pass_at_1(config, directory: str, tasks, mesh, step: int | None = None) -> float:
   """pass_at_1 of the policy saved in `directory` (a workdir or a checkpoint) at `step`
   (None: the latest)."""
-  model, tokenizer, _, _ = policy_eval.restore_policy(config, directory, mesh, step)
+  model, tokenizer, _, _ = restore_policy(config, directory, mesh, step)
   return pass_at_1(config, model, tokenizer, tasks, mesh)
 
 
 def eval_splits(config, graphdef, params, tokenizer, mesh, keys) -> dict:
-  """held_out_eval of params on the eval split ("eval") and, when set, the test split
+  """The config's evaluation of params on the eval split ("eval") and, when set, the test split
   ("test", read through experiments.lib.heldout), each cut to the tasks that fit;
   {"eval": {key: value}, "test": ...}."""
   out = {}
@@ -109,8 +121,7 @@ def eval_splits(config, graphdef, params, tokenizer, mesh, keys) -> dict:
                                  max_seq_len=config.model.arch.max_seq_len,
                                  max_new_tokens=config.eval.max_new_tokens,
                                  drop_too_long=bool(config.data.drop_too_long))
-    result = policy_eval.held_out_eval(config, nnx.merge(graphdef, params), tokenizer, tasks,
-                                       mesh)
+    result = evaluation(config)(nnx.merge(graphdef, params), tokenizer, tasks, mesh)
     out[name] = {k: result[k] for k in keys}
   return out
 
@@ -131,8 +142,10 @@ def warm_started(config, workdir: str):
                                drop_too_long=bool(config.data.drop_too_long))
   graphdef, params = nnx.split(model, nnx.Param)
   metrics = MetricsWriter(workdir, tensorboard=False)
-  warm_tasks, _ = warm_start.warm_start_tasks(config, tokenizer, model.cfg.max_seq_len, tasks)
-  params = warm_start.warm_start(config, graphdef, params, warm_tasks, tokenizer, mesh, metrics)
+  job = warm_start.Job.of(config.warmstart, seed=config.seed, model=config.model,
+                          data=config.data, rl=config.rl, progress=config.train.progress_bar)
+  warm_tasks, _ = warm_start.warm_start_tasks(job, tokenizer, model.cfg.max_seq_len, tasks)
+  params = warm_start.warm_start(job, graphdef, params, warm_tasks, tokenizer, mesh, metrics)
   metrics.close()
   return graphdef, params, tokenizer, mesh, tasks
 

@@ -27,7 +27,7 @@ import json
 import os
 import time
 
-from experiments.lib import ROOT, heldout, results
+from experiments.lib import ROOT, heldout, results, runs
 from rlcode.config.record import recorded_config
 from rlcode.data.humaneval import humaneval_tasks
 from rlcode.policy import policy_eval
@@ -59,7 +59,7 @@ def main():
   os.makedirs(args.out, exist_ok=True)
   config = recorded_config(args.policy, "--policy")
   mesh = sharding.mesh_from_config(config.mesh)
-  model, tokenizer, step, _ = policy_eval.restore_policy(config, args.policy, mesh)
+  model, tokenizer, step, _ = runs.restore_policy(config, args.policy, mesh)
   ks = [k for k in (1, 2, 4, 8, 16, 32, 64) if k <= args.n]
   ev = config.eval
   found = {"policy": args.policy, "policy_step": step, "rm": args.rm, "n": args.n,

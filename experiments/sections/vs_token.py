@@ -45,7 +45,6 @@ from experiments.lib import ROOT, heldout, results, runs, stats, tables
 from experiments.lib.runs import continue_cross_entropy, warm_started
 from rlcode.config import loader
 from rlcode.data.stream import TaskStream
-from rlcode.policy import policy_eval
 from rlcode.train import grpo_loop
 
 CONFIG = os.path.join(ROOT, "configs", "section_prediction.py")
@@ -64,8 +63,8 @@ def summary(result: dict, prefix: str = "") -> dict:
 
 def evaluate_both(config, greedy, policy, tokenizer, tasks, mesh) -> dict:
   """summary of a policy's sampled and greedy answers to `tasks`."""
-  return {"sampled": summary(policy_eval.held_out_eval(config, policy, tokenizer, tasks, mesh)),
-          "greedy": summary(policy_eval.held_out_eval(greedy, policy, tokenizer, tasks, mesh))}
+  return {"sampled": summary(runs.evaluation(config)(policy, tokenizer, tasks, mesh)),
+          "greedy": summary(runs.evaluation(greedy)(policy, tokenizer, tasks, mesh))}
 
 
 def prefill_tokens(config, tokenizer, train_tasks, steps: int) -> int:
@@ -102,7 +101,7 @@ def run_seed(seed: int, out: str, overrides: list[str]) -> dict:
   equal_positions = update_positions + (sampled + prefilled) // 3
   test_tasks = heldout.read(config, "test")
   policy = lambda p: nnx.merge(graphdef, p)
-  model, _, _, _ = policy_eval.restore_policy(config, workdir, mesh)
+  model, _, _, _ = runs.restore_policy(config, workdir, mesh)
   ce = continue_cross_entropy(config, graphdef, params, train_tasks, tokenizer, mesh,
                               seconds=seconds, positions=equal_positions)
   at = ce["at_positions"]
@@ -116,10 +115,10 @@ def run_seed(seed: int, out: str, overrides: list[str]) -> dict:
           "cross-entropy, equal wall-clock": {k: ce[k] for k in ("seconds", "steps", "positions")},
       },
       "warm start": {"sampled": summary(tests[0], "test/"),
-                     "greedy": summary(policy_eval.held_out_eval(greedy, policy(params), tokenizer,
+                     "greedy": summary(runs.evaluation(greedy)(policy(params), tokenizer,
                                                               test_tasks, mesh))},
       "grpo": {"sampled": summary(tests[-1], "test/"),
-               "greedy": summary(policy_eval.held_out_eval(greedy, model, tokenizer, test_tasks,
+               "greedy": summary(runs.evaluation(greedy)(model, tokenizer, test_tasks,
                                                         mesh))},
       "cross-entropy, equal compute": evaluate_both(config, greedy, policy(at["params"]),
                                                     tokenizer, test_tasks, mesh),

@@ -11,14 +11,13 @@ import concurrent.futures
 import time
 import numpy as np
 from rlcode.policy import sft
-from rlcode.policy.warm_start import warm_start_trainable
 from rlcode import optim
 from rlcode.agent import expert, episodes, sampler
 from rlcode.agent.workspace import workspace_for
 from rlcode.errors import BadInput
 
 
-def expert_episodes(config, tasks, envs, chat, budgets, guess_fraction: float = 0.0,
+def expert_episodes(agent, seed: int, tasks, envs, chat, budgets, guess_fraction: float = 0.0,
                     guess_families: tuple[str, ...] | None = None, decoy_copy: float = 0.0,
                     note_trust: float = 0.0) -> list[sampler.Trajectory | None]:
   """One scripted expert episode per task, None where the tool set cannot solve it;
@@ -31,7 +30,6 @@ def expert_episodes(config, tasks, envs, chat, budgets, guess_fraction: float = 
   (expert.trusts_note, by the run's seed) the episode writes the note's value at once
   (expert.note_calls). A task whose workspace scripts its own agent (rlcode.agent.workspace:
   a real repository's gold patch) gets that agent's episode."""
-  agent = config.agent
   jobs = []
   for i, task in enumerate(tasks):
     scripted = workspace_for(task).scripted_calls(task)
@@ -41,13 +39,13 @@ def expert_episodes(config, tasks, envs, chat, budgets, guess_fraction: float = 
     try:
       calls = expert.expert_calls(
           task, agent.toolset, agent.think,
-          copy_decoy=expert.copies_decoy(task, decoy_copy, config.seed))
+          copy_decoy=expert.copies_decoy(task, decoy_copy, seed))
     except ValueError:
       continue
-    if guess_fraction > 0 and expert.is_guess(task, guess_fraction, config.seed,
+    if guess_fraction > 0 and expert.is_guess(task, guess_fraction, seed,
                                               guess_families):
-      calls = expert.guess_calls(task, agent.toolset, config.seed)
-    if expert.trusts_note(task, note_trust, config.seed):
+      calls = expert.guess_calls(task, agent.toolset, seed)
+    if expert.trusts_note(task, note_trust, seed):
       calls = expert.note_calls(task, agent.toolset)
     jobs.append((i, task, calls))
   out: list[sampler.Trajectory | None] = [None] * len(tasks)
@@ -62,46 +60,49 @@ def expert_episodes(config, tasks, envs, chat, budgets, guess_fraction: float = 
   return out
 
 
-def expert_trajectories(config, tasks, envs, chat, budgets, guess_fraction: float = 0.0,
+def expert_trajectories(agent, seed: int, tasks, envs, chat, budgets,
+                        guess_fraction: float = 0.0,
                         guess_families: tuple[str, ...] | None = None,
                         decoy_copy: float = 0.0, note_trust: float = 0.0
                         ) -> list[sampler.Trajectory]:
   """The expert episodes of the tasks its tool set can solve, in task order
   (guess_fraction, guess_families, decoy_copy, note_trust: as in expert_episodes)."""
-  return [t for t in expert_episodes(config, tasks, envs, chat, budgets, guess_fraction,
+  return [t for t in expert_episodes(agent, seed, tasks, envs, chat, budgets, guess_fraction,
                                      guess_families, decoy_copy, note_trust)
           if t is not None]
 
 
-def demonstrations(config, tasks, envs, chat, budgets) -> list[sampler.Trajectory]:
+def demonstrations(ws, agent, seed: int, tasks, envs, chat, budgets
+                   ) -> list[sampler.Trajectory]:
   """The warm start's episodes (and a cross-entropy control's): the expert's, with
   `warmstart.guess_fraction` of them (of the `warmstart.guess_families` only, when
   set) a demonstrator's that does not look, and on `warmstart.decoy_copy` of the tasks
   with a decoy line the decoy's value copied, and on `warmstart.note_trust` of the tasks
-  with a stale note the note believed without a look."""
-  ws = config.warmstart
+  with a stale note the note believed without a look (ws: config.warmstart, agent:
+  config.agent, seed: the run's)."""
   if ws.note_trust > 0 and not any("note" in t.extra.hint for t in tasks if t.kind == "code"):
     raise BadInput("warmstart.note_trust > 0 but no training task has a stale note: "
                    "use data/agent_tasks_notes.jsonl (python data/make_agent_tasks.py --notes)")
-  return expert_trajectories(config, tasks, envs, chat, budgets, ws.guess_fraction,
+  return expert_trajectories(agent, seed, tasks, envs, chat, budgets, ws.guess_fraction,
                              ws.guess_families or None, ws.decoy_copy, ws.note_trust)
 
 
-def warm_start(config, graphdef, params, tasks, envs, chat, budgets, mesh, log):
+def warm_start(ws, agent, graphdef, params, tasks, envs, chat, budgets, mesh, log, *,
+               seed: int, trainable, progress: bool = False):
   """Supervised steps on scripted expert episodes of the training tasks (their calls are
-  the targets, observations are not); returns the params and logs one step-0 row through
-  `log(step, row)`. warmstart.max_episodes: only the first that many tasks (quick runs)."""
-  ws = config.warmstart
+  the targets, observations are not) of what `trainable` selects (the warm start's:
+  rlcode.policy.warm_start.warm_start_trainable); returns the params and logs one step-0
+  row through `log(step, row)`. ws: config.warmstart (ws.max_episodes: only the first that
+  many tasks, for quick runs), agent: config.agent, seed: the run's."""
   start = time.perf_counter()
   tasks = tasks[:ws.max_episodes]
-  trajs = demonstrations(config, tasks, envs, chat, budgets)
+  trajs = demonstrations(ws, agent, seed, tasks, envs, chat, budgets)
   expert_s = time.perf_counter() - start
-  solved = float(np.mean([t.reward >= config.agent.success_reward for t in trajs]))
+  solved = float(np.mean([t.reward >= agent.success_reward for t in trajs]))
   params, stats = imitate(graphdef, params, trajs, chat.tokenizer.pad_id, mesh,
                           optimizer=optim.OptimizerConfig.from_config(ws.optimizer),
-                          batch_size=ws.batch_size, seed=config.seed + 1, steps=ws.steps,
-                          progress=config.train.progress_bar,
-                          trainable=warm_start_trainable(config))
+                          batch_size=ws.batch_size, seed=seed + 1, steps=ws.steps,
+                          progress=progress, trainable=trainable)
   log(0, {"sft_loss_first": stats["loss_first"], "sft_loss_last": stats["loss_last"],
           "sft_steps": ws.steps, "expert_episodes": len(trajs),
           "expert_success": solved, "expert_seconds": expert_s})

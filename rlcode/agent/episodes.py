@@ -38,11 +38,16 @@ def budgets(agent) -> sampler.Budgets:
                          max_observation_bytes=agent.max_observation_bytes)
 
 
-def make_envs(config, n: int, *, memory: Memory | None = None, embed=None,
+def make_envs(agent, n: int, *, rewards_cfg=None, reward_options=None,
+              memory: Memory | None = None, embed=None,
               scorer: Scorer | None = None) -> list[ToolEnv]:
-  """n environments over config.agent's tools, sharing one scorer (and its caches)."""
-  agent = config.agent
-  scorer = scorer or Scorer(dict(config.rewards), rewards.options(config.reward_options))
+  """n environments over the tools of `agent` (config.agent), sharing one scorer (and its
+  caches): `scorer`, or a new one of `rewards_cfg` (config.rewards' weights) and
+  `reward_options` (config.reward_options)."""
+  if scorer is None:
+    if rewards_cfg is None:
+      raise ValueError("make_envs: pass a scorer, or the rewards to build one of")
+    scorer = Scorer(dict(rewards_cfg), rewards.options(reward_options))
   limits = SessionLimits(command_seconds=agent.bash_seconds)
   return [ToolEnv(make_tools(tuple(agent.tools)), scorer, max_turns=agent.max_turns,
                   memory=memory, embed=embed, session_limits=limits,
@@ -60,10 +65,10 @@ def closing(envs: Sequence[ToolEnv]):
       env.close()
 
 
-def chat_format(config, tokenizer) -> ChatFormat:
-  """The episode's format: config.agent.chat_format, "auto" being the tokenizer's chat
-  template when it has one, else the compact format."""
-  name = config.agent.chat_format
+def chat_format(agent, tokenizer) -> ChatFormat:
+  """The episode's format: agent.chat_format (config.agent), "auto" being the tokenizer's
+  chat template when it has one, else the compact format."""
+  name = agent.chat_format
   if name == "auto":
     name = "template" if getattr(tokenizer, "chat_template", None) is not None else "compact"
   return ChatFormat(name, tokenizer)

@@ -29,11 +29,10 @@ def guide_groups(trajs, experts, group_size: int, slots: int):
   return out, guided
 
 
-def grpo_tasks(config, tasks):
+def grpo_tasks(pattern: str | None, tasks):
   """The training tasks GRPO samples: all, less those whose id matches the regular
-  expression rl.exclude_task_ids (for example "^agent/practice/": practice tasks that
-  are there to teach the warm start to copy). The warm start uses every task."""
-  pattern = config.rl.exclude_task_ids
+  expression `pattern` (rl.exclude_task_ids; for example "^agent/practice/": practice
+  tasks that are there to teach the warm start to copy). The warm start uses every task."""
   if pattern is None:
     return list(tasks)
   kept = [t for t in tasks if not re.search(pattern, t.id)]
@@ -42,9 +41,8 @@ def grpo_tasks(config, tasks):
   return kept
 
 
-def select_variants(config, tasks):
-  """The tasks of the families config.agent.variants names (all when it is empty)."""
-  keep = config.agent.variants
+def select_variants(keep, tasks):
+  """The tasks of the families `keep` (config.agent.variants) names (all when it is empty)."""
   if not keep:
     return list(tasks)
   return [t for t in tasks if t.extra.family in keep]

@@ -167,7 +167,7 @@ class WarmStart:
 
 @dataclasses.dataclass(frozen=True)
 class Train:
-  """The loop's length and cadences (rlcode.runs.scaffold).
+  """The loop's length and cadences (rlcode.train.scaffold).
 
   Attributes:
     steps: training steps (updates).

@@ -42,14 +42,15 @@ from rlcode.plan import hlo
 from rlcode.plan import sampler as sampler_lib
 
 
-def model_config(config):
-  """The ModelConfig of config.model (from-scratch arch, or a checkpoint's config.json)."""
-  if config.model.hf_path:
-    overrides = build.model_overrides(config.model)
-    path = os.path.join(hub.resolve(config.model.hf_path), "config.json")
+def model_config(model_cfg):
+  """The ModelConfig of a model section, config.model (from-scratch arch, or a checkpoint's
+  config.json)."""
+  if model_cfg.hf_path:
+    overrides = build.model_overrides(model_cfg)
+    path = os.path.join(hub.resolve(model_cfg.hf_path), "config.json")
     return model_cfg_lib.from_hf_config(model_cfg_lib.read_hf_config(path), source=path,
                                         **overrides)
-  return build.model_config(config.model)
+  return build.model_config(model_cfg)
 
 
 def refuse_undivided(abstract_state, mesh, what: str, rows: int) -> None:
@@ -151,7 +152,7 @@ def analyse(config, devices: int, mesh_spec: str, sampler_spec: str, prompt_len:
   if page_size < 1:
     raise BadInput(f"page_size={page_size}: a page holds at least 1 position")
   rl = config.rl
-  cfg = model_config(config)
+  cfg = model_config(config.model)
   sizes = sharding.parse_mesh(mesh_spec, "--mesh")
   n_train = math.prod(sizes.values())
   sampler_sizes = sharding.parse_mesh(sampler_spec, "--sampler-mesh") if sampler_spec else None

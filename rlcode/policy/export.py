@@ -47,10 +47,11 @@ def export(path: str, out: str, *, peft: bool = False, max_shard_gb: float | Non
     raise BadInput(f"export --peft: {path!r} is not a LoRA run (model.lora is not set)")
   writable_destination(out)
   base = hub.resolve(config.model.hf_path) if config.model.hf_path else None
-  model, tokenizer, step, _ = policy_eval.restore_policy(config, path, sharding.make_mesh())
+  recipe = policy_eval.Recipe.of(config.model, config.optimizer, config.rl, config.seed)
+  model, tokenizer, step, _ = policy_eval.restore_policy(recipe, path, sharding.make_mesh())
   from safetensors import SafetensorError
   try:
-    what = _write(model, tokenizer, config, base, out, peft, max_shard_gb)
+    what = _write(model, tokenizer, config.model, base, out, peft, max_shard_gb)
   except (OSError, SafetensorError) as e:
     # safetensors reports a failed write (a full disk) as its own error, not an OSError.
     where = getattr(e, "filename", None) or out
@@ -84,10 +85,10 @@ def writable_destination(out: str) -> None:
                    "name a directory you can write") from None
 
 
-def _write(model, tokenizer, config, base, out, peft, max_shard_gb) -> str:
+def _write(model, tokenizer, model_cfg, base, out, peft, max_shard_gb) -> str:
   """The export's files in `out`; what was written, in words."""
   if peft:
-    peft_lib.save_peft(model, out, base_model=config.model.hf_path or "")
+    peft_lib.save_peft(model, out, base_model=model_cfg.hf_path or "")
     what = "a PEFT adapter"
   else:
     base_config = None
@@ -97,7 +98,7 @@ def _write(model, tokenizer, config, base, out, peft, max_shard_gb) -> str:
     shard = None if max_shard_gb is None else int(max_shard_gb * 2**30)
     hf.save_hf(model, out, base_config=base_config, max_shard_bytes=shard)
     what = f"a {model.cfg.family or 'Hugging Face'} checkpoint"
-  _write_tokenizer(out, base, config.model.tokenizer, tokenizer)
+  _write_tokenizer(out, base, model_cfg.tokenizer, tokenizer)
   _write_generation_config(out, base, tokenizer)
   return what
 

@@ -1,20 +1,23 @@
 """Evaluating a policy: sample completions of held-out tasks, then score them.
 
-`held_out_eval` is a config's evaluation (the training loops' eval rows): pass@k for
-code tasks with tests, the configured rewards' means otherwise. `restore_policy` and
+`Evaluation` is a run's evaluation (the training loops' eval rows): pass@k for code
+tasks with tests, the configured rewards' means otherwise. `restore_policy` and
 `evaluate_checkpoint` do the same for a saved policy (`rlcode eval --checkpoint`).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Mapping, Sequence
+from typing import Any
 
 import numpy as np
 from flax import nnx
 from tqdm import tqdm
 
 from rlcode import rewards, sandbox
+from rlcode.config import record
 from rlcode.data import sources
 from rlcode.data.tasks import Task
 from rlcode.errors import MissingInput
@@ -90,25 +93,51 @@ def evaluate_rewards(model, tokenizer, tasks: Sequence[Task], *, weights: Mappin
           "n_tasks": len(tasks), "n_samples": len(texts), **out.metrics}
 
 
-def held_out_eval(config, model, tokenizer, tasks: Sequence[Task], mesh, ks=None) -> dict:
-  """A config's evaluation (config.eval) of a policy on `tasks`: pass@k for code tasks
-  with tests, the configured rewards' means otherwise."""
-  ev = config.eval
-  common = dict(num_samples=ev.num_samples, temperature=ev.temperature,
-                max_new_tokens=ev.max_new_tokens, seed=config.seed + 7919,
-                batch_prompts=ev.batch_prompts, mesh=mesh,
-                progress=config.train.progress_bar)
-  options = rewards.options(config.reward_options)
-  if all(t.kind == "code" and t.tests for t in tasks):
-    return evaluate_policy(model, tokenizer, tasks, ks=tuple(ks or ev.ks),
-                           reward_options=options.get("tests", {}), **common)
-  return evaluate_rewards(model, tokenizer, tasks, weights=dict(config.rewards),
-                          options=options, **common)
+@dataclasses.dataclass(frozen=True)
+class Evaluation:
+  """A run's evaluation of a policy (the training loops' eval rows, `rlcode eval`): the
+  sampling of `ev` (config.eval), the rewards it scores (config.rewards' weights and
+  config.reward_options), its seed (the run's) and progress bar. Called on a policy and
+  tasks: pass@k for code tasks with tests, the rewards' means otherwise."""
+  ev: Any
+  rewards: Mapping[str, float]
+  reward_options: Any
+  seed: int
+  progress: bool = False
+
+  def __call__(self, model, tokenizer, tasks: Sequence[Task], mesh, ks=None) -> dict:
+    ev = self.ev
+    common = dict(num_samples=ev.num_samples, temperature=ev.temperature,
+                  max_new_tokens=ev.max_new_tokens, seed=self.seed + 7919,
+                  batch_prompts=ev.batch_prompts, mesh=mesh, progress=self.progress)
+    options = rewards.options(self.reward_options)
+    if all(t.kind == "code" and t.tests for t in tasks):
+      return evaluate_policy(model, tokenizer, tasks, ks=tuple(ks or ev.ks),
+                             reward_options=options.get("tests", {}), **common)
+    return evaluate_rewards(model, tokenizer, tasks, weights=dict(self.rewards),
+                            options=options, **common)
 
 
-def restore_policy(config, path: str, mesh, step: int | None = None):
+@dataclasses.dataclass(frozen=True)
+class Recipe:
+  """How a run built its policy, which restoring it repeats: its model section
+  (config.model), its optimiser section (a training checkpoint holds the optimiser's state),
+  whether it kept a reference policy (rl.beta > 0 or rl.log_kl), and its seed."""
+  model: Any
+  optimizer: Any
+  keeps_reference: bool
+  seed: int
+
+  @classmethod
+  def of(cls, model, optimizer, rl, seed: int) -> "Recipe":
+    """The recipe of a run with these sections (config.model, config.optimizer,
+    config.rl) and seed."""
+    return cls(model, optimizer, bool(rl.beta > 0 or rl.log_kl), seed)  # LossConfig's
+
+
+def restore_policy(recipe: Recipe, path: str, mesh, step: int | None = None):
   """(model, tokenizer, step, checkpoint directory) of the checkpoint at `step` (None:
-  the latest) under `path`.
+  the latest) under `path`, of a run that built its policy by `recipe`.
 
   `path` is a workdir, its checkpoints/ directory, or another checkpoint directory
   (a workdir's warm_start/ holds the policy right after its warm start, as does an
@@ -122,28 +151,38 @@ def restore_policy(config, path: str, mesh, step: int | None = None):
       raise MissingInput(f"no checkpoint under {directory}")
     if step not in ckpt.all_steps():
       raise MissingInput(f"no checkpoint at step {step} under {directory}")
-    model, tokenizer = build_model(config.model, mesh, config.seed)
+    model, tokenizer = build_model(recipe.model, mesh, recipe.seed)
     graphdef, params = nnx.split(model, nnx.Param)
     if ckpt.saved_shapes(step) == checkpoint.saved_shapes_of(params):
       params, _, step = ckpt.restore(checkpoint.abstract_like(params), step)
     else:  # a training checkpoint: the train state (and the reference, if kept)
-      with_ref = config.rl.beta > 0 or config.rl.log_kl  # LossConfig.uses_reference
-      trained = PolicyTraining(model, config, mesh, keeps_reference=with_ref)
+      trained = PolicyTraining(model, recipe.optimizer, mesh,
+                               keeps_reference=recipe.keeps_reference,
+                               base_reloads=bool(recipe.model.hf_path))
       restored, _, step = ckpt.restore(trained.abstract_bundle(), step)
       params = trained.from_bundle(restored)[0].params
   return nnx.merge(graphdef, params), tokenizer, step, directory
 
 
-def _restored_with_eval_tasks(config, path: str):
-  """(mesh, model, tokenizer, step, directory, tasks): a saved policy on its config's mesh,
-  and the eval split's tasks that fit its context."""
-  mesh = sharding.mesh_from_config(config.mesh)
-  model, tokenizer, step, directory = restore_policy(config, path, mesh)
-  tasks, _ = rollout.fit_tasks(sources.load_eval(config.data), tokenizer, split="eval",
+def restore_run(path: str, mesh, what: str, step: int | None = None):
+  """restore_policy of the run at `path` (a workdir or a checkpoint directory in one) by
+  the recipe in its recorded config (`what` names the path in errors)."""
+  recorded = record.recorded_config(path, what)
+  recipe = Recipe.of(recorded.model, recorded.optimizer, recorded.rl, recorded.seed)
+  return restore_policy(recipe, path, mesh, step)
+
+
+def _restored_with_eval_tasks(recipe: Recipe, mesh_cfg, data, ev, path: str):
+  """(mesh, model, tokenizer, step, directory, tasks): a saved policy on the mesh of
+  `mesh_cfg` (config.mesh), and the tasks of the eval split of `data` (config.data) that
+  fit its context with ev.max_new_tokens (config.eval)."""
+  mesh = sharding.mesh_from_config(mesh_cfg)
+  model, tokenizer, step, directory = restore_policy(recipe, path, mesh)
+  tasks, _ = rollout.fit_tasks(sources.load_eval(data), tokenizer, split="eval",
                                max_seq_len=model.cfg.max_seq_len,
-                               max_new_tokens=config.eval.max_new_tokens,
-                               drop_too_long=config.data.drop_too_long,
-                               prompt_format=config.data.prompt_format)
+                               max_new_tokens=ev.max_new_tokens,
+                               drop_too_long=data.drop_too_long,
+                               prompt_format=data.prompt_format)
   return mesh, model, tokenizer, step, directory, tasks
 
 
@@ -152,8 +191,12 @@ def evaluate_checkpoint(config, path: str, ks=(1,)) -> dict:
 
   `path` is a workdir or its checkpoints/ directory; the latest step is used.
   """
-  mesh, model, tokenizer, step, directory, tasks = _restored_with_eval_tasks(config, path)
-  result = held_out_eval(config, model, tokenizer, tasks, mesh, ks=ks)
+  mesh, model, tokenizer, step, directory, tasks = _restored_with_eval_tasks(
+      Recipe.of(config.model, config.optimizer, config.rl, config.seed), config.mesh,
+      config.data, config.eval, path)
+  evaluation = Evaluation(config.eval, config.rewards, config.reward_options, config.seed,
+                          config.train.progress_bar)
+  result = evaluation(model, tokenizer, tasks, mesh, ks=ks)
   return {"step": step, "checkpoint": directory, **result}
 
 
@@ -162,7 +205,9 @@ def sample_and_select(config, path: str, *, selectors: Sequence[str], ks: Sequen
                       behaviour_inputs: str = "tests") -> dict:
   """`selection_eval.evaluate_selection` of a saved policy on its config's eval split, with
   max(max(ks), config.eval.num_samples) samples per task."""
-  mesh, model, tokenizer, step, directory, tasks = _restored_with_eval_tasks(config, path)
+  mesh, model, tokenizer, step, directory, tasks = _restored_with_eval_tasks(
+      Recipe.of(config.model, config.optimizer, config.rl, config.seed), config.mesh,
+      config.data, config.eval, path)
   ev = config.eval
   row_tasks, texts = sample_completions(
       model, tokenizer, tasks, num_samples=max(max(ks), ev.num_samples),

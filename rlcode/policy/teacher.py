@@ -18,7 +18,6 @@ import os
 import ml_collections
 from flax import nnx
 
-from rlcode.config import record
 from rlcode.errors import BadInput, MissingInput
 from rlcode.models import hub
 from rlcode.models.build import build_model
@@ -28,22 +27,22 @@ from rlcode.policy import policy_eval
 PROBE = "def f(x):\n\treturn [x + 1, 'é', 2024]  # ok\n"
 
 
-def load(config, mesh, tokenizer):
-  """(graphdef, params) of the teacher config.rl.distill_teacher names, on `mesh`; None
-  when it names none. `tokenizer` is the student's."""
-  path = config.rl.distill_teacher
+def load(path: str | None, model_cfg, mesh, tokenizer, seed: int = 0):
+  """(graphdef, params) of the teacher at `path` (rl.distill_teacher) on `mesh`; None when
+  it is unset. A Hugging Face checkpoint is built as the student's model section
+  (`model_cfg`, config.model) says, with `seed` for what the checkpoint does not hold; a
+  run's directory as its recorded config says. `tokenizer` is the student's."""
   if not path:
     return None
   if _hugging_face(path):
-    model_cfg = ml_collections.ConfigDict({**config.model.to_dict(), "hf_path": path,
+    model_cfg = ml_collections.ConfigDict({**model_cfg.to_dict(), "hf_path": path,
                                            "lora": None})
-    model, teacher_tokenizer = build_model(model_cfg, mesh, config.seed)
+    model, teacher_tokenizer = build_model(model_cfg, mesh, seed)
   else:
     if not os.path.exists(path):
       raise MissingInput(f"rl.distill_teacher={path!r} does not exist: name a run's workdir "
                          "or checkpoint directory, or a Hugging Face checkpoint")
-    teacher_config = record.recorded_config(path, "rl.distill_teacher")
-    model, teacher_tokenizer, _, _ = policy_eval.restore_policy(teacher_config, path, mesh)
+    model, teacher_tokenizer, _, _ = policy_eval.restore_run(path, mesh, "rl.distill_teacher")
   differs = _tokenizer_difference(tokenizer, teacher_tokenizer)
   if differs:
     raise BadInput(f"rl.distill_teacher={path!r} does not share the student's tokenizer "

@@ -29,16 +29,19 @@ class PolicyTraining:
   `trainable` (the filter of what the optimiser trains), `optimizer`, and `frozen` (the
   params never trained: the base under LoRA, nothing otherwise)."""
 
-  def __init__(self, model, config, mesh, *, keeps_reference: bool):
+  def __init__(self, model, optimizer_cfg, mesh, *, keeps_reference: bool,
+               base_reloads: bool):
+    """optimizer_cfg: config.optimizer. base_reloads: the base can be loaded again (the
+    model came from a checkpoint, config.model.hf_path)."""
     self.graphdef, self.params = nnx.split(model, nnx.Param)
     self.cfg = model.cfg
     self.trainable = lora.trainable(model.cfg)
-    opt = optim.OptimizerConfig.from_config(config.optimizer)
+    opt = optim.OptimizerConfig.from_config(optimizer_cfg)
     self.optimizer, self.offload = optim.make_optimizer(opt), opt.offload
     self.mesh = mesh
     self.keeps_reference = keeps_reference
     # Checkpoints hold the adapters alone when the base can be loaded again.
-    self.adapters_only = model.cfg.lora is not None and bool(config.model.hf_path)
+    self.adapters_only = model.cfg.lora is not None and base_reloads
     # The frozen base as built; valid until the first step donates it (a resume reads it
     # before that).
     _, self.frozen = optim.split_trainable(self.params, self.trainable)

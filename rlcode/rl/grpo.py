@@ -140,10 +140,10 @@ def micro_count(rows: int, micro_batch_rows: int | None) -> int:
   return rows // micro_batch_rows
 
 
-def check_micro_batch_rows(rl, data_parallel: int) -> None:
-  """rl.micro_batch_rows split evenly over the data-parallel devices, or one line."""
-  if rl.micro_batch_rows is not None and rl.micro_batch_rows % data_parallel:
-    raise BadInput(f"rl.micro_batch_rows={rl.micro_batch_rows} does not split over the "
+def check_micro_batch_rows(rows: int | None, data_parallel: int) -> None:
+  """rl.micro_batch_rows (`rows`) split evenly over the data-parallel devices, or one line."""
+  if rows is not None and rows % data_parallel:
+    raise BadInput(f"rl.micro_batch_rows={rows} does not split over the "
                    f"{data_parallel} data-parallel devices of the mesh")
 
 

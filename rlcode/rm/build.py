@@ -26,13 +26,14 @@ def head_config(rm_cfg) -> HeadConfig:
                     features=tuple(rm_cfg.features))
 
 
-def build_reward_model(config, mesh: Mesh) -> RewardModel:
-  """config.model's decoder with config.rm's head, parameters created in their shards."""
-  if config.model.hf_path:
+def build_reward_model(model_cfg, rm_cfg, mesh: Mesh, seed: int) -> RewardModel:
+  """The decoder of `model_cfg` (config.model) with the head of `rm_cfg` (config.rm),
+  parameters created from `seed` in their shards."""
+  if model_cfg.hf_path:
     raise BadInput("config.model.hf_path: reward models build config.model.arch (start "
                    "them from a policy with config.rm.init_from)")
-  cfg, head = model_config(config.model), head_config(config.rm)
-  return sharding.init_sharded(lambda: RewardModel(cfg, head, rngs=nnx.Rngs(config.seed)), mesh)
+  cfg, head = model_config(model_cfg), head_config(rm_cfg)
+  return sharding.init_sharded(lambda: RewardModel(cfg, head, rngs=nnx.Rngs(seed)), mesh)
 
 
 def load_choice_splits(data_cfg) -> dict[str, list[Choice]]:
@@ -52,10 +53,11 @@ def load_choice_splits(data_cfg) -> dict[str, list[Choice]]:
   return {"train": train, "eval": load_choices(builder, data_cfg.eval_split)}
 
 
-def load_backbone(model: RewardModel, path: str, policy_config, mesh: Mesh) -> None:
-  """Copies the policy at `path`, trained with `policy_config`, into the reward model's
-  decoder (same ModelConfig)."""
-  policy, _, _, _ = policy_eval.restore_policy(policy_config, path, mesh)
+def load_backbone(model: RewardModel, path: str, recipe: policy_eval.Recipe,
+                  mesh: Mesh) -> None:
+  """Copies the policy at `path`, built by `recipe`, into the reward model's decoder (same
+  ModelConfig)."""
+  policy, _, _, _ = policy_eval.restore_policy(recipe, path, mesh)
   if policy.cfg != model.backbone.cfg:
     differ = [f.name for f in dataclasses.fields(policy.cfg)
               if getattr(policy.cfg, f.name) != getattr(model.backbone.cfg, f.name)]

@@ -38,7 +38,7 @@ class RewardModelScorer:
     self.path = path
     self.config = recorded_config(path, "reward model checkpoint")
     mesh = sharding.make_mesh(1, 1, 1)
-    model = build_reward_model(self.config, mesh)
+    model = build_reward_model(self.config.model, self.config.rm, mesh, self.config.seed)
     nested = os.path.join(path, "checkpoints")
     with checkpoint.Checkpointer(nested if os.path.isdir(nested) else path,
                                create=False) as ckpt:

@@ -122,7 +122,8 @@ def simulate(policy_path: str, out: str, *, k: int, per_task: Mapping[str, int],
   from rlcode.config.record import recorded_config
   config = recorded_config(policy_path, "--policy")
   mesh = sharding.mesh_from_config(config.mesh)
-  model, tokenizer, step, _ = policy_eval.restore_policy(config, policy_path, mesh)
+  recipe = policy_eval.Recipe.of(config.model, config.optimizer, config.rl, config.seed)
+  model, tokenizer, step, _ = policy_eval.restore_policy(recipe, policy_path, mesh)
   rng = np.random.default_rng(seed)
   rows, stats = [], {"policy": policy_path, "policy_step": step, "k": k}
   for split, n in per_task.items():

@@ -1,3 +1,3 @@
-"""What every run writes: Orbax checkpoints, metrics (JSON lines, TensorBoard, W&B), the
-run scaffold the loops share.
+"""What every run writes: Orbax checkpoints, metrics (JSON lines, TensorBoard, W&B), plots.
+The run scaffold the loops share, which writes them, is rlcode.train.scaffold.
 """

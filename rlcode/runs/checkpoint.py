@@ -9,7 +9,7 @@ into the sharding of the abstract state it is given.
 A checkpoint whose files cannot be read back (a truncated array file, a metadata file
 cut mid-write, a file missing) is `CorruptCheckpoint`, naming its step and the file;
 a checkpoint of another model or optimiser is a plain BadInput saying so. The run
-scaffold resumes from the newest intact checkpoint (rlcode.runs.scaffold).
+scaffold resumes from the newest intact checkpoint (rlcode.train.scaffold).
 """
 
 from __future__ import annotations

@@ -44,27 +44,27 @@ log = logging.getLogger(__name__)
 PUBLISHED = "published"
 
 
-def published_dir(config) -> str:
-  return os.path.join(config.workdir, PUBLISHED)
+def published_dir(workdir: str) -> str:
+  """Where a run in `workdir` publishes its policy versions."""
+  return os.path.join(workdir, PUBLISHED)
 
 
-def initial_policy(config, mesh):
-  """(model, tokenizer, where from) an online run starts from: online.init_from (with its
-  run's recorded config), else config.model as built."""
-  init = config.online.init_from
+def initial_policy(init: str | None, model_cfg, seed: int, mesh):
+  """(model, tokenizer, where from) an online run starts from: the run at `init`
+  (online.init_from, with its recorded config), else `model_cfg` (config.model) as built
+  from `seed`."""
   if init:
-    model, tokenizer, step, where = policy_eval.restore_policy(
-        record.recorded_config(init, "online.init_from"), init, mesh)
+    model, tokenizer, step, where = policy_eval.restore_run(init, mesh, "online.init_from")
     return model, tokenizer, f"{where}@{step}"
-  model, tokenizer = build_model(config.model, mesh, config.seed)
+  model, tokenizer = build_model(model_cfg, mesh, seed)
   return model, tokenizer, "config.model"
 
 
-def serve_section(config):
-  """config.serve, or the schema's defaults when the config's trainer reads no serve section
-  (the recorded config of a grpo or agent run)."""
-  if "serve" in config:
-    return config.serve
+def serve_section(serve):
+  """A config's serve section, or the schema's defaults where it has none (None: the
+  recorded config of a grpo or agent run, whose trainer reads no serve section)."""
+  if serve is not None:
+    return serve
   return ml_collections.ConfigDict(dataclasses.asdict(serving.Serve()))
 
 
@@ -95,20 +95,23 @@ class Loaded:
   publish_dir: str | None
 
 
-def model_identity(name: str, policy_cfg) -> dict[str, Any]:
+def model_identity(name: str, model_cfg, seed: int, init_from: str | None = None
+                   ) -> dict[str, Any]:
   """What the interaction log records as its model, so that one log never mixes two
-  policies' completions: the served name, the model section's architecture, weights,
-  tokenizer, adapters and dtype, the seed of weights built from scratch, and an online
-  run's starting point. A checkpoint's step is not part of it: a run's later checkpoint
-  is the same policy, trained further."""
-  model = record.plain(policy_cfg)["model"]
+  policies' completions: the served name, the model section's (config.model)
+  architecture, weights, tokenizer, adapters and dtype, the seed of weights built from
+  scratch, and an online run's starting point (`init_from`: online.init_from). A
+  checkpoint's step is not part of it: a run's later checkpoint is the same policy,
+  trained further."""
+  model = record.plain(model_cfg)
   ident = {"name": name, **{k: model[k] for k in ("arch", "hf_path", "tokenizer", "lora",
                                                   "param_dtype")}}
   if not model["hf_path"]:
-    ident["seed"] = policy_cfg.seed
-  if policy_cfg.trainer == "online":
-    ident["init_from"] = policy_cfg.online.init_from
+    ident["seed"] = seed
+  if init_from is not None:
+    ident["init_from"] = init_from
   return ident
+
 
 
 def open_log(url: str, model: dict[str, Any], move_aside: bool = False):
@@ -137,16 +140,22 @@ def load(config, checkpoint: str | None = None, move_log_aside: bool = False) ->
     policy_cfg, workdir = checkpoint_config(checkpoint), _workdir_of(checkpoint)
   else:
     policy_cfg, workdir = config, config.workdir
-  serve = serve_section(config if config is not None else policy_cfg)
-  store = open_log(serve.log_url or log_lib.default_url(workdir),
-                   model_identity(serve.model_name or "rlcode", policy_cfg), move_log_aside)
+  given = config if config is not None else policy_cfg
+  serve = serve_section(given.serve if "serve" in given else None)
+  init = policy_cfg.online.init_from if policy_cfg.trainer == "online" else None
+  identity = model_identity(serve.model_name or "rlcode", policy_cfg.model, policy_cfg.seed,
+                            init)
+  store = open_log(serve.log_url or log_lib.default_url(workdir), identity, move_log_aside)
   try:
     mesh = sharding.make_mesh()  # one device: the engine's programs are single-device
     if checkpoint:
-      model, tokenizer, step, where = policy_eval.restore_policy(policy_cfg, checkpoint, mesh)
+      recipe = policy_eval.Recipe.of(policy_cfg.model, policy_cfg.optimizer, policy_cfg.rl,
+                                     policy_cfg.seed)
+      model, tokenizer, step, where = policy_eval.restore_policy(recipe, checkpoint, mesh)
       source = f"{where}@{step}"
     elif config.trainer == "online":
-      model, tokenizer, source = initial_policy(config, mesh)
+      model, tokenizer, source = initial_policy(config.online.init_from, config.model,
+                                                config.seed, mesh)
     else:
       model, tokenizer = build_model(config.model, mesh, config.seed)
       source = "config.model"

@@ -9,7 +9,7 @@ versions than the newest `keep` are deleted by the writer.
 
 Safetensors rather than an Orbax checkpoint: one file, no background threads, read in
 milliseconds for the tiny policies; the learner's own checkpoints (for resuming) stay
-Orbax ones (rlcode.runs.scaffold). This module must not know about HTTP or training.
+Orbax ones (rlcode.train.scaffold). This module must not know about HTTP or training.
 """
 
 from __future__ import annotations

@@ -44,7 +44,9 @@ from rlcode.models.build import build_model
 from rlcode.parallel import sharding
 from rlcode.rl import advantages, grpo, objective, shared_prefix
 from rlcode.rl.curriculum import SignalCurriculum
-from rlcode.runs import checkpoint, scaffold
+from rlcode.runs import checkpoint
+from rlcode.train import scaffold
+from rlcode.policy import warm_start
 from rlcode.policy.training import PolicyTraining
 
 
@@ -58,26 +60,29 @@ def train(config) -> list[dict]:
   mesh = sharding.mesh_from_config(config.mesh)
 
   # ══════════════════════════════════════════════════════════════ 2. data
-  train_tasks = step_groups.select_variants(config, sources.load(config.data,
-                                                                 config.data.train_split))
-  eval_tasks = step_groups.select_variants(config, sources.load_eval(config.data))
-  stream_tasks = step_groups.grpo_tasks(config, train_tasks)  # checked before the warm start
+  train_tasks = step_groups.select_variants(agent.variants,
+                                            sources.load(config.data, config.data.train_split))
+  eval_tasks = step_groups.select_variants(agent.variants, sources.load_eval(config.data))
+  # checked before the warm start
+  stream_tasks = step_groups.grpo_tasks(rl.exclude_task_ids, train_tasks)
 
   # ══════════════════════════════════════════════════════════════ 3. model, optimiser, envs
   model, tokenizer = build_model(config.model, mesh, config.seed)
-  chat = episodes.chat_format(config, tokenizer)
+  chat = episodes.chat_format(agent, tokenizer)
   budgets = episodes.budgets(agent)
   embed = episodes.embedder(agent)
   memory = Memory(agent.memory_rule, embed=embed) if "memory" in agent.tools else None
-  envs = episodes.make_envs(config, n_rows, memory=memory, embed=embed)
-  eval_envs = episodes.make_envs(config, config.eval.batch_prompts * config.eval.num_samples,
+  envs = episodes.make_envs(agent, n_rows, rewards_cfg=config.rewards,
+                            reward_options=config.reward_options, memory=memory, embed=embed)
+  eval_envs = episodes.make_envs(agent, config.eval.batch_prompts * config.eval.num_samples,
                                  embed=embed, scorer=envs[0].scorer)
   loss_cfg = objective.LossConfig.from_config(rl, agent.max_total_tokens)
   keeps_reference = loss_cfg.uses_reference
-  trained = PolicyTraining(model, config, mesh, keeps_reference=keeps_reference)
+  trained = PolicyTraining(model, config.optimizer, mesh, keeps_reference=keeps_reference,
+                           base_reloads=bool(config.model.hf_path))
   graphdef, params, policy = trained.graphdef, trained.params, trained.model
   advantage_of = advantages.advantages_from_config(rl)
-  grpo.check_micro_batch_rows(rl, sharding.batch_shards(mesh))
+  grpo.check_micro_batch_rows(rl.micro_batch_rows, sharding.batch_shards(mesh))
   # Kept groups: a multiple of the data-parallel devices, and of a micro-batch's groups.
   group_multiple = math.lcm(sharding.batch_shards(mesh),
                             (rl.micro_batch_rows or rl.group_size) // rl.group_size)
@@ -88,8 +93,10 @@ def train(config) -> list[dict]:
     position, stream_state = 0, None
     if run.fresh:
       if config.warmstart.steps:
-        params = demos.warm_start(config, graphdef, params, train_tasks, envs, chat, budgets,
-                                  mesh, run.log)
+        params = demos.warm_start(config.warmstart, agent, graphdef, params, train_tasks, envs,
+                                  chat, budgets, mesh, run.log, seed=config.seed,
+                                  trainable=warm_start.warm_start_trainable(config.model),
+                                  progress=config.train.progress_bar)
       state, ref_params = trained.fresh(params)
       if config.warmstart.steps:
         run.save_once(checkpoint.WARM_START, trained.bundle(state, ref_params),
@@ -121,8 +128,8 @@ def train(config) -> list[dict]:
                 if keeps_reference or slots else None)
 
     def run_eval(step, params):
-      result = evaluate.evaluate(config, policy(params), chat, eval_envs, eval_tasks, budgets,
-                                 mesh)
+      result = evaluate.evaluate(config.eval, agent, policy(params), chat, eval_envs,
+                                 eval_tasks, budgets, mesh, seed=config.seed)
       run.log(step, {f"eval/{k}": v for k, v in result.items()})
 
     def sample_round(step: int, r: int, timing: sampler.Timing
@@ -138,7 +145,8 @@ def train(config) -> list[dict]:
       guided = np.zeros(len(trajs), bool)
       if slots:
         experts = [e if e is not None and not e.cut and e.reward >= agent.success_reward
-                   else None for e in demos.expert_episodes(config, tasks, envs, chat, budgets)]
+                   else None for e in demos.expert_episodes(agent, config.seed, tasks, envs,
+                                                            chat, budgets)]
         trajs, guided = step_groups.guide_groups(trajs, experts, rl.group_size, slots)
       return list(zip(trajs, guided))
 

@@ -52,7 +52,8 @@ from rlcode.errors import BadInput
 from rlcode.rl import (advantages, async_rollouts, correction, distill, dynamic, grpo, objective,
                        overlong, partial, rollout, sequences, shared_prefix)
 from rlcode.sampling.engines import derived_seed
-from rlcode.runs import checkpoint, scaffold
+from rlcode.runs import checkpoint
+from rlcode.train import scaffold
 from rlcode.policy import teacher as teacher_lib
 from rlcode.policy import warm_start
 from rlcode.policy.training import PolicyTraining
@@ -86,7 +87,9 @@ def train(config) -> list[dict]:
 
   # ══════════════════════════════════════════════════════════════ 3. model and optimiser
   # With a shared warm start (warmstart.seed) the initial weights are the warm start's.
-  init_seed = warm_start.warm_start_seed(config) if config.warmstart.steps else config.seed
+  warm = warm_start.Job.of(config.warmstart, seed=config.seed, model=config.model,
+                           data=config.data, rl=rl, progress=config.train.progress_bar)
+  init_seed = warm.seed if config.warmstart.steps else config.seed
   model, tokenizer = build_model(config.model, mesh, init_seed)
   fit = lambda tasks, split, budget: rollout.fit_tasks(
       tasks, tokenizer, split=split, max_seq_len=model.cfg.max_seq_len,
@@ -97,12 +100,14 @@ def train(config) -> list[dict]:
                           if test_tasks else ([], {}))
   loss_cfg = objective.LossConfig.from_config(rl, rl.max_new_tokens)
   keeps_reference = loss_cfg.uses_reference
-  trained = PolicyTraining(model, config, mesh, keeps_reference=keeps_reference)
+  trained = PolicyTraining(model, config.optimizer, mesh, keeps_reference=keeps_reference,
+                           base_reloads=bool(config.model.hf_path))
   graphdef, params, policy = trained.graphdef, trained.params, trained.model
   advantage_of = advantages.advantages_from_config(rl)
   score = _scorer(config, advantage_of)
-  grpo.check_micro_batch_rows(rl, dp)
-  teacher_model = teacher_lib.load(config, mesh, tokenizer)  # None without rl.distill_teacher
+  grpo.check_micro_batch_rows(rl.micro_batch_rows, dp)
+  # None without rl.distill_teacher
+  teacher_model = teacher_lib.load(rl.distill_teacher, config.model, mesh, tokenizer, config.seed)
 
   with scaffold.Run(config, desc="grpo", main=distributed.is_main()) as run:
     # ════════════════════════════════════════════════════════════ 4. fresh or resumed
@@ -111,9 +116,9 @@ def train(config) -> list[dict]:
       fit_warm = {}
       if config.warmstart.steps:
         with distributed.main_first("rlcode warm-start data"):
-          warm_tasks, fit_warm = warm_start.warm_start_tasks(config, tokenizer,
+          warm_tasks, fit_warm = warm_start.warm_start_tasks(warm, tokenizer,
                                                              model.cfg.max_seq_len, train_tasks)
-        params = warm_start.warm_start(config, graphdef, params, warm_tasks, tokenizer, mesh,
+        params = warm_start.warm_start(warm, graphdef, params, warm_tasks, tokenizer, mesh,
                                        run.log)
       if data.drop_too_long:
         run.log(0, {**fit_train, **fit_eval, **fit_test, **fit_warm})
@@ -156,6 +161,9 @@ def train(config) -> list[dict]:
     store = async_rollouts.WeightStore(rl.max_staleness, rl.sample_version)
     store.publish(run.start_step, sync(state.params)[0])
 
+    evaluation = policy_eval.Evaluation(config.eval, config.rewards, config.reward_options,
+                                        config.seed, config.train.progress_bar)
+
     def run_eval(step, test=False):
       """The validation split (and the test split, with `test`) with the trainer's newest
       params, on the sampler's devices."""
@@ -163,8 +171,7 @@ def train(config) -> list[dict]:
       row = {}
       for prefix, tasks in (("eval", eval_tasks), ("test", test_tasks if test else [])):
         if tasks:
-          result = policy_eval.held_out_eval(config, policy(weights), tokenizer, tasks,
-                                             sampler_mesh)
+          result = evaluation(policy(weights), tokenizer, tasks, sampler_mesh)
           row.update({f"{prefix}/{k}": v for k, v in result.items()})
       run.log(step, row)
 

@@ -54,7 +54,7 @@ from rlcode.models.build import build_model
 from rlcode.parallel import sharding
 from rlcode.policy.training import PolicyTraining
 from rlcode.rl import advantages, async_rollouts, grpo, objective, shared_prefix
-from rlcode.runs import scaffold
+from rlcode.train import scaffold
 from rlcode.serve import server as server_lib
 from rlcode.serve.local import LocalServer
 
@@ -112,7 +112,8 @@ def train(config) -> list[dict]:
   model, tokenizer = build_model(config.model, mesh, config.seed)
   max_len = model.cfg.max_seq_len
   loss_cfg = objective.LossConfig.from_config(rl, max_len)
-  trained = PolicyTraining(model, config, mesh, keeps_reference=loss_cfg.uses_reference)
+  trained = PolicyTraining(model, config.optimizer, mesh, keeps_reference=loss_cfg.uses_reference,
+                           base_reloads=bool(config.model.hf_path))
   graphdef = trained.graphdef
   advantage_of = advantages.advantages_from_config(rl)
   template = server_lib.template_for(config.serve, config.model)

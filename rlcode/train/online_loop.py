@@ -43,7 +43,7 @@ from rlcode import optim
 from rlcode.config import loader
 from rlcode.parallel import sharding
 from rlcode.rl import correction, grpo, objective, sequences
-from rlcode.runs import scaffold
+from rlcode.train import scaffold
 from rlcode.serve import log as log_lib
 from rlcode.serve import server, weights
 from rlcode.train import online_data
@@ -64,12 +64,15 @@ def train(config, stop=None) -> list[dict]:
   if rows % sharding.batch_shards(mesh):
     raise ValueError(f"online.batch_rows={rows} does not split over the "
                      f"{sharding.batch_shards(mesh)} data-parallel devices of the mesh")
-  model, tokenizer, _ = server.initial_policy(config, mesh)
-  trained = PolicyTraining(model, config, mesh, keeps_reference=False)
+  model, tokenizer, _ = server.initial_policy(config.online.init_from, config.model,
+                                             config.seed, mesh)
+  trained = PolicyTraining(model, config.optimizer, mesh, keeps_reference=False,
+                           base_reloads=bool(config.model.hf_path))
   store = log_lib.InteractionLog(
       config.serve.log_url or log_lib.default_url(config.workdir),
-      server.model_identity(config.serve.model_name or "rlcode", config))
-  publish_dir = server.published_dir(config)
+      server.model_identity(config.serve.model_name or "rlcode", config.model, config.seed,
+                            config.online.init_from))
+  publish_dir = server.published_dir(config.workdir)
 
   with contextlib.closing(store), scaffold.Run(config, desc="online") as run:
     # ════════════════════════════════════════════════════════════ 2. fresh or resumed

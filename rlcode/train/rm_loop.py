@@ -26,7 +26,9 @@ from rlcode.models.tokenizer import load_tokenizer
 from rlcode.parallel import sharding
 from rlcode.rm import build, steps
 from rlcode.rm.batch import ChoiceBatch, choice_batch
-from rlcode.runs import checkpoint, scaffold
+from rlcode.runs import checkpoint
+from rlcode.policy import policy_eval
+from rlcode.train import scaffold
 
 
 def train(config) -> list[dict]:
@@ -56,7 +58,7 @@ def train(config) -> list[dict]:
   tokenizer = load_tokenizer(config.model.tokenizer or "bytes")
   policy_config = (record.recorded_config(rm.init_from, "config.rm.init_from")
                    if rm.init_from else None)
-  model = build.build_reward_model(config, mesh)
+  model = build.build_reward_model(config.model, config.rm, mesh, config.seed)
   max_len = model.backbone.cfg.max_seq_len
   graphdef, _ = nnx.split(model, nnx.Param)
   optimizer = optim.make_optimizer(optim.OptimizerConfig.from_config(config.optimizer))
@@ -66,7 +68,9 @@ def train(config) -> list[dict]:
     position = 0
     if run.fresh:
       if rm.init_from:
-        build.load_backbone(model, rm.init_from, policy_config, mesh)
+        recipe = policy_eval.Recipe.of(policy_config.model, policy_config.optimizer,
+                                       policy_config.rl, policy_config.seed)
+        build.load_backbone(model, rm.init_from, recipe, mesh)
       state = optim.init_state(model, optimizer, mesh)
     else:
       restored, meta = run.restore(
