@@ -68,6 +68,27 @@ def practice_data(mining: ml_collections.ConfigDict) -> ml_collections.ConfigDic
   return data
 
 
+def diff_grpo() -> dict:
+  """The diff configs' GRPO (grpo_diffs.py, grpo_pr_diffs.py), as sections for
+  `config.update`: SWE-RL's diff reward alone; groups of 4 answers to 8 prompts a step, up
+  to 384 new tokens, each group's prompt run once per answer in the update (no shared
+  prefix), batches padded to multiples of 64 tokens; AdamW at 3e-4 after 3 warmup steps."""
+  return dict(
+      rewards=ml_collections.ConfigDict({"diff": 1.0}),
+      reward_options=ml_collections.ConfigDict({"diff": {}}),
+      rl=ml_collections.ConfigDict(dict(
+          group_size=4, prompts_per_step=8, max_new_tokens=384, shared_prefix=False,
+          length_multiple=64)),
+      optimizer=optimizer(lr=3e-4, warmup=3))
+
+
+def diff_warmstart(steps: int, **others) -> ml_collections.ConfigDict:
+  """The diff configs' warm start: `steps` supervised steps on batches of 16, AdamW at
+  3e-3 after 10 warmup steps (others: more warmstart keys)."""
+  return ml_collections.ConfigDict(dict(
+      steps=steps, batch_size=16, optimizer=optimizer(lr=3e-3, warmup=10), **others))
+
+
 def plan_job(name: str, arch: dict, mesh: dict, prompt_len: int,
              max_new_tokens: int) -> ml_collections.ConfigDict:
   """A GRPO step of a real model's shape, for `rlcode plan` only (nothing is allocated):

@@ -29,7 +29,8 @@ cross-entropy control 0.551 ± 0.028.
 
 import ml_collections
 
-from common import EDIT_HISTORY, edit_history_mining, optimizer, practice_data, tiny_model
+from common import (EDIT_HISTORY, diff_grpo, diff_warmstart, edit_history_mining,
+                    practice_data, tiny_model)
 
 
 def get_config():
@@ -56,16 +57,9 @@ def get_config():
   config.data.mining.line_numbers = "shown"
   config.data.mining.reference_thought = "fixed"
 
-  config.rewards = ml_collections.ConfigDict({"diff": 1.0})
-  config.reward_options = ml_collections.ConfigDict({"diff": {}})
-  config.rl = ml_collections.ConfigDict(dict(
-      group_size=4, prompts_per_step=8, max_new_tokens=384, shared_prefix=False,
-      length_multiple=64))
-  config.optimizer = optimizer(lr=3e-4, warmup=3)
-  config.warmstart = ml_collections.ConfigDict(dict(
-      steps=350, batch_size=16, optimizer=optimizer(lr=3e-3, warmup=10),
-      # Batches of rows of like lengths, from pools of this many batches.
-      bucket=8))
+  config.update(diff_grpo())
+  # bucket: batches of rows of like lengths, from pools of this many batches.
+  config.warmstart = diff_warmstart(350, bucket=8)
   # A second generated history for the warm start only (1,301 more reference answers,
   # mined as config.data.mining is); --config.warmstart.data=None turns it off.
   config.warmstart.data = practice_data(config.data.mining)

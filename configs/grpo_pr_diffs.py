@@ -17,7 +17,8 @@ steps, exact 0.0 (4,148 training tasks).
 
 import ml_collections
 
-from common import EDIT_HISTORY, PR_REPOS, edit_history_mining, optimizer, pr_mining, tiny_model
+from common import (EDIT_HISTORY, PR_REPOS, diff_grpo, diff_warmstart, edit_history_mining,
+                    pr_mining, tiny_model)
 
 
 def get_config():
@@ -32,14 +33,8 @@ def get_config():
                                                drop_too_long=True))
   config.data.mining = pr_mining()
   config.data.mining.edit_format = "line_edit"
-  config.rewards = ml_collections.ConfigDict({"diff": 1.0})
-  config.reward_options = ml_collections.ConfigDict({"diff": {}})
-  config.rl = ml_collections.ConfigDict(dict(
-      group_size=4, prompts_per_step=8, max_new_tokens=384, shared_prefix=False,
-      length_multiple=64))
-  config.optimizer = optimizer(lr=3e-4, warmup=3)
-  config.warmstart = ml_collections.ConfigDict(dict(
-      steps=300, batch_size=16, optimizer=optimizer(lr=3e-3, warmup=10)))
+  config.update(diff_grpo())
+  config.warmstart = diff_warmstart(300)
   # The warm start also reads the generated edit history's training hunks.
   config.warmstart.data = ml_collections.ConfigDict(dict(source="git", repo=EDIT_HISTORY))
   config.warmstart.data.mining = edit_history_mining()

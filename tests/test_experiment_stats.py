@@ -1,4 +1,4 @@
-"""The interval and standard-error helpers the experiment tables are built with."""
+"""The interval, standard-error and gain helpers the experiment tables are built with."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from experiments.lib.stats import group_stats, mean_se, wilson
+from experiments.lib import tables
+from experiments.lib.stats import group_stats, mean_se, seed_gains, wilson
 
 
 def test_wilson_against_its_closed_forms():
@@ -45,3 +46,19 @@ def test_mean_se_matches_numpy():
   assert mean == pytest.approx(np.mean(values))
   assert se == pytest.approx(np.std(values, ddof=1) / np.sqrt(3))
   assert mean_se([0.4]) == (0.4, 0.0)
+
+
+def test_seed_gains_pair_the_arms_by_seed_and_print_a_line_each():
+  held = {"warm_start": [0.2, 0.4], "grpo": [0.5, 0.5], "ce": [0.3, 0.6]}
+  gains = seed_gains([0.1, 0.3], held.get, control=True)
+  assert list(gains) == ["val_gain", "held_out_grpo_gain", "held_out_ce_gain",
+                         "held_out_grpo_minus_ce"]
+  assert gains["val_gain"] == mean_se([0.1, 0.3])
+  assert gains["held_out_grpo_gain"] == mean_se([0.5 - 0.2, 0.5 - 0.4])
+  assert gains["held_out_grpo_minus_ce"] == mean_se([0.5 - 0.3, 0.5 - 0.6])
+  assert list(seed_gains([0.1, 0.3], held.get)) == ["val_gain", "held_out_grpo_gain"]
+  # One seed: no spread, printed as nan, as the seed tables always were.
+  one = seed_gains([0.25])
+  assert list(one) == ["val_gain"] and math.isnan(one["val_gain"][1])
+  assert tables.gains(one, 1) == ("val_gain: +0.250 ± nan (mean ± standard error over 1 "
+                                  "seeds)")

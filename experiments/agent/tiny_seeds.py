@@ -28,12 +28,11 @@ goes to results/agent/NAME.
 
 from __future__ import annotations
 
-import argparse
 import os
 
 from flax import nnx
 
-from experiments.lib import ROOT, results, runs, stats
+from experiments.lib import plots, results, runs
 from experiments.lib import agent as agent_lib
 from experiments.lib.agent import PLAIN, evaluate_on, held_out, load, run_arm, split_tasks
 from rlcode.agent import demos, episodes, step_groups
@@ -65,12 +64,7 @@ def control(config, workdir, seconds, mesh):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-  parser.add_argument("--arms", nargs="+", default=["grpo", "ce"], choices=["grpo", "ce"])
-  parser.add_argument("--no-held-out", action="store_true",
-                      help="tuning mode: report the validation split only")
-  parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/agent_tiny_seeds"))
+  parser = runs.seed_parser(__doc__.splitlines()[0], "agent_tiny_seeds", "agent", control=True)
   parser.add_argument("--warm-start-from", default=None, metavar="OUT",
                       help="start each seed from OUT/seedS/warm_start (an earlier run of this "
                            "script) instead of a warm start of its own")
@@ -78,8 +72,6 @@ def main():
                       help="the config as it was before the stale notes (PLAIN: the plain "
                            "tasks, the perfect expert), as the results before 2026-12-04 "
                            "ran it")
-  parser.add_argument("--name", default="agent_tiny_seeds",
-                      help="the result's name under results/agent/")
   args, overrides = parser.parse_known_args()
   if args.plain:
     overrides = [*PLAIN, *overrides]
@@ -120,36 +112,16 @@ def main():
                f"{h['ce']['success'] if 'ce' in h else NAN:.3f}")
     print(line + f" | {r['minutes']:.1f} | {r['cpu_minutes']:.1f} | "
           f"{r['load'][0]:.1f}-{r['load'][1]:.1f} |")
-  summary = {"val_gain": stats.mean_se([r["val_gain"] for r in found], se_of_one=NAN)}
-  if not args.no_held_out:
-    held_of = lambda arm: [r["held_out"][arm]["success"] for r in found]
-    summary["held_out_grpo_gain"] = stats.paired(held_of("grpo"), held_of("warm_start"),
-                                                 se_of_one=NAN)
-    if "ce" in args.arms:
-      summary["held_out_ce_gain"] = stats.paired(held_of("ce"), held_of("warm_start"),
-                                                 se_of_one=NAN)
-      summary["held_out_grpo_minus_ce"] = stats.paired(held_of("grpo"), held_of("ce"),
-                                                       se_of_one=NAN)
-  for name, (m, se) in summary.items():
-    print(f"{name}: {m:+.3f} ± {se:.3f} (mean ± standard error over {len(found)} seeds)")
-  payload = {"runs": found, "summary": summary, "overrides": overrides}
-  results.write_json(payload, path)
+  held_of = None if args.no_held_out else (
+      lambda arm: [r["held_out"][arm]["success"] for r in found])
+  payload = runs.report_gains(found, held_of, control="ce" in args.arms, overrides=overrides,
+                              path=path)
 
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(figsize=(6, 4))
-  for r in found:
-    ax.plot(r["val_steps"], r["val_success"], marker="o", label=f"seed {r['seed']}")
-  ax.set_xlabel("GRPO step")
-  ax.set_ylabel("validation eval/success")
-  m, se = summary["val_gain"]
-  ax.set_title(f"agent_tiny: validation gain {m:+.3f} ± {se:.3f}")
-  ax.grid(alpha=0.3)
-  ax.legend()
-  fig.tight_layout()
-  png = os.path.join(results.folder("agent", args.name), "agent_tiny_seeds.png")
-  fig.savefig(png, dpi=110)
+  m, se = payload["summary"]["val_gain"]
+  png = plots.seed_curves(found, "val_success", ylabel="validation eval/success",
+                          title=f"agent_tiny: validation gain {m:+.3f} ± {se:.3f}",
+                          folder=results.folder("agent", args.name),
+                          filename="agent_tiny_seeds.png")
   print("wrote", results.write("agent", args.name, payload,
                                config=load(args.seeds[0], overrides), files=[png]))
 

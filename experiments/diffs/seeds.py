@@ -28,11 +28,10 @@ wall-clock says little about the run, the CPU time more.
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 
-from experiments.lib import ROOT, heldout, results, runs, stats, tables
+from experiments.lib import ROOT, heldout, plots, results, runs, stats, tables
 from rlcode.config import loader
 from rlcode.runs.metrics import read_metrics
 from rlcode.train import grpo_loop
@@ -112,26 +111,16 @@ def table(runs_: list[dict], split: str) -> str:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-  parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/grpo_diffs_seeds"))
-  parser.add_argument("--name", default="grpo_diffs_seeds",
-                      help="the result's name under results/diffs/")
+  parser = runs.seed_parser(__doc__.splitlines()[0], "grpo_diffs_seeds", "diffs")
   parser.add_argument("--no-control", action="store_true",
                       help="skip the cross-entropy control")
   parser.add_argument("--no-held-out", action="store_true",
                       help="leave the test split alone (validation rows only)")
-  args, overrides = parser.parse_known_args()
-  for item in overrides:
-    if not item.startswith(loader.PREFIX):
-      parser.error(f"unknown argument {item!r}")
-  os.makedirs(args.out, exist_ok=True)
-  found = []
-  for seed in args.seeds:
-    found.append(run_seed(seed, args.out, overrides, control=not args.no_control,
-                          held_out=not args.no_held_out))
-    results.write_json({"runs": found, "overrides": overrides},
-                       os.path.join(args.out, "grpo_diffs_seeds.json"))
+  args, overrides = runs.parse_overrides(parser)
+  found = runs.over_seeds(
+      args.seeds, lambda seed: run_seed(seed, args.out, overrides, control=not args.no_control,
+                                        held_out=not args.no_held_out),
+      args.out, "grpo_diffs_seeds.json", overrides)
   splits = [("eval", "validation")] + ([] if args.no_held_out else [("test", "test")])
   for split, name in splits:
     print(f"\n{name} split (eval.num_samples per task):")
@@ -143,10 +132,7 @@ def main():
           f"{r['load_before']:.1f} / {r['load_after']:.1f} | {r['grpo_steps']} | "
           f"{r['grpo_seconds']:.0f} |")
 
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(1, 2, figsize=(9, 3.6))
+  fig, axes = plots.pyplot().subplots(1, 2, figsize=(9, 3.6))
   for ax, key in zip(axes, ("diff/reward_mean", "diff/format_valid")):
     for r in found:
       ax.plot(r["curve"]["step"], r["curve"][key], marker="o", label=f"seed {r['seed']}")
@@ -154,12 +140,9 @@ def main():
     ax.set_title(f"validation {key}")
     ax.grid(alpha=0.3)
   axes[0].legend(fontsize=8)
-  fig.tight_layout()
-  png = os.path.join(results.folder("diffs", args.name), "grpo_diffs_seeds.png")
-  fig.savefig(png, dpi=110)
-  config = loader.load_config(CONFIG, overrides + [f"--config.seed={args.seeds[0]}"])
-  print("wrote", results.write("diffs", args.name, {"runs": found, "overrides": overrides},
-                               config=config, files=[png]))
+  png = plots.save(fig, results.folder("diffs", args.name), "grpo_diffs_seeds.png")
+  runs.write_runs("diffs", args.name, found, overrides, files=[png],
+                  config=loader.load_config(CONFIG, [*overrides, f"--config.seed={args.seeds[0]}"]))
 
 
 if __name__ == "__main__":

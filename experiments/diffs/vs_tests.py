@@ -33,7 +33,6 @@ and goes to results/diffs/NAME (default diff_vs_tests).
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 
@@ -41,7 +40,7 @@ import ml_collections
 import numpy as np
 from flax import nnx
 
-from experiments.lib import ROOT, heldout, results, runs, stats, tables
+from experiments.lib import ROOT, heldout, runs, stats, tables
 from rlcode import rewards
 from rlcode.config import loader
 from rlcode.policy import policy_eval
@@ -140,25 +139,13 @@ def table(found: list[dict]) -> str:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-  parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/diff_vs_tests"))
-  parser.add_argument("--name", default="diff_vs_tests",
-                      help="the result's name under results/diffs/")
-  args, overrides = parser.parse_known_args()
-  for item in overrides:
-    if not item.startswith(loader.PREFIX):
-      parser.error(f"unknown argument {item!r}")
-  os.makedirs(args.out, exist_ok=True)
-  found = []
-  for seed in args.seeds:
-    found.append(run_seed(seed, args.out, overrides))
-    results.write_json({"runs": found, "overrides": overrides},
-                       os.path.join(args.out, "diff_vs_tests.json"))
+  args, overrides = runs.parse_overrides(
+      runs.seed_parser(__doc__.splitlines()[0], "diff_vs_tests", "diffs"))
+  found = runs.over_seeds(args.seeds, lambda seed: run_seed(seed, args.out, overrides),
+                          args.out, "diff_vs_tests.json", overrides)
   print(table(found))
-  print("wrote", results.write("diffs", args.name, {"runs": found, "overrides": overrides},
-                               config=arm_config(args.seeds[0], args.out, "tests+diff",
-                                                 overrides)))
+  runs.write_runs("diffs", args.name, found, overrides,
+                  config=arm_config(args.seeds[0], args.out, "tests+diff", overrides))
 
 
 if __name__ == "__main__":

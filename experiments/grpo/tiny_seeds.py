@@ -32,7 +32,6 @@ Extra --config.a.b=value arguments go to every run.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import time
@@ -40,7 +39,7 @@ import time
 import jax
 from flax import nnx
 
-from experiments.lib import ROOT, heldout, results, runs, stats
+from experiments.lib import ROOT, heldout, plots, results, runs, stats
 from rlcode.config import loader
 from rlcode.data import sources
 from rlcode.parallel import sharding
@@ -118,14 +117,7 @@ def _combined(paths):
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-  parser.add_argument("--arms", nargs="+", default=["grpo", "ce"], choices=["grpo", "ce"])
-  parser.add_argument("--no-held-out", action="store_true",
-                      help="tuning mode: report the validation split only")
-  parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/grpo_tiny_seeds"))
-  parser.add_argument("--name", default="grpo_tiny_seeds",
-                      help="the result's name under results/grpo/")
+  parser = runs.seed_parser(__doc__.splitlines()[0], "grpo_tiny_seeds", "grpo", control=True)
   parser.add_argument("--variant", default=None,
                       help="configs/grpo_tiny.py's argument (references: the job before "
                            "2026-12-05, which the LoRA result ran)")
@@ -188,37 +180,15 @@ def main():
       h = r["held_out"]
       line += f" {h['warm_start']:9.3f} {h['grpo']:9.3f} {h.get('ce', NAN):7.3f}"
     print(line + f" {r['minutes']:7.1f}")
-  summary = {"val_gain": stats.mean_se([r["val_gain"] for r in found], se_of_one=NAN)}
-  if not args.no_held_out:
-    held_of = lambda arm: [r["held_out"][arm] for r in found]
-    summary["held_out_grpo_gain"] = stats.paired(held_of("grpo"), held_of("warm_start"),
-                                                 se_of_one=NAN)
-    if "ce" in args.arms:
-      summary["held_out_ce_gain"] = stats.paired(held_of("ce"), held_of("warm_start"),
-                                                 se_of_one=NAN)
-      summary["held_out_grpo_minus_ce"] = stats.paired(held_of("grpo"), held_of("ce"),
-                                                       se_of_one=NAN)
-  for name, (m, se) in summary.items():
-    print(f"{name}: {m:+.3f} ± {se:.3f} (mean ± standard error over {len(found)} seeds)")
-  payload = {"runs": found, "summary": summary, "overrides": overrides}
-  results.write_json(payload, progress)
+  held_of = None if args.no_held_out else (lambda arm: [r["held_out"][arm] for r in found])
+  payload = runs.report_gains(found, held_of, control="ce" in args.arms, overrides=overrides,
+                              path=progress)
 
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(figsize=(6, 4))
-  for r in found:
-    ax.plot(r["val_steps"], r["val_pass@1"], marker="o", label=f"seed {r['seed']}")
-  ax.set_xlabel("GRPO step")
-  ax.set_ylabel("validation pass@1")
-  m, se = summary["val_gain"]
-  ax.set_title(f"grpo_tiny: validation gain {m:+.3f} ± {se:.3f}")
-  ax.grid(alpha=0.3)
-  ax.legend()
-  fig.tight_layout()
-  png = os.path.join(results.folder("grpo", args.name), "grpo_tiny_seeds.png")
-  fig.savefig(png, dpi=110)
-  files = [png]
+  m, se = payload["summary"]["val_gain"]
+  files = [plots.seed_curves(found, "val_pass@1", ylabel="validation pass@1",
+                             title=f"grpo_tiny: validation gain {m:+.3f} ± {se:.3f}",
+                             folder=results.folder("grpo", args.name),
+                             filename="grpo_tiny_seeds.png")]
   if all("held_out_curve" in r and "ce" in r["held_out_curve"] for r in found):
     files.append(held_out_plot(found, results.folder("grpo", args.name)))
   print("wrote", results.write("grpo", args.name, payload,
@@ -228,8 +198,7 @@ def main():
 def held_out_plot(found, folder):
   """Held-out pass@1 against training seconds after the warm start, both arms: the mean
   over seeds at each GRPO checkpoint (x: the seeds' mean seconds), ± one standard error."""
-  import matplotlib.pyplot as plt
-  fig, ax = plt.subplots(figsize=(6, 4))
+  fig, ax = plots.pyplot().subplots(figsize=(6, 4))
   points = min(len(r["held_out_curve"]["seconds"]) for r in found)
   x = [stats.mean_se([r["held_out_curve"]["seconds"][i] for r in found])[0] / 60
        for i in range(points)]
@@ -244,10 +213,7 @@ def held_out_plot(found, folder):
   ax.set_title(f"grpo_tiny: held out, mean ± SE over {len(found)} seeds")
   ax.grid(alpha=0.3)
   ax.legend()
-  fig.tight_layout()
-  png = os.path.join(folder, "grpo_tiny_held_out.png")
-  fig.savefig(png, dpi=110)
-  return png
+  return plots.save(fig, folder, "grpo_tiny_held_out.png")
 
 
 if __name__ == "__main__":

@@ -1,4 +1,4 @@
-"""What the experiment scripts share: statistics over seeds, runs, timing, tables, the
+"""What the experiment scripts share: statistics over seeds, runs, timing, tables, figures, the
 stand-ins and model shapes of the benchmarks, and where results are written.
 
 A script imports these modules, never another script.

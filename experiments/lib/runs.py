@@ -1,5 +1,6 @@
 """Runs the seed experiments share: a training run in a fresh process, its step and eval
-rows, the held-out split read once and scored, and the cross-entropy control.
+rows, the held-out split read once and scored, the cross-entropy control, and a seed
+script's command line, its loop over the seeds, its gains and its result.
 
 The cross-entropy control of a learning result: the warm start, continued. A GRPO
 result is only a result if it beats simply training the warm start longer with the
@@ -15,6 +16,7 @@ the jitted step, compilation included. It evaluates nothing and writes no files
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import resource
@@ -25,8 +27,9 @@ import time
 import jax
 from flax import nnx
 
-from experiments.lib import ROOT, heldout
+from experiments.lib import ROOT, heldout, results, stats, tables
 from rlcode import optim
+from rlcode.config import loader
 from rlcode.data import sources
 from rlcode.data.stream import TaskStream
 from rlcode.policy import policy_eval
@@ -186,3 +189,62 @@ def continue_cross_entropy(config, graphdef, params, tasks, tokenizer, mesh, *,
   if positions:
     out["at_positions"] = at_positions
   return out
+
+
+def seed_parser(description: str, name: str, topic: str, *,
+                control: bool = False) -> argparse.ArgumentParser:
+  """A seed script's parser: --seeds (default 0 1 2), --out (default experiments/out/NAME)
+  and --name (default NAME: the result's folder under results/TOPIC/); with `control`,
+  after --seeds, the arms of a script with a cross-entropy control (--arms: grpo and ce
+  by default) and --no-held-out (its tuning mode)."""
+  parser = argparse.ArgumentParser(description=description)
+  parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
+  if control:
+    parser.add_argument("--arms", nargs="+", default=["grpo", "ce"], choices=["grpo", "ce"])
+    parser.add_argument("--no-held-out", action="store_true",
+                        help="tuning mode: report the validation split only")
+  parser.add_argument("--out", default=os.path.join(ROOT, f"experiments/out/{name}"))
+  parser.add_argument("--name", default=name, help=f"the result's name under results/{topic}/")
+  return parser
+
+
+def parse_overrides(parser: argparse.ArgumentParser):
+  """(args, overrides): the parser's arguments, and the rest, which must all be
+  --config.a.b=value overrides (anything else is a parser error)."""
+  args, overrides = parser.parse_known_args()
+  for item in overrides:
+    if not item.startswith(loader.PREFIX):
+      parser.error(f"unknown argument {item!r}")
+  return args, overrides
+
+
+def over_seeds(seeds, run_seed, out: str, filename: str, overrides) -> list[dict]:
+  """run_seed(seed) of each seed in turn, `out` made first if absent; after each, the runs
+  so far with the overrides ({"runs", "overrides"}) rewritten to out/filename, so that a
+  process cut short keeps the seeds it finished. Returns the runs."""
+  os.makedirs(out, exist_ok=True)
+  found = []
+  for seed in seeds:
+    found.append(run_seed(seed))
+    results.write_json({"runs": found, "overrides": overrides}, os.path.join(out, filename))
+  return found
+
+
+def report_gains(found, held_of, *, control: bool, overrides, path: str) -> dict:
+  """The gains of the runs `found` (stats.seed_gains of their "val_gain" and of `held_of`,
+  with `control`) printed a line each, and the payload {"runs", "summary": those gains,
+  "overrides"} rewritten to `path`; returns the payload."""
+  summary = stats.seed_gains([r["val_gain"] for r in found], held_of, control=control)
+  print(tables.gains(summary, len(found)))
+  payload = {"runs": found, "summary": summary, "overrides": overrides}
+  results.write_json(payload, path)
+  return payload
+
+
+def write_runs(topic: str, name: str, found, overrides, *, config, files=()) -> str:
+  """The runs with the overrides ({"runs", "overrides"}) written as results/TOPIC/NAME
+  (results.write, with `config` and `files`); prints "wrote FOLDER" and returns it."""
+  where = results.write(topic, name, {"runs": found, "overrides": overrides}, config=config,
+                        files=files)
+  print("wrote", where)
+  return where

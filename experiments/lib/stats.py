@@ -1,6 +1,6 @@
 """Statistics of the experiment tables: mean and standard error over seeds, paired
-differences, the Wilson interval of a rate, and the success and signal counts of
-diff-reward groups."""
+differences, the gains of the seed tables with a control, the Wilson interval of a rate,
+and the success and signal counts of diff-reward groups."""
 
 from __future__ import annotations
 
@@ -31,6 +31,21 @@ def paired(after, before, *, se_of_one: float = 0.0) -> tuple[float, float]:
     raise ValueError(f"paired: {len(after)} values against {len(before)}")
   return mean_se([a - b for a, b in zip(after, before)], se_of_one=se_of_one)
 
+
+def seed_gains(val_gains, held_of=None, *, control: bool = False) -> dict:
+  """The gains grpo/tiny_seeds.py and agent/tiny_seeds.py report, each (mean, standard
+  error) over the seeds, nan the standard error of one seed: "val_gain", of `val_gains`;
+  given `held_of` (an arm -> the seeds' held-out scores, in one order),
+  "held_out_grpo_gain" (arm "grpo" less "warm_start", paired by seed), and with `control`
+  "held_out_ce_gain" ("ce" less "warm_start") and "held_out_grpo_minus_ce"."""
+  nan = float("nan")
+  gains = {"val_gain": mean_se(val_gains, se_of_one=nan)}
+  if held_of is not None:
+    gains["held_out_grpo_gain"] = paired(held_of("grpo"), held_of("warm_start"), se_of_one=nan)
+    if control:
+      gains["held_out_ce_gain"] = paired(held_of("ce"), held_of("warm_start"), se_of_one=nan)
+      gains["held_out_grpo_minus_ce"] = paired(held_of("grpo"), held_of("ce"), se_of_one=nan)
+  return gains
 
 def wilson(k: int, n: int, z: float = 1.959964) -> tuple[float, float]:
   """The Wilson score interval of k successes in n trials (95% for the default z)."""

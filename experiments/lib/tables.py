@@ -22,3 +22,10 @@ def markdown(header, rows, align: str) -> str:
 def pm(mean: float, se: float, digits: int = 3) -> str:
   """`mean ± se` at `digits` decimals."""
   return f"{mean:.{digits}f} ± {se:.{digits}f}"
+
+
+def gains(summary: dict, seeds: int) -> str:
+  """One line a gain of `summary` (its name -> (mean, standard error)), signed at 3
+  decimals, the standard error over `seeds` seeds said."""
+  return "\n".join(f"{name}: {m:+.3f} ± {se:.3f} (mean ± standard error over {seeds} seeds)"
+                   for name, (m, se) in summary.items())

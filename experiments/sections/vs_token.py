@@ -35,13 +35,12 @@ results/sections/NAME.
 
 from __future__ import annotations
 
-import argparse
 import os
 import time
 
 from flax import nnx
 
-from experiments.lib import ROOT, heldout, results, runs, stats, tables
+from experiments.lib import ROOT, heldout, plots, results, runs, stats, tables
 from experiments.lib.runs import continue_cross_entropy, warm_started
 from rlcode.config import loader
 from rlcode.data.stream import TaskStream
@@ -154,29 +153,15 @@ def table(found: list[dict]) -> str:
 
 
 def main():
-  parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-  parser.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2])
-  parser.add_argument("--out", default=os.path.join(ROOT, "experiments/out/section_vs_token"))
-  parser.add_argument("--name", default="section_vs_token",
-                      help="the result's name under results/sections/")
-  args, overrides = parser.parse_known_args()
-  for item in overrides:
-    if not item.startswith(loader.PREFIX):
-      parser.error(f"unknown argument {item!r}")
-  os.makedirs(args.out, exist_ok=True)
-  found = []
-  for seed in args.seeds:
-    found.append(run_seed(seed, args.out, overrides))
-    results.write_json({"runs": found, "overrides": overrides},
-                       os.path.join(args.out, "section_vs_token.json"))
+  args, overrides = runs.parse_overrides(
+      runs.seed_parser(__doc__.splitlines()[0], "section_vs_token", "sections"))
+  found = runs.over_seeds(args.seeds, lambda seed: run_seed(seed, args.out, overrides),
+                          args.out, "section_vs_token.json", overrides)
   text = table(found)
   print(text)
   print(f"{found[0]['n_test_tasks']} test tasks")
 
-  import matplotlib
-  matplotlib.use("Agg")
-  import matplotlib.pyplot as plt
-  fig, axes = plt.subplots(1, 2, figsize=(10, 3.8))
+  fig, axes = plots.pyplot().subplots(1, 2, figsize=(10, 3.8))
   for ax, mode in zip(axes, ("sampled", "greedy")):
     for k, arm in enumerate(ARMS):
       m, s = stats.mean_se([r[arm][mode]["cosine"] for r in found])
@@ -185,12 +170,9 @@ def main():
     ax.set_title(f"test semantic similarity, {mode} (mean ± SE, {len(found)} seeds)",
                  fontsize=9)
     ax.grid(axis="y", alpha=0.3)
-  fig.tight_layout()
-  png = os.path.join(results.folder("sections", args.name), "section_vs_token.png")
-  fig.savefig(png, dpi=110)
-  config = loader.load_config(CONFIG, overrides + [f"--config.seed={args.seeds[0]}"])
-  print("wrote", results.write("sections", args.name, {"runs": found, "overrides": overrides},
-                               config=config, files=[png]))
+  png = plots.save(fig, results.folder("sections", args.name), "section_vs_token.png")
+  runs.write_runs("sections", args.name, found, overrides, files=[png],
+                  config=loader.load_config(CONFIG, [*overrides, f"--config.seed={args.seeds[0]}"]))
 
 
 if __name__ == "__main__":
