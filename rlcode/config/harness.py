@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import dataclasses
 import re
+from typing import Any
 
 from rlcode.fields import key
 
@@ -23,6 +24,39 @@ def is_import_path(text: str | None) -> bool:
 
 
 @dataclasses.dataclass(frozen=True)
+class Verifiers:
+  """An environment of the `verifiers` package as the harness and its tasks
+  (rlcode.harness.verifiers_env); the job's data.source is then "verifiers".
+
+  Attributes:
+    env: an environment id that verifiers' load_environment loads (its package or module
+      installed, e.g. "vf-gsm8k"); None: `rows`.
+    args: the keyword arguments of that environment's load_environment.
+    rows: a JSON-lines file of {"question", "answer"} rows (an optional "info" object),
+      made a SingleTurnEnv whose rubric is the exact match of the reply to the answer;
+      None: `env`.
+    system_prompt: `rows`: the system message before each question; None: none.
+    max_tokens: each model call's max_tokens; None: the server's default
+      (serve.default_max_tokens, at most what the context leaves).
+  """
+
+  env: str | None = key(None)
+  args: dict[str, Any] = key({})
+  rows: str | None = key(None)
+  system_prompt: str | None = key(None)
+  max_tokens: int | None = key(None, ge=1)
+
+  def __post_init__(self):
+    if (self.env is None) == (self.rows is None):
+      raise ValueError("set one of env (an environment's id) and rows (a JSON-lines file "
+                       "of question/answer rows)")
+    if self.args and self.env is None:
+      raise ValueError("args are the arguments of env's load_environment; rows takes none")
+    if self.system_prompt is not None and self.rows is None:
+      raise ValueError("system_prompt is for rows; an environment by name sets its own")
+
+
+@dataclasses.dataclass(frozen=True)
 class Harness:
   """An outside harness's episodes as GRPO's rollouts (rlcode.harness.rollouts).
 
@@ -32,16 +66,27 @@ class Harness:
       OpenAI API at base_url (the policy, served in the trainer's process on 127.0.0.1
       under a random key), names each call's episode with the header X-Episode-Id, and
       returns its result (a reward, a mapping with "reward", or what `reward` reads). It
-      must sample at rl.temperature, which the update's log-probs assume.
+      must sample at rl.temperature, which the update's log-probs assume. None: the
+      `verifiers` environment's rollouts.
+    verifiers: a `verifiers` environment whose own rollouts are the episodes (at
+      rl.temperature) and whose rubric scores them; its dataset's rows (data.train_split
+      "train": its dataset, "eval": its eval dataset) are the tasks. None: `harness`.
     reward: an import path of reward(task, result) -> float, the environment's score of
-      an episode; None: the harness's result carries its reward.
+      an episode; None: the harness's result carries its reward (a verifiers
+      environment's: its rubric's score).
     workers: episodes played at once (threads; an episode given up by the timeout no
       longer holds its place).
     timeout_seconds: an episode running longer is given up and its group dropped; None:
       no limit.
   """
 
-  harness: str = key(check=is_import_path, allowed=IMPORT_PATH)
+  harness: str | None = key(None, check=is_import_path, allowed=IMPORT_PATH)
+  verifiers: Verifiers | None = key(None)
   reward: str | None = key(None, check=is_import_path, allowed=IMPORT_PATH)
   workers: int = key(8, ge=1)
   timeout_seconds: float | None = key(300.0, gt=0)
+
+  def __post_init__(self):
+    if (self.harness is None) == (self.verifiers is None):
+      raise ValueError("set one of harness.harness (an import path) and harness.verifiers "
+                       "(a verifiers environment)")

@@ -30,7 +30,8 @@ from rlcode.rewards.config import RewardOptions
 from rlcode.swe.config import SweConfig
 
 TRAINERS = ("grpo", "agent", "rm", "sample", "online", "harness")
-SOURCES = ("jsonl", "humaneval", "git", "sections", "choices", "swe", "swebench")
+SOURCES = ("jsonl", "humaneval", "git", "sections", "choices", "swe", "swebench",
+           "verifiers")
 # The held-out splits' names across the sources ("test": git, swe, humaneval; "held_out":
 # jsonl, choices). A policy loop's periodic evaluation is what a run is tuned on, so it may
 # not be one of them; a held-out read is data.test_split's, or an experiment's
@@ -46,8 +47,9 @@ class Data:
     source: "jsonl" (a problems file, `path`), "humaneval" (the 164 problems), "git"
       (mined PRs of `repo`), "sections" (documents of `sources`), "choices" (user
       choices among candidates, `path`; the reward model's data), "swe" (executable PR
-      tasks mined from `repo`) or "swebench" (executable PR tasks from a SWE-bench
-      JSON-lines file, `path`).
+      tasks mined from `repo`), "swebench" (executable PR tasks from a SWE-bench
+      JSON-lines file, `path`) or "verifiers" (the rows of the harness trainer's
+      harness.verifiers environment).
     path: the JSON-lines file of "jsonl", "choices" and "swebench".
     repo: the repository or bundle "git" and "swe" mine, or a tuple of them mined alike;
       "swebench": the history its instances' files are read from (None: the history

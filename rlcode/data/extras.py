@@ -1,8 +1,8 @@
 """What each kind of task carries beyond its prompt, reference and tests: typed extras.
 
-A `Task`'s `extra` is one of these, chosen by its kind ("code", "diff", "section", "swe"), so
-every field a reward, a tool or a builder reads is declared here with its default and
-its meaning. Data sets give them as mappings (a JSON-lines row's "extra" object, a
+A `Task`'s `extra` is one of these, chosen by its kind ("code", "diff", "section", "swe",
+"verifiers"), so every field a reward, a tool or a builder reads is declared here with its
+default and its meaning. Data sets give them as mappings (a JSON-lines row's "extra" object, a
 builder's dict): `extra_for(kind, mapping)` checks the keys (an unknown one is an error
 naming it) and fills the defaults. Stored with a task, an extra is its non-default
 fields as JSON, so adding a field changes no stored task.
@@ -163,9 +163,24 @@ class SweExtra:
   gold_runs: int = 0
 
 
+@dataclasses.dataclass(frozen=True)
+class VerifiersExtra:
+  """A row of a `verifiers` environment's dataset (kind "verifiers",
+  rlcode.harness.verifiers_env): the environment's own rollout plays it and its rubric
+  scores it.
+
+  Attributes:
+    env: the environment's id ("" for one made of local rows).
+    row: the row as the environment's rollout takes it (prompt, answer, info, example_id).
+  """
+
+  env: str = ""
+  row: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+
+
 EXTRAS: dict[str, type] = {"code": CodeExtra, "diff": DiffExtra, "section": SectionExtra,
-                           "swe": SweExtra}
-Extra = CodeExtra | DiffExtra | SectionExtra | SweExtra
+                           "swe": SweExtra, "verifiers": VerifiersExtra}
+Extra = CodeExtra | DiffExtra | SectionExtra | SweExtra | VerifiersExtra
 
 
 def extra_for(kind: str, value: Mapping | Extra | None, where: str = "task") -> Extra:

@@ -122,6 +122,9 @@ def builder(data_cfg) -> TaskBuilder:
     options = SectionOptions(**data_cfg.options.to_dict()) if data_cfg.options else SectionOptions()
     return SectionTasks(data_dir=root, sources=tuple(resolve(s) for s in data_cfg.sources),
                         options=options, **counter)
+  if source == "verifiers":
+    raise BadInput("config.data.source='verifiers': the tasks are the rows of "
+                   "harness.verifiers's environment, which only the harness trainer reads")
   raise BadInput(f"config.data.source={source!r}; expected one of {SOURCES}")
 
 

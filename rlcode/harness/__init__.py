@@ -9,6 +9,9 @@ token-exact trajectories.
                 rewards as the shared-prompt batch, failed episodes' groups dropped, counted
   examples.py   an example harness (the openai client, two calls a code task, the tests
                 between them) and its reward; configs/harness_tiny.py trains on it
+  verifiers_env.py  environments of the `verifiers` package as a harness: their rows the
+                tasks, their own rollouts the episodes, their rubrics the rewards
+                (harness.verifiers; configs/harness_verifiers.py)
 
 The server's side (the X-Episode-Id header, GET and DELETE /v1/episodes/{id}) is
 rlcode.serve.episodes; rlcode.serve.local.LocalServer serves a policy in this process (a

@@ -19,6 +19,10 @@ rewards, trained tokens), the update's (loss, clip_frac, ...) and policy_version
 version that sampled the step. Re-running the command in the same workdir resumes from
 the latest checkpoint: the state, the task stream's position and the policy version.
 
+With harness.verifiers the harness is a `verifiers` environment (rlcode.harness.verifiers_env):
+its dataset's rows are the tasks (data.source "verifiers"), its own rollouts the episodes,
+sampled at rl.temperature, and its rubric's score their reward.
+
 A trainer of its own, not a mode of the grpo trainer's rl.rollouts: the grpo loop's
 rollouts are its own sampler's (rlcode.rl.async_rollouts, partial rollouts, several
 processes, the rewards registry's scoring, DAPO's shaping and rounds, stale-row
@@ -90,7 +94,19 @@ def train(config) -> list[dict]:
   rl, hc = config.rl, config.harness
 
   # ══════════════════════════════════════════════════════════════ 0. the harness
-  harness = load_callable(hc.harness, "harness.harness")
+  name = config.serve.model_name or "rlcode"
+  env = None
+  if hc.verifiers is not None:
+    from rlcode.harness import verifiers_env  # deferred: verifiers and its stack
+    env = verifiers_env.load(hc.verifiers)
+    harness = verifiers_env.Harness(env, model=name, temperature=rl.temperature,
+                                    max_tokens=hc.verifiers.max_tokens,
+                                    timeout=hc.timeout_seconds or 600.0)
+  else:
+    harness = load_callable(hc.harness, "harness.harness")
+  if (env is not None) != (config.data.source == "verifiers"):
+    raise BadInput(f"config.data.source={config.data.source!r}: 'verifiers' (the tasks are "
+                   "the environment's rows) goes with harness.verifiers, and only with it")
   reward = load_callable(hc.reward, "harness.reward") if hc.reward else None
   if config.train.eval_every or config.train.eval_steps:
     raise BadInput("config.train.eval_every/eval_steps: the harness trainer does not "
@@ -106,7 +122,8 @@ def train(config) -> list[dict]:
   dp = sharding.batch_shards(mesh)
 
   # ══════════════════════════════════════════════════════════════ 2. data
-  train_tasks = sources.load(config.data, config.data.train_split)
+  train_tasks = (verifiers_env.tasks(env, config.data.train_split) if env is not None
+                 else sources.load(config.data, config.data.train_split))
 
   # ══════════════════════════════════════════════════════════════ 3. model, optimiser
   model, tokenizer = build_model(config.model, mesh, config.seed)
@@ -142,8 +159,8 @@ def train(config) -> list[dict]:
 
     # ════════════════════════════════════════════════════════════ 6. the server
     with LocalServer(trained.model(sync(state.params)[0]), tokenizer, template=template,
-                     api_key=secrets.token_urlsafe(24), name=config.serve.model_name or
-                     "rlcode", serve={k: config.serve[k] for k in _SERVE_KEYS},
+                     api_key=secrets.token_urlsafe(24), name=name,
+                     serve={k: config.serve[k] for k in _SERVE_KEYS},
                      version=version) as server:
       # ══════════════════════════════════════════════════════════ 7. loop
       for step in run.steps():
@@ -154,7 +171,9 @@ def train(config) -> list[dict]:
                                 max_len=max_len, workers=hc.workers,
                                 timeout=hc.timeout_seconds, step=step)
         except rollouts.AllFailed as e:
-          raise BadInput(f"step {step}: {e} (config.harness.harness={hc.harness!r})") from None
+          played = ("harness.verifiers" if env is not None
+                    else f"harness.harness={hc.harness!r}")
+          raise BadInput(f"step {step}: {e} (config.{played})") from None
         row = {"policy_version": float(version), **ro.metrics}
         if ro.batch is None:
           log.warning("step %d: every group had a failed episode (%d of %d episodes "
