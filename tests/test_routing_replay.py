@@ -154,13 +154,10 @@ def test_replay_in_the_model_after_a_flip():
   assert not np.allclose(logits_replay, logits_routed)
 
 
-def _sampled(model, prompts, group):
-  """The sampler's tokens and log-probs, and the experts a recording forward of prompt +
-  completion chooses at the sampling weights (the engine does not record them yet)."""
-  gen = generate(model, prompts, max_new_tokens=10, temperature=1.0, group_size=group,
-                 seed=3, stop_tokens=(2,))
-  completions = gen.completions()
-  index = gen.prompt_index
+def _recorded_by_a_forward(model, prompts, gen):
+  """The experts a recording forward of each row's prompt + completion chooses (per
+  prompt, per row's completion), at the sampling weights."""
+  completions, index = gen.completions(), gen.prompt_index
   batch = sequences.sequence_batch(prompts, completions, index, pad_id=0,
                                    old_logp=list(gen.logprobs), window=16, multiple=16)
 
@@ -172,8 +169,45 @@ def _sampled(model, prompts, group):
   full = np.asarray(record(jnp.asarray(batch.tokens)))
   plens = [len(prompts[p]) for p in index]
   prompt_experts = [full[list(index).index(p), :len(prompts[p])] for p in range(len(prompts))]
-  completion_experts = [full[i, plens[i]:] for i in range(len(completions))]
-  return gen, completions, prompt_experts, completion_experts
+  completion_experts = [full[i, plens[i]:plens[i] + len(c)] for i, c in enumerate(completions)]
+  return prompt_experts, completion_experts
+
+
+def _sampled(model, prompts, group, **kwargs):
+  """The sampler's tokens, log-probs and recorded experts (per prompt, per completion)."""
+  gen = generate(model, prompts, max_new_tokens=10, temperature=1.0, group_size=group,
+                 seed=3, stop_tokens=(2,), experts=True, **kwargs)
+  completions = gen.completions()
+  return gen, completions, gen.prompt_experts, [gen.experts[i] for i in range(len(completions))]
+
+
+@pytest.mark.parametrize("pages", [None, 6])
+def test_the_engine_records_the_experts_a_forward_chooses(pages):
+  """The engine's record (prefill chunks, decode steps; with 6 pages of 16, rows are
+  preempted and recomputed) equals a full forward's choices at every token it processed;
+  a row's last token, never fed back, is -1, as is every position past it."""
+  model = _model(seed=2)
+  prompts = [[5, 6, 7, 8], [9, 10, 11, 12, 13, 14, 15], [3]]
+  gen, completions, pe, ce = _sampled(model, prompts, 2, num_pages=pages)
+  assert gen.experts.shape == (6, 10, MOE_LAYERS, 2)
+  want_pe, want_ce = _recorded_by_a_forward(model, prompts, gen)
+  for got, want in zip(pe, want_pe):
+    np.testing.assert_array_equal(got, want)
+  for i, completion in enumerate(completions):
+    n = len(completion)
+    np.testing.assert_array_equal(ce[i][:n - 1], want_ce[i][:n - 1])
+    assert np.all(ce[i][n - 1:] == -1)
+  # Recording changes no sample.
+  plain = generate(model, prompts, max_new_tokens=10, temperature=1.0, group_size=2, seed=3,
+                   stop_tokens=(2,), num_pages=pages)
+  np.testing.assert_array_equal(plain.tokens, gen.tokens)
+  assert plain.experts is None and plain.prompt_experts is None
+
+
+def test_a_dense_model_records_nothing():
+  dense = _model(dataclasses.replace(CFG, moe=None))
+  gen = generate(dense, [[3, 4, 5]], max_new_tokens=4, group_size=2, experts=True)
+  assert gen.experts is None and gen.prompt_experts is None
 
 
 @pytest.mark.parametrize("layout", ["repeated", "shared"])
@@ -222,3 +256,36 @@ def test_routing_replay_needs_a_record():
     grpo.with_routing(batch, True)
   assert grpo.with_routing(batch, False).experts is None
   del model
+
+
+def _moe_job(tmp_path, *overrides):
+  import tiny_runs
+  from rlcode.config import loader
+  raw = loader.read_config_file(tiny_runs.CONFIG)
+  with raw.unlocked():
+    raw.model.arch.moe = dict(num_experts=4, top_k=2, intermediate_size=16)
+  return loader.resolve(raw, [*tiny_runs.TINY, f"--config.workdir={tmp_path}", *overrides])
+
+
+@pytest.mark.slow
+def test_a_grpo_run_trains_on_the_samplers_experts(tmp_path):
+  """rl.routing_replay=true through the GRPO loop: the rollouts record the experts and the
+  update replays them (it refuses a batch without a record, so a run that did not record
+  them fails); both layouts."""
+  from rlcode.train import grpo_loop
+  import tiny_runs
+  for layout in ("true", "false"):
+    rows = grpo_loop.train(_moe_job(tmp_path / layout, "--config.rl.routing_replay=true",
+                                    f"--config.rl.shared_prefix={layout}"))
+    steps = tiny_runs.steps(rows)
+    assert [r["step"] for r in steps] == [1, 2]
+    assert all(np.isfinite(r["loss"]) and np.isfinite(r["grad_norm"]) for r in steps)
+
+
+def test_routing_replay_of_a_dense_model_is_one_line(tmp_path, capsys):
+  from rlcode import cli
+  import tiny_runs
+  code = cli.main(["train", "--config", tiny_runs.CONFIG, *tiny_runs.TINY,
+                   f"--config.workdir={tmp_path}", "--config.rl.routing_replay=true"])
+  err = capsys.readouterr().err.strip().splitlines()
+  assert code == 2 and len(err) == 1 and "no MoE layers" in err[0]

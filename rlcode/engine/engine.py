@@ -39,7 +39,8 @@ from rlcode.engine import programs
 from rlcode.engine import warmup as warmup_lib
 from rlcode.engine.pages import PagePool
 from rlcode.engine.requests import Request, Result, call_done, check, with_done
-from rlcode.engine.rows import Group, Row, bucket, grammar_ends, sampling_arrays, stops
+from rlcode.engine.rows import (Group, Row, bucket, grammar_ends, record_experts,
+                                sampling_arrays, stops)
 from rlcode.engine.rows import rows as rows_of
 from rlcode.models.decoder import Decoder
 from rlcode.models.paged import SCRATCH_PAGE
@@ -268,9 +269,10 @@ class Engine:
     for i, (seq, take) in enumerate(batch):
       tokens[i, :take] = seq.tokens[seq.cached:seq.cached + take]
       lengths[i], valid[i] = seq.cached, take
-    self.pools, logits = self.programs.forward(self.state, self.pools, tokens, table,
-                                               lengths, valid)
+    self.pools, logits, experts = self.programs.forward(self.state, self.pools, tokens, table,
+                                                        lengths, valid)
     self.stats["prefill_tokens"] += int(valid.sum())
+    self._record([seq for seq, _ in batch], experts, [take for _, take in batch])
     ready = []
     for i, (seq, take) in enumerate(batch):
       seq.cached += take
@@ -340,16 +342,26 @@ class Engine:
       lengths, valid = np.zeros(r, np.int32), np.zeros(r, np.int32)
       for i, seq in enumerate(seqs):
         tokens[i], lengths[i], valid[i] = seq.tokens[-1], seq.cached, 1
-      self.pools, *out = self.programs.decode(self.state, self.pools, tokens,
-                                              self._table(seqs, r), lengths, valid,
-                                              *self._params(seqs, r))
-      done.append((seqs, out))
+      self.pools, *out, experts = self.programs.decode(self.state, self.pools, tokens,
+                                                       self._table(seqs, r), lengths, valid,
+                                                       *self._params(seqs, r))
+      done.append((seqs, out, experts))
     if done:
       self.stats["steps"] += 1
-    for seqs, out in done:
+    for seqs, out, experts in done:
+      self._record(seqs, experts, [1] * len(seqs))
       for seq in seqs:
         seq.cached += 1
       self._emit_all(seqs, out)
+
+  def _record(self, seqs: list[Row], experts, counts: list[int]) -> None:
+    """Routing replay's record: the experts a forward chose for each row's next `counts`
+    tokens (from its `cached` position on), kept by the rows whose requests ask."""
+    if experts is None or not any(seq.group.request.experts for seq in seqs):
+      return
+    experts = np.asarray(jax.device_get(experts))
+    for i, (seq, count) in enumerate(zip(seqs, counts)):
+      record_experts(seq, seq.cached, experts[i, :count])
 
   def _page_for(self, seq: Row) -> int | None:
     """A page for `seq`, preempting the most recently admitted rows while none is free;
@@ -386,6 +398,7 @@ class Engine:
       cand = seq.candidate
       if restart_before is not None and cand.versions and min(cand.versions) < restart_before:
         cand.tokens, cand.logprobs, cand.versions, cand.top = [], [], [], []
+        cand.experts = []
         cand.restarts += 1
         if seq.group.matchers:
           seq.group.matchers[seq.c] = seq.group.request.grammar.matcher()
@@ -426,6 +439,8 @@ class Engine:
     cand.tokens.append(tok)
     cand.logprobs.append(lp)
     cand.versions.append(self.version)
+    if request.experts:
+      cand.experts.append(None)  # processed (and recorded) when it is fed back
     # Tokens a grammar or top-p left out have no probability: not among the top ones.
     top = ([(int(i), float(x)) for i, x in zip(top_ids, top_lp) if math.isfinite(x)]
            if request.top_logprobs else [])
@@ -459,7 +474,8 @@ class Engine:
     group.open -= 1
     if group.open == 0:
       call_done(request, Result(group.candidates, group.version, len(request.prompt),
-                                 group.cached_tokens, error=group.error))
+                                 group.cached_tokens, error=group.error,
+                                 prompt_experts=group.prompt_experts))
 
   def _fail_all(self, error: BaseException) -> None:
     groups = {id(s.group): s.group for s in self._live() + self.resume}

@@ -2,8 +2,10 @@
 
     forward(state, pools, tokens [R, T], page_table [R, M], lengths [R], valid [R])
         writes the rows' new keys and values through their page tables and returns the
-        pools and the logits after each row's last valid token [R, V]: one program for
-        chunks of prefill (T a bucket of the chunk)
+        pools, the logits after each row's last valid token [R, V], and the experts each
+        MoE layer chose for each token [R, T, moe layers, top_k] (None for a dense model;
+        routing replay's record): one program for chunks of prefill (T a bucket of the
+        chunk)
     decode(...)   forward with T = 1 and `sample` fused: the program every step runs
                   (both per model graph: `for_graph`)
     sample(logits [R, V], seed, row, position, temperature, top_k, top_p)
@@ -29,6 +31,7 @@ import jax.numpy as jnp
 from flax import nnx
 from jax.sharding import Mesh, NamedSharding, PartitionSpec
 
+from rlcode.models import moe
 from rlcode.models.decoder import Decoder
 from rlcode.models.paged import PagedCache
 from rlcode.parallel import sharding
@@ -94,18 +97,19 @@ def _forward(state, pools, tokens_rt, page_table_rm, lengths_r, valid_r, graphde
   model: Decoder = nnx.merge(graphdef, state)
   k, v = pools
   cache = PagedCache(k=k, v=v, page_table=page_table_rm, lengths=lengths_r, valid=valid_r)
-  h, cache = model.hidden(tokens_rt, cache=cache)
+  with moe.collect_experts() as chosen:
+    h, cache = model.hidden(tokens_rt, cache=cache)
   last = jnp.take_along_axis(h, jnp.maximum(valid_r - 1, 0)[:, None, None], axis=1)
-  return (cache.k, cache.v), model.logits(last)[:, 0]
+  return (cache.k, cache.v), model.logits(last)[:, 0], chosen[0] if chosen else None
 
 
 def _decode(state, pools, tokens_r, page_table_rm, lengths_r, valid_r, seed_r, row_r,
             position_r, temperature_r, top_k_r, top_p_r, allow_rw=None, *, graphdef,
             mesh=None):
-  pools, logits = _forward(state, pools, tokens_r[:, None], page_table_rm, lengths_r,
-                           valid_r, graphdef, mesh)
+  pools, logits, experts = _forward(state, pools, tokens_r[:, None], page_table_rm,
+                                    lengths_r, valid_r, graphdef, mesh)
   return (pools, *sample_rows(logits, seed_r, row_r, position_r, temperature_r, top_k_r,
-                              top_p_r, allow_rw))
+                              top_p_r, allow_rw), experts)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -114,10 +118,12 @@ class Programs:
   hash it again):
 
     forward(state, pools, tokens [R, T], page_table [R, M], lengths [R], valid [R])
-        -> (pools, logits after each row's last valid token [R, V])
+        -> (pools, logits after each row's last valid token [R, V], experts [R, T, moe
+            layers, top_k] or None)
     decode(state, pools, tokens [R], page_table, lengths, valid, seed, row, position,
            temperature, top_k, top_p, allow) -> (pools, tokens, log-probs, top ids,
-           top log-probs); allow a grammar bitmask [R, W] or None (a program of its own)
+           top log-probs, experts [R, 1, moe layers, top_k] or None); allow a grammar
+           bitmask [R, W] or None (a program of its own)
   """
 
   forward: Callable

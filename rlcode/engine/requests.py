@@ -17,7 +17,9 @@ class Request:
 
   `rows` name the candidates' randomness (default 0..n-1): candidate c draws from
   (seed, rows[c], position), so a GRPO group passes its rows' global indices and gets
-  the samples `rlcode.sampling.generation.generate` would draw. `stop_check(c, tokens)`
+  the samples `rlcode.sampling.generation.generate` would draw. `experts`: record the
+  experts each MoE layer chose for every token (routing replay: Result.prompt_experts,
+  Candidate.experts). `stop_check(c, tokens)`
   says whether candidate c's completion so far ends at a stop string. `on_token(c, token,
   logprob, top)` is called for each token as it is sampled, `on_done(result)` once at the
   end (with `result.error` set if the request failed); both from the engine's thread.
@@ -37,17 +39,21 @@ class Request:
   on_token: Callable | None = None
   on_done: Callable | None = None
   grammar: Any = None
+  experts: bool = False
 
 
 @dataclasses.dataclass
 class Candidate:
   """One continuation: its tokens, each token's behaviour log-probability (under the
-  distribution it was drawn from) and the policy version that sampled it."""
+  distribution it was drawn from) and the policy version that sampled it; when its request
+  records experts, each token's [moe layers, top_k] experts from the latest forward that
+  processed it (None for a token no forward processed yet: the last one sampled)."""
 
   tokens: list[int] = dataclasses.field(default_factory=list)
   logprobs: list[float] = dataclasses.field(default_factory=list)
   versions: list[int] = dataclasses.field(default_factory=list)
   top: list[list[tuple[int, float]]] = dataclasses.field(default_factory=list)
+  experts: list = dataclasses.field(default_factory=list)
   finish_reason: str | None = None
   restarts: int = 0  # times a weight swap sent it back to its prompt (rlcode.engine.engine)
 
@@ -55,13 +61,16 @@ class Candidate:
 @dataclasses.dataclass
 class Result:
   """A finished request: its candidates, the policy version it was admitted under, its
-  prompt's length and how many of those positions came from the prefix cache."""
+  prompt's length and how many of those positions came from the prefix cache; when it
+  recorded experts, its prompt's [prompt tokens, moe layers, top_k] (-1 for a position
+  the prefix cache served, which no forward of this request processed)."""
 
   candidates: list[Candidate]
   policy_version: int
   prompt_tokens: int
   cached_tokens: int = 0
   error: BaseException | None = None
+  prompt_experts: Any = None
 
 
 def with_done(request: Request, on_done) -> Request:

@@ -32,6 +32,7 @@ class Group:
     self.error: BaseException | None = None
     grammar = request.grammar
     self.matchers = [grammar.matcher() for _ in range(request.n)] if grammar else None
+    self.prompt_experts = None  # [prompt tokens, moe layers, top_k], when recorded
 
 
 class Row:
@@ -75,6 +76,26 @@ def sampling_arrays(seqs: list[Row], r: int, vocab_size: int):
     if seq.group.matchers:
       seq.group.matchers[seq.c].fill(allow[i])
   return seed, row, position, temperature, top_k, top_p, allow
+
+
+def record_experts(seq: Row, start: int, experts_tlk) -> None:
+  """Keeps the experts [T, moe layers, top_k] a forward chose for the row's tokens from
+  position `start` on, when its request records them: a prompt position's in its group's
+  record, a candidate token's in the candidate's (a later forward of the same position, a
+  preempted row's recompute, overwrites)."""
+  if not seq.group.request.experts:
+    return
+  group, cand = seq.group, seq.candidate
+  n_prompt = len(group.request.prompt)
+  experts_tlk = np.asarray(experts_tlk, np.int32)
+  if group.prompt_experts is None:
+    group.prompt_experts = np.full((n_prompt, *experts_tlk.shape[1:]), -1, np.int32)
+  for t, chosen in enumerate(experts_tlk):
+    p = start + t
+    if p < n_prompt:
+      group.prompt_experts[p] = chosen
+    elif p - n_prompt < len(cand.experts):
+      cand.experts[p - n_prompt] = chosen
 
 
 def grammar_ends(seq: Row, tok: int) -> bool:

@@ -80,7 +80,7 @@ def run(engine, shape: tuple) -> None:
   width = shape[-1]
   table = np.full((r, width), SCRATCH_PAGE, np.int32)
   if kind == "sample":  # on a prefill's logits, picked by row as the engine picks them
-    engine.pools, logits = engine.programs.forward(
+    engine.pools, logits, _ = engine.programs.forward(
         engine.state, engine.pools, np.zeros((r, shape[2]), np.int32), table, zeros, zeros)
     jax.block_until_ready(programs.sample(logits[np.zeros(r, np.int32)], *params, None))
     return
@@ -89,6 +89,6 @@ def run(engine, shape: tuple) -> None:
                                                 zeros, zeros, *params, None)
   else:
     tokens = np.zeros((r, shape[2]), np.int32)
-    engine.pools, out = engine.programs.forward(engine.state, engine.pools, tokens, table,
-                                                zeros, zeros)
+    engine.pools, *out = engine.programs.forward(engine.state, engine.pools, tokens, table,
+                                                 zeros, zeros)
   jax.block_until_ready(out)

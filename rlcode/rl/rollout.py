@@ -105,14 +105,16 @@ def fit_tasks(tasks: Sequence[Task], tokenizer: Tokenizer, *, split: str, max_se
 
 def sample(model, tokenizer: Tokenizer, tasks: Sequence[Task], *, group_size: int,
            max_new_tokens: int, temperature: float, seed: int, mesh=None,
-           top_p: float = 1.0, top_k: int = 0, row_offset: int = 0) -> Rollout:
-  """G completions of each task; `row_offset` as in rlcode.sampling.generate."""
+           top_p: float = 1.0, top_k: int = 0, row_offset: int = 0,
+           experts: bool = False) -> Rollout:
+  """G completions of each task; `row_offset` and `experts` (routing replay's record) as
+  in rlcode.sampling.generate."""
   prompts = encode_prompts(tokenizer, tasks)
   start = time.perf_counter()
   gen = generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                  top_p=top_p, top_k=top_k, group_size=group_size,
                  stop_tokens=tokenizer.eos_ids, seed=seed, pad_id=tokenizer.pad_id, mesh=mesh,
-                 row_offset=row_offset)
+                 row_offset=row_offset, experts=experts)
   seconds = time.perf_counter() - start
   texts = [tokenizer.decode([t for t in c if t not in tokenizer.eos_ids])
            for c in gen.completions()]

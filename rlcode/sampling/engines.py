@@ -67,9 +67,12 @@ def pages_needed(prompt_lengths: Sequence[int], group_size: int, max_new_tokens:
 def run(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float,
         top_p: float, top_k: int, group_size: int, stop_tokens: Sequence[int], seed: int,
         mesh: Mesh | None, row_offset: int, page_size: int = DEFAULT_PAGE_SIZE,
-        num_pages: int | None = None):
-  """(tokens [N, max_new_tokens] padded with -1, logprobs, lengths, finished) of N = P * G
-  rows, prompt-major. Arguments as `rlcode.sampling.generate`'s (checked there)."""
+        num_pages: int | None = None, experts: bool = False):
+  """(tokens [N, max_new_tokens] padded with -1, logprobs, lengths, finished, experts) of
+  N = P * G rows, prompt-major; experts (with `experts`, else None): (per row [N,
+  max_new_tokens, moe layers, top_k] with -1 where none was recorded, per prompt [its
+  length, moe layers, top_k]). Arguments as `rlcode.sampling.generate`'s (checked
+  there)."""
   meshes = shard_meshes(mesh)
   shards = [(m, idx) for m, idx in zip(meshes, split(len(prompts), len(meshes))) if idx]
   g = group_size
@@ -82,13 +85,14 @@ def run(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, tempera
       if result.error is not None:
         errors.append(result.error)
       else:
-        results[p] = result.candidates
+        results[p] = result
 
   def requests(idx):
     return [Request(prompt=list(prompts[p]), max_tokens=max_new_tokens, n=g,
                     temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                     rows=[row_offset + p * g + c for c in range(g)],
-                    stop_tokens=tuple(stop_tokens), on_done=lambda res, p=p: done(p, res))
+                    stop_tokens=tuple(stop_tokens), experts=experts,
+                    on_done=lambda res, p=p: done(p, res))
             for p in idx]
 
   engines = []
@@ -103,8 +107,27 @@ def run(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, tempera
     raise errors[0]
   if len(results) != len(prompts):
     raise RuntimeError(f"the engines answered {len(results)} of {len(prompts)} prompts")
-  return candidate_arrays([c for p in range(len(prompts)) for c in results[p]],
-                          max_new_tokens, -1)
+  candidates = [c for p in range(len(prompts)) for c in results[p].candidates]
+  arrays = candidate_arrays(candidates, max_new_tokens, -1)
+  if not experts:
+    return (*arrays, None)
+  return (*arrays, recorded_experts(candidates, [results[p] for p in range(len(prompts))],
+                                    max_new_tokens))
+
+
+def recorded_experts(candidates, results, max_new_tokens: int):
+  """(per candidate [N, max_new_tokens, moe layers, top_k], -1 where none was recorded;
+  per prompt [its length, moe layers, top_k]) of results whose requests recorded experts;
+  None for a dense model (nothing recorded)."""
+  shapes = [r.prompt_experts.shape[1:] for r in results if r.prompt_experts is not None]
+  if not shapes:
+    return None
+  out = np.full((len(candidates), max_new_tokens, *shapes[0]), -1, np.int32)
+  for r, cand in enumerate(candidates):
+    for j, chosen in enumerate(cand.experts):
+      if chosen is not None:
+        out[r, j] = chosen
+  return out, [r.prompt_experts for r in results]
 
 
 def candidate_arrays(candidates, max_new_tokens: int, pad_id: int):

@@ -257,7 +257,7 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
              group_size: int = 1, stop_tokens: Sequence[int] = (), seed: int = 0,
              pad_id: int = 0, mesh: Mesh | None = None, share_prompt: bool = True,
              offload_kv: bool = False, row_offset: int = 0, page_size: int = 16,
-             num_pages: int | None = None) -> Generation:
+             num_pages: int | None = None, experts: bool = False) -> Generation:
   """Samples `group_size` completions for each prompt, through the inference engine
   (rlcode.sampling.engines: paged KV, rows that finish free their pages, the group's
   prompt stored once).
@@ -282,11 +282,16 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
       process's share of a batch: row r draws the randomness of row row_offset + r.
     page_size, num_pages: the engine's pages; by default a pool that holds every row at
       its full length (fewer pages: rows are preempted and recomputed, same tokens).
+    experts: record the experts each MoE layer chose for every token (routing replay:
+      Generation.experts and prompt_experts; a dense model records nothing, None).
 
   Returns:
     A Generation with P * group_size rows, prompt-major.
   """
   cfg = model.cfg
+  if experts and ("nsa" in cfg.layer_kinds or offload_kv):
+    raise ValueError("generate: experts are recorded by the engine, which does not run "
+                     "models with NSA layers or offload_kv")
   if "nsa" in cfg.layer_kinds or offload_kv:
     return static_generate(model, prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, top_p=top_p, top_k=top_k,
@@ -297,14 +302,17 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
   if not 0 <= seed < 2 ** 32:  # the engine's keys take 32 bits: any other seed is hashed
     seed = engines.derived_seed(seed)
   mesh = mesh if mesh is not None else sharding.active_mesh()
-  tokens, logprobs, lengths, finished = engines.run(
+  tokens, logprobs, lengths, finished, recorded = engines.run(
       model, prompts, max_new_tokens=max_new_tokens, temperature=float(temperature),
       top_p=float(top_p), top_k=int(top_k), group_size=group_size,
       stop_tokens=tuple(int(s) for s in stop_tokens), seed=int(seed), mesh=mesh,
-      row_offset=int(row_offset), page_size=page_size, num_pages=num_pages)
+      row_offset=int(row_offset), page_size=page_size, num_pages=num_pages,
+      experts=experts)
   tokens[tokens < 0] = pad_id
+  row_experts, prompt_experts = recorded if recorded is not None else (None, None)
   return Generation(tokens=tokens, logprobs=logprobs, lengths=lengths, finished=finished,
-                    prompt_index=np.repeat(np.arange(len(prompts)), group_size))
+                    prompt_index=np.repeat(np.arange(len(prompts)), group_size),
+                    experts=row_experts, prompt_experts=prompt_experts)
 
 
 def _check(cfg, prompts, max_new_tokens, group_size, temperature, top_p, top_k) -> None:

@@ -46,6 +46,7 @@ from rlcode.config import loader
 from rlcode.data import sources
 from rlcode.data.stream import TaskStream
 from rlcode.policy import policy_eval
+from rlcode.models import moe
 from rlcode.models.build import build_model
 from rlcode.parallel import distributed, sharding
 from rlcode.errors import BadInput
@@ -100,6 +101,7 @@ def train(config) -> list[dict]:
                           if test_tasks else ([], {}))
   loss_cfg = objective.LossConfig.from_config(rl, rl.max_new_tokens)
   keeps_reference = loss_cfg.uses_reference
+  replayed = _replayed_experts(rl, model.cfg)  # (moe layers, top_k) or None
   trained = PolicyTraining(model, config.optimizer, mesh, keeps_reference=keeps_reference,
                            base_reloads=bool(config.model.hf_path))
   graphdef, params, policy = trained.graphdef, trained.params, trained.model
@@ -137,10 +139,10 @@ def train(config) -> list[dict]:
     # rl.shared_prefix: each group's prompt runs once in the update.
     if rl.shared_prefix:
       logprob_fn = shared_prefix.logprob_fn(rl.temperature)
-      example = shared_prefix.GroupedBatch.abstract(rl.prompts_per_step, n_rows)
+      example = shared_prefix.GroupedBatch.abstract(rl.prompts_per_step, n_rows, replayed)
       make_batch = shared_prefix.rl_batch
     else:
-      logprob_fn, example = None, sequences.SequenceBatch.abstract(n_rows)
+      logprob_fn, example = None, sequences.SequenceBatch.abstract(n_rows, replayed)
       make_batch = sequences.rl_batch
     batch_sh = optim.batch_shardings(mesh, example)
     update = grpo.make_update_step(graphdef, trained.optimizer, loss_cfg, mesh, state, example,
@@ -184,7 +186,7 @@ def train(config) -> list[dict]:
                             group_size=rl.group_size, max_new_tokens=rl.max_new_tokens,
                             temperature=rl.temperature,
                             seed=dynamic.round_seed(config.seed, step, r), mesh=sampler_mesh,
-                            row_offset=share.row_offset)
+                            row_offset=share.row_offset, experts=rl.routing_replay)
         return (ro, *score(ro))
       ro, adv, reward_s, rounds = dynamic.fill_rollouts(
           sample_round, rl.group_size, share.stop - share.start, rl.sample_rounds)
@@ -250,6 +252,23 @@ def train(config) -> list[dict]:
           run.save(done, trained.bundle(state, ref_params),
                    {"data_position": position, "seed": config.seed, "step": done})
   return run.rows
+
+
+def _replayed_experts(rl, cfg) -> tuple[int, int] | None:
+  """(MoE layers, top_k) of the experts a batch records under rl.routing_replay, else None;
+  one line where the run cannot record them."""
+  if not rl.routing_replay:
+    return None
+  layers = len(moe.moe_layer_index(cfg)) if cfg.moe is not None else 0
+  if not layers:
+    raise BadInput("rl.routing_replay=true: the model has no MoE layers to replay")
+  if rl.rollouts == "partial":
+    raise BadInput("rl.routing_replay=true records the experts in the batch rollouts; "
+                   "rl.rollouts='partial' does not record them")
+  if "nsa" in cfg.layer_kinds:
+    raise BadInput("rl.routing_replay=true: models with NSA layers sample outside the "
+                   "engine, which records the experts")
+  return layers, cfg.moe.top_k
 
 
 def _scorer(config, advantage_of):
