@@ -24,6 +24,7 @@ from rlcode.config.policy import Mesh, Model
 from rlcode.config.rl import RL
 from rlcode.config.serving import Online, Serve
 from rlcode.data.git.config import MiningConfig
+from rlcode.data.gym_config import GymConfig
 from rlcode.data.sections.tasks import SectionOptions
 from rlcode.optim.adamw import OptimizerConfig
 from rlcode.rewards.config import RewardOptions
@@ -31,7 +32,7 @@ from rlcode.swe.config import SweConfig
 
 TRAINERS = ("grpo", "agent", "rm", "sample", "online", "harness")
 SOURCES = ("jsonl", "humaneval", "git", "sections", "choices", "swe", "swebench",
-           "verifiers")
+           "verifiers", "reasoning_gym")
 # The held-out splits' names across the sources ("test": git, swe, humaneval; "held_out":
 # jsonl, choices). A policy loop's periodic evaluation is what a run is tuned on, so it may
 # not be one of them; a held-out read is data.test_split's, or an experiment's
@@ -48,8 +49,9 @@ class Data:
       (mined PRs of `repo`), "sections" (documents of `sources`), "choices" (user
       choices among candidates, `path`; the reward model's data), "swe" (executable PR
       tasks mined from `repo`), "swebench" (executable PR tasks from a SWE-bench
-      JSON-lines file, `path`) or "verifiers" (the rows of the harness trainer's
-      harness.verifiers environment).
+      JSON-lines file, `path`), "verifiers" (the rows of the harness trainer's
+      harness.verifiers environment) or "reasoning_gym" (questions of reasoning-gym's
+      generators, `gym`).
     path: the JSON-lines file of "jsonl", "choices" and "swebench".
     repo: the repository or bundle "git" and "swe" mine, or a tuple of them mined alike;
       "swebench": the history its instances' files are read from (None: the history
@@ -68,9 +70,11 @@ class Data:
       `repo`); None: its defaults.
     swe: how "swe" mines executable PR tasks (rlcode.swe.config.SweConfig; its source is
       `repo`); None: its defaults.
+    gym: "reasoning_gym": which generators make the tasks, how many and from what seed
+      (rlcode.data.gym_config.GymConfig); required for that source.
     sources: "sections": documents (files, directories, gs:// paths); () the embedded corpus.
     count_tokens: "sections": the unit of the budgets, "words", "bytes" or a tokenizer.json.
-    prompt_format: code tasks asked through the tokenizer's chat template ("chat"), as
+    prompt_format: code and gym tasks asked through the tokenizer's chat template ("chat"), as
       bare prompts ("plain"), or the template when there is one ("auto";
       rlcode.data.chat_prompts).
     options: "sections": how documents become tasks (rlcode.data.sections.SectionOptions);
@@ -96,6 +100,7 @@ class Data:
   drop_too_long: bool = key(False)
   mining: MiningConfig | None = key(None)
   swe: SweConfig | None = key(None)
+  gym: GymConfig | None = key(None)
   sources: tuple[str, ...] = key(())
   count_tokens: str = key("words")
   prompt_format: str = key("auto", choices=("auto", "chat", "plain"))
@@ -107,13 +112,15 @@ class Data:
 
   def __post_init__(self):
     need = {"jsonl": "path", "choices": "path", "git": "repo", "swe": "repo",
-            "swebench": "path"}.get(self.source)
+            "swebench": "path", "reasoning_gym": "gym"}.get(self.source)
     if need and not getattr(self, need):
       raise ValueError(f"data.{need} must be set for source {self.source!r}")
     if self.mining is not None and self.source != "git":
       raise ValueError(f"data.mining is for source 'git', not {self.source!r}")
     if self.swe is not None and self.source != "swe":
       raise ValueError(f"data.swe is for source 'swe', not {self.source!r}")
+    if self.gym is not None and self.source != "reasoning_gym":
+      raise ValueError(f"data.gym is for source 'reasoning_gym', not {self.source!r}")
     if self.options is not None and self.source != "sections":
       raise ValueError(f"data.options is for source 'sections', not {self.source!r}")
     if self.eval_split in HELD_OUT_SPLITS and self.source != "choices":

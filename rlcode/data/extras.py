@@ -1,7 +1,7 @@
 """What each kind of task carries beyond its prompt, reference and tests: typed extras.
 
 A `Task`'s `extra` is one of these, chosen by its kind ("code", "diff", "section", "swe",
-"verifiers"), so every field a reward, a tool or a builder reads is declared here with its
+"verifiers", "gym"), so every field a reward, a tool or a builder reads is declared here with its
 default and its meaning. Data sets give them as mappings (a JSON-lines row's "extra" object, a
 builder's dict): `extra_for(kind, mapping)` checks the keys (an unknown one is an error
 naming it) and fills the defaults. Stored with a task, an extra is its non-default
@@ -178,9 +178,38 @@ class VerifiersExtra:
   row: Mapping[str, Any] = dataclasses.field(default_factory=dict)
 
 
+@dataclasses.dataclass(frozen=True)
+class GymExtra:
+  """A question with a checkable answer from a reasoning-gym generator (kind "gym",
+  rlcode.data.reasoning_gym), scored by that generator's own score_answer (the "gym"
+  reward, rlcode.rewards.gym). `config`, `answer` and `metadata` hold tagged JSON
+  (rlcode.data.reasoning_gym.to_json), which gives back tuples and mappings with keys
+  other than strings as the generator made them.
+
+  Attributes:
+    dataset: the generator's reasoning-gym name.
+    config: the keywords its dataset was made with (seed and size included); the reward
+      makes it again from them, as some generators' score_answer read their config.
+    index: the entry's index in that dataset.
+    question: the entry's question (no two tasks of a build share one).
+    answer: the entry's answer (None: the generator checks an answer by its metadata).
+    metadata: the entry's metadata.
+    rendered: the prompt is a conversation rendered by a chat template, special tokens
+      written as text (rlcode.data.chat_prompts).
+  """
+
+  dataset: str = ""
+  config: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  index: int = 0
+  question: str = ""
+  answer: Any = None
+  metadata: Mapping[str, Any] = dataclasses.field(default_factory=dict)
+  rendered: bool = False
+
+
 EXTRAS: dict[str, type] = {"code": CodeExtra, "diff": DiffExtra, "section": SectionExtra,
-                           "swe": SweExtra, "verifiers": VerifiersExtra}
-Extra = CodeExtra | DiffExtra | SectionExtra | SweExtra | VerifiersExtra
+                           "swe": SweExtra, "verifiers": VerifiersExtra, "gym": GymExtra}
+Extra = CodeExtra | DiffExtra | SectionExtra | SweExtra | VerifiersExtra | GymExtra
 
 
 def extra_for(kind: str, value: Mapping | Extra | None, where: str = "task") -> Extra:

@@ -10,6 +10,8 @@
                                        #   with config.data.swe: SweConfig's other fields;
                                        #   a tuple of repositories mines each alike
     config.data.source = "swebench"    # config.data.path: SWE-bench JSON lines (rlcode.swe.export)
+    config.data.source = "reasoning_gym"  # config.data.gym: reasoning-gym's generators
+                                          #   (rlcode.data.reasoning_gym), kind "gym"
 
 For "sections", config.data.count_tokens (default "words") is the unit of the
 SectionOptions budgets: "words" counts whitespace-separated words, "bytes" counts
@@ -34,7 +36,7 @@ from rlcode.paths import resolve
 from rlcode.data.tasks import Task, TaskBuilder, load_tasks
 from rlcode.errors import BadInput, MissingInput
 
-SOURCES = ("jsonl", "humaneval", "git", "sections", "swe", "swebench")
+SOURCES = ("jsonl", "humaneval", "git", "sections", "swe", "swebench", "reasoning_gym")
 SECTION_COUNTS = ("words", "bytes")
 # The sources another package builds, and that package: it registers its builders when
 # imported (rlcode.swe is, by the config schema), so data/ does not import it.
@@ -122,6 +124,9 @@ def builder(data_cfg) -> TaskBuilder:
     options = SectionOptions(**data_cfg.options.to_dict()) if data_cfg.options else SectionOptions()
     return SectionTasks(data_dir=root, sources=tuple(resolve(s) for s in data_cfg.sources),
                         options=options, **counter)
+  if source == "reasoning_gym":
+    from rlcode.data.reasoning_gym import gym_tasks  # deferred: tfds, reasoning_gym
+    return gym_tasks(data_cfg, root)
   if source == "verifiers":
     raise BadInput("config.data.source='verifiers': the tasks are the rows of "
                    "harness.verifiers's environment, which only the harness trainer reads")

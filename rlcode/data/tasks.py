@@ -29,13 +29,14 @@ class Task:
     prompt: the text the policy is conditioned on.
     kind: what rewards understand it: "code" (tests), "diff" (SWE-RL), "section", "swe"
       (a real repository checked by its own tests), "verifiers" (a row of a verifiers
-      environment, scored by its rubric).
+      environment, scored by its rubric), "gym" (a reasoning-gym question, scored by its
+      generator's verifier).
     reference: a reference answer (solution, oracle section); may be empty.
     tests: test code for "code" tasks, run in the sandbox against the completion.
     entry_point: the function the tests call, for "code" tasks.
     extra: what the kind carries besides (rlcode.data.extras: CodeExtra, DiffExtra,
-      SectionExtra, SweExtra, VerifiersExtra); given as a mapping, it is checked and made
-      the kind's extra.
+      SectionExtra, SweExtra, VerifiersExtra, GymExtra); given as a mapping, it is checked
+      and made the kind's extra.
   """
 
   id: str

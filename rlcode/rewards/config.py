@@ -1,7 +1,7 @@
 """Each reward's options, typed: `config.reward_options.<reward>.<key>`.
 
 One dataclass per registered reward, whose keys are the keyword options of its function
-(rlcode.rewards.tests, .swe, .semantic, .diffs, rlcode.rm.reward) with the same defaults
+(rlcode.rewards.tests, .swe, .semantic, .diffs, .gym, rlcode.rm.reward) with the same defaults
 (tests/test_config_schema.py compares them), so `rlcode config keys` documents them and a
 misspelt option is refused by name. `kwargs` turns a loaded section into the keyword
 arguments each reward's function takes.
@@ -23,6 +23,7 @@ HUMANEVAL_STOP = ("\ndef ", "\nclass ", "\nif __name__", "\nprint(", "\n#")
 TEST_SETS = ("hidden", "visible")
 FORMAT_CHECKS = ("parses", "non_empty", "entry_point", "no_stray_text")
 LEXICAL_METRICS = ("chrf", "chrf++")
+GYM_EXTRACTIONS = ("auto", "tags", "marker", "whole")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -121,6 +122,23 @@ class RMOptions:
 
 
 @dataclasses.dataclass(frozen=True)
+class GymOptions:
+  """The `gym` reward: a reasoning-gym task's own verifier (rlcode.rewards.gym).
+
+  Attributes:
+    extract: how a completion's answer is read: "auto" (inside the last
+      <answer>...</answer>, else after the last `marker`, else the whole completion),
+      "tags" or "marker" (only that way; else no answer, 0) or "whole"; then stripped.
+    marker: the text an answer follows.
+    max_answer_chars: a longer answer is not scored (0).
+  """
+
+  extract: str = key("auto", choices=GYM_EXTRACTIONS)
+  marker: str = key("Answer:", check=bool, allowed="a non-empty string")
+  max_answer_chars: int = key(4096, ge=1)
+
+
+@dataclasses.dataclass(frozen=True)
 class RewardOptions:
   """Each reward's options, under its name (read only for rewards with a weight).
 
@@ -131,6 +149,7 @@ class RewardOptions:
     swe_tests: the `swe_tests` reward's.
     semantic: the `semantic` reward's.
     rm: the `rm` reward's.
+    gym: the `gym` reward's.
   """
 
   tests: TestsOptions = key({})
@@ -139,6 +158,7 @@ class RewardOptions:
   swe_tests: SweTestsOptions = key({})
   semantic: SemanticOptions = key({})
   rm: RMOptions = key({})
+  gym: GymOptions = key({})
 
 
 def kwargs(options: Mapping[str, Any]) -> dict[str, Any]:

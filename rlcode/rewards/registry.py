@@ -41,6 +41,7 @@ _MODULES = {
     "swe_tests": "rlcode.rewards.swe",
     "semantic": "rlcode.rewards.semantic",
     "rm": "rlcode.rm.reward",
+    "gym": "rlcode.rewards.gym",
 }
 
 
