@@ -22,7 +22,7 @@ import pytest
 
 from rlcode import cli, rewards
 from rlcode.config import loader
-from rlcode.data import chat_prompts, gym_config
+from rlcode.data import chat_prompts, gym_config, sources
 from rlcode.data.gym_config import GymConfig
 from rlcode.data.reasoning_gym import (GymTasks, from_json, plain_prompt, split_seed,
                                        split_tasks, to_json)
@@ -81,6 +81,14 @@ def test_splits_share_no_question_and_are_deterministic_through_tfds(tmp_path):
   assert _questions(other["held_out"]) != _questions(made["held_out"])
   bigger = split_tasks(_config(train_size=40, validation_size=5))
   assert bigger["held_out"] == made["held_out"]
+
+
+def test_a_warm_start_reads_the_tasks_with_an_answer_only():
+  """graph_color checks a coloring by its metadata: no answer, nothing to train on."""
+  made = split_tasks(GymConfig(datasets=("graph_color", "leg_counting"), train_size=2,
+                               validation_size=0, held_out_size=0))["train"]
+  assert [t.extra.dataset for t in made if not t.reference] == ["graph_color"] * 2
+  assert sources.with_references(made) == [t for t in made if t.reference] != []
 
 
 def test_tagged_json_gives_back_tuples_and_non_string_keys():

@@ -158,8 +158,9 @@ def keeps_reference(task_id: str, share: float) -> bool:
 
 def with_references(tasks) -> list[Task]:
   """What supervised training can use: every task but those with tests and no reference
-  (a tests-only task, data.reference_share)."""
-  return [t for t in tasks if t.reference or not t.tests]
+  (a tests-only task, data.reference_share) and reasoning-gym tasks without one (a
+  generator that checks an answer by its metadata has no single answer to train on)."""
+  return [t for t in tasks if t.reference or not (t.tests or t.kind == "gym")]
 
 
 def load_eval(data_cfg) -> list[Task]:
