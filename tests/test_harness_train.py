@@ -12,22 +12,16 @@ the policy version that sampled each step is the number of updates before it (0,
 row and starts where the checkpoint was. Bad harness paths are one line, exit 2.
 """
 
-import json
 import os
 
 import pytest
 
 from rlcode import cli
+import tiny_runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "harness_tiny.py") + ":smoke"
-TINY = [
-    "--config.model.arch.hidden_size=32", "--config.model.arch.intermediate_size=64",
-    "--config.model.arch.num_layers=1", "--config.model.arch.num_heads=2",
-    "--config.model.arch.num_kv_heads=2", "--config.model.arch.head_dim=16",
-    "--config.model.arch.max_seq_len=384", "--config.model.attn_impl=reference",
-    "--config.train.progress_bar=false", "--config.logging.tensorboard=false",
-]
+TINY = tiny_runs.SMALL_JOB
 ROLLOUT = ("episodes", "failed_episodes", "dropped_groups", "segments_per_episode",
            "calls_per_episode", "trained_tokens", "reward_mean", "policy_version")
 
@@ -40,10 +34,6 @@ def letters_reward(task, result):
   return sum(c.isascii() and c.isalpha() for c in result["completion"]) / 40
 
 
-def _rows(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f]
-
 
 @pytest.mark.slow
 def test_the_smoke_job_trains_publishes_and_resumes(tmp_path):
@@ -51,7 +41,7 @@ def test_the_smoke_job_trains_publishes_and_resumes(tmp_path):
   args = ["train", "--config", CONFIG, *TINY, f"--config.workdir={workdir}",
           "--config.harness.reward=test_harness_train:letters_reward"]
   assert cli.main(args) == 0
-  rows = _rows(workdir)
+  rows = tiny_runs.metrics_rows(workdir)
   assert [r["step"] for r in rows] == [1, 2]
   for r in rows:
     assert all(k in r for k in ROLLOUT), sorted(r)
@@ -66,7 +56,7 @@ def test_the_smoke_job_trains_publishes_and_resumes(tmp_path):
 
   # A resume for one more step starts from the last checkpoint, its version restored.
   assert cli.main(args + ["--config.train.steps=3"]) == 0
-  rows = _rows(workdir)
+  rows = tiny_runs.metrics_rows(workdir)
   assert [r["step"] for r in rows] == [1, 2, 3]
   assert rows[2]["policy_version"] == 2 and rows[2]["episodes"] == 8
 

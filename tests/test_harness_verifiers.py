@@ -22,17 +22,12 @@ import pytest
 from rlcode import cli
 from rlcode.errors import BadInput, MissingInput
 from rlcode.harness import verifiers_env
+import tiny_runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "harness_verifiers.py") + ":smoke"
 ROWS = os.path.join(ROOT, "data", "verifiers_tiny.jsonl")
-TINY = [
-    "--config.model.arch.hidden_size=32", "--config.model.arch.intermediate_size=64",
-    "--config.model.arch.num_layers=1", "--config.model.arch.num_heads=2",
-    "--config.model.arch.num_kv_heads=2", "--config.model.arch.head_dim=16",
-    "--config.model.arch.max_seq_len=384", "--config.model.attn_impl=reference",
-    "--config.train.progress_bar=false", "--config.logging.tensorboard=false",
-]
+TINY = tiny_runs.SMALL_JOB
 ROWS_3 = [{"question": "What is 2+3?", "answer": "5"},
           {"question": "Reverse 'ab'.", "answer": "ba"},
           {"question": "Upper-case 'ox'.", "answer": "OX"}]
@@ -139,16 +134,12 @@ def test_bad_environments_are_one_line(tmp_path, capfd, override, said):
   assert err.count("\n") == 1 and "Traceback" not in err and said in err, err
 
 
-def _rows(workdir):
-  with open(os.path.join(workdir, "metrics.jsonl")) as f:
-    return [json.loads(line) for line in f]
-
 
 @pytest.mark.slow
 def test_three_grpo_steps_of_a_verifiers_environment(tmp_path):
   workdir = str(tmp_path / "rows")
   assert cli.main(["train", "--config", CONFIG, *TINY, f"--config.workdir={workdir}"]) == 0
-  rows = _rows(workdir)
+  rows = tiny_runs.metrics_rows(workdir)
   assert [r["step"] for r in rows] == [1, 2, 3]
   for r in rows:
     # 2 rows x 4 episodes of one chat call each, none failed, every group trained.
@@ -169,6 +160,6 @@ def test_three_grpo_steps_of_a_verifiers_environment(tmp_path):
                    "--config.harness.verifiers.env=test_harness_verifiers",
                    "--config.harness.verifiers.args.reward=0.375",
                    "--config.train.steps=1"]) == 0
-  (r,) = _rows(workdir)
+  (r,) = tiny_runs.metrics_rows(workdir)
   assert r["reward_mean"] == 0.375 and r["reward_std"] == 0 and r["failed_episodes"] == 0
   assert r["trained_tokens"] > 0

@@ -28,6 +28,7 @@ from rlcode.data.reasoning_gym import (GymTasks, from_json, plain_prompt, split_
                                        split_tasks, to_json)
 from rlcode.data.tasks import Task, load_tasks
 from rlcode.errors import BadInput
+import tiny_runs
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 CONFIG = os.path.join(ROOT, "configs", "grpo_gym.py")
@@ -259,13 +260,7 @@ def test_bad_gym_sections_through_the_cli_exit_2_in_one_line(capsys, tmp_path, f
   assert not os.path.exists(tmp_path / "run")
 
 
-TINY = [
-    "--config.model.arch.hidden_size=32", "--config.model.arch.intermediate_size=64",
-    "--config.model.arch.num_layers=1", "--config.model.arch.num_heads=2",
-    "--config.model.arch.num_kv_heads=2", "--config.model.arch.head_dim=16",
-    "--config.model.arch.max_seq_len=384", "--config.model.attn_impl=reference",
-    "--config.train.progress_bar=false", "--config.logging.tensorboard=false",
-]
+TINY = tiny_runs.SMALL_JOB
 
 
 @pytest.mark.slow
