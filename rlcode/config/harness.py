@@ -57,6 +57,26 @@ class Verifiers:
 
 
 @dataclasses.dataclass(frozen=True)
+class OpenEnv:
+  """An OpenEnv environment of the job's code tasks as the harness
+  (rlcode.harness.openenv_env): openenv's own server, started on 127.0.0.1 for the run,
+  holds a session an episode; an episode resets it to its task and steps it with the
+  policy's completions, each scored by the task's tests; its return is the reward. The
+  tasks are config.data's, as for `harness`.
+
+  Attributes:
+    max_turns: attempts an episode allows (it ends sooner when the tests pass); after a
+      failed one the environment says so and asks again, and the next call's prompt is
+      the whole episode so far.
+    max_tokens: each completion call's max_tokens; None: the server's default
+      (serve.default_max_tokens, at most what the context leaves).
+  """
+
+  max_turns: int = key(2, ge=1)
+  max_tokens: int | None = key(None, ge=1)
+
+
+@dataclasses.dataclass(frozen=True)
 class Harness:
   """An outside harness's episodes as GRPO's rollouts (rlcode.harness.rollouts).
 
@@ -67,13 +87,17 @@ class Harness:
       under a random key), names each call's episode with the header X-Episode-Id, and
       returns its result (a reward, a mapping with "reward", or what `reward` reads). It
       must sample at rl.temperature, which the update's log-probs assume. None: the
-      `verifiers` environment's rollouts.
+      `verifiers` or `openenv` environment's episodes.
     verifiers: a `verifiers` environment whose own rollouts are the episodes (at
       rl.temperature) and whose rubric scores them; its dataset's rows (data.train_split
-      "train": its dataset, "eval": its eval dataset) are the tasks. None: `harness`.
+      "train": its dataset, "eval": its eval dataset) are the tasks. None: `harness` or
+      `openenv`.
+    openenv: an OpenEnv environment of config.data's code tasks, served locally, whose
+      episodes (completions at rl.temperature, the tests their reward) are the rollouts.
+      None: `harness` or `verifiers`.
     reward: an import path of reward(task, result) -> float, the environment's score of
       an episode; None: the harness's result carries its reward (a verifiers
-      environment's: its rubric's score).
+      environment's: its rubric's score; an OpenEnv environment's: the episode's return).
     workers: episodes played at once (threads; an episode given up by the timeout no
       longer holds its place).
     timeout_seconds: an episode running longer is given up and its group dropped; None:
@@ -82,11 +106,12 @@ class Harness:
 
   harness: str | None = key(None, check=is_import_path, allowed=IMPORT_PATH)
   verifiers: Verifiers | None = key(None)
+  openenv: OpenEnv | None = key(None)
   reward: str | None = key(None, check=is_import_path, allowed=IMPORT_PATH)
   workers: int = key(8, ge=1)
   timeout_seconds: float | None = key(300.0, gt=0)
 
   def __post_init__(self):
-    if (self.harness is None) == (self.verifiers is None):
-      raise ValueError("set one of harness.harness (an import path) and harness.verifiers "
-                       "(a verifiers environment)")
+    if sum(x is not None for x in (self.harness, self.verifiers, self.openenv)) != 1:
+      raise ValueError("set one of harness.harness (an import path), harness.verifiers (a "
+                       "verifiers environment) and harness.openenv (an OpenEnv environment)")

@@ -12,6 +12,9 @@ token-exact trajectories.
   verifiers_env.py  environments of the `verifiers` package as a harness: their rows the
                 tasks, their own rollouts the episodes, their rubrics the rewards
                 (harness.verifiers; configs/harness_verifiers.py)
+  openenv_env.py  rlcode's code tasks as an OpenEnv (openenv-core) environment, served by
+                openenv's app on a loopback port, and the harness that plays it through
+                openenv's client (harness.openenv; configs/harness_openenv.py)
 
 The server's side (the X-Episode-Id header, GET and DELETE /v1/episodes/{id}) is
 rlcode.serve.episodes; rlcode.serve.local.LocalServer serves a policy in this process (a

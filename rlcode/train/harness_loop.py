@@ -21,7 +21,10 @@ the latest checkpoint: the state, the task stream's position and the policy vers
 
 With harness.verifiers the harness is a `verifiers` environment (rlcode.harness.verifiers_env):
 its dataset's rows are the tasks (data.source "verifiers"), its own rollouts the episodes,
-sampled at rl.temperature, and its rubric's score their reward.
+sampled at rl.temperature, and its rubric's score their reward. With harness.openenv the
+harness plays an OpenEnv environment of config.data's code tasks (rlcode.harness.openenv_env):
+openenv's server is started on 127.0.0.1 for the run beside the policy's and stopped with
+it; an episode's actions are completions at rl.temperature, its return the reward.
 
 A trainer of its own, not a mode of the grpo trainer's rl.rollouts: the grpo loop's
 rollouts are its own sampler's (rlcode.rl.async_rollouts, partial rollouts, several
@@ -41,6 +44,7 @@ harness is the environment): train.eval_every and train.eval_steps stay unset.
 
 from __future__ import annotations
 
+import contextlib
 import importlib
 import logging
 import secrets
@@ -102,6 +106,9 @@ def train(config) -> list[dict]:
     harness = verifiers_env.Harness(env, model=name, temperature=rl.temperature,
                                     max_tokens=hc.verifiers.max_tokens,
                                     timeout=hc.timeout_seconds or 600.0)
+  elif hc.openenv is not None:
+    from rlcode.harness import openenv_env  # deferred: openenv and its stack
+    harness = None  # played against the environment's server, started with the policy's
   else:
     harness = load_callable(hc.harness, "harness.harness")
   if (env is not None) != (config.data.source == "verifiers"):
@@ -124,6 +131,10 @@ def train(config) -> list[dict]:
   # ══════════════════════════════════════════════════════════════ 2. data
   train_tasks = (verifiers_env.tasks(env, config.data.train_split) if env is not None
                  else sources.load(config.data, config.data.train_split))
+  untested = [t.id for t in train_tasks if not t.tests]
+  if hc.openenv is not None and untested:
+    raise BadInput(f"config.data.source={config.data.source!r}: harness.openenv's environment "
+                   f"scores a task by its tests; task {untested[0]!r} has none")
 
   # ══════════════════════════════════════════════════════════════ 3. model, optimiser
   model, tokenizer = build_model(config.model, mesh, config.seed)
@@ -157,11 +168,19 @@ def train(config) -> list[dict]:
     # The server's weights are a copy: the update donates the state's arrays.
     sync = async_rollouts.WeightSync(mesh, mesh, state.params)
 
-    # ════════════════════════════════════════════════════════════ 6. the server
-    with LocalServer(trained.model(sync(state.params)[0]), tokenizer, template=template,
-                     api_key=secrets.token_urlsafe(24), name=name,
-                     serve={k: config.serve[k] for k in _SERVE_KEYS},
-                     version=version) as server:
+    # ════════════════════════════════════════════════════════════ 6. the server(s)
+    # An OpenEnv session an episode: those a step plays, and as many given up by the timeout.
+    envs = (openenv_env.EnvServer(train_tasks, hc.openenv.max_turns,
+                                  sessions=hc.workers + rl.group_size * rl.prompts_per_step)
+            if hc.openenv is not None else contextlib.nullcontext())
+    with envs, LocalServer(trained.model(sync(state.params)[0]), tokenizer, template=template,
+                           api_key=secrets.token_urlsafe(24), name=name,
+                           serve={k: config.serve[k] for k in _SERVE_KEYS},
+                           version=version) as server:
+      if hc.openenv is not None:
+        harness = openenv_env.Harness(envs.url, model=name, temperature=rl.temperature,
+                                      max_tokens=hc.openenv.max_tokens,
+                                      timeout=hc.timeout_seconds or 600.0)
       # ══════════════════════════════════════════════════════════ 7. loop
       for step in run.steps():
         step_start = time.perf_counter()
@@ -171,8 +190,8 @@ def train(config) -> list[dict]:
                                 max_len=max_len, workers=hc.workers,
                                 timeout=hc.timeout_seconds, step=step)
         except rollouts.AllFailed as e:
-          played = ("harness.verifiers" if env is not None
-                    else f"harness.harness={hc.harness!r}")
+          played = ("harness.verifiers" if env is not None else "harness.openenv"
+                    if hc.openenv is not None else f"harness.harness={hc.harness!r}")
           raise BadInput(f"step {step}: {e} (config.{played})") from None
         row = {"policy_version": float(version), **ro.metrics}
         if ro.batch is None:
