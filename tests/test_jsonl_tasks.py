@@ -153,3 +153,21 @@ def test_reference_share_makes_tests_only_training_tasks(tmp_path):
   assert sorted(t.id for t in own) == sorted(2 * [*kept[0.3], no_tests.id])
   with pytest.raises(BadInput, match="no reference solution"):
     warm_start.warm_start_tasks(job, None, 64, [t for t in tasks if not t.reference])
+
+
+def test_the_warm_start_key_ignores_unset_keys():
+  """A key the schema gains later, left unset, keeps a cached warm start's hash; set, or any
+  other change of what the warm start depends on, changes it."""
+  import ml_collections
+
+  from rlcode.config import loader
+  from rlcode.policy import warm_start
+  config = loader.load_config(str(Path(__file__).parent.parent / "configs" / "grpo_tiny.py"))
+  job = lambda data, seed=0: warm_start.Job.of(config.warmstart, seed=seed, model=config.model,
+                                               data=data, rl=config.rl)
+  key = warm_start.warm_start_key(job(config.data))
+  grown = ml_collections.ConfigDict({**config.data.to_dict(), "new_section": None})
+  assert warm_start.warm_start_key(job(grown)) == key
+  grown.new_section = {"size": 3}
+  assert warm_start.warm_start_key(job(grown)) != key
+  assert warm_start.warm_start_key(job(config.data, seed=1)) != key

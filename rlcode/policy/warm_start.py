@@ -122,7 +122,8 @@ def warm_start_trainable(model_cfg):
 def warm_start_key(job: Job) -> str:
   """A hash of what the warm start's parameters depend on: the seed, model, data,
   warm-start settings (its cache_dir aside), the batch length multiple and the
-  rollout budget (which decides the training tasks that fit)."""
+  rollout budget (which decides the training tasks that fit). Keys left unset (None) are
+  left out, so a key the schema gains later, unset, keeps a cached warm start's hash."""
   ws = {k: v for k, v in job.ws.to_dict().items() if k not in ("cache_dir", "seed")}
   parts = {"seed": job.seed, "model": job.model.to_dict(),
            "data": job.data.to_dict(), "warmstart": ws,
@@ -134,5 +135,12 @@ def warm_start_key(job: Job) -> str:
     parts["data"].pop(key, None)
   if ws["data"]:
     ws["data"].pop("data_dir", None)  # where its datasets are cached, not what they hold
-  text = json.dumps(parts, sort_keys=True, default=list)
+  text = json.dumps(_set(parts), sort_keys=True, default=list)
   return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def _set(tree):
+  """`tree` without the mapping entries whose value is None, at any depth."""
+  if isinstance(tree, dict):
+    return {k: _set(v) for k, v in tree.items() if v is not None}
+  return tree
