@@ -11,11 +11,11 @@ returns reward 1.0 when they pass, else 0.0. The episode ends when the tests pas
 so and asks again (examples.FEEDBACK[False], then the prompt once more).
 
 `EnvServer` serves it: openenv's `create_fastapi_app` (its /reset, /step, /state, /ws
-routes; every WebSocket connection a session with its own environment) under uvicorn on a
+routes; every WebSocket connection with an environment of its own) under uvicorn on a
 thread, on a port of 127.0.0.1 the OS picks; no container. `close` (or leaving the `with`)
-stops it. `CodeEnvClient` is openenv's EnvClient (one WebSocket session) of its types.
+stops it. `CodeEnvClient` is openenv's EnvClient (one WebSocket connection) of its types.
 
-`Harness` is the harness callable: an episode opens a session, resets it to the task, then
+`Harness` is the harness callable: an episode opens a connection, resets it to the task, then
 asks rlcode's server (the openai client, POST /v1/completions, the X-Episode-Id header, at
 rl.temperature) for each action: the prompt is the whole episode so far (the first
 observation, then each completion followed by the observation it drew), so every call
@@ -36,8 +36,6 @@ from __future__ import annotations
 import functools
 import logging
 import socket
-import threading
-import time
 from collections.abc import Iterable, Mapping
 from typing import Any
 
@@ -49,6 +47,7 @@ from pydantic import Field
 from rlcode.data.tasks import Task
 from rlcode.harness.examples import FEEDBACK, tests_pass
 from rlcode.harness.recorder import HEADER
+from rlcode import web
 
 log = logging.getLogger(__name__)
 
@@ -76,8 +75,8 @@ class CodeState(State):
 
 
 class CodeTasksEnv(Environment[CodeAction, CodeObservation, CodeState]):
-  """rlcode's code tasks as an OpenEnv environment (module docstring). A session's own
-  instance; instances share nothing mutable, so sessions run concurrently.
+  """rlcode's code tasks as an OpenEnv environment (module docstring). A connection's own
+  instance; instances share nothing mutable, so connections run concurrently.
 
   Args:
     tasks: the tasks by id.
@@ -122,7 +121,7 @@ class CodeTasksEnv(Environment[CodeAction, CodeObservation, CodeState]):
 
 
 class CodeEnvClient(EnvClient[CodeAction, CodeObservation, CodeState]):
-  """openenv's client (a WebSocket session) of `CodeTasksEnv`'s types."""
+  """openenv's client (a WebSocket connection) of `CodeTasksEnv`'s types."""
 
   def _step_payload(self, action: CodeAction) -> dict:
     return action.model_dump()
@@ -143,7 +142,7 @@ class EnvServer:
   Args:
     tasks: the tasks episodes may reset to (by id).
     max_turns: attempts an episode allows.
-    sessions: WebSocket sessions open at once (openenv refuses one more).
+    sessions: WebSocket connections open at once (openenv refuses one more).
     host: the loopback address to listen on; the OS picks the port.
     start_timeout: seconds to wait for it to listen.
   """
@@ -160,15 +159,11 @@ class EnvServer:
     sock.bind((host, 0))
     self._server = uvicorn.Server(uvicorn.Config(app, log_level="warning", access_log=False,
                                                  lifespan="on"))
-    self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                    name="rlcode-openenv-server", daemon=True)
-    self._thread.start()
-    deadline = time.monotonic() + start_timeout
-    while not self._server.started:  # uvicorn offers no event to wait on
-      if not self._thread.is_alive() or time.monotonic() > deadline:
-        self.close()
-        raise RuntimeError(f"the OpenEnv server on {host} did not start")
-      time.sleep(0.01)
+    self._thread, started = web.start_in_thread(self._server, sock, "rlcode-openenv-server",
+                                                start_timeout)
+    if not started:
+      self.close()
+      raise RuntimeError(f"the OpenEnv server on {host} did not start")
     bound = sock.getsockname()
     self.url = f"http://{bound[0]}:{bound[1]}"
     log.info("OpenEnv environment of %d tasks at %s", len(by_id), self.url)

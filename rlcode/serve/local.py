@@ -17,15 +17,15 @@ from __future__ import annotations
 import dataclasses
 import logging
 import socket
-import threading
-import time
 
+from rlcode import web
 from rlcode.config import serving
 from rlcode.errors import BadInput
 from rlcode.serve import log as log_lib
 from rlcode.serve import server
 
 log = logging.getLogger(__name__)
+
 
 
 class _NoLog:
@@ -91,15 +91,11 @@ class LocalServer:
     self._server = uvicorn.Server(uvicorn.Config(
         app_lib.create_app(self.served), log_level="warning", access_log=False,
         lifespan="on", timeout_graceful_shutdown=int(cfg.graceful_seconds)))
-    self._thread = threading.Thread(target=self._server.run, kwargs={"sockets": [sock]},
-                                    name="rlcode-local-server", daemon=True)
-    self._thread.start()
-    deadline = time.monotonic() + start_timeout
-    while not self._server.started:  # uvicorn offers no event to wait on
-      if not self._thread.is_alive() or time.monotonic() > deadline:
-        self.close()
-        raise RuntimeError(f"LocalServer on {host}:{port}: the server did not start")
-      time.sleep(0.01)
+    self._thread, started = web.start_in_thread(self._server, sock, "rlcode-local-server",
+                                                start_timeout)
+    if not started:
+      self.close()
+      raise RuntimeError(f"LocalServer on {host}:{port}: the server did not start")
     bound = sock.getsockname()
     self.url = f"http://{'[' + bound[0] + ']' if ':' in bound[0] else bound[0]}:{bound[1]}"
     log.info("serving %s at %s (policy version %d)", name, self.url, version)
