@@ -47,7 +47,7 @@ def served():
 def test_reference_scores_one_and_ends_the_episode(served):
   server, tasks = served
   task = tasks[0]
-  with openenv_env.CodeEnvClient(server.url) as env:
+  with openenv_env.connect(server.url) as env:
     first = env.reset(task_id=task.id, episode_id="e1")
     assert first.observation.text == task.prompt and not first.done and first.reward is None
     result = env.step(openenv_env.CodeAction(text=task.reference))
@@ -62,7 +62,7 @@ def test_reference_scores_one_and_ends_the_episode(served):
 def test_a_wrong_body_scores_zero_and_draws_feedback_until_the_last_turn(served):
   server, tasks = served
   task = tasks[1]
-  with openenv_env.CodeEnvClient(server.url) as env:
+  with openenv_env.connect(server.url) as env:
     env.reset(task_id=task.id)
     result = env.step(openenv_env.CodeAction(text="    return None\n"))
     assert result.reward == 0.0 and not result.done and not result.observation.passed
@@ -115,12 +115,12 @@ def test_the_harness_extends_one_prompt_and_returns_the_episode_return(served):
 def test_the_server_stops_cleanly():
   server = openenv_env.EnvServer(_tasks(1), max_turns=1)
   url = server.url
-  with openenv_env.CodeEnvClient(url) as env:
+  with openenv_env.connect(url) as env:
     assert not env.reset(task_id=_tasks(1)[0].id).done
   server.close()
   assert not server.running
   with pytest.raises(ConnectionError):
-    openenv_env.CodeEnvClient(url, connect_timeout_s=2).connect()
+    openenv_env.connect(url, connect_timeout_s=2).connect()
 
 
 @pytest.mark.parametrize("override, said", [

@@ -135,6 +135,12 @@ class CodeEnvClient(EnvClient[CodeAction, CodeObservation, CodeState]):
     return CodeState(**payload)
 
 
+def connect(url: str, **kwargs):
+  """A synchronous `CodeEnvClient` of the server at `url` (a context manager; `kwargs` go to
+  EnvClient): openenv-core's EnvClient is async and wraps itself with `.sync()`."""
+  return CodeEnvClient(url, **kwargs).sync()
+
+
 class EnvServer:
   """`CodeTasksEnv` of `tasks` served by openenv's create_fastapi_app under uvicorn on a
   thread of this process (a context manager; `close` stops it).
@@ -214,7 +220,7 @@ class Harness:
                            http_client=http)
     total, completions, truncated = 0.0, [], False
     try:
-      with CodeEnvClient(self.env_url, message_timeout_s=self.timeout) as env:
+      with connect(self.env_url, message_timeout_s=self.timeout) as env:
         result = env.reset(task_id=task.id, episode_id=episode_id)
         history = result.observation.text
         while not result.done:
