@@ -77,6 +77,28 @@ class OpenEnv:
 
 
 @dataclasses.dataclass(frozen=True)
+class MiniSweAgent:
+  """mini-swe-agent (the PyPI package, unmodified) on the job's executable PR tasks
+  (data.source "swe") as the harness (rlcode.harness.mini_swe): its DefaultAgent and
+  litellm model, pointed at the policy's endpoint, in rlcode's sandbox; the task's tests
+  on the workspace it leaves are the reward.
+
+  Attributes:
+    config: one of mini-swe-agent's configs by name (its prompts, templates and output
+      format), or a path to a YAML file of the same shape.
+    step_limit: model calls an episode allows (replaces the config's).
+    max_tokens: each call's max_tokens; None: the server's default
+      (serve.default_max_tokens, at most what the context leaves).
+    command_seconds: wall clock (and CPU seconds) of one of the agent's commands.
+  """
+
+  config: str = key("swebench_backticks")
+  step_limit: int = key(20, ge=1)
+  max_tokens: int | None = key(None, ge=1)
+  command_seconds: int = key(60, ge=1)
+
+
+@dataclasses.dataclass(frozen=True)
 class Harness:
   """An outside harness's episodes as GRPO's rollouts (rlcode.harness.rollouts).
 
@@ -87,31 +109,39 @@ class Harness:
       under a random key), names each call's episode with the header X-Episode-Id, and
       returns its result (a reward, a mapping with "reward", or what `reward` reads). It
       must sample at rl.temperature, which the update's log-probs assume. None: the
-      `verifiers` or `openenv` environment's episodes.
+      `verifiers`, `openenv` or `mini_swe_agent` episodes.
     verifiers: a `verifiers` environment whose own rollouts are the episodes (at
       rl.temperature) and whose rubric scores them; its dataset's rows (data.train_split
-      "train": its dataset, "eval": its eval dataset) are the tasks. None: `harness` or
-      `openenv`.
+      "train": its dataset, "eval": its eval dataset) are the tasks. None: another.
     openenv: an OpenEnv environment of config.data's code tasks, served locally, whose
       episodes (completions at rl.temperature, the tests their reward) are the rollouts.
-      None: `harness` or `verifiers`.
+      None: another.
+    mini_swe_agent: mini-swe-agent's episodes on config.data's executable PR tasks
+      (completions at rl.temperature, the tasks' tests their reward). None: another.
     reward: an import path of reward(task, result) -> float, the environment's score of
       an episode; None: the harness's result carries its reward (a verifiers
-      environment's: its rubric's score; an OpenEnv environment's: the episode's return).
+      environment's: its rubric's score; an OpenEnv environment's: the episode's return; mini-swe-agent's: the task's tests).
     workers: episodes played at once (threads; an episode given up by the timeout no
       longer holds its place).
     timeout_seconds: an episode running longer is given up and its group dropped; None:
       no limit.
+    save_episodes: write each step's episodes (their token-exact segments and what the
+      harness returned, e.g. mini-swe-agent's trajectory) to
+      workdir/episodes/step_NNNNNN.jsonl.
   """
 
   harness: str | None = key(None, check=is_import_path, allowed=IMPORT_PATH)
   verifiers: Verifiers | None = key(None)
   openenv: OpenEnv | None = key(None)
+  mini_swe_agent: MiniSweAgent | None = key(None)
   reward: str | None = key(None, check=is_import_path, allowed=IMPORT_PATH)
   workers: int = key(8, ge=1)
   timeout_seconds: float | None = key(300.0, gt=0)
+  save_episodes: bool = key(False)
 
   def __post_init__(self):
-    if sum(x is not None for x in (self.harness, self.verifiers, self.openenv)) != 1:
+    if sum(x is not None for x in (self.harness, self.verifiers, self.openenv,
+                                   self.mini_swe_agent)) != 1:
       raise ValueError("set one of harness.harness (an import path), harness.verifiers (a "
-                       "verifiers environment) and harness.openenv (an OpenEnv environment)")
+                       "verifiers environment), harness.openenv (an OpenEnv environment) "
+                       "and harness.mini_swe_agent")

@@ -15,6 +15,9 @@ token-exact trajectories.
   openenv_env.py  rlcode's code tasks as an OpenEnv (openenv-core) environment, served by
                 openenv's app on a loopback port, and the harness that plays it through
                 openenv's client (harness.openenv; configs/harness_openenv.py)
+  mini_swe.py   mini-swe-agent (unmodified) on executable PR tasks: its agent and litellm
+                model on the policy's endpoint, its commands in rlcode's sandbox, the
+                tasks' tests the reward (harness.mini_swe_agent; configs/harness_mini_swe.py)
 
 The server's side (the X-Episode-Id header, GET and DELETE /v1/episodes/{id}) is
 rlcode.serve.episodes; rlcode.serve.local.LocalServer serves a policy in this process (a

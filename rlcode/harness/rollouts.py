@@ -43,8 +43,10 @@ from __future__ import annotations
 
 import collections
 import dataclasses
+import json
 import logging
 import math
+import os
 import threading
 import time
 import uuid
@@ -215,6 +217,23 @@ def play(harness: Harness, tasks: Sequence, group_size: int, *, base_url: str,
       log.warning("harness episode %s (task %s) failed (%s): %s", p.id, _task_name(p.task),
                   p.failure, p.error)
   return played
+
+
+def write_episodes(path: str, played: Sequence[Played]) -> None:
+  """The step's episodes as JSON lines at `path` (replaced): each one's id, task, group,
+  index, reward, failure, calls, seconds, split counts, its segments (token-exact: prompt,
+  tokens, mask, behaviour log-probs, versions) and what its harness returned (JSON as it
+  is; what JSON cannot say, as its repr)."""
+  os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+  tmp = f"{path}.tmp"
+  with open(tmp, "w", encoding="utf-8") as f:
+    for p in played:
+      row = {"id": p.id, "task": _task_name(p.task), "group": p.group, "index": p.index,
+             "reward": p.reward, "failure": p.failure, "error": p.error, "calls": p.calls,
+             "seconds": p.seconds, "splits": p.splits,
+             "segments": [s.to_json() for s in p.segments], "result": p.result}
+      f.write(json.dumps(row, default=repr) + "\n")
+  os.replace(tmp, path)
 
 
 def _task_name(task) -> str:

@@ -24,7 +24,10 @@ its dataset's rows are the tasks (data.source "verifiers"), its own rollouts the
 sampled at rl.temperature, and its rubric's score their reward. With harness.openenv the
 harness plays an OpenEnv environment of config.data's code tasks (rlcode.harness.openenv_env):
 openenv's server is started on 127.0.0.1 for the run beside the policy's and stopped with
-it; an episode's actions are completions at rl.temperature, its return the reward.
+it; an episode's actions are completions at rl.temperature, its return the reward. With
+harness.mini_swe_agent the harness is mini-swe-agent (rlcode.harness.mini_swe) on config.data's
+executable PR tasks (data.source "swe"), its commands run in rlcode's sandbox, the task's
+tests on the workspace it leaves the reward.
 
 A trainer of its own, not a mode of the grpo trainer's rl.rollouts: the grpo loop's
 rollouts are its own sampler's (rlcode.rl.async_rollouts, partial rollouts, several
@@ -47,6 +50,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import os
 import secrets
 import time
 
@@ -109,6 +113,12 @@ def train(config) -> list[dict]:
   elif hc.openenv is not None:
     from rlcode.harness import openenv_env  # deferred: openenv and its stack
     harness = None  # played against the environment's server, started with the policy's
+  elif hc.mini_swe_agent is not None:
+    from rlcode.harness import mini_swe  # deferred: mini-swe-agent and litellm
+    ms = hc.mini_swe_agent
+    harness = mini_swe.Harness(model=name, config=ms.config, temperature=rl.temperature,
+                               max_tokens=ms.max_tokens, step_limit=ms.step_limit,
+                               command_seconds=ms.command_seconds)
   else:
     harness = load_callable(hc.harness, "harness.harness")
   if (env is not None) != (config.data.source == "verifiers"):
@@ -135,6 +145,9 @@ def train(config) -> list[dict]:
   if hc.openenv is not None and untested:
     raise BadInput(f"config.data.source={config.data.source!r}: harness.openenv's environment "
                    f"scores a task by its tests; task {untested[0]!r} has none")
+  if hc.mini_swe_agent is not None and config.data.source != "swe":
+    raise BadInput(f"config.data.source={config.data.source!r}: harness.mini_swe_agent works "
+                   "on executable PR tasks (data.source 'swe')")
 
   # ══════════════════════════════════════════════════════════════ 3. model, optimiser
   model, tokenizer = build_model(config.model, mesh, config.seed)
@@ -190,9 +203,13 @@ def train(config) -> list[dict]:
                                 max_len=max_len, workers=hc.workers,
                                 timeout=hc.timeout_seconds, step=step)
         except rollouts.AllFailed as e:
-          played = ("harness.verifiers" if env is not None else "harness.openenv"
-                    if hc.openenv is not None else f"harness.harness={hc.harness!r}")
+          played = next(f"harness.{k}" for k in ("verifiers", "openenv", "mini_swe_agent")
+                        if getattr(hc, k) is not None) if hc.harness is None else \
+              f"harness.harness={hc.harness!r}"
           raise BadInput(f"step {step}: {e} (config.{played})") from None
+        if hc.save_episodes and run.main:
+          rollouts.write_episodes(os.path.join(run.workdir, "episodes",
+                                               f"step_{step + 1:06d}.jsonl"), ro.episodes)
         row = {"policy_version": float(version), **ro.metrics}
         if ro.batch is None:
           log.warning("step %d: every group had a failed episode (%d of %d episodes "
