@@ -44,7 +44,10 @@ os.environ.setdefault("JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS", "0")
 _HEAVY_FIRST = ("test_fit.py", "test_train.py", "test_readme_commands.py", "test_moe.py",
                 "test_export.py", "test_gpu_check_smoke.py", "test_multiprocess.py",
                 "test_ablations.py", "test_shared_prefix.py", "test_sampling.py",
-                "test_async_rollouts.py", "test_model_kinds.py")
+                "test_async_rollouts.py", "test_model_kinds.py", "test_swe_mining.py",
+                "test_swe_agent.py", "test_harness_mini_swe.py", "test_agent_fuzz.py",
+                "test_online.py", "test_agent_train.py", "test_harness_openenv.py",
+                "test_plan.py", "test_routing_replay.py")
 
 
 def pytest_collection_modifyitems(items):
