@@ -19,7 +19,7 @@ install: $(STAMP)
 run: $(STAMP)
 	$(BIN)/rlcode train --config configs/grpo_tiny.py
 
-# The default job's path in a minute; a fresh run each time.
+# The default job's path in about two minutes; a fresh run each time.
 smoke: $(STAMP)
 	rm -rf workdirs/smoke
 	$(BIN)/rlcode train --config configs/grpo_tiny.py:smoke
