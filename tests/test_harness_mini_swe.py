@@ -50,9 +50,8 @@ def history(tmp_path_factory):
 
 
 def test_the_scripted_agent_resolves_every_task_and_one_that_submits_none(history):
+  from rlcode.harness import mini_swe  # first: it sets litellm's and mini-swe-agent's options
   from minisweagent.models.test_models import DeterministicModel, make_output
-
-  from rlcode.harness import mini_swe
   harness = mini_swe.Harness(model="unused", command_seconds=30)
   assert len(history["tasks"]) == 3
   for task in history["tasks"]:
