@@ -52,6 +52,7 @@ from rlcode.harness import HEADER, rollouts
 from rlcode.models.build import build_model
 from rlcode.parallel import sharding
 from rlcode.sampling import engines as engines_lib
+from rlcode.serve.local import LocalServer
 
 
 class ApiAgent:
@@ -147,7 +148,6 @@ def main():
   batches = [list(rng.choice(len(tasks), rl.prompts_per_step, replace=False))
              for _ in range(args.warmup + args.batches)]
 
-  from rlcode.serve.local import LocalServer
   per_row = math.ceil((budgets.max_total_tokens + 1) / sampler.PAGE_SIZE)
   serve = {"slots": n, "page_size": sampler.PAGE_SIZE, "kv_pages": 1 + n * per_row,
            "prefill_tokens": engines_lib.PREFILL_TOKENS, "prefix_cache": True,

@@ -24,7 +24,7 @@ Process-wide settings, made when this module is imported unless already set: lit
 reads its bundled model price map (LITELLM_LOCAL_MODEL_COST_MAP; no network), mini-swe-
 agent starts silently and does not retry a failed call (MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT
 1: the server is in this process; a retry would only hide its error behind minutes of
-back-off).
+back-off); litellm's banner on errors is suppressed.
 """
 
 from __future__ import annotations
@@ -47,10 +47,13 @@ for _name, _value in (("LITELLM_LOCAL_MODEL_COST_MAP", "True"), ("MSWEA_SILENT_S
                       ("MSWEA_MODEL_RETRY_STOP_AFTER_ATTEMPT", "1")):
   os.environ.setdefault(_name, _value)
 
-from minisweagent.agents.default import DefaultAgent  # noqa: E402 (after the settings)
+import litellm  # noqa: E402 (after the settings)
+from minisweagent.agents.default import DefaultAgent  # noqa: E402
 from minisweagent.config import get_config_path  # noqa: E402
 from minisweagent.environments.local import LocalEnvironment  # noqa: E402
 from minisweagent.models.litellm_textbased_model import LitellmTextbasedModel  # noqa: E402
+
+litellm.suppress_debug_info = True  # its "Provider List" banner on every error
 
 # The submit line's output ends the episode; these statuses are the agent's own endings.
 ENDINGS = ("Submitted", "LimitsExceeded", "RepeatedFormatError", "context_length_exceeded")
@@ -148,8 +151,6 @@ class Harness:
   def play(self, task: Task, model) -> dict:
     """One episode of `task` with `model` (any mini-swe-agent model: the policy's, or a
     scripted one)."""
-    import litellm
-    litellm.suppress_debug_info = True  # its "Provider List" banner on every error
     if task.kind != "swe":
       raise BadInput(f"task {task.id!r}: mini-swe-agent works on executable PR tasks "
                      f"(kind 'swe'), not {task.kind!r}")

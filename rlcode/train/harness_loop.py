@@ -203,9 +203,9 @@ def train(config) -> list[dict]:
                                 max_len=max_len, workers=hc.workers,
                                 timeout=hc.timeout_seconds, step=step)
         except rollouts.AllFailed as e:
-          played = next(f"harness.{k}" for k in ("verifiers", "openenv", "mini_swe_agent")
-                        if getattr(hc, k) is not None) if hc.harness is None else \
-              f"harness.harness={hc.harness!r}"
+          played = (f"harness.harness={hc.harness!r}" if hc.harness is not None else
+                    next(f"harness.{k}" for k in ("verifiers", "openenv", "mini_swe_agent")
+                         if getattr(hc, k) is not None))
           raise BadInput(f"step {step}: {e} (config.{played})") from None
         if hc.save_episodes and run.main:
           rollouts.write_episodes(os.path.join(run.workdir, "episodes",
