@@ -25,6 +25,13 @@ class RL:
     negative_weight: the weight of negative advantages: 1 is GRPO as published, 0 keeps
       the positive ones only.
     shared_prefix: run each group's prompt once in the update (rlcode.rl.shared_prefix).
+    pack_tokens: pack each group's completions into rows of this many tokens after its
+      shared prompt (rlcode.rl.packing: the same loss and gradients, without padding every
+      completion to the longest); at least max_new_tokens, with shared_prefix, dense
+      attention layers and one process. None: every completion padded to the longest.
+    micro_batch_tokens: with pack_tokens, accumulate the gradient over micro-batches of
+      whole groups of at most this many computed tokens (prompts and packs) where whole
+      groups allow (rlcode.rl.packing.micro_count); in place of micro_batch_rows.
     loss_aggregation: "seq_mean_token_mean" (GRPO), "token_mean" (DAPO) or
       "seq_mean_token_sum_norm" (Dr.GRPO).
     objective: the per-token surrogate (rlcode.rl.objective): "ppo" (the clipped token
@@ -98,6 +105,8 @@ class RL:
   advantage: str = key("grpo", choices=("grpo", "dr_grpo"))
   negative_weight: float = key(1.0, ge=0, le=1)
   shared_prefix: bool = key(True, only=("grpo",))
+  pack_tokens: int | None = key(None, ge=1, only=("grpo",))
+  micro_batch_tokens: int | None = key(None, ge=1, only=("grpo",))
   loss_aggregation: str = key("seq_mean_token_mean", choices=(
       "seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"))
   objective: str = key("ppo", choices=("ppo", "gspo", "gspo_token", "cispo"))
@@ -138,6 +147,22 @@ class RL:
         rows % self.micro_batch_rows or self.micro_batch_rows % self.group_size):
       raise ValueError(f"rl.micro_batch_rows={self.micro_batch_rows} must divide the "
                        f"{rows} rows of a step into whole groups of {self.group_size}")
+    if self.pack_tokens is not None:
+      if not self.shared_prefix:
+        raise ValueError("rl.pack_tokens packs each group's completions after its shared "
+                         "prompt: set rl.shared_prefix=true")
+      if self.pack_tokens < self.max_new_tokens:
+        raise ValueError(f"rl.pack_tokens={self.pack_tokens} is less than rl.max_new_tokens="
+                         f"{self.max_new_tokens}: a completion must fit in a pack")
+      if self.routing_replay:
+        raise ValueError("rl.routing_replay=true is not recorded in packed batches: unset "
+                         "rl.pack_tokens")
+    if self.micro_batch_tokens is not None and not self.pack_tokens:
+      raise ValueError("rl.micro_batch_tokens cuts packed batches: set rl.pack_tokens "
+                       "(or rl.micro_batch_rows for rows)")
+    if self.micro_batch_tokens is not None and self.micro_batch_rows is not None:
+      raise ValueError("rl.micro_batch_tokens and rl.micro_batch_rows both cut micro-batches: "
+                       "set one of them")
     if self.overlong_buffer > self.max_new_tokens:
       raise ValueError(f"rl.overlong_buffer={self.overlong_buffer} must be at most "
                        f"rl.max_new_tokens={self.max_new_tokens}")

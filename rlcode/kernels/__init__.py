@@ -19,7 +19,7 @@ computes when no log-sum-exp is needed, our Pallas kernels elsewhere).
 
 from rlcode.kernels.api import IMPLS, attention, decode_attention, paged_attention, resolve_impl
 from rlcode.kernels.lse import merge
-from rlcode.kernels.spec import DENSE_CAUSAL, KINDS, AttentionSpec, NSAConfig
+from rlcode.kernels.spec import DENSE_CAUSAL, KINDS, PACKED, AttentionSpec, NSAConfig
 
-__all__ = ["AttentionSpec", "DENSE_CAUSAL", "IMPLS", "KINDS", "NSAConfig", "attention",
+__all__ = ["AttentionSpec", "DENSE_CAUSAL", "IMPLS", "KINDS", "NSAConfig", "PACKED", "attention",
            "decode_attention", "merge", "paged_attention", "resolve_impl"]

@@ -62,9 +62,9 @@ def _check(q, k, v, spec, segment_ids, kv_segment_ids, q_offset, kv_lengths):
                      f"{jnp.shape(q_offset)}")
   if q_offset is not None and jnp.ndim(q_offset) == 1:
     _check_shape("attention", "q_offset", q_offset, (b,))
-  if spec.kind == "document":
+  if spec.kind in ("document", "packed"):
     if segment_ids is None:
-      raise ValueError("attention: spec.kind='document' needs segment_ids [B, T]")
+      raise ValueError(f"attention: spec.kind={spec.kind!r} needs segment_ids [B, T]")
     _check_shape("attention", "segment_ids", segment_ids, (b, t))
     if kv_segment_ids is None and t != s:
       raise ValueError(f"attention: kv_segment_ids [B, S] are needed when T={t} != S={s}")
@@ -73,7 +73,7 @@ def _check(q, k, v, spec, segment_ids, kv_segment_ids, q_offset, kv_lengths):
     if kv_segment_ids is not None:
       tiling.check_segment_ids("attention: kv_segment_ids", kv_segment_ids)
   elif segment_ids is not None or kv_segment_ids is not None:
-    raise ValueError(f"attention: segment_ids are only used by kind='document', "
+    raise ValueError(f"attention: segment_ids are only used by kind='document' or 'packed', "
                      f"not {spec.kind!r}")
 
 

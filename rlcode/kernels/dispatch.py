@@ -64,8 +64,8 @@ def cudnn_gap(spec: AttentionSpec, *, needs_lse: bool, q_shape, k_shape, dtype,
   tracing, so it never qualifies.
   """
   t, d, s = q_shape[1], q_shape[3], k_shape[1]
-  if spec.kind == "document":
-    return "document masks are computed only by our kernels"
+  if spec.kind in ("document", "packed"):
+    return f"{spec.kind} masks are computed only by our kernels"
   if needs_lse:
     return ("the caller needs the log-sum-exp (cuDNN's is rounded to the input dtype "
             "and has no gradient)")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 
 
-KINDS = ("dense", "sliding", "document")
+KINDS = ("dense", "sliding", "document", "packed")
 
 # Tile sizes when a spec leaves them unset. XLA on CPU: measured at T=8192,
 # H=8, K=2, D=64 (experiments/speed/attention_scaling.py), 256 balances loop steps
@@ -16,7 +16,8 @@ KINDS = ("dense", "sliding", "document")
 # backward); sliding windows want narrow query tiles, which visit fewer
 # masked keys. Pallas on GPU (Triton) keeps a tile in registers/shared
 # memory, so its tiles are small.
-_XLA_BLOCKS = {"dense": (256, 256), "sliding": (128, 256), "document": (256, 256)}
+_XLA_BLOCKS = {"dense": (256, 256), "sliding": (128, 256), "document": (256, 256),
+               "packed": (256, 256)}
 _PALLAS_BLOCKS = (64, 64)
 
 
@@ -33,6 +34,8 @@ class AttentionSpec:
               segment): documents attend causally within themselves, the final
               segment (the query) attends to every document and to itself.
               The final segment is the largest key segment id of the row.
+    packed:   j <= p and seg(j) == seg(p): sequences packed into one row, each
+              attending causally within itself (rlcode.rl.packing).
   Keys at j >= kv_lengths[b] are padding and never attended.
 
   block_q and block_k are the tile sizes of the blockwise and Pallas versions
@@ -56,7 +59,7 @@ class AttentionSpec:
     if self.kind != "sliding" and self.window:
       raise ValueError(f"AttentionSpec.window={self.window} is only meaningful for "
                        f"kind='sliding', not {self.kind!r}")
-    if self.kind in ("sliding", "document") and not self.causal:
+    if self.kind in ("sliding", "document", "packed") and not self.causal:
       raise ValueError(f"AttentionSpec.causal=False is not defined for kind={self.kind!r}")
     for name in ("block_q", "block_k"):
       value = getattr(self, name)
@@ -70,6 +73,7 @@ class AttentionSpec:
 
 
 DENSE_CAUSAL = AttentionSpec()
+PACKED = AttentionSpec(kind="packed")
 
 
 @dataclasses.dataclass(frozen=True)

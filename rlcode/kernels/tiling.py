@@ -29,17 +29,18 @@ class Mask:
 
   causal: key position <= query position. window (> 0): key position >
   query position - window. document: same segment, or the query is in the
-  row's final segment.
+  row's final segment; with packed, same segment only (no segment is final).
   """
 
   causal: bool = True
   window: int = 0
   document: bool = False
+  packed: bool = False
 
   @classmethod
   def from_spec(cls, spec: AttentionSpec) -> Mask:
     return cls(causal=spec.causal, window=spec.window if spec.kind == "sliding" else 0,
-               document=spec.kind == "document")
+               document=spec.kind in ("document", "packed"), packed=spec.kind == "packed")
 
 
 class Layout(NamedTuple):
@@ -142,7 +143,8 @@ def make_layout(mask: Mask, b: int, t: int, s: int, bq: int, bk: int, *, q_offse
   if mask.document:
     q_seg = jnp.asarray(segment_ids, jnp.int32)
     k_seg = q_seg if kv_segment_ids is None else jnp.asarray(kv_segment_ids, jnp.int32)
-    final = jnp.max(k_seg, axis=1)
+    # Packed sequences have no final segment: -1 matches no (non-negative) id.
+    final = jnp.full((b,), -1, jnp.int32) if mask.packed else jnp.max(k_seg, axis=1)
     q_seg = pad_axis(q_seg, 1, tp, mode="edge")
     k_seg = pad_axis(k_seg, 1, sp, mode="edge")
   else:

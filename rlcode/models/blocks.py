@@ -12,6 +12,8 @@ the local layers' rope.
 
 from __future__ import annotations
 
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 from flax import nnx
@@ -31,6 +33,16 @@ _INIT_STD = 0.02  # Hugging Face's initializer_range for Qwen2 and Llama
 NONCAUSAL = kernels.AttentionSpec(causal=False)
 # Up to this many queries per prefix, prefix attention runs as decoding.
 DECODE_QUERIES = 64
+
+
+@jax.tree_util.register_dataclass
+@dataclasses.dataclass
+class Packed:
+  """Segment ids [B, T] of sequences packed into rows (rlcode.rl.packing): every attention
+  layer attends causally within a token's own sequence (kernels.PACKED), where a plain
+  [B, T] array of segment ids reaches document layers only."""
+
+  ids: jax.Array
 
 
 def rope_frequencies(cfg: ModelConfig) -> jax.Array:
@@ -189,6 +201,8 @@ class Attention(nnx.Module):
       # A document layer given no segment ids sees one document: plain causal.
       spec = (kernels.DENSE_CAUSAL if self.spec.kind == "document" and segment_ids is None
               else self.spec)
+      if isinstance(segment_ids, Packed):
+        spec, segment_ids = kernels.PACKED, segment_ids.ids
       lse = prefix_kv is not None
       own = context.self_attention(
           lambda q, k, v, q_offset, seg, kv_seg: kernels.attention(
@@ -370,9 +384,12 @@ class Block(nnx.Module):
         a, state = self.attn.decode(h, rope, cache_kv[0], cache_lengths)
       kv = (state, None)
     else:
+      if isinstance(segment_ids, Packed) and self.kind != "dense":
+        raise NotImplementedError(f"packed sequences need dense attention layers, and this "
+                                  f"model has {self.kind!r} layers")
+      own = isinstance(segment_ids, Packed) or self.kind == "document"
       a, kv = self.attn(h, rope, cache_kv=cache_kv, cache_lengths=cache_lengths,
-                        prefix_kv=prefix_kv,
-                        segment_ids=segment_ids if self.kind == "document" else None)
+                        prefix_kv=prefix_kv, segment_ids=segment_ids if own else None)
     if self.layout != "pre":
       a = self.attn_post_norm(a)
     x = x + a

@@ -22,8 +22,8 @@ from flax import nnx
 from rlcode.models import lora as lora_lib
 from rlcode.models import stack as stack_lib
 from rlcode.models import moe as moe_lib
-from rlcode.models.blocks import (DECODE_QUERIES, NONCAUSAL, Block, RMSNorm, _param, dense,
-                                  rope_frequencies, rope_tables)
+from rlcode.models.blocks import (DECODE_QUERIES, NONCAUSAL, Block, Packed, RMSNorm, _param,
+                                  dense, rope_frequencies, rope_tables)
 from rlcode.models.config import ModelConfig
 from rlcode.models.nsa import NSACache
 from rlcode.models.paged import PagedCache
@@ -158,7 +158,9 @@ class Decoder(nnx.Module):
     With segment_ids [B, T] (packed documents, non-decreasing, the last one
     the query): document layers attend within documents and from the query
     to everything; positions restart per document or continue
-    (cfg.document_positions).
+    (cfg.document_positions). With segment_ids a blocks.Packed (sequences packed
+    into rows, rlcode.rl.packing): every layer attends within a token's own
+    sequence, at the positions given; a prefix is then seen by every sequence of its rows.
     With experts [B, T, moe layers, top_k] int32: routing replay, each MoE layer uses
     the experts recorded for each token (rlcode.models.moe.route; a token with an id
     of -1 is routed). Each MoE layer's choice comes back through moe.collect_experts.
@@ -167,9 +169,13 @@ class Decoder(nnx.Module):
     b, t = tokens_bt.shape
     if prefix is not None and b % prefix.num:
       raise ValueError(f"{b} rows do not split into groups over {prefix.num} prefixes")
-    if segment_ids is not None and (cache is not None or prefix is not None):
-      raise ValueError("segment_ids are for full packed sequences, not with a cache or prefix")
+    packed = isinstance(segment_ids, Packed)
+    if segment_ids is not None and (cache is not None or (prefix is not None and not packed)):
+      raise ValueError("segment_ids are for full packed sequences, not with a cache or "
+                       "(except Packed ones) a prefix")
     if positions_bt is None:
+      if packed:
+        raise ValueError("Packed segments need their positions (positions_bt)")
       start = jnp.zeros((b,), jnp.int32) if cache is None else cache.lengths
       if prefix is not None:
         start = start + jnp.repeat(prefix.lengths, b // prefix.num)

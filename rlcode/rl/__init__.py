@@ -6,6 +6,7 @@ rollouts, asynchronous rollouts and curricula.
   logprobs.py        token log-probabilities, entropies and cross-entropy (the one definition)
   sequences.py       the repeated layout: prompt + completion rows, a target window
   shared_prefix.py   the shared layout: each group's prompt once, completions merged by LSE
+  packing.py         the packed layout: the shared one with completions packed into budgets
   grpo.py            the one-jit update step, reference log-probs, the decoupled-PPO correction
   rollout.py         tasks -> samples -> rewards (host side)
   async_rollouts.py  the sampler thread: versioned weights, bounded staleness, weight sync

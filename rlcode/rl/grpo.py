@@ -41,6 +41,7 @@ from rlcode.rl import objective, sequences
 def make_update_step(graphdef, optimizer: optax.GradientTransformation, cfg: objective.LossConfig,
                      mesh: Mesh, state: optim.TrainState, example_batch: sequences.SequenceBatch,
                      logprob_fn=None, *, micro_batch_rows: int | None = None,
+                     micro_batches=None,
                      trainable=nnx.Param, dropout_seed: int | None = None,
                      offload: bool = False):
   """The jitted update: (state, batch) -> (state, metrics).
@@ -57,7 +58,9 @@ def make_update_step(graphdef, optimizer: optax.GradientTransformation, cfg: obj
   batch's `micro_batches`: whole groups each, so a group's prompt still runs once) and
   the gradient accumulated over them in one scan, each micro-batch's loss its share of
   the whole batch's (objective.Totals): the same loss, metrics and gradient as one pass,
-  with one micro-batch's activations alive at a time. trainable: the params the optimiser
+  with one micro-batch's activations alive at a time. micro_batches(batch) -> m, in place
+  of micro_batch_rows, chooses the count from the batch's shapes (packed batches: by
+  tokens, rlcode.rl.packing.micro_count). trainable: the params the optimiser
   trains (LoRA: the adapters).
   dropout_seed: the adapters' dropout draws from this seed and the step. offload: the
   optimiser state lives in host memory (optim.init_state's `offload`).
@@ -85,7 +88,8 @@ def make_update_step(graphdef, optimizer: optax.GradientTransformation, cfg: obj
     batch = with_routing(batch, cfg.routing_replay)
     key = (None if dropout_seed is None
            else jax.random.fold_in(jax.random.key(dropout_seed), state.step))
-    m = micro_count(batch.mask.shape[0], micro_batch_rows)
+    m = (micro_count(batch.mask.shape[0], micro_batch_rows) if micro_batches is None
+         else micro_batches(batch))
     grads_fn = optim.gradients if m == 1 else functools.partial(
         _accumulated, micro_batches=m, mesh=mesh)
     return optim.finite_step(functools.partial(loss_fn, key=key, share=1.0 / m), optimizer,

@@ -35,6 +35,7 @@ tuned, before and after RL; leave it unset while tuning.
 
 from __future__ import annotations
 
+import functools
 import time
 
 import jax
@@ -51,7 +52,7 @@ from rlcode.models.build import build_model
 from rlcode.parallel import distributed, sharding
 from rlcode.errors import BadInput
 from rlcode.rl import (advantages, async_rollouts, correction, distill, dynamic, grpo, objective,
-                       overlong, partial, rollout, sequences, shared_prefix)
+                       overlong, packing, partial, rollout, sequences, shared_prefix)
 from rlcode.sampling.engines import derived_seed
 from rlcode.runs import checkpoint
 from rlcode.train import scaffold
@@ -102,6 +103,7 @@ def train(config) -> list[dict]:
   loss_cfg = objective.LossConfig.from_config(rl, rl.max_new_tokens)
   keeps_reference = loss_cfg.uses_reference
   replayed = _replayed_experts(rl, model.cfg)  # (moe layers, top_k) or None
+  _check_packing(rl, model.cfg)
   trained = PolicyTraining(model, config.optimizer, mesh, keeps_reference=keeps_reference,
                            base_reloads=bool(config.model.hf_path))
   graphdef, params, policy = trained.graphdef, trained.params, trained.model
@@ -137,7 +139,15 @@ def train(config) -> list[dict]:
     # ════════════════════════════════════════════════════════════ 5. sampler and update
     stream = TaskStream(train_tasks, rl.prompts_per_step, config.seed, position)
     # rl.shared_prefix: each group's prompt runs once in the update.
-    if rl.shared_prefix:
+    micro_batches = None
+    if rl.pack_tokens:
+      # rl.pack_tokens: each group's completions packed into fixed token budgets.
+      logprob_fn = packing.logprob_fn(rl.temperature)
+      example = packing.PackedBatch.abstract(rl.prompts_per_step, n_rows)
+      make_batch = functools.partial(packing.rl_batch, pack_tokens=rl.pack_tokens)
+      if rl.micro_batch_tokens:
+        micro_batches = lambda b: packing.micro_count(b, rl.micro_batch_tokens, dp)
+    elif rl.shared_prefix:
       logprob_fn = shared_prefix.logprob_fn(rl.temperature)
       example = shared_prefix.GroupedBatch.abstract(rl.prompts_per_step, n_rows, replayed)
       make_batch = shared_prefix.rl_batch
@@ -147,6 +157,7 @@ def train(config) -> list[dict]:
     batch_sh = optim.batch_shardings(mesh, example)
     update = grpo.make_update_step(graphdef, trained.optimizer, loss_cfg, mesh, state, example,
                                    logprob_fn=logprob_fn, micro_batch_rows=rl.micro_batch_rows,
+                                   micro_batches=micro_batches,
                                    trainable=trained.trainable, dropout_seed=config.seed,
                                    offload=trained.offload)
     ref_logprobs = (grpo.make_logprob_fn(graphdef, mesh, rl.temperature, logprob_fn, n_rows)
@@ -208,9 +219,10 @@ def train(config) -> list[dict]:
         ro, adv, _, position, rounds = got.value
         seen = distributed.gather(_row_stats(got))
         widths = tuple(int(w) for w in seen["widths"].reshape(-1, 2).max(0))
-        batch = distributed.global_batch(
-            make_batch(ro, adv, tokenizer.pad_id, rl.max_new_tokens, rl.length_multiple,
-                       widths), batch_sh)
+        host = make_batch(ro, adv, tokenizer.pad_id, rl.max_new_tokens, rl.length_multiple,
+                          widths)
+        padded = packing.padding(host)  # this process's part
+        batch = distributed.global_batch(host, batch_sh)
         lag = step - seen["version"]
 
         start, distilled = time.perf_counter(), {}
@@ -239,7 +251,7 @@ def train(config) -> list[dict]:
         row = _step_row(m, seen, lag, iw, ro, batch, rl, update_s=update_s,
                         proximal_s=proximal_s, sync_s=sync_s, trainer_idle_s=trainer_idle_s,
                         step_s=time.perf_counter() - step_start)
-        row.update(rounds, **distilled)
+        row.update(rounds, **distilled, **padded)
         if rl.rollouts == "partial":
           row.update(rollouts.stats())
         run.log(step + 1, row)
@@ -269,6 +281,20 @@ def _replayed_experts(rl, cfg) -> tuple[int, int] | None:
     raise BadInput("rl.routing_replay=true: models with NSA layers sample outside the "
                    "engine, which records the experts")
   return layers, cfg.moe.top_k
+
+
+def _check_packing(rl, cfg) -> None:
+  """One line where rl.pack_tokens cannot pack this run's batches (the config's own
+  checks are rlcode.config.rl's)."""
+  if not rl.pack_tokens:
+    return
+  if jax.process_count() > 1:
+    raise BadInput("rl.pack_tokens runs in one process: processes would pack different "
+                   "numbers of rows a group")
+  kinds = sorted(set(cfg.layer_kinds) - {"dense"})
+  if kinds:
+    raise BadInput(f"rl.pack_tokens needs dense attention layers, and this model has "
+                   f"{', '.join(kinds)} layers")
 
 
 def _scorer(config, advantage_of):
@@ -354,6 +380,8 @@ def _row_stats(got: async_rollouts.Produced) -> dict[str, np.ndarray]:
 
 def _batch_tokens(batch) -> int:
   """Token positions the update computes (each group's prompt once when shared)."""
+  if isinstance(batch, packing.PackedBatch):
+    return batch.computed_tokens()
   if isinstance(batch, shared_prefix.GroupedBatch):
     return batch.prompt_tokens.size + batch.completion_tokens.size
   return batch.tokens.size

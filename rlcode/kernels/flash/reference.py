@@ -39,12 +39,15 @@ def mask(spec: AttentionSpec, batch: int, t: int, s: int, *, q_offset=None,
     allowed = (kpos <= qpos) & (kpos > qpos - spec.window)
   else:
     if segment_ids is None:
-      raise ValueError("document attention needs segment_ids")
+      raise ValueError(f"{spec.kind} attention needs segment_ids")
     q_seg = jnp.asarray(segment_ids, jnp.int32)
     k_seg = q_seg if kv_segment_ids is None else jnp.asarray(kv_segment_ids, jnp.int32)
-    final = jnp.max(k_seg, axis=1)[:, None, None]
     same = q_seg[:, :, None] == k_seg[:, None, :]
-    allowed = (kpos <= qpos) & (same | (q_seg[:, :, None] == final))
+    if spec.kind == "packed":
+      allowed = (kpos <= qpos) & same
+    else:
+      final = jnp.max(k_seg, axis=1)[:, None, None]
+      allowed = (kpos <= qpos) & (same | (q_seg[:, :, None] == final))
   return allowed & valid
 
 
