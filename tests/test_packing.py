@@ -78,7 +78,7 @@ def test_packed_attention_is_causal_within_each_segment_only():
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=impl)
 
 
-@pytest.mark.parametrize("pack_tokens", [24, 40, 96])
+@pytest.mark.parametrize("pack_tokens", [24, 96])
 def test_packed_logprobs_equal_the_shared_layout(pack_tokens):
   """Every completion token's log-prob and entropy, with packs of several budgets (one
   completion a pack at 24; several at 96)."""
@@ -102,7 +102,7 @@ def _loss_and_grads(graphdef, params, batch, logprob_fn, cfg):
   return jax.jit(jax.value_and_grad(loss))(params)
 
 
-@pytest.mark.parametrize("objective_name", ["ppo", "gspo", "cispo"])
+@pytest.mark.parametrize("objective_name", ["ppo", "gspo"])
 def test_packed_loss_and_gradients_equal_the_shared_layout(objective_name):
   graphdef, params = _model(1)
   grouped, packed = _batches(_data(2), 40)

@@ -29,6 +29,11 @@ class RL:
       shared prompt (rlcode.rl.packing: the same loss and gradients, without padding every
       completion to the longest); at least max_new_tokens, with shared_prefix, dense
       attention layers and one process. None: every completion padded to the longest.
+    grammar: a file whose grammar every rollout follows where a task set fixes an answer
+      format: a JSON schema (.json) or a Lark grammar (.lark; %json inside it). The engine
+      masks each token to it (llguidance, rlcode.engine.grammar) and the update recomputes
+      the masked distribution's log-probs (the batch carries the masks). Evaluation
+      samples without it. None: unconstrained.
     micro_batch_tokens: with pack_tokens, accumulate the gradient over micro-batches of
       whole groups of at most this many computed tokens (prompts and packs) where whole
       groups allow (rlcode.rl.packing.micro_count); in place of micro_batch_rows.
@@ -107,6 +112,7 @@ class RL:
   shared_prefix: bool = key(True, only=("grpo",))
   pack_tokens: int | None = key(None, ge=1, only=("grpo",))
   micro_batch_tokens: int | None = key(None, ge=1, only=("grpo",))
+  grammar: str | None = key(None, only=("grpo",))
   loss_aggregation: str = key("seq_mean_token_mean", choices=(
       "seq_mean_token_mean", "token_mean", "seq_mean_token_sum_norm"))
   objective: str = key("ppo", choices=("ppo", "gspo", "gspo_token", "cispo"))
@@ -157,6 +163,12 @@ class RL:
       if self.routing_replay:
         raise ValueError("rl.routing_replay=true is not recorded in packed batches: unset "
                          "rl.pack_tokens")
+    if self.grammar is not None:
+      if not self.grammar.endswith((".json", ".lark")):
+        raise ValueError(f"rl.grammar={self.grammar!r}: expected a JSON schema (.json) or a "
+                         "Lark grammar (.lark)")
+      if self.rollouts == "partial":
+        raise ValueError("rl.grammar constrains batch rollouts: set rl.rollouts=batch")
     if self.micro_batch_tokens is not None and not self.pack_tokens:
       raise ValueError("rl.micro_batch_tokens cuts packed batches: set rl.pack_tokens "
                        "(or rl.micro_batch_rows for rows)")

@@ -116,6 +116,21 @@ class Grammar:
     return Matcher(llg.LLMatcher(ll_tokenizer(self.tokenizer, self.vocab_size), self.source),
                    self.vocab_size)
 
+  def token_masks(self, completions, width: int) -> np.ndarray:
+    """[N, width, words] int32: the bitmask each completion's tokens were sampled under,
+    replayed on a fresh matcher (the grammar is deterministic: the engine's masks); every
+    bit set past a completion's end. What an update needs to recompute the masked
+    distribution's log-probabilities."""
+    out = np.full((len(completions), width, words(self.vocab_size)), -1, np.int32)
+    for i, tokens in enumerate(completions):
+      m = self.matcher()
+      for j, tok in enumerate(tokens[:width]):
+        m.fill(out[i, j])
+        if m.done:  # only EOS may follow: it alone can be sampled
+          break
+        m.advance(tok)
+    return out
+
 
 class Matcher:
   """One candidate's position in its grammar."""

@@ -37,12 +37,29 @@ def token_logprobs(logits_btv: jax.Array, targets_bt: jax.Array,
 
 
 def token_logprobs_and_entropy(logits_btv: jax.Array, targets_bt: jax.Array,
-                               temperature: float = 1.0) -> tuple[jax.Array, jax.Array]:
-  """(log p(target), entropy of the tempered distribution), both [B, T] float32."""
+                               temperature: float = 1.0,
+                               allow_btw: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+  """(log p(target), entropy of the tempered distribution), both [B, T] float32.
+
+  allow_btw: a grammar's bitmask per position ([B, T, words] int32, bit t % 32 of word
+  t // 32 set when token t is allowed; rlcode.engine.grammar): the distribution is the
+  masked one the engine sampled from, its disallowed tokens at probability 0."""
   logits = _tempered(logits_btv, temperature)
+  if allow_btw is not None:
+    allowed = unpack_bits(allow_btw, logits.shape[-1])
+    logits = jnp.where(allowed, logits, -jnp.inf)
   picked, logz = _picked_and_logz(logits, targets_bt)
-  entropy = logz - jnp.sum(jax.nn.softmax(logits, axis=-1) * logits, axis=-1)
+  weighted = jax.nn.softmax(logits, axis=-1) * logits
+  if allow_btw is not None:  # 0 * -inf is nan: a disallowed token adds nothing
+    weighted = jnp.where(allowed, weighted, 0.0)
+  entropy = logz - jnp.sum(weighted, axis=-1)
   return picked - logz, entropy
+
+
+def unpack_bits(words: jax.Array, vocab_size: int) -> jax.Array:
+  """[..., words] int32 bitmask words -> [..., vocab_size] bool (bit t % 32 of word t // 32)."""
+  bits = (words[..., None] >> jnp.arange(32, dtype=jnp.int32)) & 1
+  return bits.reshape(*words.shape[:-1], -1)[..., :vocab_size].astype(bool)
 
 
 def cross_entropy(logits_btv: jax.Array, targets_bt: jax.Array,
@@ -56,28 +73,31 @@ def cross_entropy(logits_btv: jax.Array, targets_bt: jax.Array,
 
 
 def hidden_logprobs(logits_fn, h_btd: jax.Array, targets_bt: jax.Array,
-                    temperature: float = 1.0, chunk: int = 0) -> tuple[jax.Array, jax.Array]:
+                    temperature: float = 1.0, chunk: int = 0,
+                    allow_btw: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
   """(log p(target), entropy) [B, T] float32 from hidden states [B, T, E].
 
   logits_fn maps hidden states [B, t, E] to float32 logits [B, t, V] (the model's output
   layer). chunk > 0: it runs on `chunk` positions at a time, each chunk's logits
   recomputed in the backward pass instead of kept; the result equals the unchunked one.
+  allow_btw: a grammar's mask per position (token_logprobs_and_entropy).
   """
   b, t = targets_bt.shape
   if not chunk or chunk >= t:
-    return token_logprobs_and_entropy(logits_fn(h_btd), targets_bt, temperature)
+    return token_logprobs_and_entropy(logits_fn(h_btd), targets_bt, temperature, allow_btw)
   n = cdiv(t, chunk)
   pad = n * chunk - t
-  h = jnp.pad(h_btd, ((0, 0), (0, pad), (0, 0))) if pad else h_btd
-  targets = jnp.pad(targets_bt, ((0, 0), (0, pad))) if pad else targets_bt
-  h_chunks = h.reshape(b, n, chunk, h.shape[-1]).swapaxes(0, 1)
-  t_chunks = targets.reshape(b, n, chunk).swapaxes(0, 1)
+  # Padding positions allow every token (-1: all bits), so no logsumexp is over nothing.
+  padded = lambda x, fill=0: jnp.pad(x, ((0, 0), (0, pad)) + ((0, 0),) * (x.ndim - 2),
+                                     constant_values=fill) if pad else x
+  chunks = lambda x, fill=0: padded(x, fill).reshape(b, n, chunk, *x.shape[2:]).swapaxes(0, 1)
+  xs = (chunks(h_btd), chunks(targets_bt),
+        None if allow_btw is None else chunks(allow_btw, -1))
 
   @jax.checkpoint
-  def one(h_c, t_c):
-    return token_logprobs_and_entropy(logits_fn(h_c), t_c, temperature)
+  def one(h_c, t_c, a_c):
+    return token_logprobs_and_entropy(logits_fn(h_c), t_c, temperature, a_c)
 
-  _, (logp, entropy) = jax.lax.scan(lambda carry, xs: (carry, one(*xs)), None,
-                                    (h_chunks, t_chunks))
+  _, (logp, entropy) = jax.lax.scan(lambda carry, xs: (carry, one(*xs)), None, xs)
   unchunk = lambda x: x.swapaxes(0, 1).reshape(b, n * chunk)[:, :t]
   return unchunk(logp), unchunk(entropy)

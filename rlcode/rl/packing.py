@@ -47,7 +47,7 @@ class PackedBatch:
   source: [N, W] int32, where completion i's token j is predicted: k * T + t (pack k of
   its group, position t), or -1 (its prompt's last position). completion_tokens: [N, W]
   the completions (the targets). mask, old_logp, ref_logp, weight [N, W] and adv [N] or
-  [N, W]: as GroupedBatch's.
+  [N, W]: as GroupedBatch's. allow [N, W, words] or None: grammar masks (GroupedBatch's).
   """
 
   prompt_tokens: jax.Array
@@ -62,9 +62,10 @@ class PackedBatch:
   ref_logp: jax.Array
   adv: jax.Array
   weight: jax.Array
+  allow: jax.Array | None = None
 
   @classmethod
-  def abstract(cls, prompts: int, rows: int) -> PackedBatch:
+  def abstract(cls, prompts: int, rows: int, allow_words: int | None = None) -> PackedBatch:
     """Leaves with the true prompt and row counts (lengths and pack counts do not matter):
     enough to choose the batch's shardings before the first batch exists."""
     f32 = lambda *shape: jax.ShapeDtypeStruct(shape, jnp.float32)
@@ -73,7 +74,8 @@ class PackedBatch:
                pack_tokens=i32(prompts, 1), pack_segments=i32(prompts, 1),
                pack_positions=i32(prompts, 1), source=i32(rows, 1),
                completion_tokens=i32(rows, 1), mask=f32(rows, 1), old_logp=f32(rows, 1),
-               ref_logp=f32(rows, 1), adv=f32(rows), weight=f32(rows, 1))
+               ref_logp=f32(rows, 1), adv=f32(rows), weight=f32(rows, 1),
+               allow=None if allow_words is None else i32(rows, 1, allow_words))
 
   def micro_batches(self, m: int) -> PackedBatch:
     """Whole groups dealt into m micro-batches (group p, with its packs and rows, to
@@ -83,8 +85,8 @@ class PackedBatch:
             **{name: self.pack_tokens.shape[0] // p
                for name in ("pack_tokens", "pack_segments", "pack_positions")}}
     g = self.mask.shape[0] // p
-    return PackedBatch(**{f.name: sequences.deal(getattr(self, f.name), m,
-                                                 runs.get(f.name, g))
+    deal = lambda x, run: None if x is None else sequences.deal(x, m, run)
+    return PackedBatch(**{f.name: deal(getattr(self, f.name), runs.get(f.name, g))
                           for f in dataclasses.fields(self)})
 
   def computed_tokens(self) -> int:
@@ -107,7 +109,7 @@ def packed_logprobs(model, batch: PackedBatch, temperature: float):
   src = jnp.where(batch.source < 0, table.shape[1] - 1, batch.source).reshape(p, (n // p) * w)
   h = jnp.take_along_axis(table, src[..., None], axis=1).reshape(n, w, -1)
   return losses.hidden_logprobs(model.logits, h, batch.completion_tokens, temperature,
-                               model.cfg.logits_chunk)
+                               model.cfg.logits_chunk, batch.allow)
 
 
 def logprob_fn(temperature: float):
@@ -189,9 +191,10 @@ def rl_batch(ro: rollout.Rollout, adv: np.ndarray, pad_id: int, max_completion_l
   completions, behaviour = rollout.trained_completions(ro)
   longest, longest_prompt = widths or rollout.batch_widths(ro)
   length = min(round_up(longest, multiple), max_completion_len)
-  return packed_batch(ro.prompts, completions, pad_id=pad_id, completion_len=length,
-                      pack_tokens=pack_tokens, old_logp=behaviour, adv=adv,
-                      prompt_multiple=multiple, min_prompt_len=longest_prompt)
+  batch = packed_batch(ro.prompts, completions, pad_id=pad_id, completion_len=length,
+                       pack_tokens=pack_tokens, old_logp=behaviour, adv=adv,
+                       prompt_multiple=multiple, min_prompt_len=longest_prompt)
+  return sequences.with_grammar_masks(batch, ro, length)
 
 
 def micro_count(batch: PackedBatch, micro_batch_tokens: int | None, data_parallel: int) -> int:

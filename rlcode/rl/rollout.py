@@ -39,6 +39,7 @@ class Rollout:
   tokenizer: Tokenizer
   reward: rewards.RewardOutput | None = None
   loss_lengths: np.ndarray | None = None
+  grammar: Any = None  # the rlcode.engine.grammar.Grammar the completions were sampled under
 
   @property
   def group_size(self) -> int:
@@ -106,19 +107,20 @@ def fit_tasks(tasks: Sequence[Task], tokenizer: Tokenizer, *, split: str, max_se
 def sample(model, tokenizer: Tokenizer, tasks: Sequence[Task], *, group_size: int,
            max_new_tokens: int, temperature: float, seed: int, mesh=None,
            top_p: float = 1.0, top_k: int = 0, row_offset: int = 0,
-           experts: bool = False) -> Rollout:
-  """G completions of each task; `row_offset` and `experts` (routing replay's record) as
-  in rlcode.sampling.generate."""
+           experts: bool = False, grammar=None) -> Rollout:
+  """G completions of each task; `row_offset`, `experts` (routing replay's record) and
+  `grammar` (every completion constrained by it; the batch builders then recompute its
+  masks) as in rlcode.sampling.generate."""
   prompts = encode_prompts(tokenizer, tasks)
   start = time.perf_counter()
   gen = generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                  top_p=top_p, top_k=top_k, group_size=group_size,
                  stop_tokens=tokenizer.eos_ids, seed=seed, pad_id=tokenizer.pad_id, mesh=mesh,
-                 row_offset=row_offset, experts=experts)
+                 row_offset=row_offset, experts=experts, grammar=grammar)
   seconds = time.perf_counter() - start
   texts = [tokenizer.decode([t for t in c if t not in tokenizer.eos_ids])
            for c in gen.completions()]
-  return Rollout(list(tasks), prompts, gen, texts, seconds, tokenizer)
+  return Rollout(list(tasks), prompts, gen, texts, seconds, tokenizer, grammar=grammar)
 
 
 def score(rollout: Rollout, weights: Mapping[str, float],

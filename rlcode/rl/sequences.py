@@ -40,6 +40,9 @@ class SequenceBatch:
   experts: [N, L, moe layers, top_k] int32 or None: the experts the sampler chose for
   each token (-1 where none was recorded), which the forward replays (routing replay,
   rlcode.models.moe.route); None: the forward routes.
+  allow: [N, W, words] int32 or None: the grammar bitmask each target was sampled under
+  (rlcode.engine.grammar.Grammar.token_masks); the log-probs are then the masked
+  distribution's, as the engine's were.
   """
 
   tokens: jax.Array
@@ -50,9 +53,11 @@ class SequenceBatch:
   adv: jax.Array
   weight: jax.Array
   experts: jax.Array | None = None
+  allow: jax.Array | None = None
 
   @classmethod
-  def abstract(cls, rows: int, experts: tuple[int, int] | None = None) -> SequenceBatch:
+  def abstract(cls, rows: int, experts: tuple[int, int] | None = None,
+               allow_words: int | None = None) -> SequenceBatch:
     """Leaves with the true row count and rank (lengths vary per step and do not matter):
     enough to choose the batch's shardings before the first batch exists. experts:
     (moe layers, top_k) when the batch carries recorded experts."""
@@ -62,7 +67,9 @@ class SequenceBatch:
                old_logp=f32(rows, 1), ref_logp=f32(rows, 1), adv=f32(rows),
                weight=f32(rows, 1),
                experts=None if experts is None else
-               jax.ShapeDtypeStruct((rows, 2, *experts), jnp.int32))
+               jax.ShapeDtypeStruct((rows, 2, *experts), jnp.int32),
+               allow=None if allow_words is None else
+               jax.ShapeDtypeStruct((rows, 1, allow_words), jnp.int32))
 
   def micro_batches(self, m: int) -> SequenceBatch:
     """The rows dealt into m micro-batches (row r to micro-batch r % m), each leaf
@@ -105,7 +112,7 @@ def sequence_logprobs(model, batch: SequenceBatch, temperature: float):
   output layer on the window positions only, in chunks of model.cfg.logits_chunk)."""
   h_window, targets = window_hidden(model, batch)
   return logprobs.hidden_logprobs(model.logits, h_window, targets, temperature,
-                                  model.cfg.logits_chunk)
+                                  model.cfg.logits_chunk, batch.allow)
 
 
 
@@ -195,6 +202,22 @@ def padded_records(records, lengths, width: int) -> np.ndarray:
 def rl_batch(ro: rollout.Rollout, adv: np.ndarray, pad_id: int, max_completion_len: int,
              multiple: int = LENGTH_MULTIPLE,
              widths: tuple[int, int] | None = None) -> SequenceBatch:
+  batch = _rl_batch(ro, adv, pad_id, max_completion_len, multiple, widths)
+  return with_grammar_masks(batch, ro, batch.mask.shape[1])
+
+
+def with_grammar_masks(batch, ro: rollout.Rollout, width: int):
+  """The batch with its targets' grammar masks when the rollout sampled under a grammar
+  (`allow`), as it is otherwise."""
+  if ro.grammar is None:
+    return batch
+  completions, _ = rollout.trained_completions(ro)
+  return dataclasses.replace(batch, allow=ro.grammar.token_masks(completions, width))
+
+
+def _rl_batch(ro: rollout.Rollout, adv: np.ndarray, pad_id: int, max_completion_len: int,
+              multiple: int = LENGTH_MULTIPLE,
+              widths: tuple[int, int] | None = None) -> SequenceBatch:
   """The rollout's batch of trained tokens (`trained_completions`); the window is the
   longest rounded up to a multiple of `multiple`, at most max_completion_len (as
   rlcode.rl.shared_prefix.rl_batch). `widths` (default: `batch_widths(ro)`) pads for

@@ -46,6 +46,7 @@ class GroupedBatch:
   prompt_experts [P, Tp, moe layers, k] and completion_experts [N, Tc, moe layers, k]
   int32, or None: the experts the sampler chose for each token (-1 where none was
   recorded), replayed by the forward (routing replay, rlcode.models.moe.route).
+  allow [N, Tc, words] int32 or None: grammar masks, as sequences.SequenceBatch's.
   """
 
   prompt_tokens: jax.Array
@@ -58,10 +59,11 @@ class GroupedBatch:
   weight: jax.Array
   prompt_experts: jax.Array | None = None
   completion_experts: jax.Array | None = None
+  allow: jax.Array | None = None
 
   @classmethod
-  def abstract(cls, prompts: int, rows: int,
-               experts: tuple[int, int] | None = None) -> GroupedBatch:
+  def abstract(cls, prompts: int, rows: int, experts: tuple[int, int] | None = None,
+               allow_words: int | None = None) -> GroupedBatch:
     """Leaves with the true prompt and row counts (lengths do not matter): enough to
     choose the batch's shardings before the first batch exists. experts: (moe layers,
     top_k) when the batch carries recorded experts."""
@@ -71,7 +73,8 @@ class GroupedBatch:
     return cls(prompt_tokens=i32(prompts, 1), prompt_lengths=i32(prompts),
                completion_tokens=i32(rows, 1), mask=f32(rows, 1), old_logp=f32(rows, 1),
                ref_logp=f32(rows, 1), adv=f32(rows), weight=f32(rows, 1),
-               prompt_experts=ex(prompts), completion_experts=ex(rows))
+               prompt_experts=ex(prompts), completion_experts=ex(rows),
+               allow=None if allow_words is None else i32(rows, 1, allow_words))
 
   def micro_batches(self, m: int) -> GroupedBatch:
     """Whole groups dealt into m micro-batches (prompt p, with its G rows, to micro-batch
@@ -106,7 +109,7 @@ def grouped_logprobs(model, batch: GroupedBatch, temperature: float):
   # completion's own states shifted by one.
   h = jnp.concatenate([jnp.repeat(last, n // p, axis=0), h_comp[:, :-1]], axis=1)
   return losses.hidden_logprobs(model.logits, h, batch.completion_tokens, temperature,
-                               model.cfg.logits_chunk)
+                               model.cfg.logits_chunk, batch.allow)
 
 
 def logprob_fn(temperature: float):
@@ -194,10 +197,11 @@ def rl_batch(ro: rollout.Rollout, adv: np.ndarray, pad_id: int, max_completion_l
   longest, longest_prompt = widths or rollout.batch_widths(ro)
   length = min(round_up(longest, multiple), max_completion_len)
   gen = ro.generation
-  return grouped_batch(ro.prompts, completions, pad_id=pad_id, completion_len=length,
-                       old_logp=logprobs, adv=adv, prompt_multiple=multiple,
-                       min_prompt_len=longest_prompt, prompt_experts=gen.prompt_experts,
-                       completion_experts=gen.experts)
+  batch = grouped_batch(ro.prompts, completions, pad_id=pad_id, completion_len=length,
+                        old_logp=logprobs, adv=adv, prompt_multiple=multiple,
+                        min_prompt_len=longest_prompt, prompt_experts=gen.prompt_experts,
+                        completion_experts=gen.experts)
+  return sequences.with_grammar_masks(batch, ro, length)
 
 
 def update_step(graphdef, optimizer, cfg: objective.LossConfig, mesh, state, example: GroupedBatch,

@@ -67,7 +67,7 @@ def pages_needed(prompt_lengths: Sequence[int], group_size: int, max_new_tokens:
 def run(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float,
         top_p: float, top_k: int, group_size: int, stop_tokens: Sequence[int], seed: int,
         mesh: Mesh | None, row_offset: int, page_size: int = DEFAULT_PAGE_SIZE,
-        num_pages: int | None = None, experts: bool = False):
+        num_pages: int | None = None, experts: bool = False, grammar=None):
   """(tokens [N, max_new_tokens] padded with -1, logprobs, lengths, finished, experts) of
   N = P * G rows, prompt-major; experts (with `experts`, else None): (per row [N,
   max_new_tokens, moe layers, top_k] with -1 where none was recorded, per prompt [its
@@ -91,7 +91,7 @@ def run(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, tempera
     return [Request(prompt=list(prompts[p]), max_tokens=max_new_tokens, n=g,
                     temperature=temperature, top_p=top_p, top_k=top_k, seed=seed,
                     rows=[row_offset + p * g + c for c in range(g)],
-                    stop_tokens=tuple(stop_tokens), experts=experts,
+                    stop_tokens=tuple(stop_tokens), experts=experts, grammar=grammar,
                     on_done=lambda res, p=p: done(p, res))
             for p in idx]
 

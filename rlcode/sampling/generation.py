@@ -257,7 +257,8 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
              group_size: int = 1, stop_tokens: Sequence[int] = (), seed: int = 0,
              pad_id: int = 0, mesh: Mesh | None = None, share_prompt: bool = True,
              offload_kv: bool = False, row_offset: int = 0, page_size: int = 16,
-             num_pages: int | None = None, experts: bool = False) -> Generation:
+             num_pages: int | None = None, experts: bool = False,
+             grammar=None) -> Generation:
   """Samples `group_size` completions for each prompt, through the inference engine
   (rlcode.sampling.engines: paged KV, rows that finish free their pages, the group's
   prompt stored once).
@@ -284,6 +285,8 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
       its full length (fewer pages: rows are preempted and recomputed, same tokens).
     experts: record the experts each MoE layer chose for every token (routing replay:
       Generation.experts and prompt_experts; a dense model records nothing, None).
+    grammar: an rlcode.engine.grammar.Grammar every completion is constrained by (its
+      logprobs then the masked distribution's); a completion ends once it is complete.
 
   Returns:
     A Generation with P * group_size rows, prompt-major.
@@ -292,6 +295,9 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
   if experts and ("nsa" in cfg.layer_kinds or offload_kv):
     raise ValueError("generate: experts are recorded by the engine, which does not run "
                      "models with NSA layers or offload_kv")
+  if grammar is not None and ("nsa" in cfg.layer_kinds or offload_kv):
+    raise ValueError("generate: a grammar constrains the engine's sampling, which does not "
+                     "run models with NSA layers or offload_kv")
   if "nsa" in cfg.layer_kinds or offload_kv:
     return static_generate(model, prompts, max_new_tokens=max_new_tokens,
                            temperature=temperature, top_p=top_p, top_k=top_k,
@@ -307,7 +313,7 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
       top_p=float(top_p), top_k=int(top_k), group_size=group_size,
       stop_tokens=tuple(int(s) for s in stop_tokens), seed=int(seed), mesh=mesh,
       row_offset=int(row_offset), page_size=page_size, num_pages=num_pages,
-      experts=experts)
+      experts=experts, grammar=grammar)
   tokens[tokens < 0] = pad_id
   row_experts, prompt_experts = recorded if recorded is not None else (None, None)
   return Generation(tokens=tokens, logprobs=logprobs, lengths=lengths, finished=finished,

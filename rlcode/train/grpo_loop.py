@@ -36,6 +36,7 @@ tuned, before and after RL; leave it unset while tuning.
 from __future__ import annotations
 
 import functools
+import json
 import time
 
 import jax
@@ -46,6 +47,7 @@ from rlcode import optim, rewards
 from rlcode.config import loader
 from rlcode.data import sources
 from rlcode.data.stream import TaskStream
+from rlcode.engine import grammar as grammar_lib
 from rlcode.policy import policy_eval
 from rlcode.models import moe
 from rlcode.models.build import build_model
@@ -104,6 +106,8 @@ def train(config) -> list[dict]:
   keeps_reference = loss_cfg.uses_reference
   replayed = _replayed_experts(rl, model.cfg)  # (moe layers, top_k) or None
   _check_packing(rl, model.cfg)
+  grammar = _grammar(rl.grammar, tokenizer, model.cfg.vocab_size)  # None without rl.grammar
+  allow_words = None if grammar is None else grammar_lib.words(model.cfg.vocab_size)
   trained = PolicyTraining(model, config.optimizer, mesh, keeps_reference=keeps_reference,
                            base_reloads=bool(config.model.hf_path))
   graphdef, params, policy = trained.graphdef, trained.params, trained.model
@@ -143,16 +147,18 @@ def train(config) -> list[dict]:
     if rl.pack_tokens:
       # rl.pack_tokens: each group's completions packed into fixed token budgets.
       logprob_fn = packing.logprob_fn(rl.temperature)
-      example = packing.PackedBatch.abstract(rl.prompts_per_step, n_rows)
+      example = packing.PackedBatch.abstract(rl.prompts_per_step, n_rows, allow_words)
       make_batch = functools.partial(packing.rl_batch, pack_tokens=rl.pack_tokens)
       if rl.micro_batch_tokens:
         micro_batches = lambda b: packing.micro_count(b, rl.micro_batch_tokens, dp)
     elif rl.shared_prefix:
       logprob_fn = shared_prefix.logprob_fn(rl.temperature)
-      example = shared_prefix.GroupedBatch.abstract(rl.prompts_per_step, n_rows, replayed)
+      example = shared_prefix.GroupedBatch.abstract(rl.prompts_per_step, n_rows, replayed,
+                                                    allow_words)
       make_batch = shared_prefix.rl_batch
     else:
-      logprob_fn, example = None, sequences.SequenceBatch.abstract(n_rows, replayed)
+      logprob_fn = None
+      example = sequences.SequenceBatch.abstract(n_rows, replayed, allow_words)
       make_batch = sequences.rl_batch
     batch_sh = optim.batch_shardings(mesh, example)
     update = grpo.make_update_step(graphdef, trained.optimizer, loss_cfg, mesh, state, example,
@@ -197,7 +203,8 @@ def train(config) -> list[dict]:
                             group_size=rl.group_size, max_new_tokens=rl.max_new_tokens,
                             temperature=rl.temperature,
                             seed=dynamic.round_seed(config.seed, step, r), mesh=sampler_mesh,
-                            row_offset=share.row_offset, experts=rl.routing_replay)
+                            row_offset=share.row_offset, experts=rl.routing_replay,
+                            grammar=grammar)
         return (ro, *score(ro))
       ro, adv, reward_s, rounds = dynamic.fill_rollouts(
           sample_round, rl.group_size, share.stop - share.start, rl.sample_rounds)
@@ -281,6 +288,21 @@ def _replayed_experts(rl, cfg) -> tuple[int, int] | None:
     raise BadInput("rl.routing_replay=true: models with NSA layers sample outside the "
                    "engine, which records the experts")
   return layers, cfg.moe.top_k
+
+
+def _grammar(path: str | None, tokenizer, vocab_size: int):
+  """rl.grammar's file compiled for the tokenizer (rlcode.engine.grammar), or None; one
+  line where it cannot be read or is not a grammar."""
+  if path is None:
+    return None
+  try:
+    with open(path) as f:
+      text = f.read()
+    if path.endswith(".json"):
+      return grammar_lib.Grammar.json_schema(tokenizer, vocab_size, json.loads(text))
+    return grammar_lib.Grammar.lark(tokenizer, vocab_size, text)
+  except (OSError, ValueError) as e:
+    raise BadInput(f"rl.grammar={path!r}: {e}") from None
 
 
 def _check_packing(rl, cfg) -> None:
