@@ -75,6 +75,10 @@ class RL:
       max_staleness versions restarted: rlcode.rl.partial; needs max_staleness >= 1).
     in_flight_groups: "partial": groups kept decoding; None: (max_staleness + 1) x
       prompts_per_step.
+    engine_processes: "partial": that many engines, each in a process of its own on this
+      host (rlcode.engine.service: weights and finished groups over a socket; a process
+      that dies is started again and its unanswered groups resubmitted); 0: the sampler
+      mesh's engines in threads of the trainer's process.
     expert_slots: that many of each group's slots hold the task's expert episode.
     exclude_task_ids: a regular expression; training tasks whose id matches it are left
       out of GRPO's stream (the warm start still uses them); None: none.
@@ -135,6 +139,7 @@ class RL:
   sample_version: str = key("latest", choices=("latest", "oldest"), only=("grpo",))
   rollouts: str = key("batch", choices=("batch", "partial"), only=("grpo",))
   in_flight_groups: int | None = key(None, ge=1, only=("grpo",))
+  engine_processes: int = key(0, ge=0, only=("grpo",))
   expert_slots: int = key(0, ge=0, only=("agent",))
   exclude_task_ids: str | None = key(None, only=("agent",))
   sample_rounds: int = key(1, ge=1, only=("grpo", "agent"))
@@ -163,6 +168,9 @@ class RL:
       if self.routing_replay:
         raise ValueError("rl.routing_replay=true is not recorded in packed batches: unset "
                          "rl.pack_tokens")
+    if self.engine_processes and self.rollouts != "partial":
+      raise ValueError(f"rl.engine_processes={self.engine_processes} runs the partial "
+                       "rollouts' engines apart: set rl.rollouts=partial")
     if self.grammar is not None:
       if not self.grammar.endswith((".json", ".lark")):
         raise ValueError(f"rl.grammar={self.grammar!r}: expected a JSON schema (.json) or a "

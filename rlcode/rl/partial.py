@@ -38,6 +38,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 
 from rlcode.engine import Engine, Request
+from rlcode.engine.service import RemoteEngine
 from rlcode.rl import rollout
 from rlcode.rl.async_rollouts import Produced
 from rlcode.sampling import Generation, engines as engines_lib
@@ -58,26 +59,32 @@ class PartialRollouts:
     score: (Rollout) -> (advantages, reward seconds): rewards and advantages of groups.
     mesh: the sampler mesh (one engine per data shard).
     max_prompt_tokens: the longest prompt (the pools hold in_flight groups at full length).
+    engine_processes: > 0: that many engines, each in a process of its own
+      (rlcode.engine.service: weights over a socket; a process that dies is started again
+      and its unanswered groups resubmitted, so no finished group is lost and no partial
+      one trained), in place of the sampler mesh's in-process engines.
   """
 
   def __init__(self, model, *, next_tasks: Callable[[], Sequence], position: Callable[[], int],
                tokenizer, group_size: int, max_new_tokens: int, temperature: float,
                seed: int, prompts_per_step: int, max_staleness: int, score: Callable,
                mesh=None, start: int = 0, in_flight: int | None = None,
-               max_prompt_tokens: int):
+               max_prompt_tokens: int, engine_processes: int = 0):
     self.tokenizer, self.g, self.p = tokenizer, group_size, prompts_per_step
     self.max_new, self.temperature, self.seed = max_new_tokens, temperature, seed
     self.eta, self.score, self.next_step, self.start = max_staleness, score, start, start
     self._next_tasks, self._position = next_tasks, position
     self.in_flight = in_flight or (max_staleness + 1) * prompts_per_step
-    meshes = engines_lib.shard_meshes(mesh)
+    meshes = engines_lib.shard_meshes(mesh) if not engine_processes else [None] * engine_processes
     per_engine = math.ceil(self.in_flight / len(meshes))
     pages = 1 + per_engine * group_size * math.ceil(
         (max_prompt_tokens + max_new_tokens) / PAGE_SIZE)
-    self.engines = [Engine(model, num_pages=pages, page_size=PAGE_SIZE,
-                           max_rows=per_engine * group_size, version=start,
-                           prefill_tokens=engines_lib.PREFILL_TOKENS, prefix_cache=False,
-                           mesh=m).start() for m in meshes]
+    sizes = dict(num_pages=pages, page_size=PAGE_SIZE, max_rows=per_engine * group_size,
+                 version=start, prefill_tokens=engines_lib.PREFILL_TOKENS, prefix_cache=False)
+    self.engines = ([RemoteEngine(model, **sizes) for _ in meshes] if engine_processes else
+                    [Engine(model, mesh=m, **sizes) for m in meshes])
+    for e in self.engines:
+      e.start()
     self._load = [0] * len(self.engines)
     self._cond = threading.Condition()
     self._ready: collections.deque = collections.deque()
@@ -180,7 +187,8 @@ class PartialRollouts:
   def stats(self) -> dict[str, float]:
     busy = sum(e.stats["busy_seconds"] for e in self.engines)
     return {"partial_dropped_groups": float(self.dropped),
-            "engine_busy_seconds": busy}
+            "engine_busy_seconds": busy,
+            "engine_restarts": float(sum(getattr(e, "restarts", 0) for e in self.engines))}
 
   def close(self) -> None:
     """Stops the engines; the groups in flight are dropped."""

@@ -348,7 +348,7 @@ def _partial(config, model, tokenizer, stream, share, train_tasks, sampler_mesh,
       temperature=rl.temperature, seed=derived_seed(config.seed, jax.process_index()),
       prompts_per_step=share.stop - share.start, max_staleness=rl.max_staleness,
       score=score, mesh=sampler_mesh, start=start, in_flight=rl.in_flight_groups,
-      max_prompt_tokens=longest)
+      max_prompt_tokens=longest, engine_processes=rl.engine_processes)
 
 
 def _step_row(m, seen, lag, iw, ro, batch, rl, *, update_s, proximal_s, sync_s,
