@@ -2,14 +2,15 @@
 lengths are heavy-tailed.
 
     python -m experiments.speed.partial_rollouts [--steps 8] [--warmup 3] [--prompts 4]
-        [--group 8] [--prompt 64] [--budget 256] [--median 32] [--eta 1] [--seed 0]
+        [--group 8] [--prompt 64] [--budget 256] [--median 32] [--eta 1] [--seed 0] [--pack]
 
 The 10M-parameter model of experiments/speed/engine_rollouts.py (random weights, float32).
 Each group is `--group` completions of a `--prompt`-token prompt whose lengths are
 log-normal (sigma 1, median `--median`, cut at `--budget`: engine_rollouts' mix, median
 1/8 of the budget; a candidate stops at its drawn length). A step takes `--prompts` groups
 and runs the jitted GRPO update (rlcode.rl.grpo, the shared-prompt layout padded to the
-budget: one compiled shape) on them, then publishes the new weights to the engine. Two
+budget: one compiled shape; with `--pack`, packed into rows of `--budget` tokens,
+rlcode.rl.packing) on them, then publishes the new weights to the engine. Two
 arms, the same engine sizes, groups and update, one after the other in one run:
 
 - sync: each step samples its groups on the engine to the last row, then updates (the
@@ -43,7 +44,7 @@ from rlcode import optim
 from rlcode.engine import Engine, Request
 from rlcode.models import Decoder
 from rlcode.parallel import sharding
-from rlcode.rl import grpo, objective, shared_prefix
+from rlcode.rl import grpo, objective, packing, shared_prefix
 
 
 class Groups:
@@ -79,20 +80,25 @@ class Trainer:
                                                            warmup_steps=1, decay_steps=100))
     # The update donates its state: the engine keeps its own copies of the weights.
     self.state = jax.tree.map(lambda x: x.copy(), optim.init_state(model, optimizer, mesh))
-    example = shared_prefix.GroupedBatch.abstract(args.prompts, args.prompts * args.group)
-    self.update = grpo.make_update_step(self.graphdef, optimizer,
-                                        objective.LossConfig(max_completion_len=args.budget),
-                                        mesh, self.state, example,
-                                        logprob_fn=shared_prefix.logprob_fn(1.0))
+    rows = args.prompts * args.group
+    example = (packing.PackedBatch.abstract(args.prompts, rows) if args.pack else
+               shared_prefix.GroupedBatch.abstract(args.prompts, rows))
+    self.update = grpo.make_update_step(
+        self.graphdef, optimizer, objective.LossConfig(max_completion_len=args.budget), mesh,
+        self.state, example, logprob_fn=(packing.logprob_fn(1.0) if args.pack
+                                         else shared_prefix.logprob_fn(1.0)))
     self.rng = np.random.default_rng(args.seed + 1)
 
   def step(self, groups) -> tuple[int, object]:
     """(completion tokens trained, the new sampling state)."""
     cands = [c for _, result in groups for c in result.candidates]
-    batch = shared_prefix.grouped_batch(
-        [prompt for prompt, _ in groups], [c.tokens for c in cands], pad_id=0,
-        completion_len=self.args.budget, old_logp=[c.logprobs for c in cands],
-        adv=self.rng.normal(size=len(cands)).astype(np.float32))
+    common = dict(pad_id=0, completion_len=self.args.budget,
+                  old_logp=[c.logprobs for c in cands],
+                  adv=self.rng.normal(size=len(cands)).astype(np.float32))
+    prompts, completions = [prompt for prompt, _ in groups], [c.tokens for c in cands]
+    batch = (packing.packed_batch(prompts, completions, pack_tokens=self.args.budget,
+                                  min_packs=self.args.group // 2, **common) if self.args.pack
+             else shared_prefix.grouped_batch(prompts, completions, **common))
     self.state, metrics = self.update(self.state, batch)
     jax.block_until_ready(metrics["loss"])
     model = nnx.merge(self.graphdef, self.state.params)
@@ -189,6 +195,9 @@ def main():
                         ("prompt", 64), ("budget", 256), ("median", 32), ("eta", 1),
                         ("seed", 0)):
     parser.add_argument(f"--{name}", type=int, default=default)
+  parser.add_argument("--pack", action="store_true",
+                      help="the update packs each group's completions (rlcode.rl.packing, "
+                           "packs of --budget tokens, at least group/2 a group: few shapes)")
   args = parser.parse_args()
   model = Decoder(CFG, rngs=nnx.Rngs(0))
   groups = Groups(args)
