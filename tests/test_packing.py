@@ -12,7 +12,7 @@ from rlcode import cli, kernels, optim
 from rlcode.kernels.flash import reference
 from rlcode.models import Decoder, ModelConfig
 from rlcode.parallel import sharding
-from rlcode.rl import grpo, objective, packing, shared_prefix
+from rlcode.rl import grpo, objective, packing, sequences, shared_prefix
 from rlcode.train import grpo_loop
 
 CFG = ModelConfig(vocab_size=40, hidden_size=32, intermediate_size=48, num_layers=2,
@@ -33,16 +33,28 @@ def _data(seed, groups=4):
   return prompts, completions, old, ref, adv
 
 
-def _batches(data, pack_tokens):
+def _batches(data, pack_tokens, shared=True):
+  """(the padded batch, the packed one): the shared layout's, or the repeated rows'."""
   prompts, completions, old, ref, adv = data
-  grouped = shared_prefix.grouped_batch(prompts, completions, pad_id=PAD, completion_len=W,
-                                        old_logp=old, adv=adv)
-  grouped.ref_logp = shared_prefix.grouped_batch(prompts, completions, pad_id=PAD,
-                                                 completion_len=W, old_logp=ref).old_logp
+  if shared:
+    padded = shared_prefix.grouped_batch(prompts, completions, pad_id=PAD, completion_len=W,
+                                         old_logp=old, adv=adv)
+    padded.ref_logp = shared_prefix.grouped_batch(prompts, completions, pad_id=PAD,
+                                                  completion_len=W, old_logp=ref).old_logp
+  else:
+    index = np.repeat(np.arange(len(prompts)), G)
+    padded = sequences.sequence_batch(prompts, completions, index, pad_id=PAD, old_logp=old,
+                                      adv=adv, window=W)
+    padded.ref_logp = sequences.sequence_batch(prompts, completions, index, pad_id=PAD,
+                                               old_logp=ref, window=W).old_logp
   packed = packing.packed_batch(prompts, completions, pad_id=PAD, completion_len=W,
-                                pack_tokens=pack_tokens, old_logp=old, adv=adv)
-  packed.ref_logp = grouped.ref_logp
-  return grouped, packed
+                                pack_tokens=pack_tokens, old_logp=old, adv=adv, shared=shared)
+  packed.ref_logp = padded.ref_logp
+  return padded, packed
+
+
+LAYOUT_FN = {True: shared_prefix.logprob_fn(1.0),
+             False: lambda model, batch: sequences.sequence_logprobs(model, batch, 1.0)}
 
 
 def _close(a, b):
@@ -58,7 +70,7 @@ def _model(seed=0, cfg=CFG):
 def test_first_fit_packs_by_decreasing_length():
   assert packing.first_fit([3, 7, 0, 5, 2], 8) == [[1], [3, 0], [4]]
   assert packing.first_fit([0, 0], 4) == []
-  with pytest.raises(ValueError, match="does not fit in a pack of 4"):
+  with pytest.raises(ValueError, match="a sequence of 5 tokens does not fit in a pack of 4"):
     packing.first_fit([5], 4)
 
 
@@ -78,14 +90,15 @@ def test_packed_attention_is_causal_within_each_segment_only():
     np.testing.assert_allclose(got, want, rtol=2e-5, atol=2e-5, err_msg=impl)
 
 
-@pytest.mark.parametrize("pack_tokens", [24, 96])
-def test_packed_logprobs_equal_the_shared_layout(pack_tokens):
+@pytest.mark.parametrize("pack_tokens, shared", [(24, True), (96, True), (40, False)])
+def test_packed_logprobs_equal_the_padded_layouts(pack_tokens, shared):
   """Every completion token's log-prob and entropy, with packs of several budgets (one
-  completion a pack at 24; several at 96)."""
+  completion a pack at 24; several at 96), after the shared prompt or each after its own
+  prompt copy (against the repeated rows)."""
   graphdef, params = _model()
-  grouped, packed = _batches(_data(1), pack_tokens)
+  grouped, packed = _batches(_data(1), pack_tokens, shared)
   model = nnx.merge(graphdef, params)
-  want, want_h = shared_prefix.grouped_logprobs(model, grouped, 1.0)
+  want, want_h = LAYOUT_FN[shared](model, grouped)
   got, got_h = packing.packed_logprobs(model, packed, 1.0)
   m = np.asarray(grouped.mask) > 0
   np.testing.assert_allclose(np.asarray(got)[m], np.asarray(want)[m], rtol=1e-5, atol=1e-5)
@@ -102,14 +115,14 @@ def _loss_and_grads(graphdef, params, batch, logprob_fn, cfg):
   return jax.jit(jax.value_and_grad(loss))(params)
 
 
-@pytest.mark.parametrize("objective_name", ["ppo", "gspo"])
-def test_packed_loss_and_gradients_equal_the_shared_layout(objective_name):
+@pytest.mark.parametrize("objective_name, shared", [("ppo", True), ("gspo", False)])
+def test_packed_loss_and_gradients_equal_the_padded_layouts(objective_name, shared):
   graphdef, params = _model(1)
-  grouped, packed = _batches(_data(2), 40)
+  grouped, packed = _batches(_data(2), 40, shared)
   cfg = objective.LossConfig(aggregation="seq_mean_token_mean", beta=0.05, clip_eps_low=0.2,
                              clip_eps_high=0.28, max_completion_len=W,
                              objective=objective_name)
-  want = _loss_and_grads(graphdef, params, grouped, shared_prefix.logprob_fn(1.0), cfg)
+  want = _loss_and_grads(graphdef, params, grouped, LAYOUT_FN[shared], cfg)
   got = _loss_and_grads(graphdef, params, packed, packing.logprob_fn(1.0), cfg)
   np.testing.assert_allclose(got[0], want[0], rtol=1e-5)
   for g, w in zip(jax.tree.leaves(got[1]), jax.tree.leaves(want[1])):
@@ -130,13 +143,14 @@ def _update(seed, batch, mesh, logprob_fn, **options):
   return jax.tree.map(lambda a, b: np.asarray(a) - b, state.params, before), metrics
 
 
-def test_packed_update_on_micro_batches_by_tokens_and_a_mesh_equals_one_pass():
+@pytest.mark.parametrize("shared", [True, False])
+def test_packed_update_on_micro_batches_by_tokens_and_a_mesh_equals_one_pass(shared):
   """The jitted update on a data x fsdp mesh of the fake devices, in micro-batches cut by
-  tokens, equals the shared layout's single pass on one device."""
+  tokens, equals the padded layout's single pass on one device."""
   if len(jax.devices()) < 4:
     pytest.skip("needs 4 devices (XLA_FLAGS=--xla_force_host_platform_device_count)")
-  grouped, packed = _batches(_data(3, groups=8), 40)
-  want, want_m = _update(2, grouped, sharding.make_mesh(), shared_prefix.logprob_fn(1.0))
+  grouped, packed = _batches(_data(3, groups=8), 40, shared)
+  want, want_m = _update(2, grouped, sharding.make_mesh(), LAYOUT_FN[shared])
   budget = packed.computed_tokens() // 4
   assert packing.micro_count(packed, budget, 4) == 2  # 8 groups: 2 runs of 4, one a device
   got, got_m = _update(2, packed, sharding.make_mesh(data=2, fsdp=2), packing.logprob_fn(1.0),
@@ -154,15 +168,19 @@ def test_packing_refuses_layers_it_cannot_mask():
 
 
 @pytest.mark.slow
-def test_the_grpo_loop_trains_packed_batches_as_it_trains_padded_ones(tmp_path):
-  """Two tiny GRPO steps with rl.pack_tokens and micro-batches by tokens: the first step
-  (the same rollouts from the same weights) has the padded run's loss and gradient norm;
+@pytest.mark.parametrize("shared", [True, False])
+def test_the_grpo_loop_trains_packed_batches_as_it_trains_padded_ones(tmp_path, shared):
+  """Two tiny GRPO steps with rl.pack_tokens and micro-batches by tokens, with and without
+  the shared prompt: the first step (the same rollouts from the same weights) has the
+  padded run's loss and gradient norm;
   both log their padding (these random completions mostly run to the budget: packing has
   little to save here; tests above measure it on heavy-tailed lengths)."""
   run = lambda name, *flags: tiny_runs.steps(grpo_loop.train(tiny_runs.config(
       tmp_path / name, *flags)))
-  padded = run("padded")
-  packed = run("packed", "--config.rl.pack_tokens=24", "--config.rl.micro_batch_tokens=64")
+  layout = f"--config.rl.shared_prefix={str(shared).lower()}"
+  padded = run("padded", layout)
+  packed = run("packed", layout, f"--config.rl.pack_tokens={24 if shared else 96}",
+               "--config.rl.micro_batch_tokens=64")
   assert len(packed) == 2 and all(np.isfinite(r["loss"]) and not r["skipped"] for r in packed)
   for key in ("loss", "grad_norm", "pg_loss", "entropy"):
     np.testing.assert_allclose(packed[0][key], padded[0][key], rtol=1e-5, atol=1e-7,
@@ -175,8 +193,6 @@ def test_the_grpo_loop_trains_packed_batches_as_it_trains_padded_ones(tmp_path):
 
 @pytest.mark.parametrize("flags, needle", [
     (["--config.rl.pack_tokens=8"], "rl.pack_tokens=8 is less than rl.max_new_tokens=40"),
-    (["--config.rl.pack_tokens=64", "--config.rl.shared_prefix=false"],
-     "set rl.shared_prefix=true"),
     (["--config.rl.micro_batch_tokens=64"], "rl.micro_batch_tokens cuts packed batches"),
     (["--config.rl.pack_tokens=64", "--config.rl.micro_batch_tokens=64",
       "--config.rl.micro_batch_rows=16"], "set one of them"),

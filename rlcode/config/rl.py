@@ -26,9 +26,11 @@ class RL:
       the positive ones only.
     shared_prefix: run each group's prompt once in the update (rlcode.rl.shared_prefix).
     pack_tokens: pack each group's completions into rows of this many tokens after its
-      shared prompt (rlcode.rl.packing: the same loss and gradients, without padding every
-      completion to the longest); at least max_new_tokens, with shared_prefix, dense
-      attention layers and one process. None: every completion padded to the longest.
+      shared prompt, or with shared_prefix=false each after its own prompt copy
+      (rlcode.rl.packing: the same loss and gradients, without padding every completion
+      to the longest); at least max_new_tokens (plus the longest prompt without the shared
+      prompt), with dense attention layers and one process. None: every completion padded
+      to the longest.
     grammar: a file whose grammar every rollout follows where a task set fixes an answer
       format: a JSON schema (.json) or a Lark grammar (.lark; %json inside it). The engine
       masks each token to it (llguidance, rlcode.engine.grammar) and the update recomputes
@@ -159,9 +161,6 @@ class RL:
       raise ValueError(f"rl.micro_batch_rows={self.micro_batch_rows} must divide the "
                        f"{rows} rows of a step into whole groups of {self.group_size}")
     if self.pack_tokens is not None:
-      if not self.shared_prefix:
-        raise ValueError("rl.pack_tokens packs each group's completions after its shared "
-                         "prompt: set rl.shared_prefix=true")
       if self.pack_tokens < self.max_new_tokens:
         raise ValueError(f"rl.pack_tokens={self.pack_tokens} is less than rl.max_new_tokens="
                          f"{self.max_new_tokens}: a completion must fit in a pack")

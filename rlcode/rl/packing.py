@@ -1,4 +1,5 @@
-"""Packed batches: each group's prompt once, its completions packed into fixed token budgets.
+"""Packed batches: each group's prompt once, its completions packed into fixed token budgets
+(or, without the shared prompt, each completion after its own prompt copy).
 
 The shared layout (rlcode.rl.shared_prefix) pads every completion to the batch's longest;
 with heavy-tailed lengths most of its positions are padding. Here each group's G
@@ -99,11 +100,16 @@ def packed_logprobs(model, batch: PackedBatch, temperature: float):
   p = batch.prompt_tokens.shape[0]
   n, w = batch.completion_tokens.shape
   packs, t = batch.pack_tokens.shape
-  h_prompt, prefix = shared_prefix.prompt_prefix(model, batch.prompt_tokens,
-                                                 batch.prompt_lengths)
+  prefix = None
+  if batch.prompt_tokens.shape[1]:  # the shared layout; [P, 0]: the prompts are in the packs
+    h_prompt, prefix = shared_prefix.prompt_prefix(model, batch.prompt_tokens,
+                                                   batch.prompt_lengths)
   h_pack, _ = model.hidden(batch.pack_tokens, batch.pack_positions, prefix=prefix,
                            segment_ids=Packed(batch.pack_segments))
-  last = jnp.take_along_axis(h_prompt, (batch.prompt_lengths - 1)[:, None, None], axis=1)
+  if prefix is None:  # no source reads it (an empty completion's, masked, aside)
+    last = jnp.zeros((p, 1, h_pack.shape[-1]), h_pack.dtype)
+  else:
+    last = jnp.take_along_axis(h_prompt, (batch.prompt_lengths - 1)[:, None, None], axis=1)
   # Per group: its packs' states, then its prompt's last (source -1, at index K * T).
   table = jnp.concatenate([h_pack.reshape(p, (packs // p) * t, -1), last], axis=1)
   src = jnp.where(batch.source < 0, table.shape[1] - 1, batch.source).reshape(p, (n // p) * w)
@@ -125,7 +131,7 @@ def first_fit(lengths: Sequence[int], capacity: int) -> list[list[int]]:
     if lengths[i] == 0:
       continue
     if lengths[i] > capacity:
-      raise ValueError(f"a completion of {lengths[i]} tokens does not fit in a pack of "
+      raise ValueError(f"a sequence of {lengths[i]} tokens does not fit in a pack of "
                        f"{capacity}")
     k = next((k for k, r in enumerate(room) if r >= lengths[i]), None)
     if k is None:
@@ -140,13 +146,17 @@ def first_fit(lengths: Sequence[int], capacity: int) -> list[list[int]]:
 def packed_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequence[int]], *,
                  pad_id: int, completion_len: int, pack_tokens: int, old_logp=None,
                  adv=None, masks=None, prompt_multiple: int = shared_prefix.PROMPT_MULTIPLE,
-                 min_prompt_len: int = 0, min_packs: int = 1) -> PackedBatch:
+                 min_prompt_len: int = 0, min_packs: int = 1,
+                 shared: bool = True) -> PackedBatch:
   """Host arrays of the packed layout.
 
   prompts: P token lists; completions: P * G token lists, prompt-major (as
   shared_prefix.grouped_batch, whose other arguments these are). pack_tokens: T, each
   pack's budget (at least the longest completion). min_packs: at least this many packs a
-  group (processes or steps that want one shape).
+  group (processes or steps that want one shape). shared=False: the repeated layout packed
+  (rlcode.rl.sequences' computation without its padding): each completion's segment
+  holds its own copy of its prompt (positions from 0; T at least the longest prompt plus
+  completion), no prefix runs, and prompt_tokens is [P, 0].
   """
   grouped = shared_prefix.grouped_batch(prompts, completions, pad_id=pad_id,
                                         completion_len=completion_len, old_logp=old_logp,
@@ -155,7 +165,10 @@ def packed_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequenc
   p, n = len(prompts), len(completions)
   g = n // p
   lengths = [len(c) for c in completions]
-  bins = [first_fit(lengths[q * g:(q + 1) * g], pack_tokens) for q in range(p)]
+  # Each segment: its completion, after its own prompt copy in the repeated layout.
+  own = [0 if shared else len(prompts[q]) for q in range(p)]
+  items = [own[i // g] + c if c else 0 for i, c in enumerate(lengths)]
+  bins = [first_fit(items[q * g:(q + 1) * g], pack_tokens) for q in range(p)]
   k = max([min_packs] + [len(b) for b in bins])
   tokens = np.full((p * k, pack_tokens), pad_id, np.int32)
   segments = np.zeros((p * k, pack_tokens), np.int32)
@@ -167,16 +180,20 @@ def packed_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequenc
       row, at = q * k + b, 0
       for s, j in enumerate(members):
         i = q * g + j
-        c = lengths[i]
-        tokens[row, at:at + c] = completions[i]
-        segments[row, at:at + c] = s
-        positions[row, at:at + c] = plen + np.arange(c)
-        # Token 1 onwards is predicted from the pack position of the token before it.
-        source[i, 1:c] = b * pack_tokens + at + np.arange(c - 1)
-        at += c
+        c, o = lengths[i], own[q]
+        tokens[row, at:at + o + c] = [*prompts[q][:o], *completions[i]]
+        segments[row, at:at + o + c] = s
+        positions[row, at:at + o + c] = np.arange(o + c) + (plen - o)
+        # Token 1 onwards is predicted from the pack position of the token before it;
+        # token 0 from the prompt's last, in the segment when it holds its prompt.
+        source[i, 1:c] = b * pack_tokens + at + o + np.arange(c - 1)
+        if o:
+          source[i, 0] = b * pack_tokens + at + o - 1
+        at += o + c
       segments[row, at:] = len(members)
       positions[row, at:] = plen
-  return PackedBatch(prompt_tokens=grouped.prompt_tokens, prompt_lengths=grouped.prompt_lengths,
+  prompt_tokens = grouped.prompt_tokens if shared else np.zeros((p, 0), np.int32)
+  return PackedBatch(prompt_tokens=prompt_tokens, prompt_lengths=grouped.prompt_lengths,
                      pack_tokens=tokens, pack_segments=segments, pack_positions=positions,
                      source=source, completion_tokens=grouped.completion_tokens,
                      mask=grouped.mask, old_logp=grouped.old_logp, ref_logp=grouped.ref_logp,
@@ -185,15 +202,16 @@ def packed_batch(prompts: Sequence[Sequence[int]], completions: Sequence[Sequenc
 
 def rl_batch(ro: rollout.Rollout, adv: np.ndarray, pad_id: int, max_completion_len: int,
              multiple: int = shared_prefix.COMPLETION_MULTIPLE,
-             widths: tuple[int, int] | None = None, *, pack_tokens: int) -> PackedBatch:
+             widths: tuple[int, int] | None = None, *, pack_tokens: int,
+             shared: bool = True) -> PackedBatch:
   """The rollout's batch of trained tokens in the packed layout (the window and the
-  prompts' padding as shared_prefix.rl_batch's)."""
+  prompts' padding as shared_prefix.rl_batch's; `shared` as packed_batch's)."""
   completions, behaviour = rollout.trained_completions(ro)
   longest, longest_prompt = widths or rollout.batch_widths(ro)
   length = min(round_up(longest, multiple), max_completion_len)
   batch = packed_batch(ro.prompts, completions, pad_id=pad_id, completion_len=length,
                        pack_tokens=pack_tokens, old_logp=behaviour, adv=adv,
-                       prompt_multiple=multiple, min_prompt_len=longest_prompt)
+                       prompt_multiple=multiple, min_prompt_len=longest_prompt, shared=shared)
   return sequences.with_grammar_masks(batch, ro, length)
 
 
@@ -215,9 +233,15 @@ def padding(batch) -> dict[str, float]:
   or the layout's rows) that hold neither a prompt token nor a trained completion token,
   and how many positions it computes. Reads a PackedBatch, GroupedBatch or SequenceBatch
   on the host."""
-  trained = float(np.sum(np.asarray(batch.mask) > 0))
+  mask = np.asarray(batch.mask) > 0
+  trained = float(np.sum(mask))
   if isinstance(batch, PackedBatch):
-    prompts, computed = float(np.sum(batch.prompt_lengths)), batch.computed_tokens()
+    computed, plens = batch.computed_tokens(), np.asarray(batch.prompt_lengths)
+    if np.size(batch.prompt_tokens):
+      prompts = float(np.sum(plens))
+    else:  # each trained row's segment holds its prompt
+      g = mask.shape[0] // len(plens)
+      prompts = float(np.sum(mask.any(1).reshape(len(plens), g).sum(1) * plens))
   elif isinstance(batch, shared_prefix.GroupedBatch):
     prompts = float(np.sum(batch.prompt_lengths))
     computed = int(np.size(batch.prompt_tokens) + np.size(batch.completion_tokens))

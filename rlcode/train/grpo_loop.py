@@ -105,7 +105,8 @@ def train(config) -> list[dict]:
   loss_cfg = objective.LossConfig.from_config(rl, rl.max_new_tokens)
   keeps_reference = loss_cfg.uses_reference
   replayed = _replayed_experts(rl, model.cfg)  # (moe layers, top_k) or None
-  _check_packing(rl, model.cfg)
+  _check_packing(rl, model.cfg, lambda: max(
+      len(p) for p in rollout.encode_prompts(tokenizer, train_tasks)))
   grammar = _grammar(rl.grammar, tokenizer, model.cfg.vocab_size)  # None without rl.grammar
   allow_words = None if grammar is None else grammar_lib.words(model.cfg.vocab_size)
   trained = PolicyTraining(model, config.optimizer, mesh, keeps_reference=keeps_reference,
@@ -148,7 +149,8 @@ def train(config) -> list[dict]:
       # rl.pack_tokens: each group's completions packed into fixed token budgets.
       logprob_fn = packing.logprob_fn(rl.temperature)
       example = packing.PackedBatch.abstract(rl.prompts_per_step, n_rows, allow_words)
-      make_batch = functools.partial(packing.rl_batch, pack_tokens=rl.pack_tokens)
+      make_batch = functools.partial(packing.rl_batch, pack_tokens=rl.pack_tokens,
+                                     shared=rl.shared_prefix)
       if rl.micro_batch_tokens:
         micro_batches = lambda b: packing.micro_count(b, rl.micro_batch_tokens, dp)
     elif rl.shared_prefix:
@@ -305,11 +307,16 @@ def _grammar(path: str | None, tokenizer, vocab_size: int):
     raise BadInput(f"rl.grammar={path!r}: {e}") from None
 
 
-def _check_packing(rl, cfg) -> None:
+def _check_packing(rl, cfg, longest_prompt) -> None:
   """One line where rl.pack_tokens cannot pack this run's batches (the config's own
-  checks are rlcode.config.rl's)."""
+  checks are rlcode.config.rl's); longest_prompt() -> the training prompts' longest."""
   if not rl.pack_tokens:
     return
+  if not rl.shared_prefix and rl.pack_tokens < longest_prompt() + rl.max_new_tokens:
+    raise BadInput(f"rl.pack_tokens={rl.pack_tokens} cannot hold the longest training "
+                   f"prompt ({longest_prompt()} tokens) and rl.max_new_tokens="
+                   f"{rl.max_new_tokens} in one pack (rl.shared_prefix=false packs each "
+                   "completion after its own prompt)")
   if jax.process_count() > 1:
     raise BadInput("rl.pack_tokens runs in one process: processes would pack different "
                    "numbers of rows a group")
