@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 from rlcode.engine import Engine, Request
-from rlcode.engine.service import RemoteEngine
+from rlcode.engine.service import EngineLost, RemoteEngine
 from rlcode.models import Decoder, ModelConfig
 
 CFG = ModelConfig(vocab_size=64, hidden_size=32, intermediate_size=64, num_layers=2,
@@ -136,3 +136,36 @@ def test_partial_rollouts_on_an_engine_process_killed_mid_run(tmp_path):
   for r in rows:
     assert r["staleness/0"] + r["staleness/1"] == 32 and np.isfinite(r["loss"])
   assert rows[-1]["engine_restarts"] == 1 and rows[0]["engine_restarts"] == 0
+
+
+def test_a_request_the_engine_refuses_fails_alone_and_a_wrong_model_is_lost(local):
+  """A request the engine's checks refuse is refused at submit; weights of another shape
+  make the process say so, and every request is then told (no endless restarts)."""
+  model, _ = local
+  remote = RemoteEngine(model, **SIZES).start()
+  try:
+    with pytest.raises(ValueError, match="the model's context is 256"):
+      remote.submit(Request(list(range(1, 300)), 4))
+    wrong = Decoder(ModelConfig(**{**CFG.__dict__, "hidden_size": 16}), rngs=nnx.Rngs(0))
+    remote.publish(nnx.state(wrong.for_sampling()), 1)
+    # The process reads the weights before these: each is told (at submit, or when the
+    # process says it cannot run them), none answered.
+    told, cond = [], threading.Condition()
+
+    def tell(error):
+      with cond:
+        told.append(error)
+        cond.notify_all()
+    for r in _requests(3):
+      try:
+        remote.submit(Request(**{**r.__dict__, "on_done": lambda res: tell(res.error)}))
+      except EngineLost as e:
+        tell(e)
+    with cond:
+      assert cond.wait_for(lambda: len(told) == 3, 120)
+    assert all(isinstance(e, EngineLost) and "do not match" in str(e) for e in told), told
+    with pytest.raises(EngineLost):
+      remote.submit(_requests(1)[0])
+    assert remote.restarts == 1
+  finally:
+    remote.stop()

@@ -15,8 +15,12 @@ answered whole or not at all. When the process dies (a crash, an OOM kill, SIGKI
 client starts a new one, publishes the newest weights it sent (it keeps them on the host)
 and submits again every request not yet answered, with the same seeds and rows: a lost
 process loses no finished request and never hands back part of one (`restarts` counts
-them). Requests with callbacks per token, stop checks or grammars stay in-process
-(refused here).
+them). A request the engine refuses fails alone (checked at submit, and in the process);
+weights that do not fit the process's model, or MAX_BARREN_RESTARTS processes in a row
+that die before answering anything, end it: every request is told EngineLost and later
+ones are refused. Requests with callbacks per token, stop checks or grammars stay
+in-process (refused here). Each process takes its default device with no memory
+preallocated; placing processes on accelerators of their own is not done.
 """
 
 from __future__ import annotations
@@ -32,10 +36,15 @@ import jax
 import numpy as np
 from flax import nnx
 
-from rlcode.engine.requests import Candidate, Request, Result, call_done
+from rlcode.engine.requests import Candidate, Request, Result, call_done, check
 
 _LENGTH = struct.Struct(">Q")
 _HEADER = struct.Struct(">I")
+
+
+# Processes started in a row that each died before answering anything: a request or a
+# model that kills every process, not a crash to recover from.
+MAX_BARREN_RESTARTS = 3
 
 
 class EngineLost(RuntimeError):
@@ -121,14 +130,20 @@ def _serve(cfg, engine_kwargs: dict, port_out) -> None:
       if header["op"] == "publish":
         leaves = _leaves_from(blob, header["leaves"])
         if [tuple(s) for _, s in header["leaves"]] != [tuple(s) for s in shapes]:
-          raise ValueError("the published weights do not match the engine's model")
+          with lock:  # the trainer's model is not this one: nothing here can run
+            _send(conn, {"op": "fatal", "error": "the published weights do not match the "
+                                                 "engine process's model"})
+          break
         engine.publish(jax.tree.unflatten(treedef, [jax.numpy.asarray(a) for a in leaves]),
                        header["version"])
       elif header["op"] == "submit":
         rid = header.pop("id")
         del header["op"]
         header["stop_tokens"] = tuple(header["stop_tokens"])
-        engine.submit(Request(**header, on_done=lambda r, rid=rid: answer(rid, r)))
+        try:
+          engine.submit(Request(**header, on_done=lambda r, rid=rid: answer(rid, r)))
+        except Exception as e:  # this request alone fails; the engine goes on
+          answer(rid, Result([], -1, len(header["prompt"]), error=e))
       elif header["op"] == "stop":
         break
   except ConnectionError:
@@ -159,6 +174,9 @@ class RemoteEngine:
     self._sock: socket.socket | None = None
     self._process = None
     self._closing = False
+    self._lost: BaseException | None = None  # set once no process can be started
+    self._answered = True  # since the last restart (restarts that answer nothing: a loop)
+    self._barren = 0  # restarts in a row that answered nothing
     self.restarts = 0
     self.stats = {"busy_seconds": 0.0}
     self._busy_before = 0.0  # busy seconds of the processes that died
@@ -175,17 +193,21 @@ class RemoteEngine:
     """A fresh process, the newest weights, and every unanswered request again."""
     ctx = multiprocessing.get_context("spawn")
     ours, theirs = ctx.Pipe(duplex=False)
-    env_flags = os.environ.get("XLA_FLAGS")
-    try:  # the engine needs one device: no fake host devices in its process
-      if env_flags:
-        os.environ["XLA_FLAGS"] = " ".join(f for f in env_flags.split()
+    saved = {k: os.environ.get(k) for k in ("XLA_FLAGS", "XLA_PYTHON_CLIENT_PREALLOCATE")}
+    try:  # one device, no fake host devices, and no grab of most of an accelerator's memory
+      if saved["XLA_FLAGS"]:
+        os.environ["XLA_FLAGS"] = " ".join(f for f in saved["XLA_FLAGS"].split()
                                            if "force_host_platform_device_count" not in f)
+      os.environ["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
       process = ctx.Process(target=_serve, args=(self.cfg, self.engine_kwargs, theirs),
                             name="rlcode-engine-service", daemon=True)
       process.start()
     finally:
-      if env_flags is not None:
-        os.environ["XLA_FLAGS"] = env_flags
+      for k, v in saved.items():
+        if v is None:
+          os.environ.pop(k, None)
+        else:
+          os.environ[k] = v
     theirs.close()
     if not ours.poll(self.start_timeout):
       process.kill()
@@ -194,6 +216,10 @@ class RemoteEngine:
     sock = socket.create_connection(("127.0.0.1", port))
     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
     with self._lock:
+      if self._closing:  # stopped while this one started: it is not wanted
+        process.kill()
+        sock.close()
+        return
       self._process, self._sock = process, sock
       _send(sock, *self._weights)
       for rid, request in self._pending.items():
@@ -206,6 +232,13 @@ class RemoteEngine:
         request.experts or request.top_logprobs:
       raise ValueError("a RemoteEngine takes plain requests (no per-token callbacks, stop "
                        "checks, grammars, experts or top log-probs)")
+    kw = self.engine_kwargs
+    check(request, self.cfg.max_seq_len, kw.get("max_rows", 64), kw.get("page_size", 16),
+          kw["num_pages"])
+    if self._lost is not None:
+      raise self._lost
+    if self._sock is None:
+      raise RuntimeError("start() the RemoteEngine before submitting to it")
     with self._lock:
       rid, self._next_id = self._next_id, self._next_id + 1
       self._pending[rid] = request
@@ -217,41 +250,60 @@ class RemoteEngine:
   def publish(self, state, version: int) -> None:
     """New weights for the engine, swapped in between two of its steps; kept here for a
     process started later."""
+    if self._lost is not None:
+      raise self._lost
     frame = _weights_frame([np.asarray(a) for a in jax.tree.leaves(state)], version)
     with self._lock:
       self._weights = frame
       self.engine_kwargs["version"] = version
       try:
-        _send(self._sock, *frame)
+        if self._sock is not None:  # else the first process gets them when it starts
+          _send(self._sock, *frame)
       except OSError:
         pass
 
   def _read(self, sock: socket.socket, process) -> None:
+    fatal = None
     while True:
       try:
         header, _ = _recv(sock)
       except (ConnectionError, OSError):
         break
+      if header["op"] == "fatal":
+        fatal = header["error"]
+        break
       with self._lock:
         request = self._pending.pop(header["id"], None)
         self.stats["busy_seconds"] = self._busy_before + header["busy_seconds"]
+        self._answered = True
       if request is not None:
         call_done(request, _result(header))
     sock.close()
     process.join(5.0)
+    if process.is_alive():  # gone quiet but not gone: it must not hold the device
+      process.kill()
     if self._closing:
       return
     with self._lock:
       self._busy_before = self.stats["busy_seconds"]
+      self._barren = 0 if self._answered else self._barren + 1
+      self._answered = False
       self.restarts += 1
     try:
+      if fatal is not None:
+        raise EngineLost(fatal)
+      if self._barren >= MAX_BARREN_RESTARTS:
+        raise EngineLost(f"{MAX_BARREN_RESTARTS} processes in a row died before answering "
+                         "any request")
       self._spawn()
-    except Exception as e:  # nothing left to run them: each request told
+    except Exception as e:  # nothing left to run them: each request told, later ones refused
+      lost = e if isinstance(e, EngineLost) else EngineLost(f"the engine's process was "
+                                                            f"lost: {e}")
       with self._lock:
+        self._lost = lost
         pending, self._pending = self._pending, {}
       for request in pending.values():
-        call_done(request, Result([], -1, len(request.prompt),
-                                  error=EngineLost(f"the engine's process was lost: {e}")))
+        call_done(request, Result([], -1, len(request.prompt), error=lost))
 
   def stop(self, timeout: float | None = None, cancel: bool = True) -> None:
     """Ends the process; unanswered requests are dropped (each told, as Engine.stop with
@@ -260,7 +312,8 @@ class RemoteEngine:
     with self._lock:
       pending, self._pending = self._pending, {}
       try:
-        _send(self._sock, {"op": "stop"})
+        if self._sock is not None:
+          _send(self._sock, {"op": "stop"})
       except OSError:
         pass
     if self._process is not None:

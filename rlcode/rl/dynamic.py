@@ -131,4 +131,5 @@ def join_groups(parts: list[rollout_lib.Rollout], firsts: list[tuple[int, int]],
       prompts=[parts[p].prompts[task_of(p, r)] for p, r in firsts], generation=gen,
       texts=[parts[p].texts[r] for p, r in rows], seconds=float(sum(ro.seconds for ro in parts)),
       tokenizer=parts[0].tokenizer, reward=reward,
-      loss_lengths=stack(lambda ro: ro.loss_lengths, 0).astype(np.int32))
+      loss_lengths=stack(lambda ro: ro.loss_lengths, 0).astype(np.int32),
+      grammar=parts[0].grammar)

@@ -49,10 +49,10 @@ def token_logprobs_and_entropy(logits_btv: jax.Array, targets_bt: jax.Array,
     allowed = unpack_bits(allow_btw, logits.shape[-1])
     logits = jnp.where(allowed, logits, -jnp.inf)
   picked, logz = _picked_and_logz(logits, targets_bt)
-  weighted = jax.nn.softmax(logits, axis=-1) * logits
-  if allow_btw is not None:  # 0 * -inf is nan: a disallowed token adds nothing
-    weighted = jnp.where(allowed, weighted, 0.0)
-  entropy = logz - jnp.sum(weighted, axis=-1)
+  # A disallowed token (probability 0, logit -inf) adds nothing: 0 * -inf would be nan,
+  # forward and backward, so its logit is read as 0 here.
+  finite = logits if allow_btw is None else jnp.where(allowed, logits, 0.0)
+  entropy = logz - jnp.sum(jax.nn.softmax(logits, axis=-1) * finite, axis=-1)
   return picked - logz, entropy
 
 
