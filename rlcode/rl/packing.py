@@ -232,7 +232,13 @@ def padding(batch) -> dict[str, float]:
   """The update's padding: the share of the decoder's token positions (prompts and packs,
   or the layout's rows) that hold neither a prompt token nor a trained completion token,
   and how many positions it computes. Reads a PackedBatch, GroupedBatch or SequenceBatch
-  on the host."""
+  on the host (padding_of(counts(batch)))."""
+  return padding_of(counts(batch))
+
+
+def counts(batch) -> np.ndarray:
+  """[2] float32: the batch's positions holding a prompt or trained token, and the
+  positions the update computes (what processes sum over the parts of one batch)."""
   mask = np.asarray(batch.mask) > 0
   trained = float(np.sum(mask))
   if isinstance(batch, PackedBatch):
@@ -247,5 +253,10 @@ def padding(batch) -> dict[str, float]:
     computed = int(np.size(batch.prompt_tokens) + np.size(batch.completion_tokens))
   else:
     prompts, computed = float(np.sum(np.asarray(batch.start) + 1)), int(np.size(batch.tokens))
-  return {"update_padding_frac": 1.0 - (prompts + trained) / computed,
-          "update_computed_tokens": computed}
+  return np.array([prompts + trained, computed], np.float32)  # integers: exact below 2**24
+
+
+def padding_of(real_and_computed) -> dict[str, float]:
+  """`padding`'s metrics from `counts` (summed over processes)."""
+  real, computed = (float(x) for x in real_and_computed)
+  return {"update_padding_frac": 1.0 - real / computed, "update_computed_tokens": computed}

@@ -230,7 +230,9 @@ def train(config) -> list[dict]:
         widths = tuple(int(w) for w in seen["widths"].reshape(-1, 2).max(0))
         host = make_batch(ro, adv, tokenizer.pad_id, rl.max_new_tokens, rl.length_multiple,
                           widths)
-        padded = packing.padding(host)  # this process's part
+        # Summed over the processes' parts of the batch.
+        padded = packing.padding_of(distributed.gather(
+            {"counts": packing.counts(host)[None]})["counts"].sum(0))
         batch = distributed.global_batch(host, batch_sh)
         lag = step - seen["version"]
 
