@@ -259,4 +259,4 @@ def counts(batch) -> np.ndarray:
 def padding_of(real_and_computed) -> dict[str, float]:
   """`padding`'s metrics from `counts` (summed over processes)."""
   real, computed = (float(x) for x in real_and_computed)
-  return {"update_padding_frac": 1.0 - real / computed, "update_computed_tokens": computed}
+  return {"update_padding_frac": 1.0 - real / computed, "update_computed_tokens": int(computed)}
