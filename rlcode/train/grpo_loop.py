@@ -117,6 +117,8 @@ def train(config) -> list[dict]:
   grpo.check_micro_batch_rows(rl.micro_batch_rows, dp)
   # None without rl.distill_teacher
   teacher_model = teacher_lib.load(rl.distill_teacher, config.model, mesh, tokenizer, config.seed)
+  if teacher_model is not None:  # its forward reads the batch in the update's layout
+    _check_packing(rl, nnx.merge(*teacher_model).cfg, lambda: 0, "the teacher")
 
   with scaffold.Run(config, desc="grpo", main=distributed.is_main()) as run:
     # ════════════════════════════════════════════════════════════ 4. fresh or resumed
@@ -309,9 +311,10 @@ def _grammar(path: str | None, tokenizer, vocab_size: int):
     raise BadInput(f"rl.grammar={path!r}: {e}") from None
 
 
-def _check_packing(rl, cfg, longest_prompt) -> None:
-  """One line where rl.pack_tokens cannot pack this run's batches (the config's own
-  checks are rlcode.config.rl's); longest_prompt() -> the training prompts' longest."""
+def _check_packing(rl, cfg, longest_prompt, model: str = "this model") -> None:
+  """One line where rl.pack_tokens cannot pack this run's batches for a model of `cfg`
+  (the config's own checks are rlcode.config.rl's); longest_prompt() -> the training
+  prompts' longest."""
   if not rl.pack_tokens:
     return
   if not rl.shared_prefix and rl.pack_tokens < longest_prompt() + rl.max_new_tokens:
@@ -324,7 +327,7 @@ def _check_packing(rl, cfg, longest_prompt) -> None:
                    "numbers of rows a group")
   kinds = sorted(set(cfg.layer_kinds) - {"dense"})
   if kinds:
-    raise BadInput(f"rl.pack_tokens needs dense attention layers, and this model has "
+    raise BadInput(f"rl.pack_tokens needs dense attention layers, and {model} has "
                    f"{', '.join(kinds)} layers")
 
 
