@@ -11,8 +11,8 @@ run again:
 
 An arm is the name before `_s<seed>`; the baseline (PPO, no correction) is the default job's
 10-seed result, its rows of the seeds the arms ran. For every arm: held-out and validation
-gains over the warm start (mean ± SE over seeds), the per-seed difference against PPO on
-the same seeds and warm start, the training reward's rise, and the sampler/trainer mismatch
+gains over the warm start (mean ± SE over seeds), the per-seed differences against PPO on
+the same seeds and warm start (held out and validation), the training reward's rise, and the sampler/trainer mismatch
 its run logged (the rollout correction's mismatch_kl, mismatch_ratio_max,
 mismatch_masked_frac, averaged over steps; recorded only where an arm recomputes every row)
 and distillation's reverse KL. Writes results/grpo/NAME.
@@ -66,9 +66,11 @@ def summary(runs: list[dict], base: dict[int, dict]) -> dict:
   held = [r["held_out"]["grpo"] - r["held_out"]["warm_start"] for r in runs]
   val = [r["val_pass@1"][-1] - r["val_pass@1"][0] for r in runs]
   against = [r["held_out"]["grpo"] - base[r["seed"]]["held_out"]["grpo"] for r in runs]
+  val_against = [r["val_pass@1"][-1] - base[r["seed"]]["val_pass@1"][-1] for r in runs]
   rise = [r["reward_last10"] - r["reward_first10"] for r in runs]
   out = {"seeds": [r["seed"] for r in runs], "held_out_gain": stats.mean_se(held),
          "val_gain": stats.mean_se(val), "held_out_minus_ppo": stats.mean_se(against),
+         "val_minus_ppo": stats.mean_se(val_against),
          "reward_rise": stats.mean_se(rise),
          "per_seed": {r["seed"]: {"held_out": r["held_out"], "val_first": r["val_pass@1"][0],
                                   "val_last": r["val_pass@1"][-1], "logged": r.get("logged", {})}
@@ -95,13 +97,15 @@ def main():
   table.update({arm: summary(rs, base) for arm, rs in sorted(found.items())})
   fmt = lambda ms: f"{ms[0]:+.3f} ± {ms[1]:.3f}"
   print("| arm | seeds | held out: gain over the warm start | held out: arm − PPO | "
-        "validation gain | training reward rise | mismatch k3 KL | largest ratio |")
-  print("|---|---|---:|---:|---:|---:|---:|---:|")
+        "validation gain | validation: arm − PPO | training reward rise | mismatch k3 KL | "
+        "largest ratio |")
+  print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
   for arm, s in table.items():
     kl = f"{s['mismatch_kl'][0]:.1e}" if "mismatch_kl" in s else "-"
     ratio = f"{s['mismatch_ratio_max'][0]:.5f}" if "mismatch_ratio_max" in s else "-"
     print(f"| {arm} | {','.join(map(str, s['seeds']))} | {fmt(s['held_out_gain'])} | "
-          f"{fmt(s['held_out_minus_ppo'])} | {fmt(s['val_gain'])} | {fmt(s['reward_rise'])} | "
+          f"{fmt(s['held_out_minus_ppo'])} | {fmt(s['val_gain'])} | {fmt(s['val_minus_ppo'])} | "
+          f"{fmt(s['reward_rise'])} | "
           f"{kl} | {ratio} |")
   print("wrote", results.write("grpo", args.name, {
       "baseline": os.path.relpath(args.baseline, ROOT), "arms": table,
