@@ -56,8 +56,8 @@ class PackedBatch:
   pack_tokens: jax.Array
   pack_segments: jax.Array
   pack_positions: jax.Array
-  source: jax.Array
   completion_tokens: jax.Array
+  source: jax.Array
   mask: jax.Array
   old_logp: jax.Array
   ref_logp: jax.Array
