@@ -98,15 +98,16 @@ def main():
   fmt = lambda ms: f"{ms[0]:+.3f} ± {ms[1]:.3f}"
   print("| arm | seeds | held out: gain over the warm start | held out: arm − PPO | "
         "validation gain | validation: arm − PPO | training reward rise | mismatch k3 KL | "
-        "largest ratio |")
-  print("|---|---|---:|---:|---:|---:|---:|---:|---:|")
+        "largest ratio | reverse KL to the teacher |")
+  print("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|")
   for arm, s in table.items():
     kl = f"{s['mismatch_kl'][0]:.1e}" if "mismatch_kl" in s else "-"
     ratio = f"{s['mismatch_ratio_max'][0]:.5f}" if "mismatch_ratio_max" in s else "-"
+    rkl = f"{s['distill_reverse_kl'][0]:.3f}" if "distill_reverse_kl" in s else "-"
     print(f"| {arm} | {','.join(map(str, s['seeds']))} | {fmt(s['held_out_gain'])} | "
           f"{fmt(s['held_out_minus_ppo'])} | {fmt(s['val_gain'])} | {fmt(s['val_minus_ppo'])} | "
           f"{fmt(s['reward_rise'])} | "
-          f"{kl} | {ratio} |")
+          f"{kl} | {ratio} | {rkl} |")
   print("wrote", results.write("grpo", args.name, {
       "baseline": os.path.relpath(args.baseline, ROOT), "arms": table,
       "overrides": {arm: rs[0]["overrides"] for arm, rs in found.items()}}))
