@@ -145,10 +145,8 @@ def _update(seed, batch, mesh, logprob_fn, **options):
 
 @pytest.mark.parametrize("shared", [True, False])
 def test_packed_update_on_micro_batches_by_tokens_and_a_mesh_equals_one_pass(shared):
-  """The jitted update on a data x fsdp mesh of the fake devices, in micro-batches cut by
-  tokens, equals the padded layout's single pass on one device."""
-  if len(jax.devices()) < 4:
-    pytest.skip("needs 4 devices (XLA_FLAGS=--xla_force_host_platform_device_count)")
+  """The jitted update on a data x fsdp mesh of the fake devices (tests/conftest.py makes
+  8), in micro-batches cut by tokens, equals the padded layout's single pass on one device."""
   grouped, packed = _batches(_data(3, groups=8), 40, shared)
   want, want_m = _update(2, grouped, sharding.make_mesh(), LAYOUT_FN[shared])
   budget = packed.computed_tokens() // 4
