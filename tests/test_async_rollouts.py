@@ -11,7 +11,7 @@ import pytest
 from flax import nnx
 
 import tiny_runs
-from rlcode.rl import async_rollouts, shared_prefix
+from rlcode.rl import algorithm, async_rollouts, shared_prefix
 from rlcode.parallel import distributed, sharding
 from rlcode import rewards
 from rlcode import optim
@@ -220,7 +220,7 @@ def _synchronous_loop(config):
   state = optim.init_state(model, optimizer, mesh)
   n = rl.prompts_per_step * rl.group_size
   update = shared_prefix.update_step(graphdef, optimizer,
-                                     objective.LossConfig.from_config(rl, rl.max_new_tokens), mesh,
+                                     algorithm.loss(rl, rl.max_new_tokens), mesh,
                                      state, shared_prefix.GroupedBatch.abstract(
                                          rl.prompts_per_step, n))
   stream = TaskStream(tasks, rl.prompts_per_step, config.seed)

@@ -24,6 +24,7 @@ def test_the_walk_reaches_the_update_and_no_library_function_takes_the_whole_con
   found = config_walk.walk_to_update(modules)
   assert found is not None, "the walk from rlcode train no longer reaches the update"
   assert found["stops"] <= 40, "\n".join(found["trace"])
+  assert found["climbs"] <= 12, "\n".join(found["trace"])
   assert found["trace"][0] == "rlcode.cli._train(config=whole)"
   assert found["trace"][-1].strip() == "rlcode.rl.grpo.make_update_step()"
   assert config_walk.whole_config_functions(modules) == []

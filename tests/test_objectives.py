@@ -15,7 +15,7 @@ from rlcode import cli
 from rlcode.config import rl as rl_config
 from rlcode.models import Decoder, ModelConfig
 from rlcode.parallel import sharding
-from rlcode.rl import correction, grpo, objective, overlong, rollout, sequences
+from rlcode.rl import algorithm, correction, grpo, objective, overlong, rollout, sequences
 from rlcode.sampling import Generation
 from rlcode.train import grpo_loop
 
@@ -377,12 +377,12 @@ def test_schema_choices_are_the_registries():
   assert set(fields["objective"].metadata["choices"]) == set(objective.OBJECTIVES)
   assert tuple(fields["rollout_correction"].metadata["choices"]) == ("none",) + correction.MODES
   assert tuple(fields["rollout_correction_level"].metadata["choices"]) == correction.LEVELS
-  cfg = objective.LossConfig.from_config(rl_config.RL(objective="cispo", cispo_clip_low=0.3),
+  cfg = algorithm.loss(rl_config.RL(objective="cispo", cispo_clip_low=0.3),
                                          16)
   assert (cfg.objective, cfg.cispo_clip_low, cfg.cispo_clip_high) == ("cispo", 0.3, 5.0)
   hash(cfg)  # a jit static argument
-  assert correction.Correction.from_config(rl_config.RL()) == correction.Correction.decoupled(2.0)
-  assert correction.Correction.from_config(rl_config.RL(
+  assert algorithm.correction(rl_config.RL()) == correction.Correction.decoupled(2.0)
+  assert algorithm.correction(rl_config.RL(
       rollout_correction="mis", rollout_correction_level="sequence")) == correction.Correction(
           "mis", "sequence", 2.0, 0.5, every_row=True)
 

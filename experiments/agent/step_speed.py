@@ -39,7 +39,7 @@ from rlcode.config import loader
 from rlcode.data import sources
 from rlcode.data.stream import TaskStream
 from rlcode.parallel import sharding
-from rlcode.rl import advantages, objective, shared_prefix
+from rlcode.rl import algorithm, shared_prefix
 
 
 def main():
@@ -63,8 +63,8 @@ def main():
                       rl.prompts_per_step, config.seed)
   graphdef, params = nnx.split(model, nnx.Param)
   optimizer = optim.make_optimizer(optim.OptimizerConfig.from_config(config.optimizer))
-  loss_cfg = objective.LossConfig.from_config(rl, agent.max_total_tokens)
-  advantage_of = advantages.advantages_from_config(rl)
+  loss_cfg = algorithm.loss(rl, agent.max_total_tokens)
+  advantage_of = algorithm.advantages(rl)
   state = optim.init_state(nnx.merge(graphdef, params), optimizer, mesh)
   example = shared_prefix.GroupedBatch.abstract(rl.prompts_per_step,
                                                 rl.prompts_per_step * rl.group_size)

@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import argparse
 import math
-import os
 import time
 
 import numpy as np

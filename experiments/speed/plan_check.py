@@ -33,7 +33,7 @@ from rlcode import optim, plan, sampling
 from rlcode.config import loader
 from rlcode.models.build import build_model
 from rlcode.parallel import sharding
-from rlcode.rl import objective, shared_prefix
+from rlcode.rl import algorithm, shared_prefix
 
 CONFIG = os.path.join(ROOT, "configs", "grpo_tiny.py")
 WIDE = ["--config.model.arch.hidden_size=512", "--config.model.arch.intermediate_size=1408",
@@ -71,7 +71,7 @@ def measured_steps(config, repeats):
   batch = shared_prefix.grouped_batch(prompts, completions, pad_id=0, completion_len=tc,
                                       adv=rng.normal(size=n).astype(np.float32))
   update = shared_prefix.update_step(graphdef, optimizer,
-                                     objective.LossConfig.from_config(rl, tc), mesh, state,
+                                     algorithm.loss(rl, tc), mesh, state,
                                      shared_prefix.GroupedBatch.abstract(p, n))
   holder = [state]
 

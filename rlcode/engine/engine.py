@@ -23,7 +23,6 @@ This module must not know about HTTP, rewards or training.
 from __future__ import annotations
 
 import collections
-import dataclasses
 import logging
 import math
 import threading

@@ -33,7 +33,7 @@ from rlcode import optim
 from rlcode.models import build, hub, lora
 from rlcode.models import hf_config as model_cfg_lib
 from rlcode.models.decoder import Decoder
-from rlcode.rl import grpo, objective, sequences, shared_prefix
+from rlcode.rl import algorithm, grpo, sequences, shared_prefix
 from rlcode.parallel import sharding
 from rlcode.errors import BadInput
 from rlcode.plan import flops
@@ -195,7 +195,7 @@ def analyse(config, devices: int, mesh_spec: str, sampler_spec: str, prompt_len:
                                                      opt_cfg.offload))
   state = optim.TrainState(params=params, opt_state=opt_state,
                           step=jax.ShapeDtypeStruct((), jnp.int32, sharding=replicated))
-  loss_cfg = objective.LossConfig.from_config(rl, rl.max_new_tokens)
+  loss_cfg = algorithm.loss(rl, rl.max_new_tokens)
   tc = rl.max_new_tokens
   f32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.float32)
   i32 = lambda *s: jax.ShapeDtypeStruct(s, jnp.int32)

@@ -8,6 +8,7 @@ come from.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
 import numpy as np
 from rlcode.errors import BadInput, UnknownKey
@@ -49,14 +50,19 @@ def group_advantages(rewards_n, group_size: int, estimator: str = "grpo", eps: f
   return np.where(adv < 0, adv * negative_weight, adv).astype(np.float32)
 
 
-def advantages_from_config(rl) -> Callable[[np.ndarray], np.ndarray]:
-  """rewards [N] -> advantages [N] with the rl section's estimator (`rl.advantage`),
-  group size and `rl.negative_weight` (1.0 when absent). The settings are checked here,
-  so that a trainer that builds this before its warm start fails before it, not at the
-  first GRPO step."""
-  estimator, group_size = rl.advantage, rl.group_size
-  negative_weight = float(rl.negative_weight)
-  group_advantages(np.zeros(group_size), group_size, estimator,
-                   negative_weight=negative_weight)  # raises on a bad setting
-  return lambda rewards_n: group_advantages(rewards_n, group_size, estimator,
-                                            negative_weight=negative_weight)
+@dataclasses.dataclass(frozen=True)
+class Advantages:
+  """rewards [N] -> advantages [N]: `estimator` over groups of `group_size`, negative
+  advantages scaled by `negative_weight`. The settings are checked when it is made, so that
+  a trainer that makes it before its warm start fails before it, not at the first step."""
+
+  estimator: str = "grpo"
+  group_size: int = 1
+  negative_weight: float = 1.0
+
+  def __post_init__(self):
+    self(np.zeros(self.group_size))  # raises on a bad setting
+
+  def __call__(self, rewards_n) -> np.ndarray:
+    return group_advantages(rewards_n, self.group_size, self.estimator,
+                            negative_weight=self.negative_weight)

@@ -64,16 +64,6 @@ class Correction:
     """The decoupled PPO correction of stale rows: token-level tis at max_weight."""
     return cls("tis", "token", float(max_weight), 0.0, every_row=False)
 
-  @classmethod
-  def from_config(cls, rl) -> Correction:
-    """rl.rollout_correction's correction of every row, or with "none" the decoupled one
-    of stale rows."""
-    if rl.rollout_correction == "none":
-      return cls.decoupled(rl.max_importance_weight)
-    return cls(rl.rollout_correction, rl.rollout_correction_level,
-               float(rl.rollout_correction_cap), float(rl.rollout_correction_low),
-               every_row=True)
-
 
 def correct(recomputed_nt, behaviour_nt, mask_nt, rows_n, c: Correction):
   """(weight [N, W], mask [N, W], metrics) of a batch whose rows_n [N] (bool) were

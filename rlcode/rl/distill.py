@@ -44,13 +44,6 @@ class Distill:
   coef: float = 1.0
   only: bool = False
 
-  @classmethod
-  def from_config(cls, rl) -> Distill | None:
-    """The rl section's distillation, or None without a teacher."""
-    if not rl.distill_teacher:
-      return None
-    return cls(coef=float(rl.distill_coef), only=bool(rl.distill_only))
-
 
 def token_rewards(teacher_nt, behaviour_nt, mask_nt):
   """r_t = teacher - behaviour log-prob [N, W] on trained tokens (mask > 0), 0 elsewhere."""

@@ -163,15 +163,6 @@ class LossConfig:
     """Whether the update reads reference log-probs (the KL term or its metric)."""
     return self.beta > 0 or self.log_kl
 
-  @classmethod
-  def from_config(cls, rl, max_completion_len: int) -> LossConfig:
-    return cls(clip_eps_low=rl.clip_eps_low, clip_eps_high=rl.clip_eps_high, beta=rl.beta,
-               log_kl=bool(rl.log_kl), aggregation=rl.loss_aggregation,
-               max_completion_len=max_completion_len, temperature=rl.temperature,
-               objective=rl.objective, cispo_clip_low=rl.cispo_clip_low,
-               cispo_clip_high=rl.cispo_clip_high,
-               routing_replay=bool(getattr(rl, "routing_replay", False)))
-
 
 def masked_mean(x_nt, mask_nt, totals: Totals | None = None):
   """Mean of x over the positions where mask is 1; what is elsewhere never reaches the sum.

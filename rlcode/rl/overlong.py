@@ -40,10 +40,6 @@ class Overlong:
       raise ValueError(f"rl.overlong_buffer={self.buffer} must be in [0, rl.max_new_tokens="
                        f"{self.max_len}]")
 
-  @classmethod
-  def from_config(cls, rl) -> Overlong:
-    return cls(max_len=rl.max_new_tokens, buffer=rl.overlong_buffer,
-               factor=float(rl.overlong_penalty), filter=bool(rl.overlong_filter))
 
   def penalty(self, lengths_n) -> np.ndarray:
     """The soft overlong penalty [N] of completions of lengths_n tokens (0 when off)."""

@@ -42,7 +42,7 @@ from rlcode.data import sources
 from rlcode.data.stream import TaskStream
 from rlcode.models.build import build_model
 from rlcode.parallel import sharding
-from rlcode.rl import advantages, grpo, objective, shared_prefix
+from rlcode.rl import algorithm, grpo, objective, shared_prefix
 from rlcode.rl.curriculum import SignalCurriculum
 from rlcode.runs import checkpoint
 from rlcode.train import scaffold
@@ -76,12 +76,12 @@ def train(config) -> list[dict]:
                             reward_options=config.reward_options, memory=memory, embed=embed)
   eval_envs = episodes.make_envs(agent, config.eval.batch_prompts * config.eval.num_samples,
                                  embed=embed, scorer=envs[0].scorer)
-  loss_cfg = objective.LossConfig.from_config(rl, agent.max_total_tokens)
+  loss_cfg = algorithm.loss(rl, agent.max_total_tokens)
   keeps_reference = loss_cfg.uses_reference
   trained = PolicyTraining(model, config.optimizer, mesh, keeps_reference=keeps_reference,
                            base_reloads=bool(config.model.hf_path))
   graphdef, params, policy = trained.graphdef, trained.params, trained.model
-  advantage_of = advantages.advantages_from_config(rl)
+  advantage_of = algorithm.advantages(rl)
   grpo.check_micro_batch_rows(rl.micro_batch_rows, sharding.batch_shards(mesh))
   # Kept groups: a multiple of the data-parallel devices, and of a micro-batch's groups.
   group_multiple = math.lcm(sharding.batch_shards(mesh),

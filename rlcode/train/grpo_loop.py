@@ -43,7 +43,7 @@ import jax
 import numpy as np
 from flax import nnx
 
-from rlcode import optim, rewards
+from rlcode import optim
 from rlcode.config import loader
 from rlcode.data import sources
 from rlcode.data.stream import TaskStream
@@ -53,8 +53,8 @@ from rlcode.models import moe
 from rlcode.models.build import build_model
 from rlcode.parallel import distributed, sharding
 from rlcode.errors import BadInput
-from rlcode.rl import (advantages, async_rollouts, correction, distill, dynamic, grpo, objective,
-                       overlong, packing, partial, rollout, sequences, shared_prefix)
+from rlcode.rl import (algorithm, async_rollouts, distill, dynamic, grpo, packing, partial,
+                       rollout, sequences, shared_prefix)
 from rlcode.sampling.engines import derived_seed
 from rlcode.runs import checkpoint
 from rlcode.train import scaffold
@@ -67,6 +67,8 @@ def train(config) -> list[dict]:
   """Runs config.train.steps GRPO steps; returns the rows written to metrics.jsonl."""
   config = loader.resolve(config)
   rl = config.rl
+  # What the run's scoring and update do (a bad setting fails here, before any model).
+  algo = algorithm.Algorithm.of(rl, config.rewards, config.reward_options)
 
   # ══════════════════════════════════════════════════════════════ 1. mesh
   # The trainer's mesh spans every process; the sampler's is this process's own.
@@ -85,9 +87,7 @@ def train(config) -> list[dict]:
   # Every process reads the tasks; the first prepares them on disk when that is needed.
   data = config.data
   with distributed.main_first("rlcode data"):
-    train_tasks = sources.load(data, data.train_split)
-    eval_tasks = sources.load_eval(data)
-    test_tasks = sources.load(data, data.test_split) if data.test_split else []
+    train_tasks, eval_tasks, test_tasks = sources.load_splits(data)
 
   # ══════════════════════════════════════════════════════════════ 3. model and optimiser
   # With a shared warm start (warmstart.seed) the initial weights are the warm start's.
@@ -102,7 +102,7 @@ def train(config) -> list[dict]:
   eval_tasks, fit_eval = fit(eval_tasks, "eval", config.eval.max_new_tokens)
   test_tasks, fit_test = (fit(test_tasks, "test", config.eval.max_new_tokens)
                           if test_tasks else ([], {}))
-  loss_cfg = objective.LossConfig.from_config(rl, rl.max_new_tokens)
+  loss_cfg = algo.loss
   keeps_reference = loss_cfg.uses_reference
   replayed = _replayed_experts(rl, model.cfg)  # (moe layers, top_k) or None
   _check_packing(rl, model.cfg, lambda: max(
@@ -112,8 +112,7 @@ def train(config) -> list[dict]:
   trained = PolicyTraining(model, config.optimizer, mesh, keeps_reference=keeps_reference,
                            base_reloads=bool(config.model.hf_path))
   graphdef, params, policy = trained.graphdef, trained.params, trained.model
-  advantage_of = advantages.advantages_from_config(rl)
-  score = _scorer(config, advantage_of)
+  score = _scorer(algo)
   grpo.check_micro_batch_rows(rl.micro_batch_rows, dp)
   # None without rl.distill_teacher
   teacher_model = teacher_lib.load(rl.distill_teacher, config.model, mesh, tokenizer, config.seed)
@@ -175,10 +174,10 @@ def train(config) -> list[dict]:
     # Rows sampled with an older policy version than the trainer's get the decoupled
     # PPO correction (clip against the trainer's policy, truncated importance weight);
     # with rl.rollout_correction every row is recomputed and corrected.
-    fix = correction.Correction.from_config(rl)
+    fix = algo.correction
     proximal = grpo.make_proximal_fn(graphdef, mesh, rl.temperature, fix, n_rows, logprob_fn)
     teacher = (distill.Teacher(*teacher_model, mesh, rl.temperature, n_rows,
-                               distill.Distill.from_config(rl), logprob_fn)
+                               algo.distill, logprob_fn)
                if teacher_model is not None else None)
     sync = async_rollouts.WeightSync(mesh, sampler_mesh, state.params)
     store = async_rollouts.WeightStore(rl.max_staleness, rl.sample_version)
@@ -261,7 +260,7 @@ def train(config) -> list[dict]:
         if rl.rollouts == "partial":
           rollouts.publish(step + 1, nnx.state(policy(weights).for_sampling()))
 
-        row = _step_row(m, seen, lag, iw, ro, batch, rl, update_s=update_s,
+        row = _step_row(m, seen, lag, iw, ro, batch, rl, algo.overlong, update_s=update_s,
                         proximal_s=proximal_s, sync_s=sync_s, trainer_idle_s=trainer_idle_s,
                         step_s=time.perf_counter() - step_start)
         row.update(rounds, **distilled, **padded)
@@ -331,17 +330,14 @@ def _check_packing(rl, cfg, longest_prompt, model: str = "this model") -> None:
                    f"{', '.join(kinds)} layers")
 
 
-def _scorer(config, advantage_of):
-  """(Rollout) -> (advantages, reward seconds): the rewards of a step's completions,
-  DAPO's overlong shaping (rlcode.rl.overlong: the soft penalty on the rewards, the
-  filter on the trained tokens), then the group advantages; for batch and partial
-  rollouts alike."""
-  shaping = overlong.Overlong.from_config(config.rl)
+def _scorer(algo: algorithm.Algorithm):
+  """(Rollout) -> (advantages, reward seconds): the algorithm's scoring of a step's
+  completions (rewards, DAPO's overlong shaping, group advantages), timed; for batch and
+  partial rollouts alike."""
 
   def score(ro):
     start = time.perf_counter()
-    reward = rollout.score(ro, dict(config.rewards), rewards.options(config.reward_options))
-    adv = advantage_of(shaping.apply(ro, reward.scores))
+    adv = algo.score(ro)
     return adv, time.perf_counter() - start
   return score
 
@@ -363,7 +359,7 @@ def _partial(config, model, tokenizer, stream, share, train_tasks, sampler_mesh,
       max_prompt_tokens=longest, engine_processes=rl.engine_processes)
 
 
-def _step_row(m, seen, lag, iw, ro, batch, rl, *, update_s, proximal_s, sync_s,
+def _step_row(m, seen, lag, iw, ro, batch, rl, shaping, *, update_s, proximal_s, sync_s,
               trainer_idle_s, step_s) -> dict:
   """One step's metrics row: the update's, the rollouts' (over every process), timings."""
   n_tokens = int(seen["lengths"].sum())
@@ -389,8 +385,7 @@ def _step_row(m, seen, lag, iw, ro, batch, rl, *, update_s, proximal_s, sync_s,
       **{f"reward/{k}": v
          for k, v in distributed.mean_over_processes(ro.reward.metrics).items()})
   if rl.overlong_buffer:
-    row["overlong_penalty"] = float(overlong.Overlong.from_config(rl).penalty(
-        seen["lengths"]).mean())
+    row["overlong_penalty"] = float(shaping.penalty(seen["lengths"]).mean())
   return row
 
 

@@ -65,7 +65,7 @@ from rlcode.harness import rollouts
 from rlcode.models.build import build_model
 from rlcode.parallel import sharding
 from rlcode.policy.training import PolicyTraining
-from rlcode.rl import advantages, async_rollouts, grpo, objective, shared_prefix
+from rlcode.rl import algorithm, async_rollouts, grpo, shared_prefix
 from rlcode.train import scaffold
 from rlcode.serve import server as server_lib
 from rlcode.serve.local import LocalServer
@@ -152,11 +152,11 @@ def train(config) -> list[dict]:
   # ══════════════════════════════════════════════════════════════ 3. model, optimiser
   model, tokenizer = build_model(config.model, mesh, config.seed)
   max_len = model.cfg.max_seq_len
-  loss_cfg = objective.LossConfig.from_config(rl, max_len)
+  loss_cfg = algorithm.loss(rl, max_len)
   trained = PolicyTraining(model, config.optimizer, mesh, keeps_reference=loss_cfg.uses_reference,
                            base_reloads=bool(config.model.hf_path))
   graphdef = trained.graphdef
-  advantage_of = advantages.advantages_from_config(rl)
+  advantage_of = algorithm.advantages(rl)
   template = server_lib.template_for(config.serve, config.model)
 
   with scaffold.Run(config, desc="harness grpo") as run:

@@ -42,7 +42,7 @@ import numpy as np
 from rlcode import optim
 from rlcode.config import loader
 from rlcode.parallel import sharding
-from rlcode.rl import correction, grpo, objective, sequences
+from rlcode.rl import algorithm, correction, grpo, sequences
 from rlcode.train import scaffold
 from rlcode.serve import log as log_lib
 from rlcode.serve import server, weights
@@ -96,7 +96,7 @@ def train(config, stop=None) -> list[dict]:
         weights.publish(publish_dir, run.start_step, state.params)
 
     # ════════════════════════════════════════════════════════════ 3. the update
-    loss_cfg = objective.LossConfig.from_config(rl, on.max_tokens)
+    loss_cfg = algorithm.loss(rl, on.max_tokens)
     example = sequences.SequenceBatch.abstract(rows)
     batch_sh = optim.batch_shardings(mesh, example)
     update = grpo.make_update_step(trained.graphdef, trained.optimizer, loss_cfg, mesh, state,
