@@ -264,7 +264,9 @@ class MoE(nnx.Module):
     """`local` in a shard_map: tokens as the mesh splits them, experts over `expert`,
     their width over `tensor`."""
     shape = dict(mesh.shape)
-    x_spec = sharding.logical_to_spec(("batch", "length", "embed"), x_btd.shape, mesh=mesh,
+    # Each device routes whole tokens: the embedding is never split here, also where the
+    # batch does not divide its axes and an activation's rules would give them to "embed".
+    x_spec = sharding.logical_to_spec(("batch", "length", None), x_btd.shape, mesh=mesh,
                                       what="moe tokens")
     token_axes = [a for entry in x_spec if entry is not None
                   for a in (entry if isinstance(entry, tuple) else (entry,))]
