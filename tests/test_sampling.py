@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 from flax import nnx
 
+from rlcode.engine import programs
 from rlcode.rl import logprobs
 from rlcode import sampling
 from rlcode.sampling import generation
@@ -107,6 +108,26 @@ def test_prompt_lengths_share_compiled_shapes(model):
   for n in (2, 5, 9, 16):  # all in the 16-token bucket
     generate(model, [list(range(1, n + 1))], max_new_tokens=4, temperature=0.0)
   assert sampling.decode._cache_size() - before <= 1
+
+
+def test_a_runs_longest_prompt_gives_its_batches_one_engine_pool(model, monkeypatch):
+  """With min_prompt_len (a run's longest prompt), batches of other prompt lengths get
+  the same engine pool (the shape every engine program is compiled for, so they reuse
+  the programs); without it, each batch's pool fits its own prompts. The tokens do not
+  depend on it."""
+  pools = []
+  zero_pools = programs.zero_pools
+  monkeypatch.setattr(programs, "zero_pools",
+                      lambda cfg, pages, *a, **k: pools.append(pages) or zero_pools(
+                          cfg, pages, *a, **k))
+  kw = dict(max_new_tokens=8, temperature=1.0, group_size=4, seed=3, page_size=4)
+  batches = [[PROMPTS[0], PROMPTS[1]], [PROMPTS[2], PROMPTS[3]]]  # longest: 11 tokens
+  sized = [generate(model, b, min_prompt_len=11, **kw) for b in batches]
+  plain = [generate(model, b, **kw) for b in batches]
+  assert pools[0] == pools[1] and pools[2] != pools[3], pools
+  for got, want in zip(sized, plain):
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_array_equal(got.logprobs, want.logprobs)
 
 
 def test_top_k_one_and_tiny_top_p_are_greedy():

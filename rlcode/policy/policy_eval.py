@@ -40,11 +40,14 @@ def sample_completions(model, tokenizer, tasks: Sequence[Task], *, num_samples: 
   """
   row_tasks, texts = [], []
   starts = range(0, len(tasks), batch_prompts)
+  # Every batch's engine pool sized for the longest prompt: one shape, compiled once.
+  longest = max((len(p) for p in rollout.encode_prompts(tokenizer, tasks)), default=0)
   for start in tqdm(starts, desc="eval: sampling", unit="batch", leave=False,
                     disable=not progress or len(starts) < 2):
     ro = rollout.sample(model, tokenizer, list(tasks[start:start + batch_prompts]),
                         group_size=num_samples, max_new_tokens=max_new_tokens,
-                        temperature=temperature, seed=seed + start, mesh=mesh)
+                        temperature=temperature, seed=seed + start, mesh=mesh,
+                        min_prompt_len=longest)
     row_tasks += ro.row_tasks()
     texts += ro.texts
   return row_tasks, texts

@@ -8,7 +8,9 @@
 A shard's engine gets a pool that holds all of its rows at their full length (the group's
 prompt stored once), rounded up to one of a few sizes (`rlcode.engine.pages.pool_pages`:
 the pool's shape is every program's, so batches of other lengths reuse them), unless
-`num_pages` says less: then the engine preempts and recomputes.
+`num_pages` says less: then the engine preempts and recomputes. With `min_prompt_len`
+(a run's longest prompt) the pool holds every prompt as if it were that long: every batch
+of the run then gets the same pool, and the programs compile once, not once a pool size.
 Rows finish one by one and free their pages; the batch ends when its last row does.
 Randomness is keyed by (seed, global row, position), so the tokens depend on neither the
 mesh, nor the page size, nor how the prompts were split.
@@ -67,7 +69,8 @@ def pages_needed(prompt_lengths: Sequence[int], group_size: int, max_new_tokens:
 def run(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float,
         top_p: float, top_k: int, group_size: int, stop_tokens: Sequence[int], seed: int,
         mesh: Mesh | None, row_offset: int, page_size: int = DEFAULT_PAGE_SIZE,
-        num_pages: int | None = None, experts: bool = False, grammar=None):
+        num_pages: int | None = None, experts: bool = False, grammar=None,
+        min_prompt_len: int = 0):
   """(tokens [N, max_new_tokens] padded with -1, logprobs, lengths, finished, experts) of
   N = P * G rows, prompt-major; experts (with `experts`, else None): (per row [N,
   max_new_tokens, moe layers, top_k] with -1 where none was recorded, per prompt [its
@@ -97,8 +100,8 @@ def run(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, tempera
 
   engines = []
   for m, idx in shards:
-    pages = num_pages or pool_pages(pages_needed([len(prompts[p]) for p in idx], g,
-                                                 max_new_tokens, page_size))
+    lengths = [max(len(prompts[p]), min_prompt_len) for p in idx]
+    pages = num_pages or pool_pages(pages_needed(lengths, g, max_new_tokens, page_size))
     engines.append(Engine(model, num_pages=pages, page_size=page_size,
                           max_rows=len(idx) * g, prefill_tokens=PREFILL_TOKENS,
                           prefix_cache=False, mesh=m))

@@ -258,7 +258,7 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
              pad_id: int = 0, mesh: Mesh | None = None, share_prompt: bool = True,
              offload_kv: bool = False, row_offset: int = 0, page_size: int = 16,
              num_pages: int | None = None, experts: bool = False,
-             grammar=None) -> Generation:
+             grammar=None, min_prompt_len: int = 0) -> Generation:
   """Samples `group_size` completions for each prompt, through the inference engine
   (rlcode.sampling.engines: paged KV, rows that finish free their pages, the group's
   prompt stored once).
@@ -283,6 +283,10 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
       process's share of a batch: row r draws the randomness of row row_offset + r.
     page_size, num_pages: the engine's pages; by default a pool that holds every row at
       its full length (fewer pages: rows are preempted and recomputed, same tokens).
+    min_prompt_len: the default pool holds each prompt as if it had at least this many
+      tokens; a caller that passes its longest prompt (of a run, an evaluation) gets one
+      pool shape for all its batches, so the engine's programs compile once. The tokens
+      do not depend on it.
     experts: record the experts each MoE layer chose for every token (routing replay:
       Generation.experts and prompt_experts; a dense model records nothing, None).
     grammar: an rlcode.engine.grammar.Grammar every completion is constrained by (its
@@ -313,7 +317,7 @@ def generate(model: Decoder, prompts: Sequence[Sequence[int]], *, max_new_tokens
       top_p=float(top_p), top_k=int(top_k), group_size=group_size,
       stop_tokens=tuple(int(s) for s in stop_tokens), seed=int(seed), mesh=mesh,
       row_offset=int(row_offset), page_size=page_size, num_pages=num_pages,
-      experts=experts, grammar=grammar)
+      experts=experts, grammar=grammar, min_prompt_len=int(min_prompt_len))
   tokens[tokens < 0] = pad_id
   row_experts, prompt_experts = recorded if recorded is not None else (None, None)
   return Generation(tokens=tokens, logprobs=logprobs, lengths=lengths, finished=finished,

@@ -105,8 +105,9 @@ def train(config) -> list[dict]:
   loss_cfg = algo.loss
   keeps_reference = loss_cfg.uses_reference
   replayed = _replayed_experts(rl, model.cfg)  # (moe layers, top_k) or None
-  _check_packing(rl, model.cfg, lambda: max(
-      len(p) for p in rollout.encode_prompts(tokenizer, train_tasks)))
+  # The longest training prompt: packing's check, and the engine's pool for every step.
+  longest_prompt = max(len(p) for p in rollout.encode_prompts(tokenizer, train_tasks))
+  _check_packing(rl, model.cfg, longest_prompt)
   grammar = _grammar(rl.grammar, tokenizer, model.cfg.vocab_size)  # None without rl.grammar
   allow_words = None if grammar is None else grammar_lib.words(model.cfg.vocab_size)
   trained = PolicyTraining(model, config.optimizer, mesh, keeps_reference=keeps_reference,
@@ -117,7 +118,7 @@ def train(config) -> list[dict]:
   # None without rl.distill_teacher
   teacher_model = teacher_lib.load(rl.distill_teacher, config.model, mesh, tokenizer, config.seed)
   if teacher_model is not None:  # its forward reads the batch in the update's layout
-    _check_packing(rl, nnx.merge(*teacher_model).cfg, lambda: 0, "the teacher")
+    _check_packing(rl, nnx.merge(*teacher_model).cfg, 0, "the teacher")
 
   with scaffold.Run(config, desc="grpo", main=distributed.is_main()) as run:
     # ════════════════════════════════════════════════════════════ 4. fresh or resumed
@@ -207,7 +208,7 @@ def train(config) -> list[dict]:
                             temperature=rl.temperature,
                             seed=dynamic.round_seed(config.seed, step, r), mesh=sampler_mesh,
                             row_offset=share.row_offset, experts=rl.routing_replay,
-                            grammar=grammar)
+                            grammar=grammar, min_prompt_len=longest_prompt)
         return (ro, *score(ro))
       ro, adv, reward_s, rounds = dynamic.fill_rollouts(
           sample_round, rl.group_size, share.stop - share.start, rl.sample_rounds)
@@ -218,7 +219,7 @@ def train(config) -> list[dict]:
       run_eval(0, test=True)
     if rl.rollouts == "partial":
       rollouts_cm = _partial(config, policy(store.latest()[1]), tokenizer, stream, share,
-                             train_tasks, sampler_mesh, score, run.start_step)
+                             longest_prompt, sampler_mesh, score, run.start_step)
     else:
       rollouts_cm = async_rollouts.AsyncRollouts(produce, store, start=run.start_step,
                                                  stop=config.train.steps)
@@ -310,15 +311,15 @@ def _grammar(path: str | None, tokenizer, vocab_size: int):
     raise BadInput(f"rl.grammar={path!r}: {e}") from None
 
 
-def _check_packing(rl, cfg, longest_prompt, model: str = "this model") -> None:
+def _check_packing(rl, cfg, longest_prompt: int, model: str = "this model") -> None:
   """One line where rl.pack_tokens cannot pack this run's batches for a model of `cfg`
-  (the config's own checks are rlcode.config.rl's); longest_prompt() -> the training
+  (the config's own checks are rlcode.config.rl's); longest_prompt: the training
   prompts' longest."""
   if not rl.pack_tokens:
     return
-  if not rl.shared_prefix and rl.pack_tokens < longest_prompt() + rl.max_new_tokens:
+  if not rl.shared_prefix and rl.pack_tokens < longest_prompt + rl.max_new_tokens:
     raise BadInput(f"rl.pack_tokens={rl.pack_tokens} cannot hold the longest training "
-                   f"prompt ({longest_prompt()} tokens) and rl.max_new_tokens="
+                   f"prompt ({longest_prompt} tokens) and rl.max_new_tokens="
                    f"{rl.max_new_tokens} in one pack (rl.shared_prefix=false packs each "
                    "completion after its own prompt)")
   if jax.process_count() > 1:
@@ -342,21 +343,21 @@ def _scorer(algo: algorithm.Algorithm):
   return score
 
 
-def _partial(config, model, tokenizer, stream, share, train_tasks, sampler_mesh, score, start):
+def _partial(config, model, tokenizer, stream, share, longest_prompt, sampler_mesh, score,
+             start):
   """Partial rollouts (rl.rollouts = "partial"): this process's groups on running engines;
   score: `_scorer`'s."""
   rl = config.rl
   if rl.max_staleness < 1:
     raise ValueError("rl.rollouts=partial needs rl.max_staleness >= 1: a step trains on "
                      "groups that were decoding while the update before it ran")
-  longest = max(len(p) for p in rollout.encode_prompts(tokenizer, train_tasks))
   return partial.PartialRollouts(
       model, next_tasks=lambda: share.take(stream.next()), position=lambda: stream.position,
       tokenizer=tokenizer, group_size=rl.group_size, max_new_tokens=rl.max_new_tokens,
       temperature=rl.temperature, seed=derived_seed(config.seed, jax.process_index()),
       prompts_per_step=share.stop - share.start, max_staleness=rl.max_staleness,
       score=score, mesh=sampler_mesh, start=start, in_flight=rl.in_flight_groups,
-      max_prompt_tokens=longest, engine_processes=rl.engine_processes)
+      max_prompt_tokens=longest_prompt, engine_processes=rl.engine_processes)
 
 
 def _step_row(m, seen, lag, iw, ro, batch, rl, shaping, *, update_s, proximal_s, sync_s,
