@@ -93,6 +93,43 @@ def test_sqlite(tmp_path):
     store.close()
 
 
+def test_completions_recorded_at_once_share_a_transaction_and_a_bad_one_fails_alone(tmp_path):
+  """Group commit: completions queued while a commit runs go in the next one transaction;
+  a group holding a completion the log refuses (its id already recorded) is committed
+  again one by one, so that caller alone gets the error and the others' rows are kept."""
+  import sqlalchemy as sa
+  store = log_lib.InteractionLog(log_lib.default_url(str(tmp_path)))
+  commits = []
+  sa.event.listen(store.engine, "commit", lambda conn: commits.append(1))
+  try:
+    store.record(_served("old", n=1))
+    errors = {}
+
+    def record(rid):
+      try:
+        store.record(_served(rid, n=1))
+      except Exception as e:  # noqa: BLE001
+        errors[rid] = e
+
+    for ids in (["g0", "g1", "g2", "g3"], ["h0", "old", "h1"]):
+      commits.clear()
+      with store._commit_lock:  # a commit in progress: the callers queue behind it
+        threads = [threading.Thread(target=record, args=(rid,)) for rid in ids]
+        for t in threads:
+          t.start()
+        while len(store._waiting) < len(ids):
+          threading.Event().wait(0.01)
+      for t in threads:
+        t.join()
+      if "old" not in ids:
+        assert len(commits) == 1 and not errors  # four completions, one transaction
+      else:
+        assert set(errors) == {"old"} and isinstance(errors["old"], sa.exc.IntegrityError)
+    assert store.counts()["completions"] == 1 + 4 + 2
+  finally:
+    store.close()
+
+
 def _postgres_bin():
   found = sorted(glob.glob("/usr/lib/postgresql/*/bin/initdb"))
   return os.path.dirname(found[-1]) if found else None

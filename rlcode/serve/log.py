@@ -9,8 +9,11 @@ default, PostgreSQL for several servers sharing one log):
   feedback     one row per completion id, in arrival order (`seq`): accepted, rejected,
                kept fraction, the final edited text, the chosen candidate
 
-Each write is one transaction committed before the caller answers (SQLite in WAL mode
-with synchronous=FULL: a reply sent means the row survives a crash). Feedback is
+Each write is committed before the caller answers (SQLite in WAL mode with
+synchronous=FULL: a reply sent means the row survives a crash). Completions that finish
+together are committed together (group commit: one transaction, one sync to disk, for
+every completion that was waiting when the last commit ended); a group that fails is
+committed again completion by completion, so a bad one fails alone. Feedback is
 idempotent by id: the same body again is a no-op, a different body for an id already
 recorded is refused (`Conflict`). The learner (rlcode.train.online_loop) reads feedback
 rows after a cursor (`seq`) with their completions.
@@ -37,6 +40,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
@@ -221,6 +225,16 @@ def _check_sqlite_file(path: str) -> None:
     raise _refuse(path, f"does not begin with SQLite's header (found {head[:16]!r})")
 
 
+@dataclasses.dataclass
+class _Pending:
+  """One completion's rows waiting for a group commit: done once committed or refused
+  (`error`)."""
+
+  rows: list[dict]
+  done: bool = False
+  error: BaseException | None = None
+
+
 class InteractionLog:
   """The log at a SQLAlchemy URL: checked as the module docstring says, its tables created
   when the database holds none. `model`: what identifies the policy whose completions it
@@ -242,6 +256,10 @@ class InteractionLog:
         why = "a file is there" if isinstance(e, FileExistsError) else e.strerror
         raise _unavailable(path, f"its folder {folder} cannot be made ({why})") from None
     self.engine = sa.create_engine(url, pool_pre_ping=True)
+    # Group commit (`record`): completions waiting for the next transaction, and the lock
+    # its writer holds while it commits them.
+    self._waiting: list[_Pending] = []
+    self._waiting_lock, self._commit_lock = threading.Lock(), threading.Lock()
     if self.engine.dialect.name == "sqlite":
       sa.event.listen(self.engine, "connect", _sqlite_pragmas(busy_timeout_s))
     try:
@@ -335,7 +353,12 @@ class InteractionLog:
 
   # ------------------------------------------------------------ the server's writes
   def record(self, candidates: Sequence[Served]) -> None:
-    """The candidates of one completion, in one transaction."""
+    """The candidates of one completion, all or none, committed when this returns.
+
+    Threads that record at once share a transaction: each queues its rows, then takes the
+    commit lock; the first to get it commits every queued completion, and the others
+    find theirs done. If that transaction fails, each completion in it is committed in a
+    transaction of its own, so only a bad one raises (in its own caller)."""
     now = time.time()
     rows = [{"id": c.id, "idx": c.index, "created": now, "policy_version": c.policy_version,
              "model": c.model, "prompt_tokens": json.dumps(list(map(int, c.prompt_tokens))),
@@ -343,8 +366,32 @@ class InteractionLog:
              "logprobs": json.dumps([float(x) for x in c.logprobs]), "text": c.text,
              "finish_reason": c.finish_reason, "params": json.dumps(dict(c.params)),
              "n": c.n} for c in candidates]
-    with self.engine.begin() as conn:
-      conn.execute(COMPLETIONS.insert(), rows)
+    mine = _Pending(rows)
+    with self._waiting_lock:
+      self._waiting.append(mine)
+    with self._commit_lock:
+      if not mine.done:
+        with self._waiting_lock:
+          group, self._waiting = self._waiting, []
+        self._commit(group)
+    if mine.error is not None:
+      raise mine.error
+
+  def _commit(self, group: list[_Pending]) -> None:
+    """Commits a group's completions in one transaction, or (when that fails) each in its
+    own; marks each done, with the error that refused it."""
+    try:
+      with self.engine.begin() as conn:
+        conn.execute(COMPLETIONS.insert(), [row for p in group for row in p.rows])
+    except Exception as e:  # noqa: BLE001 (handed to the caller whose rows it refused)
+      if len(group) == 1:
+        group[0].error, group[0].done = e, True
+        return
+      for pending in group:
+        self._commit([pending])
+      return
+    for pending in group:
+      pending.done = True
 
   def feedback(self, body: Mapping[str, Any]) -> bool:
     """Records a feedback body ({"id", and any of accepted, rejected, kept, chosen, index,
