@@ -126,6 +126,33 @@ def test_completions_recorded_at_once_share_a_transaction_and_a_bad_one_fails_al
       else:
         assert set(errors) == {"old"} and isinstance(errors["old"], sa.exc.IntegrityError)
     assert store.counts()["completions"] == 1 + 4 + 2
+
+    # A commit interrupted by something other than the database (here a BaseException in
+    # the writer) leaves no caller of its group believing its rows were committed.
+    class Interrupted(BaseException):
+      pass
+
+    def interrupted(group):
+      raise Interrupted
+
+    store._commit = interrupted
+    raised = {}
+
+    def record_any(rid):
+      try:
+        store.record(_served(rid, n=1))
+      except BaseException as e:  # noqa: BLE001
+        raised[rid] = type(e)
+
+    with store._commit_lock:
+      threads = [threading.Thread(target=record_any, args=(rid,)) for rid in ("i0", "i1")]
+      for t in threads:
+        t.start()
+      while len(store._waiting) < 2:
+        threading.Event().wait(0.01)
+    for t in threads:
+      t.join()
+    assert sorted(raised.values(), key=lambda t: t.__name__) == [Interrupted, RuntimeError]
   finally:
     store.close()
 

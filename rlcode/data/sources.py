@@ -170,9 +170,9 @@ def load_eval(data_cfg) -> list[Task]:
 
 
 def load_splits(data_cfg) -> tuple[list[Task], list[Task], list[Task]]:
-  """A run's (train, eval, test) tasks: the evaluation split cut as `load_eval` cuts it,
-  and no test tasks without data_cfg.test_split."""
+  """A run's (train, eval, test) tasks: the evaluation split as `load_eval` gives it, and
+  no test tasks without data_cfg.test_split."""
+  evaluation = load_eval(data_cfg)
   train = load(data_cfg, data_cfg.train_split)
-  evaluation = load(data_cfg, data_cfg.eval_split)[:data_cfg.max_eval_tasks]
   test = load(data_cfg, data_cfg.test_split) if data_cfg.test_split else []
   return train, evaluation, test

@@ -373,7 +373,13 @@ class InteractionLog:
       if not mine.done:
         with self._waiting_lock:
           group, self._waiting = self._waiting, []
-        self._commit(group)
+        try:
+          self._commit(group)
+        finally:  # interrupted (not by a database error): none of it is known committed
+          for pending in group:
+            if not pending.done:
+              pending.error = RuntimeError("the interaction log's commit was interrupted")
+              pending.done = True
     if mine.error is not None:
       raise mine.error
 
