@@ -12,10 +12,10 @@ run again:
 An arm is the name before `_s<seed>`; the baseline (PPO, no correction) is the default job's
 10-seed result, its rows of the seeds the arms ran. For every arm: held-out and validation
 gains over the warm start (mean ± SE over seeds), the per-seed differences against PPO on
-the same seeds and warm start (held out and validation), the training reward's rise, and the sampler/trainer mismatch
-its run logged (the rollout correction's mismatch_kl, mismatch_ratio_max,
-mismatch_masked_frac, averaged over steps; recorded only where an arm recomputes every row)
-and distillation's reverse KL. Writes results/grpo/NAME.
+the same seeds and warm start (held out and validation), the training reward's rise, and
+the sampler/trainer mismatch its run logged (the rollout correction's mismatch_kl,
+mismatch_ratio_max, mismatch_masked_frac, averaged over steps; recorded only where an arm
+recomputes every row) and distillation's reverse KL. Writes results/grpo/NAME.
 """
 
 from __future__ import annotations
