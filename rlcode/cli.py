@@ -207,10 +207,33 @@ def _write_report(out: str, name: str, report) -> None:
   print(f"wrote {path}")
 
 
+# XLA's persistent compilation cache, on by default: a run compiles the programs an
+# earlier run of the same shapes compiled, from disk (the smoke run: 87 s cold, 60 s warm).
+# JAX's own variables choose otherwise; JAX_COMPILATION_CACHE_DIR= (empty) turns it off.
+COMPILATION_CACHE = {
+    "JAX_COMPILATION_CACHE_DIR": (os.path.join("~", ".cache", "rlcode", "jax"), str),
+    # Most of a small run's programs compile in 0.2-2 s; JAX caches from 1 s by default.
+    "JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS": ("0.2", float),
+    # Least recently used entries go past 4 GB.
+    "JAX_COMPILATION_CACHE_MAX_SIZE": (str(4 * 2 ** 30), int),
+}
+
+
+def compilation_cache() -> None:
+  """Turns on the persistent compilation cache (COMPILATION_CACHE) for this process and
+  the processes it starts, each setting the environment leaves unset."""
+  import jax  # already imported by the config loader: the settings go to its config too
+  for variable, (value, kind) in COMPILATION_CACHE.items():
+    if variable not in os.environ:
+      os.environ[variable] = value = os.path.expanduser(value)
+      jax.config.update(variable.lower(), kind(value))
+
+
 def main(argv: Sequence[str] | None = None) -> int:
   """Runs one command. A UserError (a wrong key, path, flag, file row or repository) is
   printed as one line on stderr and gives exit code 2; anything else is a bug and raises."""
   argv = sys.argv[1:] if argv is None else list(argv)
+  compilation_cache()
   command = argv[0] if argv else ""
   try:
     if command == "mine":

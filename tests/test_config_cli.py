@@ -134,3 +134,33 @@ def test_hf_tokenizer_from_tokenizer_json(tmp_path):
   assert hf.eos_ids == (1,) and hf.pad_id == 1
   with pytest.raises(FileNotFoundError, match="no tokenizer.json"):
     HFTokenizer(str(tmp_path / "missing"))
+
+
+def test_the_cli_turns_on_the_persistent_compilation_cache_unless_told_otherwise(
+    tmp_path, monkeypatch):
+  """`rlcode` caches compiled programs under ~/.cache/rlcode/jax for itself and the
+  processes it starts; a JAX_* variable already set (an empty directory: off) wins."""
+  import jax
+
+  from rlcode import cli
+  keys = [v.lower() for v in cli.COMPILATION_CACHE]
+  before = {k: jax.config.values[k] for k in keys}
+  monkeypatch.setenv("HOME", str(tmp_path))
+  for variable in cli.COMPILATION_CACHE:
+    monkeypatch.delenv(variable, raising=False)
+  monkeypatch.setenv("JAX_COMPILATION_CACHE_MAX_SIZE", "-1")
+  try:
+    cli.compilation_cache()
+    want = str(tmp_path / ".cache" / "rlcode" / "jax")
+    assert jax.config.values["jax_compilation_cache_dir"] == want
+    assert os.environ["JAX_COMPILATION_CACHE_DIR"] == want
+    assert jax.config.values["jax_persistent_cache_min_compile_time_secs"] == 0.2
+    assert jax.config.values["jax_compilation_cache_max_size"] == before[
+        "jax_compilation_cache_max_size"]  # set by the environment: left alone
+    monkeypatch.setenv("JAX_COMPILATION_CACHE_DIR", "")
+    jax.config.update("jax_compilation_cache_dir", None)
+    cli.compilation_cache()
+    assert jax.config.values["jax_compilation_cache_dir"] is None
+  finally:
+    for k, v in before.items():
+      jax.config.update(k, v)

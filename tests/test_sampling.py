@@ -11,7 +11,7 @@ from flax import nnx
 from rlcode.engine import programs
 from rlcode.rl import logprobs
 from rlcode import sampling
-from rlcode.sampling import generation
+from rlcode.sampling import engines, generation
 from rlcode.models import Decoder, ModelConfig
 from rlcode.sampling import generate, sample_logits, static_generate
 
@@ -126,6 +126,38 @@ def test_a_runs_longest_prompt_gives_its_batches_one_engine_pool(model, monkeypa
   plain = [generate(model, b, **kw) for b in batches]
   assert pools[0] == pools[1] and pools[2] != pools[3], pools
   for got, want in zip(sized, plain):
+    np.testing.assert_array_equal(got.tokens, want.tokens)
+    np.testing.assert_array_equal(got.logprobs, want.logprobs)
+
+
+def test_a_shared_pool_lets_two_kinds_of_batch_share_compiled_programs(model, monkeypatch):
+  """A run's rollouts (few prompts, many samples) and evaluations (more prompts, fewer
+  samples) on `engines.shared_pool` get one pool, the larger of their own: the decode
+  programs the first kind compiled serve the second's row counts, and the tokens are
+  those of each batch's own pool."""
+  pools = []
+  zero_pools = programs.zero_pools
+  monkeypatch.setattr(programs, "zero_pools",
+                      lambda cfg, pages, *a, **k: pools.append(pages) or zero_pools(
+                          cfg, pages, *a, **k))
+  rollouts = dict(prompts=[PROMPTS[0], PROMPTS[1]], group_size=8)
+  evals = dict(prompts=PROMPTS[:4], group_size=4)
+  longest = max(len(p) for p in PROMPTS[:4])
+  pool = engines.shared_pool([(2, longest, 8, 8), (4, longest, 4, 8)], None, page_size=4)
+  own = [engines.pool_pages(engines.pages_needed([longest] * 2, 8, 8, 4)),
+         engines.pool_pages(engines.pages_needed([longest] * 4, 4, 8, 4))]
+  assert pool == max(own) and own[0] != own[1]
+  kw = dict(max_new_tokens=8, temperature=1.0, seed=5, page_size=4, min_prompt_len=longest)
+  decode = programs.for_graph(nnx.graphdef(model)).decode
+  first = generate(model, rollouts["prompts"], group_size=8, num_pages=pool, **kw)
+  compiled = decode._cache_size()
+  second = generate(model, evals["prompts"], group_size=4, num_pages=pool, **kw)
+  assert pools == [pool, pool]
+  # 16 rows each: the evaluation's programs are the rollouts' (with their own pools, the
+  # evaluation compiled its own).
+  assert decode._cache_size() == compiled
+  for got, batch in ((first, rollouts), (second, evals)):
+    want = generate(model, batch["prompts"], group_size=batch["group_size"], **kw)
     np.testing.assert_array_equal(got.tokens, want.tokens)
     np.testing.assert_array_equal(got.logprobs, want.logprobs)
 

@@ -32,9 +32,10 @@ from rlcode.runs import checkpoint
 
 def sample_completions(model, tokenizer, tasks: Sequence[Task], *, num_samples: int,
                        temperature: float, max_new_tokens: int, seed: int = 0,
-                       batch_prompts: int = 32, mesh=None,
-                       progress: bool = False) -> tuple[list[Task], list[str]]:
-  """`num_samples` completions per task, sampled `batch_prompts` tasks at a time.
+                       batch_prompts: int = 32, mesh=None, progress: bool = False,
+                       num_pages: int | None = None) -> tuple[list[Task], list[str]]:
+  """`num_samples` completions per task, sampled `batch_prompts` tasks at a time (on an
+  engine pool of `num_pages` pages; default: what the batches need).
 
   Returns (the task of each completion, the completion texts), task-major.
   """
@@ -47,7 +48,7 @@ def sample_completions(model, tokenizer, tasks: Sequence[Task], *, num_samples: 
     ro = rollout.sample(model, tokenizer, list(tasks[start:start + batch_prompts]),
                         group_size=num_samples, max_new_tokens=max_new_tokens,
                         temperature=temperature, seed=seed + start, mesh=mesh,
-                        min_prompt_len=longest)
+                        min_prompt_len=longest, num_pages=num_pages)
     row_tasks += ro.row_tasks()
     texts += ro.texts
   return row_tasks, texts
@@ -56,7 +57,8 @@ def sample_completions(model, tokenizer, tasks: Sequence[Task], *, num_samples: 
 def evaluate_policy(model, tokenizer, tasks: Sequence[Task], *, num_samples: int,
                     temperature: float, max_new_tokens: int, ks: Sequence[int] = (1,),
                     seed: int = 0, batch_prompts: int = 32, mesh=None,
-                    reward_options: Mapping | None = None, progress: bool = False) -> dict:
+                    reward_options: Mapping | None = None, progress: bool = False,
+                    num_pages: int | None = None) -> dict:
   """Samples `num_samples` completions per task and scores them in the sandbox.
 
   Returns {"pass@k": ... for each k <= num_samples, "n_tasks", "n_samples"};
@@ -68,7 +70,7 @@ def evaluate_policy(model, tokenizer, tasks: Sequence[Task], *, num_samples: int
   row_tasks, texts = sample_completions(
       model, tokenizer, tasks, num_samples=num_samples, temperature=temperature,
       max_new_tokens=max_new_tokens, seed=seed, batch_prompts=batch_prompts, mesh=mesh,
-      progress=progress)
+      progress=progress, num_pages=num_pages)
   pairs = [(t.id, text) for t, text in zip(row_tasks, texts)]
   report, _ = scoring.evaluate_completions(
       tasks, pairs, k=[k for k in ks if k <= num_samples], workers=options.pop("workers", None),
@@ -80,7 +82,8 @@ def evaluate_policy(model, tokenizer, tasks: Sequence[Task], *, num_samples: int
 def evaluate_rewards(model, tokenizer, tasks: Sequence[Task], *, weights: Mapping[str, float],
                      options: Mapping[str, Mapping] | None = None, num_samples: int,
                      temperature: float, max_new_tokens: int, seed: int = 0,
-                     batch_prompts: int = 32, mesh=None, progress: bool = False) -> dict:
+                     batch_prompts: int = 32, mesh=None, progress: bool = False,
+                     num_pages: int | None = None) -> dict:
   """Samples `num_samples` completions per task and averages the configured rewards.
 
   For tasks without unit tests (diffs, sections). Returns {"reward_mean",
@@ -89,7 +92,7 @@ def evaluate_rewards(model, tokenizer, tasks: Sequence[Task], *, weights: Mappin
   row_tasks, texts = sample_completions(
       model, tokenizer, tasks, num_samples=num_samples, temperature=temperature,
       max_new_tokens=max_new_tokens, seed=seed, batch_prompts=batch_prompts, mesh=mesh,
-      progress=progress)
+      progress=progress, num_pages=num_pages)
   out = rewards.compute(weights, row_tasks, texts, options)
   scores = np.asarray(out.scores)
   return {"reward_mean": float(scores.mean()), "reward_std": float(scores.std()),
@@ -100,19 +103,24 @@ def evaluate_rewards(model, tokenizer, tasks: Sequence[Task], *, weights: Mappin
 class Evaluation:
   """A run's evaluation of a policy (the training loops' eval rows, `rlcode eval`): the
   sampling of `ev` (config.eval), the rewards it scores (config.rewards' weights and
-  config.reward_options), its seed (the run's) and progress bar. Called on a policy and
-  tasks: pass@k for code tasks with tests, the rewards' means otherwise."""
+  config.reward_options), its seed (the run's) and progress bar, and the engine pool's
+  pages (`num_pages`, default what each batch needs; a training loop passes the pool its
+  rollouts use, rlcode.sampling.engines.shared_pool, so both share compiled programs).
+  Called on a policy and tasks: pass@k for code tasks with tests, the rewards' means
+  otherwise."""
   ev: Any
   rewards: Mapping[str, float]
   reward_options: Any
   seed: int
   progress: bool = False
+  num_pages: int | None = None
 
   def __call__(self, model, tokenizer, tasks: Sequence[Task], mesh, ks=None) -> dict:
     ev = self.ev
     common = dict(num_samples=ev.num_samples, temperature=ev.temperature,
                   max_new_tokens=ev.max_new_tokens, seed=self.seed + 7919,
-                  batch_prompts=ev.batch_prompts, mesh=mesh, progress=self.progress)
+                  batch_prompts=ev.batch_prompts, mesh=mesh, progress=self.progress,
+                  num_pages=self.num_pages)
     options = rewards.options(self.reward_options)
     if all(t.kind == "code" and t.tests for t in tasks):
       return evaluate_policy(model, tokenizer, tasks, ks=tuple(ks or ev.ks),

@@ -107,18 +107,20 @@ def fit_tasks(tasks: Sequence[Task], tokenizer: Tokenizer, *, split: str, max_se
 def sample(model, tokenizer: Tokenizer, tasks: Sequence[Task], *, group_size: int,
            max_new_tokens: int, temperature: float, seed: int, mesh=None,
            top_p: float = 1.0, top_k: int = 0, row_offset: int = 0,
-           experts: bool = False, grammar=None, min_prompt_len: int = 0) -> Rollout:
+           experts: bool = False, grammar=None, min_prompt_len: int = 0,
+           num_pages: int | None = None) -> Rollout:
   """G completions of each task; `row_offset`, `experts` (routing replay's record),
   `grammar` (every completion constrained by it; the batch builders then recompute its
-  masks) and `min_prompt_len` (the longest prompt of the caller's run: one engine pool
-  shape for all its batches) as in rlcode.sampling.generate."""
+  masks), `min_prompt_len` (the longest prompt of the caller's run: one engine pool
+  shape for all its batches) and `num_pages` (the engine pool's pages, default what the
+  batch needs: rlcode.sampling.engines.shared_pool) as in rlcode.sampling.generate."""
   prompts = encode_prompts(tokenizer, tasks)
   start = time.perf_counter()
   gen = generate(model, prompts, max_new_tokens=max_new_tokens, temperature=temperature,
                  top_p=top_p, top_k=top_k, group_size=group_size,
                  stop_tokens=tokenizer.eos_ids, seed=seed, pad_id=tokenizer.pad_id, mesh=mesh,
                  row_offset=row_offset, experts=experts, grammar=grammar,
-                 min_prompt_len=min_prompt_len)
+                 min_prompt_len=min_prompt_len, num_pages=num_pages)
   seconds = time.perf_counter() - start
   texts = [tokenizer.decode([t for t in c if t not in tokenizer.eos_ids])
            for c in gen.completions()]

@@ -66,6 +66,20 @@ def pages_needed(prompt_lengths: Sequence[int], group_size: int, max_new_tokens:
   return total
 
 
+def shared_pool(batches: Sequence[tuple[int, int, int, int]], mesh: Mesh | None,
+                page_size: int = DEFAULT_PAGE_SIZE) -> int:
+  """One pool size (pages an engine) for several kinds of batch that a run samples on one
+  model, so that their engines share one pool shape and every program compiles once for
+  all of them (a training run's rollouts and its evaluations). batches: (prompts a batch,
+  longest prompt, group size, max new tokens) each; every batch's prompts split over
+  `mesh`'s data shards as `run` splits them. The size is the largest batch's own pool:
+  any of them fits without preemption, and the tokens do not depend on the pool."""
+  shards = len(shard_meshes(mesh))
+  need = [pages_needed([longest] * math.ceil(prompts / shards), group, new_tokens, page_size)
+          for prompts, longest, group, new_tokens in batches if prompts]
+  return pool_pages(max(need, default=1))
+
+
 def run(model, prompts: Sequence[Sequence[int]], *, max_new_tokens: int, temperature: float,
         top_p: float, top_k: int, group_size: int, stop_tokens: Sequence[int], seed: int,
         mesh: Mesh | None, row_offset: int, page_size: int = DEFAULT_PAGE_SIZE,

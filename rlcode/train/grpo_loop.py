@@ -55,7 +55,7 @@ from rlcode.parallel import distributed, sharding
 from rlcode.errors import BadInput
 from rlcode.rl import (algorithm, async_rollouts, distill, dynamic, grpo, packing, partial,
                        rollout, sequences, shared_prefix)
-from rlcode.sampling.engines import derived_seed
+from rlcode.sampling import engines
 from rlcode.runs import checkpoint
 from rlcode.train import scaffold
 from rlcode.policy import teacher as teacher_lib
@@ -184,8 +184,15 @@ def train(config) -> list[dict]:
     store = async_rollouts.WeightStore(rl.max_staleness, rl.sample_version)
     store.publish(run.start_step, sync(state.params)[0])
 
-    evaluation = policy_eval.Evaluation(config.eval, config.rewards, config.reward_options,
-                                        config.seed, config.train.progress_bar)
+    # One engine pool for rollouts and evaluations: their programs compile once.
+    ev, eval_prompts = config.eval, rollout.encode_prompts(tokenizer, eval_tasks + test_tasks)
+    pool = engines.shared_pool(
+        [(share.stop - share.start, longest_prompt, rl.group_size, rl.max_new_tokens),
+         (min(ev.batch_prompts, max(len(eval_tasks), len(test_tasks))),
+          max(map(len, eval_prompts), default=0), ev.num_samples, ev.max_new_tokens)],
+        sampler_mesh)
+    evaluation = policy_eval.Evaluation(ev, config.rewards, config.reward_options,
+                                        config.seed, config.train.progress_bar, pool)
 
     def run_eval(step, test=False):
       """The validation split (and the test split, with `test`) with the trainer's newest
@@ -208,7 +215,8 @@ def train(config) -> list[dict]:
                             temperature=rl.temperature,
                             seed=dynamic.round_seed(config.seed, step, r), mesh=sampler_mesh,
                             row_offset=share.row_offset, experts=rl.routing_replay,
-                            grammar=grammar, min_prompt_len=longest_prompt)
+                            grammar=grammar, min_prompt_len=longest_prompt,
+                            num_pages=pool)
         return (ro, *score(ro))
       ro, adv, reward_s, rounds = dynamic.fill_rollouts(
           sample_round, rl.group_size, share.stop - share.start, rl.sample_rounds)
@@ -354,7 +362,7 @@ def _partial(config, model, tokenizer, stream, share, longest_prompt, sampler_me
   return partial.PartialRollouts(
       model, next_tasks=lambda: share.take(stream.next()), position=lambda: stream.position,
       tokenizer=tokenizer, group_size=rl.group_size, max_new_tokens=rl.max_new_tokens,
-      temperature=rl.temperature, seed=derived_seed(config.seed, jax.process_index()),
+      temperature=rl.temperature, seed=engines.derived_seed(config.seed, jax.process_index()),
       prompts_per_step=share.stop - share.start, max_staleness=rl.max_staleness,
       score=score, mesh=sampler_mesh, start=start, in_flight=rl.in_flight_groups,
       max_prompt_tokens=longest_prompt, engine_processes=rl.engine_processes)
