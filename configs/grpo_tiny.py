@@ -2,7 +2,7 @@
 the same data reaches? GRPO on unit-test rewards against more supervised training, on CPU.
 
     rlcode train --config configs/grpo_tiny.py            # make run
-    rlcode train --config configs/grpo_tiny.py:smoke      # make smoke: the same path, ~85 s
+    rlcode train --config configs/grpo_tiny.py:smoke      # make smoke: the same path, ~100 s
     python -m experiments.grpo.tiny_seeds --seeds 0 1 2   # both arms, held out once
 
 data/tiny_tasks.jsonl, as real code comes: every training function has tests, half of them
@@ -24,7 +24,7 @@ from common import optimizer, tiny_model
 
 
 def get_config(arg: str | None = None):
-  """The default job; arg "smoke": a run of the same path in about 85 s (a 100-step warm
+  """The default job; arg "smoke": a run of the same path in about 100 s (a 100-step warm
   start, 3 GRPO steps of 8 prompts x 8 samples, pass@1 on 16 validation problems);
   "references": the default job before 2026-12-05 (every reference, a 120-step warm
   start, 120 GRPO steps), which the reward-model, online and LoRA results start from."""
