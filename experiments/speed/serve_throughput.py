@@ -35,7 +35,12 @@ flags and C's own configs/online_tiny.py, on the Hugging Face checkpoint when
 continuous). The result records C's full hash and, at each client count, today's tokens
 per second over C's.
 
-Writes results/speed/serve_throughput/.
+--server-cpus and --client-cpus (lists such as 0 or 0,1) pin every server's threads and
+this process's clients to those CPUs; without them everything runs where it is started
+(`taskset -c 0 python -m ...`: servers and clients share one core, so a server's CPU time
+and the clients' compete).
+
+Writes results/speed/<--name>/ (default serve_throughput).
 """
 
 from __future__ import annotations
@@ -174,6 +179,13 @@ async def redeploy(url: str, workdir: str, versions: int) -> list[float]:
   return out
 
 
+def pin(proc, cpus: str) -> None:
+  """Every thread of a started server on `cpus` (none given: left where it is)."""
+  if cpus:
+    subprocess.run(["taskset", "-a", "-p", "-c", cpus, str(proc.proc.pid)], check=True,
+                   capture_output=True)
+
+
 def main():
   parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
   parser.add_argument("--clients", default="1,4,16,64")
@@ -185,7 +197,12 @@ def main():
   parser.add_argument("--baseline-commit", default="",
                       help="an earlier commit whose `rlcode serve` is one more arm")
   parser.add_argument("--out", default=os.path.join(ROOT, "experiments", "out", "serve_speed"))
+  parser.add_argument("--server-cpus", default="", help="CPUs every server runs on, e.g. 0")
+  parser.add_argument("--client-cpus", default="", help="CPUs the clients run on, e.g. 1")
+  parser.add_argument("--name", default="serve_throughput", help="the result's folder name")
   args = parser.parse_args()
+  if args.client_cpus:
+    os.sched_setaffinity(0, {int(c) for c in args.client_cpus.split(",")})
   args.out = os.path.abspath(args.out)  # servers of another tree run from their own directory
   os.makedirs(args.out, exist_ok=True)
   levels = [int(c) for c in args.clients.split(",")]
@@ -199,7 +216,7 @@ def main():
     finally:
       proc.stop()
     print("redeploy seconds", times, "median", statistics.median(times))
-    results.write("speed", "serve_throughput", {"redeploy_seconds": times,
+    results.write("speed", args.name, {"redeploy_seconds": times,
                                                 "redeploy_median_s": statistics.median(times)},
                   filename="redeploy.json")
     return
@@ -237,6 +254,8 @@ def main():
                                 "--config.online.init_from=", *on, *ARMS["continuous"]],
                                os.path.join(args.out, f"{name}.log"), tree=tree)
       servers[baseline] = (proc, url, None, MODEL)
+    for proc, *_ in servers.values():
+      pin(proc, args.server_cpus)
     for c in levels:
       for arm, (_, url, _, model) in servers.items():
         row = asyncio.run(load(url, c, max(16, 2 * c), args.tokens, model))
@@ -267,9 +286,11 @@ def main():
                               else "not run (no --transformers)"),
              "baseline": ({"arm": baseline, "commit": baseline_sha, "against": current}
                           if args.baseline_commit else "not run (no --baseline-commit)"),
-             "python": sys.version.split()[0]}
+             "python": sys.version.split()[0],
+             "cpus": {"servers": args.server_cpus or "as started",
+                      "clients": args.client_cpus or "as started"}}
   print(json.dumps(ratios, indent=1), "redeploy median", payload["redeploy_median_s"])
-  results.write("speed", "serve_throughput", payload)
+  results.write("speed", args.name, payload)
 
 
 if __name__ == "__main__":
