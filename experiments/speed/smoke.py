@@ -44,9 +44,8 @@ def run(tree: str, env: dict, log: str) -> tuple[float, list[dict]]:
   seconds = time.perf_counter() - start
   with open(os.path.join(workdir, "metrics.jsonl")) as f:
     rows = [json.loads(line) for line in f]
-  timing = ("seconds", "_s", "per_s", "idle")
-  return seconds, [{k: v for k, v in r.items() if not any(t in k for t in timing)}
-                   for r in rows]
+  timing = lambda k: k.endswith("_seconds") or k.endswith("_per_s")
+  return seconds, [{k: v for k, v in r.items() if not timing(k)} for r in rows]
 
 
 def prepare() -> None:
