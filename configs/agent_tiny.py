@@ -8,7 +8,7 @@ A 1.33M-parameter decoder over the code BPE with the four tool-calling tags
 each in its own sandbox session, the reward the task's tests on the workspace's
 solution.py. The tasks (data/agent_tasks_notes.jsonl) can only be solved through the
 tools, and each real task's prompt ends with a stale note (a wrong constant or name).
-The demonstrator believes the note on about 70% of the real tasks (`warmstart.note_trust`)
+The demonstrator believes the note on about 70% of the real tasks (`agent.note_trust`)
 and looks on the rest; GRPO, on the real tasks only, learns to look.
 
 Result (3 seeds, docs/results.md): held-out success +0.211 ± 0.094 above the warm start's
@@ -37,7 +37,7 @@ def get_config():
   config.reward_options = ml_collections.ConfigDict({"tests": {"mode": "all"}})
   config.agent = ml_collections.ConfigDict(dict(
       tools=("editor", "search", "run_tests", "finish"), max_turns=5, max_total_tokens=640,
-      max_turn_tokens=160, max_observation_tokens=96))
+      max_turn_tokens=160, max_observation_tokens=96, note_trust=0.7))
   config.rl = ml_collections.ConfigDict(dict(
       group_size=8, prompts_per_step=8,
       # The practice tasks carry no note (nothing to learn there): GRPO on the real ones.
@@ -47,8 +47,7 @@ def get_config():
   # The warm start's cosine runs over 1000 steps but stops at 900: the rate must stay high
   # while the policy learns to copy from its tools' output (steps 400-600 here).
   config.warmstart = ml_collections.ConfigDict(dict(
-      steps=900, batch_size=16, optimizer=optimizer(lr=3e-3, warmup=20, decay=1000),
-      note_trust=0.7))
+      steps=900, batch_size=16, optimizer=optimizer(lr=3e-3, warmup=20, decay=1000)))
   config.train = ml_collections.ConfigDict(dict(steps=30, checkpoint_every=15, eval_every=15))
   config.eval = ml_collections.ConfigDict(dict(num_samples=4, batch_prompts=16))
   return config

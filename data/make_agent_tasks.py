@@ -44,7 +44,7 @@ random order), or in another of the three files of a search task, so that the se
 finds both. The tasks, their splits and their references are the others' exactly; the
 hint records the decoy's value. The tests pass only with the live value, so a policy
 must copy from the right line, which a demonstrator that does not tell the two apart
-(rlcode.agent.expert.copies_decoy, warmstart.decoy_copy) gets right half the time:
+(rlcode.agent.expert.copies_decoy, agent.decoy_copy) gets right half the time:
 imitating it cannot teach the difference, the reward could. (In 30 or 50 GRPO steps it
 did not: docs/journal.md, agent_tiny, "decoy lines".)
 
@@ -53,7 +53,7 @@ old note says OFFSET = 4." (file and search tasks: another constant 2-9) or "An 
 note calls it frob2." (tests tasks: another name of the same pool). The note is never
 right, and the tasks, splits, workspaces and tests are the others' exactly; the hint
 records the note's value. A demonstrator that trusts the note on some tasks
-(rlcode.agent.expert.trusts_note, warmstart.note_trust) writes solution.py from it at
+(rlcode.agent.expert.trusts_note, agent.note_trust) writes solution.py from it at
 once, without looking, and fails; on the others it looks, as the expert does.
 Imitating it teaches looking on only part of the tasks; the reward tells which of
 the two pays.

@@ -21,7 +21,7 @@ SMALL = [
     "--config.rl.prompts_per_step=2", "--config.rl.group_size=2",
     "--config.eval.num_samples=2", "--config.eval.batch_prompts=2",
     "--config.data.max_eval_tasks=2", "--config.warmstart.steps=2",
-    "--config.warmstart.batch_size=4", "--config.warmstart.max_episodes=8",
+    "--config.warmstart.batch_size=4", "--config.agent.demo_tasks=8",
     "--config.train.steps=2",
     "--config.train.checkpoint_every=1", "--config.train.eval_every=2",
     "--config.train.progress_bar=false",
@@ -42,7 +42,7 @@ def test_rlcode_train_runs_the_agent_loop_and_resumes(tmp_path):
           "--config.rl.sample_rounds=2",
           # The expert alone (the config's demonstrator believes the stale note on 70%
           # of the tasks), so that every demonstration solves its task.
-          "--config.warmstart.note_trust=0.0"]
+          "--config.agent.note_trust=0.0"]
   assert cli.main(argv) == 0
   rows = read_metrics(workdir)
   evals = [r for r in rows if "eval/success" in r]
@@ -99,10 +99,10 @@ def test_demonstrations_need_a_stale_note_to_trust():
   from rlcode.config import loader
   from rlcode.data.tasks import Task
   from rlcode.errors import BadInput
-  config = loader.load_config(CONFIG, ["--config.warmstart.note_trust=0.5"])
+  config = loader.load_config(CONFIG, ["--config.agent.note_trust=0.5"])
   plain = [Task(id="agent/file/add/k7/LIMIT", prompt="p", extra={"hint": {"variant": "file"}})]
   with pytest.raises(BadInput, match="no training task has a stale note"):
-    demonstrations(config.warmstart, config.agent, config.seed, plain, [], None, None)
+    demonstrations(config.agent, config.seed, plain, [], None, None)
 
 
 def test_fill_with_signal_keeps_groups_whose_rewards_differ():

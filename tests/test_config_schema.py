@@ -2,6 +2,7 @@
 and an unknown key, a wrong type or a value out of range is one line naming the key."""
 
 import dataclasses
+import json
 import os
 
 import ml_collections
@@ -92,9 +93,9 @@ def test_a_bad_key_type_or_value_is_one_line_naming_the_key(capsys, flag, needle
     ("--config.rl.curriculum_decay=1.0", "config.rl.curriculum_decay=1.0: must be in [0, 1)"),
     ("--config.rl.exclude_task_ids=(practice", "not a regular expression"),
     ("--config.rl.expert_slots=8", "rl.expert_slots=8 must be < rl.group_size=8"),
-    ("--config.warmstart.guess_families=('file','serach')", "'file', 'search', 'tests'"),
-    ("--config.warmstart.decoy_copy=1.5", "config.warmstart.decoy_copy=1.5: must be in [0, 1]"),
-    ("--config.warmstart.note_trust=-0.1", "config.warmstart.note_trust=-0.1"),
+    ("--config.agent.guess_families=('file','serach')", "'file', 'search', 'tests'"),
+    ("--config.agent.decoy_copy=1.5", "config.agent.decoy_copy=1.5: must be in [0, 1]"),
+    ("--config.agent.note_trust=-0.1", "config.agent.note_trust=-0.1"),
     ("--config.agent.tools=('editor',)", "with 'finish'"),
     ("--config.agent.memory_rule=forever", "'dedupe'"),
     ("--config.warmstart.bucket=4", "grpo trainer only"),
@@ -121,6 +122,30 @@ def test_a_file_setting_an_unknown_or_unread_key_is_named():
     del raw["trainer"]
   with pytest.raises(BadInput, match="config.trainer is not set"):
     loader.resolve(raw)
+
+
+def test_a_run_recorded_before_keys_moved_resumes_and_reads_as_today(tmp_path):
+  """An agent run recorded with the demonstrator's knobs in the warm start section (the
+  older schema) reads with them in the agent section, and resumes under today's config."""
+  config = loader.load_config(AGENT, ["--config.agent.demo_tasks=8",
+                                      f"--config.workdir={tmp_path}"])
+  path = record.write_run_config(config, str(tmp_path))
+  old = record._read_json(path)
+  for key in ("guess_fraction", "guess_families", "decoy_copy", "note_trust"):
+    old["warmstart"][key] = old["agent"].pop(key)
+  old["warmstart"]["max_episodes"] = old["agent"].pop("demo_tasks")
+  with open(path, "w") as f:
+    json.dump(old, f)
+  assert "note_trust" in json.load(open(path))["warmstart"]
+  recorded = record.recorded_config(str(tmp_path))
+  assert recorded.agent.note_trust == 0.7 and recorded.agent.demo_tasks == 8
+  assert "note_trust" not in recorded.warmstart
+  record.check_resume(config, str(tmp_path))  # the same run: nothing differs
+  with pytest.raises(BadInput, match="agent.note_trust: 0.7 -> 0.5"):
+    record.check_resume(loader.load_config(AGENT, ["--config.agent.demo_tasks=8",
+                                                   "--config.agent.note_trust=0.5",
+                                                   f"--config.workdir={tmp_path}"]),
+                        str(tmp_path))
 
 
 def test_derived_keys_follow_what_they_derive_from_unless_set():

@@ -44,14 +44,14 @@ NAN = float("nan")
 
 def control(config, workdir, seconds, mesh):
   """Cross-entropy on the warm start's episodes (the expert's, and the guesses of
-  warmstart.guess_fraction) from the run's warm start for `seconds`."""
+  agent.guess_fraction) from the run's warm start for `seconds`."""
   model, tokenizer, _, _ = runs.restore_policy(
       config, os.path.join(workdir, "warm_start"), mesh)
   chat = episodes.chat_format(config.agent, tokenizer)
   envs = agent_lib.make_envs(config, 16)
   tasks = step_groups.select_variants(config.agent.variants,
                                       sources.load(config.data, config.data.train_split))
-  trajs = demos.demonstrations(config.warmstart, config.agent, config.seed, tasks, envs, chat,
+  trajs = demos.demonstrations(config.agent, config.seed, tasks, envs, chat,
                                episodes.budgets(config.agent))
   for env in envs:
     env.close()

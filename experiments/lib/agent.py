@@ -22,7 +22,7 @@ CONFIG = os.path.join(ROOT, "configs", "agent_tiny.py")
 # agent/tools.py, agent/think.py, agent/step_speed.py and agent/warm_start.py pin them so
 # that their tables still reproduce. (An empty exclude_task_ids meant "none" then; it is
 # None now.)
-PLAIN = ["--config.data.path=data/agent_tasks.jsonl", "--config.warmstart.note_trust=0.0",
+PLAIN = ["--config.data.path=data/agent_tasks.jsonl", "--config.agent.note_trust=0.0",
          "--config.warmstart.steps=600", "--config.rl.exclude_task_ids=None",
          "--config.optimizer.learning_rate=1e-4", "--config.train.steps=20",
          "--config.train.eval_every=10", "--config.train.checkpoint_every=10"]

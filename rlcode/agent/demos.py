@@ -72,19 +72,19 @@ def expert_trajectories(agent, seed: int, tasks, envs, chat, budgets,
           if t is not None]
 
 
-def demonstrations(ws, agent, seed: int, tasks, envs, chat, budgets
+def demonstrations(agent, seed: int, tasks, envs, chat, budgets
                    ) -> list[sampler.Trajectory]:
   """The warm start's episodes (and a cross-entropy control's): the expert's, with
-  `warmstart.guess_fraction` of them (of the `warmstart.guess_families` only, when
-  set) a demonstrator's that does not look, and on `warmstart.decoy_copy` of the tasks
-  with a decoy line the decoy's value copied, and on `warmstart.note_trust` of the tasks
-  with a stale note the note believed without a look (ws: config.warmstart, agent:
-  config.agent, seed: the run's)."""
-  if ws.note_trust > 0 and not any("note" in t.extra.hint for t in tasks if t.kind == "code"):
-    raise BadInput("warmstart.note_trust > 0 but no training task has a stale note: "
+  `agent.guess_fraction` of them (of the `agent.guess_families` only, when set) a
+  demonstrator's that does not look, and on `agent.decoy_copy` of the tasks with a decoy
+  line the decoy's value copied, and on `agent.note_trust` of the tasks with a stale note
+  the note believed without a look (agent: config.agent, seed: the run's)."""
+  if agent.note_trust > 0 and not any("note" in t.extra.hint for t in tasks
+                                      if t.kind == "code"):
+    raise BadInput("agent.note_trust > 0 but no training task has a stale note: "
                    "use data/agent_tasks_notes.jsonl (python data/make_agent_tasks.py --notes)")
-  return expert_trajectories(agent, seed, tasks, envs, chat, budgets, ws.guess_fraction,
-                             ws.guess_families or None, ws.decoy_copy, ws.note_trust)
+  return expert_trajectories(agent, seed, tasks, envs, chat, budgets, agent.guess_fraction,
+                             agent.guess_families or None, agent.decoy_copy, agent.note_trust)
 
 
 def warm_start(ws, agent, graphdef, params, tasks, envs, chat, budgets, mesh, log, *,
@@ -92,11 +92,12 @@ def warm_start(ws, agent, graphdef, params, tasks, envs, chat, budgets, mesh, lo
   """Supervised steps on scripted expert episodes of the training tasks (their calls are
   the targets, observations are not) of what `trainable` selects (the warm start's:
   rlcode.policy.warm_start.warm_start_trainable); returns the params and logs one step-0
-  row through `log(step, row)`. ws: config.warmstart (ws.max_episodes: only the first that
-  many tasks, for quick runs), agent: config.agent, seed: the run's."""
+  row through `log(step, row)`. ws: config.warmstart, agent: config.agent (the
+  demonstrator; agent.demo_tasks: only the first that many tasks, for quick runs), seed:
+  the run's."""
   start = time.perf_counter()
-  tasks = tasks[:ws.max_episodes]
-  trajs = demonstrations(ws, agent, seed, tasks, envs, chat, budgets)
+  tasks = tasks[:agent.demo_tasks]
+  trajs = demonstrations(agent, seed, tasks, envs, chat, budgets)
   expert_s = time.perf_counter() - start
   solved = float(np.mean([t.reward >= agent.success_reward for t in trajs]))
   params, stats = imitate(graphdef, params, trajs, chat.tokenizer.pad_id, mesh,

@@ -23,6 +23,13 @@ RESUMABLE_KEYS = ("workdir", "train.steps", "train.eval_every", "train.checkpoin
                   "train.keep_checkpoints", "train.progress_bar", "data.data_dir",
                   "warmstart.cache_dir")
 
+# Keys recorded under another section by runs of an older schema: (section, key) ->
+# (section, key) today. A recorded config is read as if written today, so such a run
+# still resumes, serves and evaluates.
+MOVED_KEYS = {("warmstart", "max_episodes"): ("agent", "demo_tasks"),
+              **{("warmstart", k): ("agent", k)
+                 for k in ("guess_fraction", "guess_families", "decoy_copy", "note_trust")}}
+
 
 def flat(tree, prefix: str = "") -> dict[str, object]:
   """{"a.b": value} of a nested mapping."""
@@ -60,7 +67,19 @@ def _read_json(path: str) -> dict:
                    "cut mid-write or edited: restore it, or use another workdir") from None
   if not isinstance(value, dict):
     raise BadInput(f"{path}: the run's recorded config is not a JSON object")
-  return value
+  return _moved(value)
+
+
+def _moved(recorded: dict) -> dict:
+  """`recorded` with MOVED_KEYS where today's schema has them."""
+  for (section, key), (to_section, to_key) in MOVED_KEYS.items():
+    old = recorded.get(section)
+    if isinstance(old, dict) and key in old:
+      value = old.pop(key)
+      new = recorded.setdefault(to_section, {})
+      if isinstance(new, dict):
+        new.setdefault(to_key, value)
+  return recorded
 
 
 def check_resume(config: ml_collections.ConfigDict, workdir: str) -> None:

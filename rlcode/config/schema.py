@@ -131,7 +131,8 @@ class Data:
 
 @dataclasses.dataclass(frozen=True)
 class WarmStart:
-  """The supervised warm start before GRPO (rlcode.policy.warm_start, rlcode.agent.demos).
+  """The supervised warm start before GRPO (rlcode.policy.warm_start, rlcode.agent.demos;
+  the agent's demonstrator is config.agent's).
 
   Attributes:
     steps: supervised steps on the training split's references (agent: demonstrations);
@@ -148,12 +149,6 @@ class WarmStart:
     bucket: batch rows of like lengths in pools of this many batches (rlcode.policy.sft).
     renumber: show each line-edit row's file with up to this many more lines on top.
     ema: return a moving average of the params with this decay; 0: the last params.
-    max_episodes: the agent's demonstrations of only the first this many training tasks;
-      None: all.
-    guess_fraction: the fraction of tasks whose demonstration does not look (guesses).
-    guess_families: the families such demonstrations may come from; (): every family.
-    decoy_copy: the fraction of tasks with a decoy line whose demonstration copies it.
-    note_trust: the fraction of tasks with a stale note whose demonstration believes it.
   """
 
   steps: int = key(0, ge=0)
@@ -166,12 +161,6 @@ class WarmStart:
   bucket: int = key(1, ge=1, only=("grpo",))
   renumber: int = key(0, ge=0, only=("grpo",))
   ema: float = key(0.0, ge=0, lt=1, only=("grpo",))
-  max_episodes: int | None = key(None, ge=1, only=("agent",))
-  guess_fraction: float = key(0.0, ge=0, le=1, only=("agent",))
-  guess_families: tuple[str, ...] = key((), choices=("file", "search", "tests"),
-                                        only=("agent",))
-  decoy_copy: float = key(0.0, ge=0, le=1, only=("agent",))
-  note_trust: float = key(0.0, ge=0, le=1, only=("agent",))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -229,6 +218,12 @@ class Agent:
       when the tokenizer has one, else compact (rlcode.agent.chat).
     toolset: the expert's tool set: "rich" (editor, search, run_tests) or "terminal" (bash).
     think: the expert's thinking: "none", "start" (a plan first) or "each" (after each call).
+    demo_tasks: the warm start demonstrates only the first this many training tasks;
+      None: all.
+    guess_fraction: the fraction of tasks whose demonstration does not look (guesses).
+    guess_families: the families such demonstrations may come from; (): every family.
+    decoy_copy: the fraction of tasks with a decoy line whose demonstration copies it.
+    note_trust: the fraction of tasks with a stale note whose demonstration believes it.
     variants: the task families kept (by the tasks' family); (): all.
     max_turns: tool calls per episode.
     max_total_tokens: an episode's token budget (prompt excluded).
@@ -251,6 +246,11 @@ class Agent:
   chat_format: str = key("auto", choices=("auto", "compact", "hermes", "template"))
   toolset: str = key("rich", choices=("rich", "terminal"))
   think: str = key("none", choices=("none", "start", "each"))
+  demo_tasks: int | None = key(None, ge=1)
+  guess_fraction: float = key(0.0, ge=0, le=1)
+  guess_families: tuple[str, ...] = key((), choices=("file", "search", "tests"))
+  decoy_copy: float = key(0.0, ge=0, le=1)
+  note_trust: float = key(0.0, ge=0, le=1)
   variants: tuple[str, ...] = key(())
   max_turns: int = key(5, ge=1)
   max_total_tokens: int = key(640, ge=1)
