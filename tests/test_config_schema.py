@@ -146,6 +146,16 @@ def test_a_run_recorded_before_keys_moved_resumes_and_reads_as_today(tmp_path):
                                                    "--config.agent.note_trust=0.5",
                                                    f"--config.workdir={tmp_path}"]),
                         str(tmp_path))
+  # A GRPO run recorded then held the same keys at their defaults, unread: they go.
+  grpo = loader.load_config(GRPO, [f"--config.workdir={tmp_path / 'grpo'}"])
+  path = record.write_run_config(grpo, str(tmp_path / "grpo"))
+  old = record._read_json(path)
+  old["warmstart"].update(max_episodes=None, guess_fraction=0.0, guess_families=[],
+                          decoy_copy=0.0, note_trust=0.0)
+  with open(path, "w") as f:
+    json.dump(old, f)
+  assert "agent" not in record.recorded_config(str(tmp_path / "grpo"))
+  record.check_resume(grpo, str(tmp_path / "grpo"))
 
 
 def test_derived_keys_follow_what_they_derive_from_unless_set():

@@ -15,7 +15,7 @@ import os
 
 import ml_collections
 
-from rlcode.config import loader
+from rlcode.config import loader, schema
 from rlcode.errors import BadInput, MissingInput
 
 RUN_CONFIG = "config.json"
@@ -71,14 +71,18 @@ def _read_json(path: str) -> dict:
 
 
 def _moved(recorded: dict) -> dict:
-  """`recorded` with MOVED_KEYS where today's schema has them."""
+  """`recorded` with MOVED_KEYS where today's schema has them. The older schema recorded
+  every key of a section for every trainer: a key whose new section the run's trainer does
+  not read is dropped (it was at its default and unread)."""
+  reads = schema.TRAINER_SECTIONS.get(recorded.get("trainer"), ())
   for (section, key), (to_section, to_key) in MOVED_KEYS.items():
     old = recorded.get(section)
     if isinstance(old, dict) and key in old:
       value = old.pop(key)
-      new = recorded.setdefault(to_section, {})
-      if isinstance(new, dict):
-        new.setdefault(to_key, value)
+      if to_section in reads:
+        new = recorded.setdefault(to_section, {})
+        if isinstance(new, dict):
+          new.setdefault(to_key, value)
   return recorded
 
 

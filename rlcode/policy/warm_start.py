@@ -119,12 +119,19 @@ def warm_start_trainable(model_cfg):
   return lora.LoRAParam if model_cfg.hf_path else nnx.All(nnx.Param, nnx.Not(lora.LoRAParam))
 
 
+# The agent demonstrator's keys, once in the warm start's section, at the values every GRPO
+# warm start had then: hashed as before, so warm starts cached then still match.
+_FORMER_KEYS = {"guess_fraction": 0.0, "guess_families": (), "decoy_copy": 0.0,
+                "note_trust": 0.0}
+
+
 def warm_start_key(job: Job) -> str:
   """A hash of what the warm start's parameters depend on: the seed, model, data,
   warm-start settings (its cache_dir aside), the batch length multiple and the
   rollout budget (which decides the training tasks that fit). Keys left unset (None) are
   left out, so a key the schema gains later, unset, keeps a cached warm start's hash."""
   ws = {k: v for k, v in job.ws.to_dict().items() if k not in ("cache_dir", "seed")}
+  ws.update(_FORMER_KEYS)
   parts = {"seed": job.seed, "model": job.model.to_dict(),
            "data": job.data.to_dict(), "warmstart": ws,
            "length_multiple": job.length_multiple,
