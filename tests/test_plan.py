@@ -116,6 +116,24 @@ def test_engine_decode_step_fits_where_whole_row_caches_do_not():
   assert memory["peak"] < whole_rows, (memory, whole_rows)
 
 
+def test_an_engine_on_a_tensor_axis_never_gathers_a_weight():
+  """The decode step of an engine on tensor=4 computes with its weights' shards: no
+  all-gather in it is as large as the smallest split weight (the fused MLP's [embed, 2,
+  mlp] once was gathered whole, every step, to be reshaped)."""
+  cfg = ModelConfig(vocab_size=128, hidden_size=64, intermediate_size=256, num_layers=2,
+                    num_heads=8, num_kv_heads=4, head_dim=16, max_seq_len=256)
+  graphdef, state = nnx.split(nnx.eval_shape(lambda: Decoder(cfg, rngs=nnx.Rngs(0))))
+  mesh = sharding.make_mesh(tensor=4, devices=jax.devices()[:4])
+  pool = sampler.engine_pool(1, 8, 64, 16, engines=1, page_size=16)
+  compiled, placed, _ = sampler.compile_decode(cfg, graphdef, state, mesh, pool,
+                                               analysis.COMPILE_OPTIONS)
+  split = [v for v in jax.tree.leaves(placed) if v.sharding.shard_shape(v.shape) != v.shape]
+  assert split  # heads, mlp and vocab are split over tensor
+  smallest = min(np.prod(v.shape) * v.dtype.itemsize for v in split)
+  gathers = [c for c in plan.collectives(compiled.as_text(), 4) if c["kind"] == "all-gather"]
+  assert all(c["bytes"] < smallest for c in gathers), (smallest, gathers)
+
+
 @pytest.mark.slow
 def test_analytic_forward_flops_match_xla_on_a_loop_free_forward():
   cfg = ModelConfig(vocab_size=512, hidden_size=256, intermediate_size=768, num_layers=2,
