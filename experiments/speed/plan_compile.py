@@ -13,29 +13,17 @@ Writes results/speed/plan_compile/result.json.
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
-import tempfile
-import time
-
-from experiments.lib import ROOT, results
+from experiments.lib import results
+from experiments.speed import plan_rows
 
 ARGS = ["--config", "configs/qwen2_7b_plan.py", "--devices", "gb200-nvl72", "--mesh",
         "data=8,fsdp=8", "--sampler-mesh", "data=2,tensor=4"]
 
 
 def plan_seconds(scan: bool) -> tuple[float, dict]:
-  with tempfile.TemporaryDirectory() as tmp:
-    out = os.path.join(tmp, "plan.json")
-    start = time.perf_counter()
-    subprocess.run([sys.executable, "-m", "rlcode", "plan", *ARGS, "--json", out,
-                    f"--config.model.scan_layers={str(scan).lower()}"],
-                   cwd=ROOT, check=True, capture_output=True, text=True)
-    seconds = time.perf_counter() - start
-    with open(out) as f:
-      return seconds, json.load(f)
+  seconds, _, report = plan_rows.plan_row(
+      [*ARGS, f"--config.model.scan_layers={str(scan).lower()}"])
+  return seconds, report
 
 
 def main() -> None:

@@ -5,7 +5,7 @@ analysis of the update and of the engine's step). Its printout is kept beside th
 as <row>.txt, and result.json holds each row's headline figures: the update's and the
 sampling's per-device peaks, whether both fit the hardware, and the estimated GRPO step.
 
-    python -m experiments.speed.plan_rows                 # every row: about 30 minutes
+    python -m experiments.speed.plan_rows                 # every row: 5-10 minutes on 2 cores
     python -m experiments.speed.plan_rows --rows 7b_h200x8 qwen3_8b_32k
 
 Writes results/speed/plan_rows (or --name).
@@ -61,12 +61,14 @@ ROWS = {
 
 
 def plan_row(argv: list[str]) -> tuple[float, str, dict]:
-  """(seconds, the printed table, the --json report) of one `rlcode plan`."""
+  """(seconds, the printed table, the --json report) of one `rlcode plan`, compiled from
+  nothing: the persistent compilation cache off, so the seconds are a plan's own."""
+  env = dict(os.environ, JAX_COMPILATION_CACHE_DIR="")
   with tempfile.TemporaryDirectory() as tmp:
     out = os.path.join(tmp, "plan.json")
     start = time.perf_counter()
     done = subprocess.run([sys.executable, "-m", "rlcode", "plan", *argv, "--json", out],
-                          cwd=ROOT, check=True, capture_output=True, text=True)
+                          cwd=ROOT, env=env, check=True, capture_output=True, text=True)
     seconds = time.perf_counter() - start
     with open(out) as f:
       return seconds, done.stdout, json.load(f)
