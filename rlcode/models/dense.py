@@ -17,7 +17,8 @@ def dense(x: jax.Array, w: jax.Array, contract: int = 1) -> jax.Array:
 
   XLA:CPU runs a [N, K] x [K, M] matmul 2-3x faster than the same contraction
   written as an einsum over [B, T, ...] operands, and on accelerators the
-  reshapes are free.
+  reshapes are free. Under a mesh with a `tensor` axis, w keeps its output dims
+  (below).
   """
   k = math.prod(w.shape[:contract])
   lead, tail = x.shape[:x.ndim - contract], w.shape[contract:]
